@@ -1,0 +1,64 @@
+import BrokerProtocol
+import Foundation
+
+/// How an account is refreshed: validated provider settings (no secrets).
+public enum ProviderConfig: Codable, Sendable, Equatable {
+    case oauth2(OAuth2Settings)
+    case `static`
+
+    /// The provider's kind as the protocol names it.
+    public var kind: String {
+        switch self {
+        case .oauth2: return "oauth2"
+        case .static: return "static"
+        }
+    }
+}
+
+/// Settings of an `oauth2` account (RFC 6749 section 6 refresh grant).
+public struct OAuth2Settings: Codable, Sendable, Equatable {
+    /// How the client authenticates at the token endpoint.
+    public enum ClientAuth: String, Codable, Sendable {
+        case clientSecretBasic = "client_secret_basic"
+        case clientSecretPost = "client_secret_post"
+        case none
+    }
+
+    public var tokenEndpoint: URL
+    public var clientID: String
+    public var clientAuth: ClientAuth
+    public var scope: String?
+}
+
+/// The current access token of an account.
+public struct AccessToken: Codable, Sendable, Equatable {
+    public var value: String
+    public var type: String
+    public var expiresAt: Date
+    /// When the broker received it; with `expiresAt` it gives the token's lifetime.
+    public var obtainedAt: Date
+    public var idToken: String?
+    public var scope: String?
+
+    /// Seconds the token stays valid after `now`.
+    public func remaining(at now: Date) -> TimeInterval { expiresAt.timeIntervalSince(now) }
+}
+
+/// Refresh credentials and client secrets: only ever in memory and in the vault.
+public struct AccountSecrets: Codable, Sendable, Equatable {
+    public var refreshToken: String?
+    public var refreshExpiresAt: Date?
+    public var clientSecret: String?
+}
+
+/// Everything the vault keeps about one account.
+public struct AccountRecord: Codable, Sendable, Equatable {
+    public var name: String
+    public var provider: ProviderConfig
+    public var secrets: AccountSecrets
+    public var token: AccessToken?
+    /// Set when the IdP denied the refresh; cleared only by new tokens.
+    public var needsLogin: Bool
+    public var lastError: AccountError?
+    public var lastRefreshAt: Date?
+}

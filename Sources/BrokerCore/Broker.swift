@@ -1,0 +1,364 @@
+import BrokerProtocol
+import Foundation
+import Logging
+
+/// The broker engine: owns every account, decides and runs refreshes (one at a time per
+/// account), keeps the vault in step, and publishes servable tokens to `cache`.
+public actor Broker {
+    /// One account and what the engine tracks about it beyond the vault record.
+    private struct Entry {
+        var record: AccountRecord
+        var nextRefreshAt: Date?
+        /// Transient failures since the last success.
+        var failures = 0
+        /// Until then, `token` fails fast instead of calling a failing IdP again.
+        var retryAt: Date?
+        /// The one refresh under way (single flight) and its serial number.
+        var inFlight: (serial: Int, task: Task<Result<Void, BrokerError>, Never>)?
+        /// Bumped when tokens are replaced, so a refresh started before that is discarded.
+        var generation = 0
+    }
+
+    /// Tokens ready to serve, readable without entering the actor.
+    public nonisolated let cache = TokenCache()
+    public nonisolated let settings: BrokerSettings
+    private let vault: Vault
+    private let http: IdPClient
+    private let clock: any WallClock
+    private let logger: Logger
+    private let planner: RefreshPlanner
+    private var entries: [String: Entry] = [:]
+    private var refreshSerial = 0
+
+    /// Loads every account from `vault` (refusing a wrong key or tampered file) and schedules it.
+    public init(
+        vault: Vault, settings: BrokerSettings, http: IdPClient, clock: any WallClock = SystemClock(),
+        logger: Logger
+    ) throws {
+        self.vault = vault
+        self.settings = settings
+        self.http = http
+        self.clock = clock
+        self.logger = logger
+        self.planner = RefreshPlanner(settings: settings)
+        let now = clock.now()
+        for record in try vault.load()?.accounts ?? [] {
+            entries[record.name] = Entry(record: record, nextRefreshAt: Self.schedule(record, planner, now: now))
+            if !record.needsLogin, let token = record.token {
+                cache.publish(Self.prepare(record.name, token), for: record.name)
+            }
+        }
+    }
+
+    // MARK: Client operations
+
+    /// A token valid for `minTTL` seconds, refreshing (once, shared) when the cached one falls short.
+    public func token(account name: String, minTTL: TimeInterval) async throws(BrokerError) -> PreparedToken {
+        if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return token }
+        let entry = try self.entry(name)
+        try checkRefreshable(entry)
+        let outcome = await refreshShared(name)
+        if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return token }
+        if case .failure(let error) = outcome { throw error }
+        throw BrokerError(.unavailable, "the IdP issued a token valid for less than min_ttl (\(Int(minTTL)) s)")
+    }
+
+    /// Handles a token a resource server refused: refreshes once if it is still current,
+    /// otherwise returns the newer token at once.
+    public func reject(account name: String, accessToken: String, minTTL: TimeInterval) async throws(BrokerError)
+        -> PreparedToken
+    {
+        let entry = try self.entry(name)
+        guard entry.record.token?.value == accessToken else {
+            return try await token(account: name, minTTL: minTTL)
+        }
+        try checkRefreshable(entry)
+        let outcome = await refreshShared(name)
+        if case .failure(let error) = outcome { throw error }
+        return try await token(account: name, minTTL: minTTL)
+    }
+
+    /// Status of one account, or of all of them sorted by name.
+    public func status(account name: String?) throws(BrokerError) -> [AccountStatus] {
+        let now = clock.now()
+        if let name { return [describe(try entry(name), now: now)] }
+        return entries.keys.sorted().map { describe(entries[$0]!, now: now) }
+    }
+
+    /// A one-line summary such as "5 accounts: 4 valid, 1 needs login" (systemd `STATUS=`).
+    public func summary() -> String {
+        let now = clock.now()
+        var counts: [String: Int] = [:]
+        for entry in entries.values { counts[state(of: entry, now: now), default: 0] += 1 }
+        let noun = entries.count == 1 ? "account" : "accounts"
+        guard !counts.isEmpty else { return "0 accounts" }
+        let parts = counts.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key.replacingOccurrences(of: "_", with: " "))" }
+        return "\(entries.count) \(noun): " + parts.joined(separator: ", ")
+    }
+
+    // MARK: Owner operations
+
+    /// Creates an account; an `oauth2` account given only a refresh token refreshes at once.
+    public func add(account: String?, provider spec: ProviderSpec?, tokens: TokenSet?) throws(BrokerError)
+        -> AccountResult
+    {
+        let name = try AccountSpec.validateName(account)
+        guard entries[name] == nil else {
+            throw BrokerError(.badRequest, "an account named \(name) exists; remove it first or use set_tokens")
+        }
+        let (provider, clientSecret) = try AccountSpec.provider(spec)
+        let now = clock.now()
+        var record = AccountRecord(
+            name: name, provider: provider, secrets: AccountSecrets(clientSecret: clientSecret), token: nil,
+            needsLogin: false, lastError: nil, lastRefreshAt: nil)
+        if let tokens { try apply(tokens, to: &record, now: now) }
+        entries[name] = Entry(record: record, nextRefreshAt: Self.schedule(record, planner, now: now))
+        try persist(changing: name)
+        logger.info("account added", metadata: ["account": "\(name)", "provider": "\(provider.kind)"])
+        publishAndKick(name)
+        return AccountResult(account: name, state: state(of: entries[name]!, now: clock.now()))
+    }
+
+    /// Replaces an account's tokens; clears `needs_login` and any backoff.
+    public func setTokens(account: String?, tokens: TokenSet?) throws(BrokerError) -> AccountResult {
+        let name = try AccountSpec.validateName(account)
+        var entry = try self.entry(name)
+        guard let tokens, tokens.accessToken != nil || tokens.refreshToken != nil else {
+            throw BrokerError(.badRequest, "\"tokens\" needs an access_token or a refresh_token")
+        }
+        let now = clock.now()
+        try apply(tokens, to: &entry.record, now: now)
+        entry.record.needsLogin = false
+        entry.record.lastError = nil
+        entry.failures = 0
+        entry.retryAt = nil
+        entry.generation += 1
+        entry.inFlight = nil
+        entry.nextRefreshAt = Self.schedule(entry.record, planner, now: now)
+        entries[name] = entry
+        try persist(changing: name)
+        logger.info("tokens replaced", metadata: ["account": "\(name)"])
+        publishAndKick(name)
+        return AccountResult(account: name, state: state(of: entries[name]!, now: clock.now()))
+    }
+
+    /// Deletes an account and its secrets.
+    public func remove(account: String?) throws(BrokerError) -> AccountResult {
+        let name = try AccountSpec.validateName(account)
+        guard let removed = entries.removeValue(forKey: name) else { throw notFound(name) }
+        do {
+            try persist(changing: name)
+        } catch {
+            entries[name] = removed
+            throw error
+        }
+        cache.publish(nil, for: name)
+        logger.info("account removed", metadata: ["account": "\(name)"])
+        return AccountResult(account: name, state: "removed")
+    }
+
+    /// Refreshes now, ignoring the schedule (joins a refresh already under way).
+    public func refreshNow(account: String?) async throws(BrokerError) -> AccountResult {
+        let name = try AccountSpec.validateName(account)
+        var entry = try self.entry(name)
+        if case .static = entry.record.provider {
+            throw BrokerError(.badRequest, "\(name) is a static account; push new tokens with set_tokens")
+        }
+        if entry.record.needsLogin { throw needsLogin(name) }
+        entry.retryAt = nil
+        entries[name] = entry
+        if case .failure(let error) = await refreshShared(name) { throw error }
+        return AccountResult(account: name, state: state(of: try self.entry(name), now: clock.now()))
+    }
+
+    // MARK: Scheduling
+
+    /// Starts every refresh that is due; returns when the next one will be.
+    public func runDueRefreshes() -> Date? {
+        let now = clock.now()
+        var next: Date?
+        for (name, entry) in entries {
+            guard let due = entry.nextRefreshAt else { continue }
+            if due <= now {
+                if entry.inFlight == nil { _ = startRefresh(name) }
+            } else {
+                next = min(next ?? due, due)
+            }
+        }
+        return next
+    }
+
+    /// Waits for refreshes under way, so their vault writes complete before exit.
+    public func drain() async {
+        for entry in entries.values {
+            _ = await entry.inFlight?.task.value
+        }
+    }
+
+    // MARK: Refresh machinery
+
+    private func refreshShared(_ name: String) async -> Result<Void, BrokerError> {
+        guard let entry = entries[name] else { return .failure(notFound(name)) }
+        let task = entry.inFlight?.task ?? startRefresh(name)
+        return await task.value
+    }
+
+    private func startRefresh(_ name: String) -> Task<Result<Void, BrokerError>, Never> {
+        refreshSerial += 1
+        let serial = refreshSerial
+        let task = Task { await self.performRefresh(name, serial: serial) }
+        entries[name]?.inFlight = (serial, task)
+        entries[name]?.nextRefreshAt = nil
+        return task
+    }
+
+    private func performRefresh(_ name: String, serial: Int) async -> Result<Void, BrokerError> {
+        guard let started = entries[name] else { return .failure(notFound(name)) }
+        let provider = makeProvider(started.record.provider)
+        let outcome = await provider.refresh(started.record, now: clock.now())
+        guard var entry = entries[name], entry.generation == started.generation, entry.inFlight?.serial == serial
+        else {
+            return .failure(BrokerError(.unavailable, "\(name) changed during the refresh; try again", retryAfterMs: 0))
+        }
+        entry.inFlight = nil
+        let now = clock.now()
+        switch outcome {
+        case .success(let grant):
+            entry.record.token = grant.token
+            if let refreshToken = grant.refreshToken { entry.record.secrets.refreshToken = refreshToken }
+            if let refreshExpiresAt = grant.refreshExpiresAt { entry.record.secrets.refreshExpiresAt = refreshExpiresAt }
+            entry.record.lastRefreshAt = now
+            entry.record.lastError = nil
+            entry.failures = 0
+            entry.retryAt = nil
+            entry.nextRefreshAt = Self.schedule(entry.record, planner, now: now)
+            entries[name] = entry
+            do {
+                try persist(changing: name)
+            } catch {
+                entries[name]?.nextRefreshAt = now.addingTimeInterval(settings.backoffBase)
+                return .failure(error)
+            }
+            cache.publish(Self.prepare(name, grant.token), for: name)
+            logger.info(
+                "refreshed",
+                metadata: ["account": "\(name)", "expires_in": "\(Int(grant.token.remaining(at: now)))"])
+            return .success(())
+        case .failure(let failure) where failure.kind == .denial:
+            entry.record.needsLogin = true
+            entry.record.lastError = AccountError(code: "needs_login", message: failure.message, at: now)
+            entry.nextRefreshAt = nil
+            entries[name] = entry
+            cache.publish(nil, for: name)
+            try? persist(changing: name)
+            logger.warning("refresh denied; needs login", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
+            return .failure(needsLogin(name))
+        case .failure(let failure):
+            entry.failures += 1
+            let delay = planner.backoff(failures: entry.failures, retryAfter: failure.retryAfter)
+            entry.retryAt = now.addingTimeInterval(delay)
+            entry.nextRefreshAt = entry.retryAt
+            entry.record.lastError = AccountError(code: "unavailable", message: failure.message, at: now)
+            entries[name] = entry
+            logger.warning(
+                "refresh failed; will retry",
+                metadata: ["account": "\(name)", "reason": "\(failure.message)", "retry_in_s": "\(Int(delay.rounded(.up)))"])
+            return .failure(BrokerError(.unavailable, failure.message, retryAfterMs: Int(delay * 1000)))
+        }
+    }
+
+    private func makeProvider(_ config: ProviderConfig) -> any TokenProvider {
+        switch config {
+        case .oauth2(let settings):
+            return OAuth2Provider(settings: settings, http: http, defaultLifetime: self.settings.defaultLifetime)
+        case .static:
+            return StaticProvider()
+        }
+    }
+
+    // MARK: Helpers
+
+    private func entry(_ name: String) throws(BrokerError) -> Entry {
+        guard let entry = entries[name] else { throw notFound(name) }
+        return entry
+    }
+
+    /// Fails fast for accounts that cannot be refreshed now, instead of calling the IdP.
+    private func checkRefreshable(_ entry: Entry) throws(BrokerError) {
+        let name = entry.record.name
+        if entry.record.needsLogin { throw needsLogin(name) }
+        if case .static = entry.record.provider {
+            throw BrokerError(.needsLogin, "\(name) is a static account with no token valid long enough; push one with set_tokens")
+        }
+        if entry.inFlight == nil, let retryAt = entry.retryAt, retryAt > clock.now() {
+            let wait = Int(retryAt.timeIntervalSince(clock.now()) * 1000)
+            throw BrokerError(
+                .unavailable, entry.record.lastError?.message ?? "the IdP is failing; retrying", retryAfterMs: wait)
+        }
+    }
+
+    private func apply(_ tokens: TokenSet, to record: inout AccountRecord, now: Date) throws(BrokerError) {
+        if let token = try AccountSpec.accessToken(tokens, now: now, defaultLifetime: settings.defaultLifetime) {
+            record.token = token
+        }
+        if let refreshToken = tokens.refreshToken {
+            record.secrets.refreshToken = refreshToken
+            record.secrets.refreshExpiresAt = AccountSpec.refreshExpiry(tokens, now: now)
+        }
+    }
+
+    private func persist(changing name: String) throws(BrokerError) {
+        let records = entries.keys.sorted().map { entries[$0]!.record }
+        do {
+            try vault.save(VaultContents(accounts: records))
+        } catch {
+            logger.error("cannot save the vault", metadata: ["account": "\(name)", "reason": "\(error)"])
+            throw BrokerError(.internal, "the broker cannot save its vault; see its log")
+        }
+    }
+
+    private func publishAndKick(_ name: String) {
+        guard let entry = entries[name] else { return }
+        let token = entry.record.needsLogin ? nil : entry.record.token
+        cache.publish(token.map { Self.prepare(name, $0) }, for: name)
+        if let due = entry.nextRefreshAt, due <= clock.now(), entry.inFlight == nil { _ = startRefresh(name) }
+    }
+
+    private static func schedule(_ record: AccountRecord, _ planner: RefreshPlanner, now: Date) -> Date? {
+        if record.needsLogin { return nil }
+        if case .static = record.provider { return nil }
+        return planner.nextRefresh(token: record.token, refreshExpiresAt: record.secrets.refreshExpiresAt, now: now)
+    }
+
+    private static func prepare(_ name: String, _ token: AccessToken) -> PreparedToken {
+        PreparedToken(
+            TokenResult(
+                account: name, accessToken: token.value, tokenType: token.type, expiresAt: token.expiresAt,
+                expiresIn: 0, idToken: token.idToken, scope: token.scope))
+    }
+
+    private func state(of entry: Entry, now: Date) -> String {
+        if entry.record.needsLogin { return "needs_login" }
+        if entry.inFlight != nil { return "refreshing" }
+        let valid = (entry.record.token?.expiresAt ?? .distantPast) > now
+        if case .static = entry.record.provider { return valid ? "valid" : "needs_login" }
+        if valid { return entry.failures > 0 ? "stale" : "valid" }
+        return entry.failures > 0 ? "unavailable" : "refreshing"
+    }
+
+    private func describe(_ entry: Entry, now: Date) -> AccountStatus {
+        AccountStatus(
+            account: entry.record.name, provider: entry.record.provider.kind, state: state(of: entry, now: now),
+            expiresAt: entry.record.token?.expiresAt, refreshExpiresAt: entry.record.secrets.refreshExpiresAt,
+            nextRefreshAt: entry.nextRefreshAt, lastRefreshAt: entry.record.lastRefreshAt,
+            lastError: entry.record.lastError)
+    }
+
+    private func notFound(_ name: String) -> BrokerError {
+        BrokerError(.notFound, "no account named \(name); list them with brokerctl status")
+    }
+
+    private func needsLogin(_ name: String) -> BrokerError {
+        BrokerError(.needsLogin, "the IdP denied the refresh for \(name); push new tokens with brokerctl set-tokens \(name)")
+    }
+}

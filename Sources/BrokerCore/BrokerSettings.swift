@@ -1,0 +1,25 @@
+import Foundation
+
+/// Tunables of the refresh engine; every field has a sensible default.
+public struct BrokerSettings: Sendable, Equatable {
+    /// Refresh when this fraction of a token's lifetime remains (before jitter).
+    public var refreshFraction: Double = 0.25
+    /// Jitter applied to the refresh point, as a fraction of the lifetime (±).
+    public var refreshJitter: Double = 0.05
+    /// Refresh no later than this many seconds before expiry (capped at half the lifetime).
+    public var refreshFloor: TimeInterval = 60
+    /// First retry delay after a transient failure, in seconds; doubles each time.
+    public var backoffBase: TimeInterval = 1
+    /// Longest retry delay after transient failures, in seconds.
+    public var backoffCap: TimeInterval = 300
+    /// Connect timeout for IdP calls, in seconds.
+    public var connectTimeout: TimeInterval = 5
+    /// Total timeout for one IdP call, in seconds.
+    public var requestTimeout: TimeInterval = 30
+    /// Lifetime assumed when an IdP omits `expires_in`, in seconds.
+    public var defaultLifetime: TimeInterval = 600
+    /// `min_ttl` used when a request gives none, in seconds.
+    public var defaultMinTTL: TimeInterval = 30
+
+    public init() {}
+}

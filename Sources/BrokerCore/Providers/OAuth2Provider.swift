@@ -1,0 +1,89 @@
+import AsyncHTTPClient
+import Foundation
+import NIOCore
+import NIOHTTP1
+
+/// `oauth2` accounts: the RFC 6749 section 6 refresh grant against a token endpoint.
+struct OAuth2Provider: TokenProvider {
+    let settings: OAuth2Settings
+    let http: IdPClient
+    let defaultLifetime: TimeInterval
+
+    func refresh(_ record: AccountRecord, now: Date) async -> Result<Grant, RefreshFailure> {
+        guard let refreshToken = record.secrets.refreshToken else {
+            return .failure(.denial("no refresh token; push one with set_tokens"))
+        }
+        var form = [("grant_type", "refresh_token"), ("refresh_token", refreshToken)]
+        if let scope = settings.scope { form.append(("scope", scope)) }
+        var headers = HTTPHeaders()
+        switch settings.clientAuth {
+        case .clientSecretBasic:
+            let user = FormEncoding.escape(settings.clientID)
+            let password = FormEncoding.escape(record.secrets.clientSecret ?? "")
+            headers.add(name: "Authorization", value: "Basic " + Data("\(user):\(password)".utf8).base64EncodedString())
+        case .clientSecretPost:
+            form.append(("client_id", settings.clientID))
+            form.append(("client_secret", record.secrets.clientSecret ?? ""))
+        case .none:
+            form.append(("client_id", settings.clientID))
+        }
+        headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
+        headers.add(name: "Accept", value: "application/json")
+
+        let reply: IdPReply
+        switch await http.post(settings.tokenEndpoint, headers: headers, body: FormEncoding.encode(form)) {
+        case .success(let value): reply = value
+        case .failure(let failure): return .failure(failure)
+        }
+        return Self.interpret(reply, now: now, defaultLifetime: defaultLifetime)
+    }
+
+    /// Classifies a token endpoint's answer (RFC 6749 sections 5.1 and 5.2).
+    static func interpret(_ reply: IdPReply, now: Date, defaultLifetime: TimeInterval) -> Result<Grant, RefreshFailure> {
+        let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any]
+        switch reply.status {
+        case 200..<300:
+            guard let object, let accessToken = object["access_token"] as? String, !accessToken.isEmpty else {
+                return .failure(.transient("the token endpoint answered \(reply.status) without a usable access_token"))
+            }
+            let lifetime = Self.seconds(object["expires_in"]) ?? defaultLifetime
+            let token = AccessToken(
+                value: accessToken, type: object["token_type"] as? String ?? "Bearer",
+                expiresAt: now.addingTimeInterval(lifetime), obtainedAt: now,
+                idToken: object["id_token"] as? String, scope: object["scope"] as? String)
+            let refreshExpiresAt = Self.seconds(object["refresh_expires_in"]).map { now.addingTimeInterval($0) }
+            return .success(
+                Grant(token: token, refreshToken: object["refresh_token"] as? String, refreshExpiresAt: refreshExpiresAt))
+        case 400, 401:
+            let code = (object?["error"] as? String).map { " (\(FormEncoding.printable($0)))" } ?? ""
+            return .failure(.denial("the token endpoint refused the refresh: HTTP \(reply.status)\(code)"))
+        default:
+            return .failure(.transient("the token endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
+        }
+    }
+
+    private static func seconds(_ value: Any?) -> TimeInterval? {
+        if let number = value as? NSNumber { return number.doubleValue }
+        if let text = value as? String { return TimeInterval(text) }
+        return nil
+    }
+}
+
+/// `application/x-www-form-urlencoded` bodies (RFC 6749 appendix B).
+enum FormEncoding {
+    private static let unreserved = CharacterSet(
+        charactersIn: "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+    static func escape(_ text: String) -> String {
+        text.addingPercentEncoding(withAllowedCharacters: unreserved) ?? ""
+    }
+
+    static func encode(_ pairs: [(String, String)]) -> String {
+        pairs.map { "\(escape($0.0))=\(escape($0.1))" }.joined(separator: "&")
+    }
+
+    /// A short, printable form of an IdP-supplied code, safe for logs.
+    static func printable(_ text: String) -> String {
+        String(text.unicodeScalars.filter { $0.isASCII && $0.value >= 0x20 && $0.value < 0x7F }.prefix(64).map(Character.init))
+    }
+}

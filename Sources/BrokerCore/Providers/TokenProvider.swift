@@ -1,0 +1,39 @@
+import Foundation
+
+/// What a successful refresh yields.
+public struct Grant: Sendable, Equatable {
+    public var token: AccessToken
+    /// A rotated refresh token; `nil` when the IdP kept the old one.
+    public var refreshToken: String?
+    public var refreshExpiresAt: Date?
+}
+
+/// Why a refresh failed, classified the way the lifecycle needs it (CONTRACT section 4).
+public struct RefreshFailure: Error, Sendable, Equatable {
+    public enum Kind: Sendable, Equatable {
+        /// Network trouble, 5xx, 429, a malformed answer: keep everything, retry later.
+        case transient
+        /// The IdP refused the credential: stop refreshing until new tokens arrive.
+        case denial
+    }
+
+    public var kind: Kind
+    /// Human text for `status` and logs; never contains a secret.
+    public var message: String
+    /// The IdP's `Retry-After`, in seconds, when it sent one.
+    public var retryAfter: TimeInterval?
+
+    public static func transient(_ message: String, retryAfter: TimeInterval? = nil) -> RefreshFailure {
+        RefreshFailure(kind: .transient, message: message, retryAfter: retryAfter)
+    }
+
+    public static func denial(_ message: String) -> RefreshFailure {
+        RefreshFailure(kind: .denial, message: message, retryAfter: nil)
+    }
+}
+
+/// One way of obtaining new tokens for an account.
+public protocol TokenProvider: Sendable {
+    /// Exchanges the account's refresh credential for new tokens.
+    func refresh(_ record: AccountRecord, now: Date) async -> Result<Grant, RefreshFailure>
+}

@@ -1,0 +1,31 @@
+import Foundation
+
+/// Decides when an account refreshes next: proactively before expiry, and with
+/// capped, fully jittered exponential backoff after transient failures.
+struct RefreshPlanner: Sendable {
+    let settings: BrokerSettings
+
+    /// The proactive refresh point for `token`: when about `refreshFraction` of its lifetime
+    /// remains (± jitter), never later than `refreshFloor` before expiry, and before a
+    /// refresh token with an expiry lapses.
+    func nextRefresh(token: AccessToken?, refreshExpiresAt: Date?, now: Date) -> Date {
+        guard let token else { return now }
+        let lifetime = max(1, token.expiresAt.timeIntervalSince(token.obtainedAt))
+        let jitter = Double.random(in: -settings.refreshJitter...settings.refreshJitter)
+        let margin = max(lifetime * (settings.refreshFraction + jitter), min(settings.refreshFloor, lifetime / 2))
+        var due = token.expiresAt.addingTimeInterval(-margin)
+        if let refreshExpiresAt {
+            let refreshLifetime = max(1, refreshExpiresAt.timeIntervalSince(token.obtainedAt))
+            due = min(due, refreshExpiresAt.addingTimeInterval(-refreshLifetime * settings.refreshFraction))
+        }
+        return max(due, now)
+    }
+
+    /// Delay before retry number `failures` (1-based): full jitter over a capped exponential,
+    /// never shorter than the IdP's `Retry-After`.
+    func backoff(failures: Int, retryAfter: TimeInterval?) -> TimeInterval {
+        let ceiling = min(settings.backoffCap, settings.backoffBase * pow(2, Double(max(0, failures - 1))))
+        let jittered = Double.random(in: (ceiling / 2)...ceiling)
+        return max(jittered, min(retryAfter ?? 0, settings.backoffCap))
+    }
+}

@@ -1,0 +1,247 @@
+import Foundation
+
+/// The protocol version this package speaks.
+public let protocolVersion = 1
+
+/// Longest request line the broker accepts, in bytes, without its newline.
+public let maximumLineLength = 64 * 1024
+
+/// Every operation of protocol v1.
+public enum Operation: String, Sendable, CaseIterable, Codable {
+    case hello, token, reject, status, add
+    case setTokens = "set_tokens"
+    case remove, refresh
+
+    /// Operations reserved for the broker's owner (brokerctl).
+    public var isOwnerOnly: Bool {
+        switch self {
+        case .add, .setTokens, .remove, .refresh: return true
+        case .hello, .token, .reject, .status: return false
+        }
+    }
+}
+
+/// One request line. Every op-specific field is optional here; the broker checks
+/// the ones its op needs. Unknown fields are ignored.
+public struct Request: Codable, Sendable {
+    public var id: RequestID?
+    public var op: String?
+    public var account: String?
+    public var minTTL: Double?
+    public var accessToken: String?
+    public var versions: [Int]?
+    public var client: String?
+    public var provider: ProviderSpec?
+    public var tokens: TokenSet?
+
+    public init(
+        id: RequestID?, op: String, account: String? = nil, minTTL: Double? = nil, accessToken: String? = nil,
+        versions: [Int]? = nil, client: String? = nil, provider: ProviderSpec? = nil, tokens: TokenSet? = nil
+    ) {
+        self.id = id
+        self.op = op
+        self.account = account
+        self.minTTL = minTTL
+        self.accessToken = accessToken
+        self.versions = versions
+        self.client = client
+        self.provider = provider
+        self.tokens = tokens
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case id, op, account, versions, client, provider, tokens
+        case minTTL = "min_ttl"
+        case accessToken = "access_token"
+    }
+}
+
+/// How an account obtains new tokens (the `provider` object of `add`).
+public struct ProviderSpec: Codable, Sendable, Equatable {
+    public var kind: String
+    public var tokenEndpoint: String?
+    public var issuer: String?
+    public var clientID: String?
+    /// A secret: stored in the vault, never echoed.
+    public var clientSecret: String?
+    public var clientAuth: String?
+    public var scope: String?
+    public var method: String?
+    public var endpoint: String?
+    public var timezone: String?
+    public var command: [String]?
+
+    public init(
+        kind: String, tokenEndpoint: String? = nil, issuer: String? = nil, clientID: String? = nil,
+        clientSecret: String? = nil, clientAuth: String? = nil, scope: String? = nil
+    ) {
+        self.kind = kind
+        self.tokenEndpoint = tokenEndpoint
+        self.issuer = issuer
+        self.clientID = clientID
+        self.clientSecret = clientSecret
+        self.clientAuth = clientAuth
+        self.scope = scope
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case kind, issuer, scope, method, endpoint, timezone, command
+        case tokenEndpoint = "token_endpoint"
+        case clientID = "client_id"
+        case clientSecret = "client_secret"
+        case clientAuth = "client_auth"
+    }
+}
+
+/// Tokens pushed into an account (`add`, `set_tokens`). Any field may be absent.
+public struct TokenSet: Codable, Sendable, Equatable {
+    public var accessToken: String?
+    public var tokenType: String?
+    public var expiresIn: Double?
+    public var expiresAt: Date?
+    public var refreshToken: String?
+    public var refreshExpiresIn: Double?
+    public var refreshExpiresAt: Date?
+    public var refreshURL: String?
+    public var idToken: String?
+    public var scope: String?
+
+    public init(
+        accessToken: String? = nil, tokenType: String? = nil, expiresIn: Double? = nil, expiresAt: Date? = nil,
+        refreshToken: String? = nil, refreshURL: String? = nil, idToken: String? = nil, scope: String? = nil
+    ) {
+        self.accessToken = accessToken
+        self.tokenType = tokenType
+        self.expiresIn = expiresIn
+        self.expiresAt = expiresAt
+        self.refreshToken = refreshToken
+        self.refreshURL = refreshURL
+        self.idToken = idToken
+        self.scope = scope
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case scope
+        case accessToken = "access_token"
+        case tokenType = "token_type"
+        case expiresIn = "expires_in"
+        case expiresAt = "expires_at"
+        case refreshToken = "refresh_token"
+        case refreshExpiresIn = "refresh_expires_in"
+        case refreshExpiresAt = "refresh_expires_at"
+        case refreshURL = "refresh_url"
+        case idToken = "id_token"
+    }
+}
+
+/// The result of `hello`.
+public struct HelloResult: Codable, Sendable, Equatable {
+    public var `protocol`: Int
+    public var server: String
+    public var ops: [String]
+
+    public init(protocol: Int, server: String, ops: [String]) {
+        self.protocol = `protocol`
+        self.server = server
+        self.ops = ops
+    }
+}
+
+/// The result of `token` and `reject`: an access token valid for at least the requested `min_ttl`.
+public struct TokenResult: Codable, Sendable, Equatable {
+    public var account: String
+    public var accessToken: String
+    public var tokenType: String
+    public var expiresAt: Date
+    public var expiresIn: Int
+    public var idToken: String?
+    public var scope: String?
+
+    public init(
+        account: String, accessToken: String, tokenType: String, expiresAt: Date, expiresIn: Int,
+        idToken: String? = nil, scope: String? = nil
+    ) {
+        self.account = account
+        self.accessToken = accessToken
+        self.tokenType = tokenType
+        self.expiresAt = expiresAt
+        self.expiresIn = expiresIn
+        self.idToken = idToken
+        self.scope = scope
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case account, scope
+        case accessToken = "access_token"
+        case tokenType = "token_type"
+        case expiresAt = "expires_at"
+        case expiresIn = "expires_in"
+        case idToken = "id_token"
+    }
+}
+
+/// The last error an account's refresh met.
+public struct AccountError: Codable, Sendable, Equatable {
+    public var code: String
+    public var message: String
+    public var at: Date
+
+    public init(code: String, message: String, at: Date) {
+        self.code = code
+        self.message = message
+        self.at = at
+    }
+}
+
+/// One account as `status` reports it; never carries a secret or a token.
+public struct AccountStatus: Codable, Sendable, Equatable {
+    public var account: String
+    public var provider: String
+    public var state: String
+    public var expiresAt: Date?
+    public var refreshExpiresAt: Date?
+    public var nextRefreshAt: Date?
+    public var lastRefreshAt: Date?
+    public var lastError: AccountError?
+
+    public init(
+        account: String, provider: String, state: String, expiresAt: Date? = nil, refreshExpiresAt: Date? = nil,
+        nextRefreshAt: Date? = nil, lastRefreshAt: Date? = nil, lastError: AccountError? = nil
+    ) {
+        self.account = account
+        self.provider = provider
+        self.state = state
+        self.expiresAt = expiresAt
+        self.refreshExpiresAt = refreshExpiresAt
+        self.nextRefreshAt = nextRefreshAt
+        self.lastRefreshAt = lastRefreshAt
+        self.lastError = lastError
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case account, provider, state
+        case expiresAt = "expires_at"
+        case refreshExpiresAt = "refresh_expires_at"
+        case nextRefreshAt = "next_refresh_at"
+        case lastRefreshAt = "last_refresh_at"
+        case lastError = "last_error"
+    }
+}
+
+/// The result of `status`.
+public struct StatusResult: Codable, Sendable, Equatable {
+    public var accounts: [AccountStatus]
+
+    public init(accounts: [AccountStatus]) { self.accounts = accounts }
+}
+
+/// The result of the owner ops that change an account (`add`, `set_tokens`, `remove`, `refresh`).
+public struct AccountResult: Codable, Sendable, Equatable {
+    public var account: String
+    public var state: String
+
+    public init(account: String, state: String) {
+        self.account = account
+        self.state = state
+    }
+}

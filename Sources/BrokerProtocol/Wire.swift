@@ -1,0 +1,126 @@
+import Foundation
+
+/// Encoding and decoding of protocol lines, shared by the broker and its clients so
+/// both sides agree on dates (RFC 3339 UTC, whole seconds) and key names.
+public enum Wire {
+    /// A JSON encoder configured for the wire (RFC 3339 dates, compact output).
+    public static func makeEncoder() -> JSONEncoder {
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .custom { date, encoder in
+            var container = encoder.singleValueContainer()
+            try container.encode(rfc3339(date))
+        }
+        encoder.outputFormatting = [.withoutEscapingSlashes]
+        return encoder
+    }
+
+    /// A JSON decoder configured for the wire (RFC 3339 dates with or without fractions).
+    public static func makeDecoder() -> JSONDecoder {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .custom { decoder in
+            let container = try decoder.singleValueContainer()
+            let text = try container.decode(String.self)
+            guard let date = parseRFC3339(text) else {
+                throw DecodingError.dataCorruptedError(
+                    in: container, debugDescription: "not an RFC 3339 timestamp: \(text)")
+            }
+            return date
+        }
+        return decoder
+    }
+
+    /// Formats a date as RFC 3339 in UTC with whole seconds, e.g. `2026-11-23T08:30:00Z`.
+    public static func rfc3339(_ date: Date) -> String {
+        date.formatted(.iso8601.year().month().day().dateSeparator(.dash).time(includingFractionalSeconds: false)
+            .timeSeparator(.colon).timeZone(separator: .omitted))
+    }
+
+    /// Parses an RFC 3339 timestamp, with or without fractional seconds.
+    public static func parseRFC3339(_ text: String) -> Date? {
+        if let date = try? Date(text, strategy: .iso8601) { return date }
+        return try? Date(text, strategy: Date.ISO8601FormatStyle(includingFractionalSeconds: true))
+    }
+
+    /// One success line: `{"id":…,"ok":true,"result":…}` plus the newline.
+    public static func successLine<Result: Encodable>(
+        id: RequestID?, result: Result, encoder: JSONEncoder
+    ) throws -> Data {
+        var data = try encoder.encode(SuccessEnvelope(id: id ?? .null, result: result))
+        data.append(0x0A)
+        return data
+    }
+
+    /// One failure line: `{"id":…,"ok":false,"error":{…}}` plus the newline.
+    public static func errorLine(id: RequestID?, error: BrokerError, encoder: JSONEncoder) -> Data {
+        let body = ErrorBody(code: error.code.rawValue, message: error.message, retryAfterMs: error.retryAfterMs)
+        var data = (try? encoder.encode(FailureEnvelope(id: id ?? .null, error: body)))
+            ?? Data(#"{"id":null,"ok":false,"error":{"code":"internal","message":"encoding failed"}}"#.utf8)
+        data.append(0x0A)
+        return data
+    }
+}
+
+/// The error object of a failure line.
+public struct ErrorBody: Codable, Sendable, Equatable {
+    public var code: String
+    public var message: String
+    public var retryAfterMs: Int?
+
+    public init(code: String, message: String, retryAfterMs: Int? = nil) {
+        self.code = code
+        self.message = message
+        self.retryAfterMs = retryAfterMs
+    }
+
+    /// The typed error this body describes.
+    public var brokerError: BrokerError {
+        BrokerError(.init(wire: code), message, retryAfterMs: retryAfterMs)
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case code, message
+        case retryAfterMs = "retry_after_ms"
+    }
+}
+
+struct SuccessEnvelope<Result: Encodable>: Encodable {
+    var id: RequestID
+    var ok = true
+    var result: Result
+
+    func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(id, forKey: .id)
+        try container.encode(ok, forKey: .ok)
+        try container.encode(result, forKey: .result)
+    }
+
+    enum CodingKeys: String, CodingKey { case id, ok, result }
+}
+
+struct FailureEnvelope: Encodable {
+    var id: RequestID
+    var ok = false
+    var error: ErrorBody
+
+    func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(id, forKey: .id)
+        try container.encode(ok, forKey: .ok)
+        try container.encode(error, forKey: .error)
+    }
+
+    enum CodingKeys: String, CodingKey { case id, ok, error }
+}
+
+/// The parts of a response line every client reads first: its id and whether it succeeded.
+public struct ResponseHead: Decodable, Sendable {
+    public var id: RequestID?
+    public var ok: Bool
+    public var error: ErrorBody?
+}
+
+/// Decodes the `result` of a success line into the type the caller expects.
+public struct ResultBody<Result: Decodable>: Decodable {
+    public var result: Result
+}
