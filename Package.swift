@@ -43,6 +43,7 @@ let package = Package(
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "TOMLKit", package: "TOMLKit"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: upcoming
         ),
@@ -62,6 +63,7 @@ let package = Package(
             dependencies: [
                 "CSystemd",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: upcoming
         ),
@@ -71,8 +73,8 @@ let package = Package(
                 "BrokerCore", "BrokerServer", "BrokerSystemd",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "NIOPosix", package: "swift-nio"),
             ],
             swiftSettings: upcoming
         ),

@@ -10,7 +10,7 @@ public enum Wire {
             var container = encoder.singleValueContainer()
             try container.encode(rfc3339(date))
         }
-        encoder.outputFormatting = [.withoutEscapingSlashes]
+        encoder.outputFormatting = [.withoutEscapingSlashes, .sortedKeys]
         return encoder
     }
 

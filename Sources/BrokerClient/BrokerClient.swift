@@ -1,0 +1,227 @@
+import BrokerProtocol
+import Foundation
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The broker could not be reached, or the connection to it broke.
+public struct ConnectionError: Error, CustomStringConvertible, Sendable {
+    public let description: String
+}
+
+/// Thrown by a `withToken` body when the resource server refused the token (e.g. HTTP 401).
+public struct TokenRefused: Error, Sendable {
+    public init() {}
+}
+
+/// A connection to brokerd: one persistent Unix socket with pipelining, so any number of
+/// tasks may share it and ask concurrently. Uses only the protocol module and the toolchain.
+public final class BrokerClient: Sendable {
+    private let connection: Connection
+
+    /// Connects to the broker's socket (default: `DefaultPaths().socket`).
+    public init(socketPath: String = DefaultPaths().socket) throws {
+        connection = try Connection(socketPath: socketPath)
+    }
+
+    deinit { connection.close() }
+
+    /// Closes the connection; pending and later calls fail with `ConnectionError`.
+    public func close() { connection.close() }
+
+    // MARK: Operations
+
+    /// An access token valid for at least `minTTL` seconds (the broker refreshes if needed).
+    public func token(account: String, minTTL: TimeInterval? = nil) async throws -> TokenResult {
+        try await call(Request(id: nil, op: "token", account: account, minTTL: minTTL))
+    }
+
+    /// Reports that a resource server refused `accessToken`; returns the token to use instead.
+    public func reject(account: String, accessToken: String, minTTL: TimeInterval? = nil) async throws -> TokenResult {
+        try await call(Request(id: nil, op: "reject", account: account, minTTL: minTTL, accessToken: accessToken))
+    }
+
+    /// Runs `body` with a token; if `body` throws `TokenRefused`, rejects the token and runs
+    /// `body` exactly once more with the replacement. A second refusal is rethrown.
+    public func withToken<T>(
+        account: String, minTTL: TimeInterval? = nil, _ body: (TokenResult) async throws -> T
+    ) async throws -> T {
+        let token = try await self.token(account: account, minTTL: minTTL)
+        do {
+            return try await body(token)
+        } catch is TokenRefused {
+            let replacement = try await reject(account: account, accessToken: token.accessToken, minTTL: minTTL)
+            return try await body(replacement)
+        }
+    }
+
+    /// The broker's protocol version, name and operations.
+    public func hello(client: String? = nil) async throws -> HelloResult {
+        try await call(Request(id: nil, op: "hello", versions: [protocolVersion], client: client))
+    }
+
+    /// The state of one account, or of all visible accounts.
+    public func status(account: String? = nil) async throws -> [AccountStatus] {
+        let result: StatusResult = try await call(Request(id: nil, op: "status", account: account))
+        return result.accounts
+    }
+
+    /// Creates an account (owner only).
+    public func add(account: String, provider: ProviderSpec, tokens: TokenSet? = nil) async throws -> AccountResult {
+        try await call(Request(id: nil, op: "add", account: account, provider: provider, tokens: tokens))
+    }
+
+    /// Pushes new tokens into an account (owner only); clears `needs_login`.
+    public func setTokens(account: String, tokens: TokenSet) async throws -> AccountResult {
+        try await call(Request(id: nil, op: "set_tokens", account: account, tokens: tokens))
+    }
+
+    /// Deletes an account and its secrets (owner only).
+    public func remove(account: String) async throws -> AccountResult {
+        try await call(Request(id: nil, op: "remove", account: account))
+    }
+
+    /// Refreshes an account now (owner only).
+    public func refresh(account: String) async throws -> AccountResult {
+        try await call(Request(id: nil, op: "refresh", account: account))
+    }
+
+    /// Sends `request` (its id is assigned here) and decodes the result; a failure line
+    /// becomes a thrown `BrokerError`.
+    public func call<Result: Decodable>(_ request: Request) async throws -> Result {
+        var request = request
+        let line = try await connection.exchange { id in
+            request.id = id
+            var data = try Wire.makeEncoder().encode(request)
+            data.append(0x0A)
+            return data
+        }
+        let decoder = Wire.makeDecoder()
+        let head = try decoder.decode(ResponseHead.self, from: line)
+        if !head.ok {
+            throw head.error?.brokerError ?? BrokerError(.internal, "the broker sent a failure without an error")
+        }
+        return try decoder.decode(ResultBody<Result>.self, from: line).result
+    }
+
+}
+
+/// The socket and its reader thread; the thread keeps this alive until the socket closes.
+private final class Connection: Sendable {
+    private struct State {
+        var nextID: Int64 = 1
+        var pending: [RequestID: CheckedContinuation<Data, any Error>] = [:]
+        var failure: ConnectionError?
+    }
+
+    private let descriptor: Int32
+    private let state = Mutex(State())
+    private let writeLock = Mutex(())
+
+    init(socketPath: String) throws {
+        descriptor = try UnixSocket.connect(socketPath)
+        let thread = Thread { [self] in readLoop() }
+        thread.name = "BrokerClient reader"
+        thread.start()
+    }
+
+    func close() { shutdown(descriptor, Int32(SHUT_RDWR)) }
+
+    func exchange(_ encode: (RequestID) throws -> Data) async throws -> Data {
+        let id: RequestID = state.withLock { state in
+            defer { state.nextID += 1 }
+            return .integer(state.nextID)
+        }
+        let data = try encode(id)
+        return try await withCheckedThrowingContinuation { continuation in
+            let failure: ConnectionError? = state.withLock { state in
+                if let failure = state.failure { return failure }
+                state.pending[id] = continuation
+                return nil
+            }
+            if let failure { return continuation.resume(throwing: failure) }
+            let sent = writeLock.withLock { _ in UnixSocket.writeAll(descriptor, data) }
+            if !sent { fail(ConnectionError(description: "the connection to the broker broke")) }
+        }
+    }
+
+    private func readLoop() {
+        var buffer = [UInt8]()
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let count = read(descriptor, &chunk, chunk.count)
+            if count <= 0 {
+                if count < 0, errno == EINTR { continue }
+                break
+            }
+            buffer += chunk[0..<count]
+            var start = 0
+            while let newline = buffer[start...].firstIndex(of: 0x0A) {
+                deliver(Data(buffer[start..<newline]))
+                start = newline + 1
+            }
+            buffer.removeFirst(start)
+        }
+        fail(ConnectionError(description: "the broker closed the connection"))
+        Glibc.close(descriptor)
+    }
+
+    private func deliver(_ line: Data) {
+        guard let head = try? Wire.makeDecoder().decode(ResponseHead.self, from: line), let id = head.id else { return }
+        let continuation = state.withLock { $0.pending.removeValue(forKey: id) }
+        continuation?.resume(returning: line)
+    }
+
+    private func fail(_ error: ConnectionError) {
+        let pending = state.withLock { state in
+            if state.failure == nil { state.failure = error }
+            defer { state.pending = [:] }
+            return Array(state.pending.values)
+        }
+        for continuation in pending { continuation.resume(throwing: error) }
+    }
+}
+
+/// Blocking Unix-socket primitives for the client.
+enum UnixSocket {
+    static func connect(_ path: String) throws -> Int32 {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw ConnectionError(description: "cannot create a socket: \(String(cString: strerror(errno)))") }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+            Glibc.close(fd)
+            throw ConnectionError(description: "the socket path \(path) is too long")
+        }
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        guard result == 0 else {
+            let reason = String(cString: strerror(errno))
+            Glibc.close(fd)
+            throw ConnectionError(description: "the broker is not running at \(path) (\(reason)); start it with brokerd")
+        }
+        return fd
+    }
+
+    static func writeAll(_ fd: Int32, _ data: Data) -> Bool {
+        data.withUnsafeBytes { raw in
+            var offset = 0
+            while offset < raw.count {
+                let written = send(fd, raw.baseAddress! + offset, raw.count - offset, Int32(MSG_NOSIGNAL))
+                if written < 0 {
+                    if errno == EINTR { continue }
+                    return false
+                }
+                offset += written
+            }
+            return true
+        }
+    }
+}

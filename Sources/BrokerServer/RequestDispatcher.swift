@@ -1,0 +1,127 @@
+import BrokerCore
+import BrokerProtocol
+import Foundation
+
+/// Decodes request lines and runs them against the broker; knows nothing about sockets.
+public struct RequestDispatcher: Sendable {
+    public static let serverName = "tokenbroker/0.1.0"
+
+    let broker: Broker
+    let policy: AccessPolicy
+
+    public init(broker: Broker, policy: AccessPolicy) {
+        self.broker = broker
+        self.policy = policy
+    }
+
+    /// What to do with one line: answer it now (`immediate`) or run it on the broker (`deferred`).
+    public enum Decision {
+        case immediate([UInt8])
+        case deferred(Request)
+    }
+
+    /// Parses `line` and answers at once whatever needs no waiting: errors and cached tokens.
+    public func decide(line: some Collection<UInt8>, peer: PeerIdentity, decoder: JSONDecoder, now: Date) -> Decision {
+        let data = Data(line)
+        let request: Request
+        do {
+            request = try decoder.decode(Request.self, from: data)
+        } catch {
+            let id = (try? decoder.decode(IDOnly.self, from: data))?.id
+            let message =
+                id == nil && (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] == nil
+                ? "each line must be one JSON object" : "a field has the wrong type"
+            return .immediate(errorLine(id: id, BrokerError(.badRequest, message)))
+        }
+        guard let op = request.op else {
+            return .immediate(errorLine(id: request.id, BrokerError(.badRequest, "the field \"op\" is required")))
+        }
+        if op == "token", let account = request.account,
+            let token = broker.cache.token(
+                for: account, minTTL: request.minTTL ?? broker.settings.defaultMinTTL, now: now)
+        {
+            return .immediate(token.line(id: request.id, now: now))
+        }
+        guard let operation = Operation(rawValue: op) else {
+            return .immediate(errorLine(id: request.id, BrokerError(.unknownOp, "unknown op \"\(JSONText.quote(op).dropFirst().dropLast())\"")))
+        }
+        if operation.isOwnerOnly, !policy.isAdmin(peer) {
+            return .immediate(
+                errorLine(id: request.id, BrokerError(.forbidden, "\(op) is reserved for the broker's owner")))
+        }
+        return .deferred(request)
+    }
+
+    /// Runs a request that may wait on the broker and returns its response line.
+    public func run(_ request: Request) async -> [UInt8] {
+        let encoder = Wire.makeEncoder()
+        do {
+            switch Operation(rawValue: request.op ?? "") {
+            case .hello:
+                if let versions = request.versions, !versions.contains(protocolVersion) {
+                    throw BrokerError(.unsupportedVersion, "this broker speaks protocol version \(protocolVersion)")
+                }
+                let hello = HelloResult(
+                    protocol: protocolVersion, server: Self.serverName, ops: Operation.allCases.map(\.rawValue))
+                return try success(request, hello, encoder)
+            case .token:
+                let token = try await broker.token(
+                    account: try AccountField.required(request.account), minTTL: minTTL(request))
+                return token.line(id: request.id, now: Date())
+            case .reject:
+                guard let accessToken = request.accessToken else {
+                    throw BrokerError(.badRequest, "the field \"access_token\" is required")
+                }
+                let token = try await broker.reject(
+                    account: try AccountField.required(request.account), accessToken: accessToken,
+                    minTTL: minTTL(request))
+                return token.line(id: request.id, now: Date())
+            case .status:
+                return try success(request, StatusResult(accounts: try await broker.status(account: request.account)), encoder)
+            case .add:
+                return try success(
+                    request, try await broker.add(account: request.account, provider: request.provider, tokens: request.tokens),
+                    encoder)
+            case .setTokens:
+                return try success(request, try await broker.setTokens(account: request.account, tokens: request.tokens), encoder)
+            case .remove:
+                return try success(request, try await broker.remove(account: request.account), encoder)
+            case .refresh:
+                return try success(request, try await broker.refreshNow(account: request.account), encoder)
+            case nil:
+                throw BrokerError(.unknownOp, "unknown op")
+            }
+        } catch let error as BrokerError {
+            return errorLine(id: request.id, error)
+        } catch {
+            return errorLine(id: request.id, BrokerError(.internal, "the broker could not encode its answer"))
+        }
+    }
+
+    /// The error line for `error`, as any connection-level failure also uses.
+    public func errorLine(id: RequestID?, _ error: BrokerError) -> [UInt8] {
+        Array(Wire.errorLine(id: id, error: error, encoder: Wire.makeEncoder()))
+    }
+
+    private func minTTL(_ request: Request) throws(BrokerError) -> TimeInterval {
+        let value = request.minTTL ?? broker.settings.defaultMinTTL
+        guard value >= 0, value.isFinite else { throw BrokerError(.badRequest, "\"min_ttl\" must be zero or more seconds") }
+        return value
+    }
+
+    private func success(_ request: Request, _ result: some Encodable, _ encoder: JSONEncoder) throws -> [UInt8] {
+        Array(try Wire.successLine(id: request.id, result: result, encoder: encoder))
+    }
+}
+
+/// Just the id of a line whose other fields did not decode, so the error can still echo it.
+private struct IDOnly: Decodable {
+    var id: RequestID?
+}
+
+private enum AccountField {
+    static func required(_ value: String?) throws(BrokerError) -> String {
+        guard let value, !value.isEmpty else { throw BrokerError(.badRequest, "the field \"account\" is required") }
+        return value
+    }
+}

@@ -1,0 +1,225 @@
+import ArgumentParser
+import BrokerClient
+import BrokerProtocol
+import Foundation
+
+/// brokerctl: inspect and manage brokerd, and fetch tokens in scripts.
+@main
+struct Brokerctl: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "brokerctl", abstract: "Inspect and manage tokenbroker; print tokens for scripts.",
+        discussion: """
+            Exit codes: 0 ok, 1 other error, 3 broker not running, 4 not found, 5 needs login,
+            6 unavailable, 7 forbidden, 8 locked.
+            """,
+        subcommands: [Status.self, Token.self, Add.self, SetTokens.self, Remove.self, Refresh.self])
+}
+
+/// Options every subcommand takes.
+struct GlobalOptions: ParsableArguments {
+    @Option(help: "Socket path (default: $TOKENBROKER_SOCKET or $XDG_RUNTIME_DIR/tokenbroker/broker.sock).")
+    var socket: String?
+
+    @Flag(help: "Print the result as JSON.")
+    var json = false
+
+    /// Connects, runs `body`, and turns failures into a message on stderr and a distinct exit code.
+    func run<T: Encodable>(_ body: (BrokerClient) async throws -> T, human: (T) -> String) async throws {
+        do {
+            let client = try BrokerClient(socketPath: socket ?? DefaultPaths().socket)
+            defer { client.close() }
+            let result = try await body(client)
+            if json {
+                let data = try Wire.makeEncoder().encode(result)
+                print(String(decoding: data, as: UTF8.self))
+            } else {
+                let text = human(result)
+                if !text.isEmpty { print(text) }
+            }
+        } catch let error as ConnectionError {
+            FileHandle.standardError.write(Data("brokerctl: \(error)\n".utf8))
+            throw ExitCode(3)
+        } catch let error as BrokerError {
+            FileHandle.standardError.write(Data("brokerctl: \(error.message)\(Self.hint(error))\n".utf8))
+            throw ExitCode(Self.exitCode(error.code))
+        }
+    }
+
+    static func exitCode(_ code: BrokerError.Code) -> Int32 {
+        switch code {
+        case .notFound: return 4
+        case .needsLogin: return 5
+        case .unavailable, .busy: return 6
+        case .forbidden: return 7
+        case .locked: return 8
+        default: return 1
+        }
+    }
+
+    private static func hint(_ error: BrokerError) -> String {
+        guard let wait = error.retryAfterMs else { return "" }
+        return " (retry in \(max(1, wait / 1000)) s)"
+    }
+}
+
+/// Reads a JSON document from a file, or from stdin for "-", so secrets never appear in argv.
+enum SecretInput {
+    static func read<T: Decodable>(_ source: String, as type: T.Type) throws -> T {
+        let data: Data
+        if source == "-" {
+            data = FileHandle.standardInput.readDataToEndOfFile()
+        } else {
+            guard let contents = FileManager.default.contents(atPath: source) else {
+                throw ValidationError("cannot read \(source)")
+            }
+            data = contents
+        }
+        do {
+            return try Wire.makeDecoder().decode(T.self, from: data)
+        } catch {
+            throw ValidationError("\(source == "-" ? "stdin" : source) is not a JSON tokens object")
+        }
+    }
+}
+
+struct Status: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Show the state of every account, or of one.")
+
+    @OptionGroup var options: GlobalOptions
+    @Argument(help: "Account name.") var account: String?
+
+    func run() async throws {
+        try await options.run({ StatusResult(accounts: try await $0.status(account: account)) }) { result in
+            StatusTable.render(result.accounts, now: Date())
+        }
+    }
+}
+
+struct Token: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Print an access token (only the token), e.g. for curl -H \"Authorization: Bearer $(brokerctl token api)\".")
+
+    @OptionGroup var options: GlobalOptions
+    @Argument(help: "Account name.") var account: String
+    @Option(help: "Seconds the token must stay valid.") var minTTL: Double?
+
+    func run() async throws {
+        try await options.run({ try await $0.token(account: account, minTTL: minTTL) }) { $0.accessToken }
+    }
+}
+
+struct Add: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Add an account.",
+        discussion: """
+            Secrets are read as a JSON object from --secrets (a file, or - for stdin), never from the
+            command line: {"refresh_token": "...", "client_secret": "...", "access_token": "...", "expires_in": 3600}
+            """)
+
+    @OptionGroup var options: GlobalOptions
+    @Argument(help: "Account name.") var account: String
+    @Option(help: "Provider kind: oauth2 or static.") var kind: String
+    @Option(help: "oauth2: the token endpoint URL.") var tokenEndpoint: String?
+    @Option(help: "oauth2: the client id.") var clientID: String?
+    @Option(help: "oauth2: client_secret_basic, client_secret_post or none.") var clientAuth: String?
+    @Option(help: "oauth2: scope to request.") var scope: String?
+    @Option(help: "File with the secrets as JSON, or - for stdin.") var secrets: String?
+
+    func run() async throws {
+        var provider = ProviderSpec(
+            kind: kind, tokenEndpoint: tokenEndpoint, clientID: clientID, clientAuth: clientAuth, scope: scope)
+        var tokens: TokenSet?
+        if let secrets {
+            let input = try SecretInput.read(secrets, as: AddSecrets.self)
+            provider.clientSecret = input.clientSecret
+            tokens = input.tokens
+        }
+        try await options.run({ try await $0.add(account: account, provider: provider, tokens: tokens) }) {
+            "added \($0.account) (\($0.state))"
+        }
+    }
+}
+
+/// The secrets `brokerctl add` reads: a tokens object plus an optional client secret.
+struct AddSecrets: Decodable {
+    var clientSecret: String?
+    var tokens: TokenSet?
+
+    init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        clientSecret = try container.decodeIfPresent(String.self, forKey: .clientSecret)
+        let tokens = try TokenSet(from: decoder)
+        self.tokens = tokens == TokenSet() ? nil : tokens
+    }
+
+    enum CodingKeys: String, CodingKey { case clientSecret = "client_secret" }
+}
+
+struct SetTokens: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Push new tokens into an account (clears needs_login).",
+        discussion: "Reads a JSON tokens object from --from (a file, or - for stdin, the default).")
+
+    @OptionGroup var options: GlobalOptions
+    @Argument(help: "Account name.") var account: String
+    @Option(help: "File with the tokens as JSON, or - for stdin.") var from = "-"
+
+    func run() async throws {
+        let tokens = try SecretInput.read(from, as: TokenSet.self)
+        try await options.run({ try await $0.setTokens(account: account, tokens: tokens) }) {
+            "updated \($0.account) (\($0.state))"
+        }
+    }
+}
+
+struct Remove: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Delete an account and its secrets.")
+
+    @OptionGroup var options: GlobalOptions
+    @Argument(help: "Account name.") var account: String
+
+    func run() async throws {
+        try await options.run({ try await $0.remove(account: account) }) { "removed \($0.account)" }
+    }
+}
+
+struct Refresh: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Refresh an account now, ignoring its schedule.")
+
+    @OptionGroup var options: GlobalOptions
+    @Argument(help: "Account name.") var account: String
+
+    func run() async throws {
+        try await options.run({ try await $0.refresh(account: account) }) { "refreshed \($0.account) (\($0.state))" }
+    }
+}
+
+/// The human form of `status`.
+enum StatusTable {
+    static func render(_ accounts: [AccountStatus], now: Date) -> String {
+        guard !accounts.isEmpty else { return "no accounts" }
+        var rows = [["ACCOUNT", "PROVIDER", "STATE", "EXPIRES IN", "NEXT REFRESH", "LAST ERROR"]]
+        for account in accounts {
+            rows.append([
+                account.account, account.provider, account.state.replacingOccurrences(of: "_", with: " "),
+                account.expiresAt.map { duration($0.timeIntervalSince(now)) } ?? "-",
+                account.nextRefreshAt.map { "in " + duration($0.timeIntervalSince(now)) } ?? "-",
+                account.lastError?.message ?? "",
+            ])
+        }
+        let widths = (0..<rows[0].count).map { column in rows.map { $0[column].count }.max() ?? 0 }
+        return rows.map { row in
+            zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(separator: "  ")
+                .trimmingCharacters(in: .whitespaces)
+        }.joined(separator: "\n")
+    }
+
+    static func duration(_ seconds: TimeInterval) -> String {
+        if seconds <= 0 { return "expired" }
+        let whole = Int(seconds)
+        if whole < 120 { return "\(whole)s" }
+        if whole < 7200 { return "\(whole / 60)m" }
+        if whole < 172800 { return "\(whole / 3600)h" }
+        return "\(whole / 86400)d"
+    }
+}

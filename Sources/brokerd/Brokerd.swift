@@ -1,0 +1,75 @@
+import ArgumentParser
+import BrokerCore
+import BrokerProtocol
+import BrokerServer
+import BrokerSystemd
+import Foundation
+import Logging
+import ServiceLifecycle
+import UnixSignals
+
+/// brokerd: the per-user token broker daemon. Wiring only; the work lives in the modules.
+@main
+struct Brokerd: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "brokerd", abstract: "Keep OAuth tokens fresh and hand them to local programs over a Unix socket.")
+
+    @Option(help: "Socket path (default: $TOKENBROKER_SOCKET or $XDG_RUNTIME_DIR/tokenbroker/broker.sock).")
+    var socket: String?
+
+    @Option(help: "Config file (default: $XDG_CONFIG_HOME/tokenbroker/broker.toml).")
+    var config: String?
+
+    @Option(help: "Vault file (default: $XDG_STATE_HOME/tokenbroker/vault).")
+    var vault: String?
+
+    @Option(help: "Vault key file (default: $CREDENTIALS_DIRECTORY/vault-key or $XDG_CONFIG_HOME/tokenbroker/vault.key).")
+    var keyFile: String?
+
+    func run() async throws {
+        LoggingSystem.bootstrap { JournalLogHandler(label: $0) }
+        let logger = Logger(label: "brokerd")
+        ProcessHardening.apply()
+        do {
+            try await serve(logger: logger)
+        } catch {
+            logger.critical("brokerd cannot start: \(error)")
+            throw ExitCode.failure
+        }
+    }
+
+    private func serve(logger: Logger) async throws {
+        let paths = DefaultPaths()
+        let settings = try ConfigFile.load(path: config ?? paths.config)
+        let key = keyFile.map { (path: $0, fromSystemd: false) } ?? paths.keyFile
+        let vault = try Vault(
+            path: self.vault ?? paths.vault, key: try VaultKey.load(path: key.path, create: !key.fromSystemd))
+        let http = IdPClient(settings: settings)
+        let broker = try Broker(vault: vault, settings: settings, http: http, logger: logger)
+        let notifier = SystemdNotifier()
+        let socketPath = socket ?? paths.socket
+        let address: ListenAddress =
+            notifier.inheritedSocket().map { .inherited(descriptor: $0, path: socketPath) } ?? .path(socketPath)
+        let policy = AccessPolicy()
+        let server = SocketServer(
+            address: address, dispatcher: RequestDispatcher(broker: broker, policy: policy), policy: policy,
+            logger: logger
+        ) {
+            let summary = await broker.summary()
+            notifier.ready(status: summary)
+            logger.info("ready", metadata: ["status": "\(summary)"])
+        }
+        let scheduler = RefreshScheduler(broker: broker)
+        let lifecycle = SystemdLifecycle(notifier: notifier, summary: { await broker.summary() }) {
+            scheduler.lastHeartbeat.duration(to: .now) < .seconds(10)
+        }
+        let group = ServiceGroup(
+            configuration: .init(
+                services: [.init(service: server), .init(service: scheduler), .init(service: lifecycle)],
+                gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+        try await group.run()
+        await broker.drain()
+        await http.shutdown()
+        logger.info("stopped")
+    }
+}
