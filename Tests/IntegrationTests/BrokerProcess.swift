@@ -1,0 +1,172 @@
+import BrokerClient
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The real `brokerd` binary, started in a private temporary home with its own socket,
+/// config, state and key; stopped by PID and always waited for.
+final class BrokerProcess: @unchecked Sendable {
+    let root: URL
+    private var process: Process?
+
+    init() throws {
+        root = URL(fileURLWithPath: "/tmp/tbt-\(UInt32.random(in: 0...UInt32.max))")
+        for directory in ["home", "run", "config", "state"] {
+            try FileManager.default.createDirectory(
+                at: root.appendingPathComponent(directory), withIntermediateDirectories: true)
+        }
+    }
+
+    deinit {
+        if let process, process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+        try? FileManager.default.removeItem(at: root)
+    }
+
+    var socketPath: String { root.appendingPathComponent("run/tokenbroker/broker.sock").path }
+    var configDirectory: URL { root.appendingPathComponent("config/tokenbroker") }
+    var stateDirectory: URL { root.appendingPathComponent("state/tokenbroker") }
+    var vaultPath: String { stateDirectory.appendingPathComponent("vault").path }
+    var keyPath: String { configDirectory.appendingPathComponent("vault.key").path }
+    var logPath: String { root.appendingPathComponent("brokerd.log").path }
+    var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+
+    var environment: [String: String] {
+        var environment = ProcessInfo.processInfo.environment
+        environment["HOME"] = root.appendingPathComponent("home").path
+        environment["XDG_RUNTIME_DIR"] = root.appendingPathComponent("run").path
+        environment["XDG_CONFIG_HOME"] = root.appendingPathComponent("config").path
+        environment["XDG_STATE_HOME"] = root.appendingPathComponent("state").path
+        for name in ["TOKENBROKER_SOCKET", "TOKENBROKER_CONFIG", "TOKENBROKER_VAULT", "TOKENBROKER_KEY_FILE",
+            "CREDENTIALS_DIRECTORY", "NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID"]
+        {
+            environment[name] = nil
+        }
+        return environment
+    }
+
+    /// Starts brokerd and waits until its socket answers; throws with its log if it exits instead.
+    func start(arguments: [String] = []) async throws {
+        let process = try launch(Self.binary("brokerd"), arguments: arguments)
+        self.process = process
+        let deadline = Date().addingTimeInterval(30)
+        while Date() < deadline {
+            if !process.isRunning {
+                process.waitUntilExit()
+                throw HarnessError("brokerd exited with \(process.terminationStatus): \(log)")
+            }
+            if let client = try? BrokerClient(socketPath: socketPath) {
+                client.close()
+                return
+            }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        throw HarnessError("brokerd did not open its socket in time: \(log)")
+    }
+
+    /// Sends SIGTERM and waits; returns the exit status.
+    @discardableResult
+    func stop() -> Int32 {
+        guard let process else { return -1 }
+        self.process = nil
+        if process.isRunning { kill(process.processIdentifier, SIGTERM) }
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
+
+    /// Runs brokerd expecting it to exit by itself (e.g. refusing to start); returns its status.
+    func runExpectingExit(timeout: TimeInterval = 30) throws -> Int32 {
+        let process = try launch(Self.binary("brokerd"), arguments: [])
+        let deadline = Date().addingTimeInterval(timeout)
+        while process.isRunning, Date() < deadline { usleep(20_000) }
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
+
+    /// Runs brokerctl against this broker; returns exit status, stdout and stderr.
+    func brokerctl(_ arguments: [String], stdin: String? = nil) throws -> (status: Int32, stdout: String, stderr: String) {
+        let process = Process()
+        process.executableURL = Self.binary("brokerctl")
+        process.arguments = arguments
+        process.environment = environment.merging(["TOKENBROKER_SOCKET": socketPath]) { $1 }
+        let output = Pipe()
+        let errors = Pipe()
+        let input = Pipe()
+        process.standardOutput = output
+        process.standardError = errors
+        process.standardInput = input
+        try process.run()
+        if let stdin { input.fileHandleForWriting.write(Data(stdin.utf8)) }
+        try input.fileHandleForWriting.close()
+        let out = output.fileHandleForReading.readDataToEndOfFile()
+        let err = errors.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: out, as: UTF8.self), String(decoding: err, as: UTF8.self))
+    }
+
+    /// Every file under the broker's config and state directories, as bytes.
+    func storedFiles() -> [(path: String, bytes: Data)] {
+        [configDirectory, stateDirectory].flatMap { directory -> [(String, Data)] in
+            let paths = (FileManager.default.enumerator(atPath: directory.path)?.allObjects as? [String]) ?? []
+            return paths.compactMap { path in
+                let full = directory.appendingPathComponent(path).path
+                return FileManager.default.contents(atPath: full).map { (full, $0) }
+            }
+        }
+    }
+
+    func client() throws -> BrokerClient { try BrokerClient(socketPath: socketPath) }
+
+    private func launch(_ binary: URL, arguments: [String]) throws -> Process {
+        let process = Process()
+        process.executableURL = binary
+        process.arguments = arguments
+        process.environment = environment
+        _ = FileManager.default.createFile(atPath: logPath, contents: nil)
+        let logHandle = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
+        logHandle.seekToEndOfFile()
+        process.standardError = logHandle
+        process.standardOutput = logHandle
+        try process.run()
+        return process
+    }
+
+    /// A product built next to this test bundle (the same `.build/<config>` directory).
+    static func binary(_ name: String) -> URL {
+        let candidates = [
+            URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent(),
+            Bundle.main.bundleURL, Bundle.main.bundleURL.deletingLastPathComponent(),
+        ]
+        for directory in candidates {
+            let url = directory.appendingPathComponent(name)
+            if FileManager.default.isExecutableFile(atPath: url.path) { return url }
+        }
+        return URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent(".build/debug/\(name)")
+    }
+}
+
+struct HarnessError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// Polls `condition` until it holds or `timeout` passes; returns whether it held.
+func eventually(timeout: TimeInterval = 15, _ condition: () async throws -> Bool) async rethrows -> Bool {
+    let deadline = Date().addingTimeInterval(timeout)
+    while Date() < deadline {
+        if try await condition() { return true }
+        try? await Task.sleep(for: .milliseconds(25))
+    }
+    return try await condition()
+}
+
+extension Data {
+    /// Whether `needle` occurs anywhere in these bytes.
+    func contains(_ needle: String) -> Bool { range(of: Data(needle.utf8)) != nil }
+}

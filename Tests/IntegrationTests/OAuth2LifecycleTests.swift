@@ -1,0 +1,65 @@
+import BrokerClient
+import BrokerProtocol
+import Foundation
+import TestIdP
+import Testing
+
+/// An `oauth2` account end to end: real brokerd, real socket, real HTTP to a rotating IdP.
+@Suite struct OAuth2LifecycleTests {
+    @Test func refreshesOnItsOwnRotatesAndSurvivesRestartWithoutPlaintext() async throws {
+        let refreshToken = "rt-initial-\(UInt32.random(in: 0...UInt32.max))"
+        let idp = try await OAuth2TestIdP(initialRefreshToken: refreshToken, lifetime: 3)
+        let broker = try BrokerProcess()
+        try await broker.start()
+        let client = try broker.client()
+        _ = try await client.add(
+            account: "api",
+            provider: ProviderSpec(
+                kind: "oauth2", tokenEndpoint: idp.tokenEndpoint, clientID: idp.clientID,
+                clientSecret: idp.clientSecret, clientAuth: "client_secret_basic"),
+            tokens: TokenSet(refreshToken: refreshToken))
+
+        let first = try await client.token(account: "api", minTTL: 1)
+        #expect(first.accessToken == idp.issuedAccessTokens.first)
+
+        // Without any request, the broker refreshes before the 3-second lifetime runs out.
+        let refreshedAlone = await eventually { idp.issuedAccessTokens.count >= 3 }
+        #expect(refreshedAlone)
+        let callsBeforeAsking = idp.callCount
+        let later = try await client.token(account: "api", minTTL: 0)
+        #expect(later.accessToken != first.accessToken)
+        #expect(idp.issuedAccessTokens.contains(later.accessToken))
+        #expect(idp.callCount == callsBeforeAsking, "a token fetched in the background is served without a new IdP call")
+
+        #expect(idp.calls.allSatisfy { $0.clientSecret == idp.clientSecret && $0.clientID == idp.clientID })
+        client.close()
+
+        // Restart: the account keeps working from the vault alone.
+        #expect(broker.stop() == 0)
+        try await broker.start()
+        let restarted = try broker.client()
+        let afterRestart = try await restarted.token(account: "api", minTTL: 1)
+        #expect(idp.issuedAccessTokens.contains(afterRestart.accessToken))
+        #expect(idp.rejectedReuse == 0)
+        let status = try await restarted.status(account: "api")
+        #expect(status.first?.state == "valid" || status.first?.state == "refreshing")
+        restarted.close()
+        #expect(broker.stop() == 0)
+        await idp.shutdown()
+
+        // Every call presented the refresh token issued by the call before it; none was reused.
+        #expect(idp.calls.map(\.refreshToken) == [refreshToken] + idp.issuedRefreshTokens.dropLast())
+        #expect(idp.rejectedReuse == 0)
+
+        // Nothing secret is stored or logged in plaintext.
+        let secrets = [refreshToken, idp.clientSecret] + idp.issuedRefreshTokens + idp.issuedAccessTokens
+        for file in broker.storedFiles() {
+            for secret in secrets {
+                #expect(!file.bytes.contains(secret), "plaintext secret in \(file.path)")
+            }
+        }
+        for secret in [refreshToken, idp.clientSecret] + idp.issuedRefreshTokens {
+            #expect(!broker.log.contains(secret), "secret in the broker's log")
+        }
+    }
+}
