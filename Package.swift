@@ -12,6 +12,7 @@ let package = Package(
     products: [
         .executable(name: "brokerd", targets: ["brokerd"]),
         .executable(name: "brokerctl", targets: ["brokerctl"]),
+        .executable(name: "broker-bench", targets: ["broker-bench"]),
         .library(name: "BrokerClient", targets: ["BrokerClient"]),
     ],
     dependencies: [

@@ -114,6 +114,8 @@ private final class Connection: Sendable {
         var nextID: Int64 = 1
         var pending: [RequestID: CheckedContinuation<Data, any Error>] = [:]
         var failure: ConnectionError?
+        /// Set once the reader has closed the descriptor; its number may then belong to another socket.
+        var descriptorClosed = false
     }
 
     private let descriptor: Int32
@@ -127,7 +129,12 @@ private final class Connection: Sendable {
         thread.start()
     }
 
-    func close() { shutdown(descriptor, Int32(SHUT_RDWR)) }
+    /// Shuts the socket down; the reader thread then sees end of stream and closes it.
+    func close() {
+        state.withLock { state in
+            if !state.descriptorClosed { _ = shutdown(descriptor, Int32(SHUT_RDWR)) }
+        }
+    }
 
     func exchange(_ encode: (RequestID) throws -> Data) async throws -> Data {
         let id: RequestID = state.withLock { state in
@@ -165,7 +172,10 @@ private final class Connection: Sendable {
             buffer.removeFirst(start)
         }
         fail(ConnectionError(description: "the broker closed the connection"))
-        Glibc.close(descriptor)
+        state.withLock { state in
+            state.descriptorClosed = true
+            _ = Glibc.close(descriptor)
+        }
     }
 
     private func deliver(_ line: Data) {

@@ -218,6 +218,7 @@ public actor Broker {
         let outcome = await provider.refresh(started.record, now: clock.now())
         guard var entry = entries[name], entry.generation == started.generation, entry.inFlight?.serial == serial
         else {
+            keepRotatedCredential(name, presented: started.record.secrets.refreshToken, outcome: outcome)
             return .failure(BrokerError(.unavailable, "\(name) changed during the refresh; try again", retryAfterMs: 0))
         }
         entry.inFlight = nil
@@ -265,6 +266,17 @@ public actor Broker {
                 metadata: ["account": "\(name)", "reason": "\(failure.message)", "retry_in_s": "\(Int(delay.rounded(.up)))"])
             return .failure(BrokerError(.unavailable, failure.message, retryAfterMs: Int(delay * 1000)))
         }
+    }
+
+    /// A refresh overtaken by `set_tokens` still consumed the refresh token it presented; if the
+    /// account still holds that now-dead token, the rotated one replaces it (and is saved).
+    private func keepRotatedCredential(_ name: String, presented: String?, outcome: Result<Grant, RefreshFailure>) {
+        guard case .success(let grant) = outcome, let rotated = grant.refreshToken,
+            entries[name]?.record.secrets.refreshToken == presented
+        else { return }
+        entries[name]?.record.secrets.refreshToken = rotated
+        entries[name]?.record.secrets.refreshExpiresAt = grant.refreshExpiresAt
+        try? persist(changing: name)
     }
 
     private func makeProvider(_ config: ProviderConfig) -> any TokenProvider {

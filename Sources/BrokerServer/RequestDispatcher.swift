@@ -36,9 +36,9 @@ public struct RequestDispatcher: Sendable {
         guard let op = request.op else {
             return .immediate(errorLine(id: request.id, BrokerError(.badRequest, "the field \"op\" is required")))
         }
-        if op == "token", let account = request.account,
-            let token = broker.cache.token(
-                for: account, minTTL: request.minTTL ?? broker.settings.defaultMinTTL, now: now)
+        let minTTL = request.minTTL ?? broker.settings.defaultMinTTL
+        if op == "token", minTTL >= 0, let account = request.account,
+            let token = broker.cache.token(for: account, minTTL: minTTL, now: now)
         {
             return .immediate(token.line(id: request.id, now: now))
         }

@@ -45,6 +45,17 @@ struct Brokerd: AsyncParsableCommand {
         let vault = try Vault(
             path: self.vault ?? paths.vault, key: try VaultKey.load(path: key.path, create: !key.fromSystemd))
         let http = IdPClient(settings: settings)
+        do {
+            try await serve(vault: vault, settings: settings, http: http, logger: logger)
+        } catch {
+            await http.shutdown()
+            throw error
+        }
+        await http.shutdown()
+    }
+
+    private func serve(vault: Vault, settings: BrokerSettings, http: IdPClient, logger: Logger) async throws {
+        let paths = DefaultPaths()
         let broker = try Broker(vault: vault, settings: settings, http: http, logger: logger)
         let notifier = SystemdNotifier()
         let socketPath = socket ?? paths.socket
@@ -69,7 +80,6 @@ struct Brokerd: AsyncParsableCommand {
                 gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()
         await broker.drain()
-        await http.shutdown()
         logger.info("stopped")
     }
 }

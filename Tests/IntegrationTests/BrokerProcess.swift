@@ -24,7 +24,7 @@ final class BrokerProcess: @unchecked Sendable {
             kill(process.processIdentifier, SIGKILL)
             process.waitUntilExit()
         }
-        try? FileManager.default.removeItem(at: root)
+        if ProcessInfo.processInfo.environment["TB_KEEP"] == nil { try? FileManager.default.removeItem(at: root) }
     }
 
     var socketPath: String { root.appendingPathComponent("run/tokenbroker/broker.sock").path }

@@ -60,7 +60,8 @@ public final class Vault: @unchecked Sendable {
         }
         let version = UInt16(bytes[8]) << 8 | UInt16(bytes[9])
         guard version == Self.formatVersion else {
-            throw VaultError("the vault \(path) has format version \(version); this brokerd reads version \(Self.formatVersion)")
+            throw VaultError(
+                "the vault \(path) has format version \(version); this brokerd reads version \(Self.formatVersion); it was left untouched")
         }
         let header = Array(bytes.prefix(Self.headerLength))
         let nonce = Array(header.suffix(Sodium.nonceLength))

@@ -1,1 +1,297 @@
-print("x")
+import BrokerProtocol
+import Foundation
+import NIOCore
+import NIOPosix
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// broker-bench: latency and throughput of cached `token` requests over the broker's socket,
+// side by side with a minimal echo server on the same kind of socket, plus memory and
+// start-up time with 1,000 accounts. Run it through bench/run (release build).
+
+let arguments = CommandLine.arguments
+if arguments.count >= 3, arguments[1] == "echo-server" {
+    try EchoServer.run(path: arguments[2])
+}
+guard arguments.count >= 2 else {
+    FileHandle.standardError.write(Data("usage: broker-bench PATH-TO-BROKERD [SECONDS-PER-RUN]\n".utf8))
+    exit(2)
+}
+let brokerd = arguments[1]
+let seconds = arguments.count >= 3 ? Double(arguments[2]) ?? 3 : 3
+let concurrencies = [1, 16, 64]
+let workspace = "/tmp/tb-bench-\(getpid())"
+defer { try? FileManager.default.removeItem(atPath: workspace) }
+
+// 1. The floor: an echo server over a Unix socket, in its own process.
+let echoPath = workspace + "/echo.sock"
+try FileManager.default.createDirectory(atPath: workspace, withIntermediateDirectories: true)
+let echo = try Child.spawn(CommandLine.arguments[0], ["echo-server", echoPath], environment: [:])
+try Child.waitForSocket(echoPath)
+let tokenLine = #"{"id":1,"op":"token","account":"bench-0"}"# + "\n"
+var echoResults: [Int: LoadResult] = [:]
+for clients in concurrencies {
+    echoResults[clients] = try Load.run(path: echoPath, line: tokenLine, clients: clients, seconds: seconds)
+}
+echo.stop()
+
+// 2. The broker, with one static account for the cached-token runs.
+let broker = BrokerUnderTest(binary: brokerd, root: workspace + "/broker")
+var process = try broker.start()
+try broker.addStaticAccounts(range: 0..<1)
+var brokerResults: [Int: LoadResult] = [:]
+for clients in concurrencies {
+    brokerResults[clients] = try Load.run(path: broker.socketPath, line: tokenLine, clients: clients, seconds: seconds)
+}
+
+print("cached token requests over the Unix socket, \(Int(seconds)) s per run (echo = minimal echo server, the floor)")
+print("clients  server  p50 (us)  p99 (us)  req/s")
+for clients in concurrencies {
+    for (name, result) in [("echo", echoResults[clients]!), ("broker", brokerResults[clients]!)] {
+        print(
+            String(format: "%7d  %-6@  %8.1f  %8.1f  %7.0f", clients, name as NSString, result.p50, result.p99, result.perSecond))
+    }
+}
+let one = (brokerResults[1]!, echoResults[1]!)
+print(String(format: "at 1 client: p50 %.2fx and p99 %.2fx the echo floor (targets 1.3x, 2x); at 64 clients: %.0f req/s (target 100000)",
+    one.0.p50 / one.1.p50, one.0.p99 / one.1.p99, brokerResults[64]!.perSecond))
+
+// 3. Memory and start-up with 1,000 accounts.
+try broker.addStaticAccounts(range: 1..<1000)
+print("resident memory with 1000 accounts: \(String(format: "%.1f", process.residentMiB())) MiB (target < 30)")
+process.stop()
+var startups: [Double] = []
+for _ in 0..<5 {
+    let (child, elapsed) = try broker.startTimingReady()
+    startups.append(elapsed)
+    child.stop()
+}
+startups.sort()
+print(String(format: "start to READY=1 with 1000 accounts: median %.1f ms, best %.1f ms (target < 100)", startups[2] * 1000, startups[0] * 1000))
+
+/// Latency figures of one load run.
+struct LoadResult {
+    var p50: Double
+    var p99: Double
+    var perSecond: Double
+}
+
+/// Closed-loop load: each client thread has its own connection and one request in flight.
+enum Load {
+    static func run(path: String, line: String, clients: Int, seconds: Double) throws -> LoadResult {
+        let collector = Collector()
+        let group = DispatchGroup()
+        let deadline = Monotonic.now() + seconds
+        for _ in 0..<clients {
+            let fd = try Socket.connect(path)
+            group.enter()
+            Thread {
+                var local: [Double] = []
+                local.reserveCapacity(200_000)
+                let request = Array(line.utf8)
+                var buffer = [UInt8](repeating: 0, count: 65536)
+                while Monotonic.now() < deadline {
+                    let start = Monotonic.now()
+                    _ = request.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                    var received = 0
+                    while true {
+                        let count = recv(fd, &buffer[received], buffer.count - received, 0)
+                        if count <= 0 { break }
+                        received += count
+                        if buffer[received - 1] == 0x0A { break }
+                    }
+                    local.append(Monotonic.now() - start)
+                }
+                close(fd)
+                collector.add(local)
+                group.leave()
+            }.start()
+        }
+        group.wait()
+        let latencies = collector.sorted()
+        return LoadResult(
+            p50: latencies[latencies.count / 2] * 1e6, p99: latencies[latencies.count * 99 / 100] * 1e6,
+            perSecond: Double(latencies.count) / seconds)
+    }
+}
+
+/// Latencies gathered from every client thread.
+final class Collector: @unchecked Sendable {
+    private let lock = NSLock()
+    private var latencies: [Double] = []
+
+    func add(_ values: [Double]) { lock.withLock { latencies += values } }
+
+    func sorted() -> [Double] { lock.withLock { latencies.sorted() } }
+}
+
+/// The real brokerd in a private directory.
+struct BrokerUnderTest {
+    let binary: String
+    let root: String
+    var socketPath: String { root + "/run/broker.sock" }
+
+    var environment: [String: String] {
+        [
+            "HOME": root, "XDG_RUNTIME_DIR": root + "/run", "XDG_CONFIG_HOME": root + "/config",
+            "XDG_STATE_HOME": root + "/state", "TOKENBROKER_SOCKET": socketPath,
+        ]
+    }
+
+    func start() throws -> Child {
+        try FileManager.default.createDirectory(atPath: root + "/run", withIntermediateDirectories: true)
+        let child = try Child.spawn(binary, [], environment: environment)
+        try Child.waitForSocket(socketPath)
+        return child
+    }
+
+    /// Adds `bench-N` static accounts over the socket, pipelined.
+    func addStaticAccounts(range: Range<Int>) throws {
+        let fd = try Socket.connect(socketPath)
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        for index in range {
+            let line = #"{"id":\#(index),"op":"add","account":"bench-\#(index)","provider":{"kind":"static"},"tokens":{"access_token":"bench-token-\#(index)-\#(String(repeating: "x", count: 800))","expires_in":86400}}"# + "\n"
+            _ = Array(line.utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            let count = recv(fd, &buffer, buffer.count, 0)
+            guard count > 0, String(decoding: buffer[0..<count], as: UTF8.self).contains("\"ok\":true") else {
+                throw BenchError("adding account \(index) failed: \(String(decoding: buffer[0..<max(0, count)], as: UTF8.self))")
+            }
+        }
+    }
+
+    /// Starts brokerd with a NOTIFY_SOCKET and returns the time until READY=1 arrives.
+    func startTimingReady() throws -> (Child, Double) {
+        let notifyPath = root + "/notify.sock"
+        unlink(notifyPath)
+        let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
+        defer { close(fd); unlink(notifyPath) }
+        try Socket.bind(fd, notifyPath)
+        var environment = self.environment
+        environment["NOTIFY_SOCKET"] = notifyPath
+        let start = Monotonic.now()
+        let child = try Child.spawn(binary, [], environment: environment)
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        while true {
+            let count = recv(fd, &buffer, buffer.count, 0)
+            guard count > 0 else { throw BenchError("no READY=1 from brokerd") }
+            if String(decoding: buffer[0..<count], as: UTF8.self).contains("READY=1") { break }
+        }
+        return (child, Monotonic.now() - start)
+    }
+}
+
+/// A child process, stopped by PID and always waited for.
+struct Child {
+    let pid: pid_t
+
+    static func spawn(_ path: String, _ arguments: [String], environment: [String: String]) throws -> Child {
+        let argv = ([path] + arguments).map { strdup($0) } + [nil]
+        let envp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer { (argv + envp).forEach { free($0) } }
+        var pid: pid_t = 0
+        let result = posix_spawn(&pid, path, nil, nil, argv, envp)
+        guard result == 0 else { throw BenchError("cannot start \(path): \(String(cString: strerror(result)))") }
+        return Child(pid: pid)
+    }
+
+    static func waitForSocket(_ path: String) throws {
+        for _ in 0..<500 {
+            if let fd = try? Socket.connect(path) {
+                close(fd)
+                return
+            }
+            usleep(10_000)
+        }
+        throw BenchError("nothing listens on \(path)")
+    }
+
+    func residentMiB() -> Double {
+        let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
+        let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
+        let kib = Double(line.split(separator: " ").dropFirst().first ?? "0") ?? 0
+        return kib / 1024
+    }
+
+    func stop() {
+        kill(pid, SIGTERM)
+        var status: Int32 = 0
+        waitpid(pid, &status, 0)
+    }
+}
+
+enum Socket {
+    static func address(_ path: String) -> sockaddr_un {
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
+        return address
+    }
+
+    static func connect(_ path: String) throws -> Int32 {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var address = address(path)
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        guard result == 0 else {
+            close(fd)
+            throw BenchError("cannot connect to \(path)")
+        }
+        return fd
+    }
+
+    static func bind(_ fd: Int32, _ path: String) throws {
+        var address = address(path)
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                Glibc.bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        guard result == 0 else { throw BenchError("cannot bind \(path)") }
+    }
+}
+
+enum Monotonic {
+    static func now() -> Double {
+        var spec = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &spec)
+        return Double(spec.tv_sec) + Double(spec.tv_nsec) / 1e9
+    }
+}
+
+struct BenchError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// The floor: a SwiftNIO server on a Unix socket that writes back whatever it reads.
+enum EchoServer {
+    static func run(path: String) throws -> Never {
+        unlink(path)
+        let channel = try ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(Echo()) }
+            }
+            .bind(unixDomainSocketPath: path).wait()
+        try channel.closeFuture.wait()
+        exit(0)
+    }
+
+    final class Echo: ChannelInboundHandler {
+        typealias InboundIn = ByteBuffer
+        typealias OutboundOut = ByteBuffer
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            context.write(data, promise: nil)
+        }
+
+        func channelReadComplete(context: ChannelHandlerContext) { context.flush() }
+    }
+}

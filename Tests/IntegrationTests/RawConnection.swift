@@ -1,0 +1,85 @@
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A bare Unix-socket connection for sending arbitrary bytes, well-formed or not.
+final class RawConnection {
+    let descriptor: Int32
+    private var buffer = [UInt8]()
+
+    init(path: String) throws {
+        descriptor = try Self.connect(path)
+    }
+
+    private static func connect(_ path: String) throws -> Int32 {
+        let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                Glibc.connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        guard result == 0 else {
+            close(descriptor)
+            throw HarnessError("cannot connect to \(path)")
+        }
+        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        return descriptor
+    }
+
+    deinit { close(descriptor) }
+
+    /// Writes all bytes; returns false if the peer has gone away.
+    @discardableResult
+    func send(_ bytes: [UInt8]) -> Bool {
+        var offset = 0
+        while offset < bytes.count {
+            let written = bytes[offset...].withUnsafeBytes {
+                Glibc.send(descriptor, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
+            }
+            if written <= 0 { return false }
+            offset += written
+        }
+        return true
+    }
+
+    @discardableResult
+    func send(_ text: String) -> Bool { send(Array(text.utf8)) }
+
+    /// The next line as a JSON object, or nil when the connection closed (or timed out).
+    func readObject() -> [String: Any]? {
+        guard let line = readLine() else { return nil }
+        return (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any]
+    }
+
+    /// The next line's bytes, or nil at end of stream.
+    func readLine() -> [UInt8]? {
+        while true {
+            if let newline = buffer.firstIndex(of: 0x0A) {
+                let line = Array(buffer[..<newline])
+                buffer.removeFirst(newline + 1)
+                return line
+            }
+            var chunk = [UInt8](repeating: 0, count: 65536)
+            let count = recv(descriptor, &chunk, chunk.count, 0)
+            if count <= 0 { return nil }
+            buffer += chunk[..<count]
+        }
+    }
+
+    /// Whether the broker has closed this connection (reads end of stream).
+    func isClosedByPeer() -> Bool {
+        while readLine() != nil {}
+        return true
+    }
+}
+
+extension Dictionary where Key == String, Value == Any {
+    /// `error.code` of a failure line.
+    var errorCode: String? { (self["error"] as? [String: Any])?["code"] as? String }
+}

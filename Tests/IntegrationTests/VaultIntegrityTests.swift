@@ -1,0 +1,57 @@
+import BrokerClient
+import BrokerProtocol
+import Foundation
+import Testing
+
+/// A tampered vault or a wrong key stops brokerd with a clear message and touches nothing.
+@Suite struct VaultIntegrityTests {
+    /// A broker that has stored one static account, then stopped.
+    private func brokerWithVault() async throws -> BrokerProcess {
+        let broker = try BrokerProcess()
+        try await broker.start()
+        let client = try broker.client()
+        _ = try await client.add(
+            account: "kept", provider: ProviderSpec(kind: "static"),
+            tokens: TokenSet(accessToken: "kept-token", expiresIn: 3600))
+        client.close()
+        #expect(broker.stop() == 0)
+        return broker
+    }
+
+    @Test(arguments: [0, 9, 20, -1, -20])
+    func flippedByteIsRefusedAndLeftUntouched(offset: Int) async throws {
+        let broker = try await brokerWithVault()
+        var bytes = try #require(FileManager.default.contents(atPath: broker.vaultPath))
+        let index = offset >= 0 ? offset : bytes.count + offset
+        bytes[index] ^= 0x01
+        try bytes.write(to: URL(fileURLWithPath: broker.vaultPath))
+
+        #expect(try broker.runExpectingExit() != 0)
+        #expect(FileManager.default.contents(atPath: broker.vaultPath) == bytes)
+        #expect(broker.log.contains("left untouched"))
+        #expect(!broker.log.contains("kept-token"))
+    }
+
+    @Test func wrongKeyIsRefusedAndVaultLeftUntouched() async throws {
+        let broker = try await brokerWithVault()
+        let before = try #require(FileManager.default.contents(atPath: broker.vaultPath))
+        let otherKey = Data((0..<32).map { _ in UInt8.random(in: 0...255) })
+        try otherKey.write(to: URL(fileURLWithPath: broker.keyPath))
+
+        #expect(try broker.runExpectingExit() != 0)
+        #expect(FileManager.default.contents(atPath: broker.vaultPath) == before)
+        #expect(broker.log.contains("the key is wrong or the file was modified"))
+    }
+
+    @Test func secondBrokerOnTheSameVaultRefusesToStart() async throws {
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        let second = try broker.runExpectingExit()
+        #expect(second != 0)
+        #expect(broker.log.contains("another brokerd is already using the vault"))
+        let client = try broker.client()
+        defer { client.close() }
+        #expect(try await client.hello().protocol == 1)
+    }
+}
