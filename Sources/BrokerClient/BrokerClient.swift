@@ -113,7 +113,7 @@ private final class Connection: Sendable {
     private struct State {
         var nextID: Int64 = 1
         var pending: [RequestID: CheckedContinuation<Data, any Error>] = [:]
-        var failure: ConnectionError?
+        var failure: (any Error)?
         /// Set once the reader has closed the descriptor; its number may then belong to another socket.
         var descriptorClosed = false
     }
@@ -143,14 +143,16 @@ private final class Connection: Sendable {
         }
         let data = try encode(id)
         return try await withCheckedThrowingContinuation { continuation in
-            let failure: ConnectionError? = state.withLock { state in
+            let failure: (any Error)? = state.withLock { state in
                 if let failure = state.failure { return failure }
                 state.pending[id] = continuation
                 return nil
             }
             if let failure { return continuation.resume(throwing: failure) }
             let sent = writeLock.withLock { _ in UnixSocket.writeAll(descriptor, data) }
-            if !sent { fail(ConnectionError(description: "the connection to the broker broke")) }
+            // A failed send means the broker went away; the reader still delivers whatever the
+            // broker said before closing (e.g. forbidden), then fails every pending request.
+            if !sent { shutdown(descriptor, Int32(SHUT_WR)) }
         }
     }
 
@@ -179,12 +181,17 @@ private final class Connection: Sendable {
     }
 
     private func deliver(_ line: Data) {
-        guard let head = try? Wire.makeDecoder().decode(ResponseHead.self, from: line), let id = head.id else { return }
+        guard let head = try? Wire.makeDecoder().decode(ResponseHead.self, from: line) else { return }
+        guard let id = head.id, id != .null else {
+            // An error about the connection itself (e.g. forbidden): it applies to every request.
+            if let error = head.error { fail(error.brokerError) }
+            return
+        }
         let continuation = state.withLock { $0.pending.removeValue(forKey: id) }
         continuation?.resume(returning: line)
     }
 
-    private func fail(_ error: ConnectionError) {
+    private func fail(_ error: any Error) {
         let pending = state.withLock { state in
             if state.failure == nil { state.failure = error }
             defer { state.pending = [:] }

@@ -57,6 +57,7 @@ public actor Broker {
         if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return token }
         let entry = try self.entry(name)
         try checkRefreshable(entry)
+        try checkLifetime(entry, covers: minTTL)
         let outcome = await refreshShared(name)
         if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return token }
         if case .failure(let error) = outcome { throw error }
@@ -232,7 +233,10 @@ public actor Broker {
             entry.record.lastError = nil
             entry.failures = 0
             entry.retryAt = nil
+            // Never sooner than the minimum interval, so an IdP issuing already-expired tokens
+            // is not called in a loop.
             entry.nextRefreshAt = Self.schedule(entry.record, planner, now: now)
+                .map { max($0, now.addingTimeInterval(settings.minimumRefreshInterval)) }
             entries[name] = entry
             do {
                 try persist(changing: name)
@@ -307,6 +311,16 @@ public actor Broker {
             throw BrokerError(
                 .unavailable, entry.record.lastError?.message ?? "the IdP is failing; retrying", retryAfterMs: wait)
         }
+    }
+
+    /// Refuses, without calling the IdP, a `minTTL` longer than the lifetime the IdP grants,
+    /// while the current token is not yet due for refresh (a refresh could not help).
+    private func checkLifetime(_ entry: Entry, covers minTTL: TimeInterval) throws(BrokerError) {
+        guard let token = entry.record.token, token.expiresAt > clock.now(), let due = entry.nextRefreshAt,
+            due > clock.now(), token.expiresAt.timeIntervalSince(token.obtainedAt) < minTTL
+        else { return }
+        let lifetime = Int(token.expiresAt.timeIntervalSince(token.obtainedAt))
+        throw BrokerError(.unavailable, "the IdP issues tokens valid for \(lifetime) s, less than min_ttl \(Int(minTTL)) s")
     }
 
     private func apply(_ tokens: TokenSet, to record: inout AccountRecord, now: Date) throws(BrokerError) {

@@ -8,6 +8,8 @@ public struct BrokerSettings: Sendable, Equatable {
     public var refreshJitter: Double = 0.05
     /// Refresh no later than this many seconds before expiry (capped at half the lifetime).
     public var refreshFloor: TimeInterval = 60
+    /// Shortest time between two scheduled refreshes of one account, in seconds.
+    public var minimumRefreshInterval: TimeInterval = 1
     /// First retry delay after a transient failure, in seconds; doubles each time.
     public var backoffBase: TimeInterval = 1
     /// Longest retry delay after transient failures, in seconds.

@@ -12,7 +12,8 @@ public enum ConfigFile {
     /// Every key of the `[broker]` table and the setting it controls.
     static var keys: [(String, WritableKeyPath<BrokerSettings, Double>)] { [
         ("refresh_fraction", \.refreshFraction), ("refresh_jitter", \.refreshJitter),
-        ("refresh_floor", \.refreshFloor), ("backoff_base", \.backoffBase), ("backoff_cap", \.backoffCap),
+        ("refresh_floor", \.refreshFloor),
+        ("minimum_refresh_interval", \.minimumRefreshInterval), ("backoff_base", \.backoffBase), ("backoff_cap", \.backoffCap),
         ("connect_timeout", \.connectTimeout), ("request_timeout", \.requestTimeout),
         ("default_lifetime", \.defaultLifetime), ("default_min_ttl", \.defaultMinTTL),
     ] }

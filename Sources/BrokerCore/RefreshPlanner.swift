@@ -25,7 +25,7 @@ struct RefreshPlanner: Sendable {
     /// never shorter than the IdP's `Retry-After`.
     func backoff(failures: Int, retryAfter: TimeInterval?) -> TimeInterval {
         let ceiling = min(settings.backoffCap, settings.backoffBase * pow(2, Double(max(0, failures - 1))))
-        let jittered = Double.random(in: (ceiling / 2)...ceiling)
+        let jittered = Double.random(in: 0...ceiling)
         return max(jittered, min(retryAfter ?? 0, settings.backoffCap))
     }
 }

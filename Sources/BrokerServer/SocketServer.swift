@@ -103,19 +103,39 @@ public final class SocketServer: Service {
             level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
         return credentials.flatMap { credentials in
             let peer = PeerIdentity(pid: credentials.pid, uid: credentials.uid, gid: credentials.gid)
-            guard policy.mayConnect(peer) else {
-                logger.warning("refused a connection from another user", metadata: ["peer": "\(peer)"])
-                let line = dispatcher.errorLine(
-                    id: nil, BrokerError(.forbidden, "this broker serves only uid \(policy.ownerUID)"))
-                return channel.writeAndFlush(channel.allocator.buffer(bytes: line)).flatMap { channel.close() }
-            }
             return channel.eventLoop.makeCompletedFuture {
+                guard policy.mayConnect(peer) else {
+                    logger.warning("refused a connection from another user", metadata: ["peer": "\(peer)"])
+                    let line = dispatcher.errorLine(
+                        id: nil, BrokerError(.forbidden, "this broker serves only uid \(policy.ownerUID)"))
+                    try channel.pipeline.syncOperations.addHandler(RefusingHandler(line: line))
+                    return
+                }
                 try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(LineFrameDecoder()))
                 try channel.pipeline.syncOperations.addHandler(
                     ConnectionHandler(dispatcher: dispatcher, peer: peer, logger: logger))
             }
         }
     }
+}
+
+/// Answers a refused peer with one error line as soon as the connection is active, then closes it.
+final class RefusingHandler: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private let line: [UInt8]
+
+    init(line: [UInt8]) { self.line = line }
+
+    func channelActive(context: ChannelHandlerContext) {
+        let channel = context.channel
+        context.writeAndFlush(wrapOutboundOut(channel.allocator.buffer(bytes: line))).whenComplete { _ in
+            channel.close(promise: nil)
+        }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
 }
 
 /// The kernel's `struct ucred` (pid, uid, gid), which Swift's Glibc module does not export.

@@ -84,7 +84,11 @@ public enum EndpointPolicy {
         }
     }
 
+    /// `localhost`, `::1`, or an IPv4 literal in 127.0.0.0/8 (not a DNS name that merely starts with 127.).
     static func isLoopback(_ host: String) -> Bool {
-        host == "localhost" || host == "::1" || host == "[::1]" || host.hasPrefix("127.")
+        if host == "localhost" || host == "::1" || host == "[::1]" { return true }
+        let octets = host.split(separator: ".", omittingEmptySubsequences: false)
+        return octets.count == 4 && octets.first == "127"
+            && octets.allSatisfy { $0.count <= 3 && UInt8($0) != nil }
     }
 }

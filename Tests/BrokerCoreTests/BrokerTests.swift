@@ -1,0 +1,461 @@
+import BrokerProtocol
+import Foundation
+import Logging
+import TestIdP
+import Testing
+
+@testable import BrokerCore
+
+/// A broker on a real vault in a temp dir, talking HTTP to a real token endpoint on 127.0.0.1,
+/// with a wall clock the test moves by hand.
+struct BrokerHarness {
+    let directory: TemporaryDirectory
+    let idp: OAuth2TestIdP
+    let clock: TestClock
+    let logs: LogRecorder
+    let http: IdPClient
+    let broker: Broker
+    let keyPath: String
+    let vaultPath: String
+
+    /// Runs `body` against a fresh broker and IdP, then shuts both down.
+    static func run(
+        initialRefreshToken: String = "rt-0", _ body: (BrokerHarness) async throws -> Void
+    ) async throws {
+        let directory = try TemporaryDirectory()
+        let idp = try await OAuth2TestIdP(initialRefreshToken: initialRefreshToken)
+        let http = IdPClient(settings: BrokerSettings())
+        let keyPath = directory.file("config/vault.key")
+        let vaultPath = directory.file("state/vault")
+        let clock = TestClock()
+        let logs = LogRecorder()
+        do {
+            let vault = try Vault(path: vaultPath, key: VaultKey.load(path: keyPath, create: true))
+            let broker = try Broker(
+                vault: vault, settings: BrokerSettings(), http: http, clock: clock, logger: logs.logger())
+            let harness = BrokerHarness(
+                directory: directory, idp: idp, clock: clock, logs: logs, http: http, broker: broker, keyPath: keyPath,
+                vaultPath: vaultPath)
+            do {
+                try await body(harness)
+            } catch {
+                await broker.drain()
+                throw error
+            }
+            await broker.drain()
+        } catch {
+            await http.shutdown()
+            await idp.shutdown()
+            directory.remove()
+            throw error
+        }
+        await http.shutdown()
+        await idp.shutdown()
+        directory.remove()
+    }
+
+    /// An `oauth2` provider object pointing at the test IdP, with client_secret_basic.
+    var provider: ProviderSpec {
+        ProviderSpec(
+            kind: "oauth2", tokenEndpoint: idp.tokenEndpoint, clientID: idp.clientID, clientSecret: idp.clientSecret,
+            clientAuth: "client_secret_basic")
+    }
+
+    /// Adds `api` with an access token valid for an hour and refresh token `refreshToken`.
+    func addWithValidToken(_ accessToken: String = "at-pushed", refreshToken: String = "rt-0") async throws {
+        _ = try await broker.add(
+            account: "api", provider: provider,
+            tokens: TokenSet(accessToken: accessToken, expiresIn: 3600, refreshToken: refreshToken))
+    }
+
+    func state(_ account: String = "api") async throws -> AccountStatus {
+        try #require(try await broker.status(account: account).first)
+    }
+
+    /// What a fresh copy of the vault file holds, read with the broker's key.
+    func vaultCopy() throws -> VaultContents? {
+        let copy = directory.file("copy-\(UUID().uuidString)/vault")
+        let reader = try Vault(path: copy, key: VaultKey.load(path: keyPath, create: false))
+        try FileManager.default.copyItem(atPath: vaultPath, toPath: copy)
+        return try reader.load()
+    }
+}
+
+@Suite struct BrokerTests {
+    @Test func anOAuth2AccountAddedWithOnlyARefreshTokenServesTheIdPsToken() async throws {
+        try await BrokerHarness.run { h in
+            let added = try await h.broker.add(
+                account: "api", provider: h.provider, tokens: TokenSet(refreshToken: "rt-0"))
+            #expect(added.account == "api")
+            #expect(added.state == "refreshing", "an account with only a refresh token refreshes at once")
+
+            let token = try await h.broker.token(account: "api", minTTL: 30)
+            #expect(token.result.accessToken == h.idp.issuedAccessTokens.first)
+            #expect(token.result.account == "api")
+            #expect(token.result.tokenType == "Bearer")
+            #expect(token.result.expiresAt == h.clock.now().addingTimeInterval(3600))
+            #expect(h.idp.callCount == 1)
+            let call = try #require(h.idp.calls.first)
+            #expect(call.refreshToken == "rt-0")
+            #expect(call.clientID == h.idp.clientID && call.clientSecret == h.idp.clientSecret)
+
+            let again = try await h.broker.token(account: "api", minTTL: 30)
+            #expect(again.result.accessToken == token.result.accessToken)
+            #expect(h.idp.callCount == 1, "a cached token is served without calling the IdP")
+            #expect(try await h.state().state == "valid")
+
+            // The rotated refresh token is in the vault, and nothing is there in plaintext.
+            let stored = try #require(try h.vaultCopy()?.accounts.first)
+            #expect(stored.secrets.refreshToken == h.idp.issuedRefreshTokens.last)
+            #expect(stored.secrets.clientSecret == h.idp.clientSecret)
+            #expect(stored.token?.value == token.result.accessToken)
+            let file = try Data(contentsOf: URL(fileURLWithPath: h.vaultPath))
+            for secret in [h.idp.clientSecret, token.result.accessToken] + h.idp.issuedRefreshTokens {
+                #expect(!file.contains(secret))
+            }
+        }
+    }
+
+    @Test func aBrokerStartedFromTheVaultServesTheSavedTokenAndRefreshesWithTheRotatedOne() async throws {
+        try await BrokerHarness.run { h in
+            _ = try await h.broker.add(account: "api", provider: h.provider, tokens: TokenSet(refreshToken: "rt-0"))
+            let first = try await h.broker.token(account: "api", minTTL: 30)
+
+            let copy = h.directory.file("restart/vault")
+            try FileManager.default.createDirectory(
+                atPath: h.directory.file("restart"), withIntermediateDirectories: true)
+            try FileManager.default.copyItem(atPath: h.vaultPath, toPath: copy)
+            let restarted = try Broker(
+                vault: Vault(path: copy, key: VaultKey.load(path: h.keyPath, create: false)),
+                settings: BrokerSettings(),
+                http: h.http, clock: h.clock, logger: h.logs.logger())
+            let served = try await restarted.token(account: "api", minTTL: 30)
+            #expect(served.result.accessToken == first.result.accessToken)
+            #expect(h.idp.callCount == 1)
+
+            _ = try await restarted.refreshNow(account: "api")
+            #expect(h.idp.callCount == 2)
+            #expect(h.idp.rejectedReuse == 0, "the restarted broker presented the rotated refresh token")
+            #expect(
+                try await restarted.token(account: "api", minTTL: 30).result.accessToken
+                    == h.idp.issuedAccessTokens.last)
+            await restarted.drain()
+        }
+    }
+
+    @Test func fiftyConcurrentRequestsForAnExpiredTokenShareOneRefresh() async throws {
+        try await BrokerHarness.run { h in
+            try await h.addWithValidToken()
+            #expect(h.idp.callCount == 0)
+            h.clock.advance(by: 3700)
+            h.idp.setDelay(.milliseconds(300))
+
+            let broker = h.broker
+            let tokens = try await withThrowingTaskGroup(of: String.self) { group in
+                for _ in 0..<50 {
+                    group.addTask { try await broker.token(account: "api", minTTL: 30).result.accessToken }
+                }
+                return try await group.reduce(into: [String]()) { $0.append($1) }
+            }
+            #expect(tokens.count == 50)
+            #expect(h.idp.callCount == 1)
+            #expect(Set(tokens) == Set(h.idp.issuedAccessTokens))
+            #expect(h.idp.issuedAccessTokens.count == 1)
+        }
+    }
+
+    @Test func aDeniedRefreshParksTheAccountUntilNewTokensArrive() async throws {
+        try await BrokerHarness.run { h in
+            try await h.addWithValidToken(refreshToken: "rt-revoked")
+            h.clock.advance(by: 3700)
+
+            let error = await #expect(throws: BrokerError.self) { try await h.broker.token(account: "api", minTTL: 30) }
+            #expect(error?.code == .needsLogin)
+            #expect(h.idp.callCount == 1)
+            let status = try await h.state()
+            #expect(status.state == "needs_login")
+            #expect(status.lastError?.code == "needs_login")
+            #expect(status.lastError?.message.contains("invalid_grant") == true)
+            #expect(status.nextRefreshAt == nil)
+
+            // No further IdP calls, whatever is asked.
+            for _ in 0..<3 {
+                let again = await #expect(throws: BrokerError.self) {
+                    try await h.broker.token(account: "api", minTTL: 0)
+                }
+                #expect(again?.code == .needsLogin)
+            }
+            let rejected = await #expect(throws: BrokerError.self) {
+                try await h.broker.reject(account: "api", accessToken: "at-pushed", minTTL: 0)
+            }
+            #expect(rejected?.code == .needsLogin)
+            let forced = await #expect(throws: BrokerError.self) { try await h.broker.refreshNow(account: "api") }
+            #expect(forced?.code == .needsLogin)
+            _ = await h.broker.runDueRefreshes()
+            await h.broker.drain()
+            #expect(h.idp.callCount == 1)
+            #expect(try h.vaultCopy()?.accounts.first?.needsLogin == true, "needs_login survives a restart")
+
+            // New tokens bring it back.
+            let result = try await h.broker.setTokens(
+                account: "api", tokens: TokenSet(accessToken: "at-new", expiresIn: 3600, refreshToken: "rt-0"))
+            #expect(result.state == "valid")
+            #expect(try await h.state().state == "valid")
+            #expect(try await h.state().lastError == nil)
+            #expect(try await h.broker.token(account: "api", minTTL: 30).result.accessToken == "at-new")
+            #expect(h.idp.callCount == 1)
+            _ = try await h.broker.refreshNow(account: "api")
+            #expect(h.idp.callCount == 2)
+            #expect(
+                try await h.broker.token(account: "api", minTTL: 30).result.accessToken == h.idp.issuedAccessTokens.last
+            )
+        }
+    }
+
+    @Test func aDeniedAccountServesNothingEvenWhileItsTokenIsUnexpired() async throws {
+        try await BrokerHarness.run { h in
+            try await h.addWithValidToken(refreshToken: "rt-revoked")
+            let error = await #expect(throws: BrokerError.self) {
+                try await h.broker.reject(account: "api", accessToken: "at-pushed", minTTL: 30)
+            }
+            #expect(error?.code == .needsLogin)
+            #expect(h.idp.callCount == 1)
+            #expect(h.broker.cache.token(for: "api", minTTL: 0, now: h.clock.now()) == nil)
+            let served = await #expect(throws: BrokerError.self) { try await h.broker.token(account: "api", minTTL: 0) }
+            #expect(served?.code == .needsLogin)
+            #expect(h.idp.callCount == 1)
+        }
+    }
+
+    @Test func aServerErrorKeepsServingTheValidTokenThenReportsUnavailable() async throws {
+        try await BrokerHarness.run { h in
+            try await h.addWithValidToken()
+            h.clock.advance(by: 3500)  // 100 s of validity left
+            h.idp.setBehavior(.status(500, retryAfter: 7))
+
+            #expect(try await h.broker.token(account: "api", minTTL: 30).result.accessToken == "at-pushed")
+            #expect(h.idp.callCount == 0, "a cached token that qualifies is served at once")
+
+            // A min_ttl beyond what remains forces a refresh, which fails transiently.
+            let error = await #expect(throws: BrokerError.self) {
+                try await h.broker.token(account: "api", minTTL: 600)
+            }
+            #expect(error?.code == .unavailable)
+            let retryAfterMs = try #require(error?.retryAfterMs)
+            #expect(retryAfterMs >= 7000 && retryAfterMs <= 300_000, "Retry-After: 7 is honoured (\(retryAfterMs) ms)")
+            #expect(h.idp.callCount == 1)
+            var status = try await h.state()
+            #expect(status.state == "stale")
+            #expect(status.lastError?.code == "unavailable")
+            #expect(status.nextRefreshAt != nil)
+
+            // The current token is still served while valid, and nothing is lost.
+            #expect(try await h.broker.token(account: "api", minTTL: 30).result.accessToken == "at-pushed")
+            #expect(try h.vaultCopy()?.accounts.first?.secrets.refreshToken == "rt-0")
+
+            // Within the backoff the broker fails fast instead of calling the IdP again.
+            let fast = await #expect(throws: BrokerError.self) { try await h.broker.token(account: "api", minTTL: 600) }
+            #expect(fast?.code == .unavailable)
+            #expect((1...7000).contains(fast?.retryAfterMs ?? -1))
+            #expect(h.idp.callCount == 1)
+
+            // Past expiry and past the backoff: unavailable, and a request retries the IdP once.
+            h.clock.advance(by: 200)
+            status = try await h.state()
+            #expect(status.state == "unavailable")
+            let expired = await #expect(throws: BrokerError.self) {
+                try await h.broker.token(account: "api", minTTL: 30)
+            }
+            #expect(expired?.code == .unavailable)
+            #expect(expired?.retryAfterMs != nil)
+            #expect(h.idp.callCount == 2)
+            #expect(try await h.state().state == "unavailable")
+
+            // Recovery.
+            h.idp.setBehavior(.normal)
+            h.clock.advance(by: 400)
+            let recovered = try await h.broker.token(account: "api", minTTL: 30)
+            #expect(recovered.result.accessToken == h.idp.issuedAccessTokens.first)
+            #expect(h.idp.callCount == 3)
+            status = try await h.state()
+            #expect(status.state == "valid")
+            #expect(status.lastError == nil)
+        }
+    }
+
+    @Test func aGarbageAnswerIsTransientAndKeepsTheRefreshToken() async throws {
+        try await BrokerHarness.run { h in
+            try await h.addWithValidToken()
+            h.clock.advance(by: 3700)
+            h.idp.setBehavior(.garbage)
+            let error = await #expect(throws: BrokerError.self) { try await h.broker.token(account: "api", minTTL: 30) }
+            #expect(error?.code == .unavailable)
+            #expect(try await h.state().state == "unavailable")
+            #expect(try h.vaultCopy()?.accounts.first?.secrets.refreshToken == "rt-0")
+        }
+    }
+
+    @Test func rejectingTheCurrentTokenRefreshesOnceAndAnOldOneNotAtAll() async throws {
+        try await BrokerHarness.run { h in
+            try await h.addWithValidToken()
+
+            let fresh = try await h.broker.reject(account: "api", accessToken: "at-pushed", minTTL: 30)
+            #expect(h.idp.callCount == 1)
+            #expect(fresh.result.accessToken == h.idp.issuedAccessTokens.first)
+
+            // The same (now replaced) token rejected again: the current one, no refresh.
+            let current = try await h.broker.reject(account: "api", accessToken: "at-pushed", minTTL: 30)
+            #expect(current.result.accessToken == fresh.result.accessToken)
+            let unknown = try await h.broker.reject(account: "api", accessToken: "never-issued", minTTL: 30)
+            #expect(unknown.result.accessToken == fresh.result.accessToken)
+            #expect(h.idp.callCount == 1)
+
+            // Concurrent rejects of the current token share one refresh.
+            h.idp.setDelay(.milliseconds(300))
+            let broker = h.broker
+            let rejectedValue = fresh.result.accessToken
+            let tokens = try await withThrowingTaskGroup(of: String.self) { group in
+                for _ in 0..<20 {
+                    group.addTask {
+                        try await broker.reject(account: "api", accessToken: rejectedValue, minTTL: 30).result
+                            .accessToken
+                    }
+                }
+                return try await group.reduce(into: [String]()) { $0.append($1) }
+            }
+            #expect(h.idp.callCount == 2)
+            #expect(Set(tokens) == [h.idp.issuedAccessTokens[1]])
+        }
+    }
+
+    @Test func statusSummaryLogsAndErrorsNeverContainSecrets() async throws {
+        try await BrokerHarness.run { h in
+            try await h.addWithValidToken()
+            _ = try await h.broker.refreshNow(account: "api")
+            _ = try await h.broker.add(
+                account: "denied", provider: h.provider,
+                tokens: TokenSet(accessToken: "at-denied-secret", expiresIn: 3600, refreshToken: "rt-denied-secret"))
+            let denial = await #expect(throws: BrokerError.self) {
+                try await h.broker.reject(account: "denied", accessToken: "at-denied-secret", minTTL: 30)
+            }
+            _ = try await h.broker.add(account: "static", provider: ProviderSpec(kind: "static"), tokens: nil)
+            h.idp.setBehavior(.status(503, retryAfter: nil))
+            let failure = await #expect(throws: BrokerError.self) {
+                try await h.broker.refreshNow(account: "api")
+            }
+
+            let statuses = try await h.broker.status(account: nil)
+            #expect(statuses.map(\.account) == ["api", "denied", "static"])
+            #expect(statuses.map(\.state) == ["stale", "needs_login", "needs_login"])
+            let statusJSON = String(
+                decoding: try Wire.makeEncoder().encode(StatusResult(accounts: statuses)), as: UTF8.self)
+            let summary = await h.broker.summary()
+            #expect(summary == "3 accounts: 2 needs login, 1 stale")
+            let logs = h.logs.all.joined(separator: "\n")
+            #expect(!logs.isEmpty)
+            let errors = [denial, failure].compactMap { $0?.description }.joined(separator: "\n")
+
+            let refreshSecrets = ["rt-0", "rt-denied-secret", h.idp.clientSecret] + h.idp.issuedRefreshTokens
+            let accessTokens = ["at-pushed", "at-denied-secret"] + h.idp.issuedAccessTokens
+            for secret in refreshSecrets + accessTokens {
+                #expect(!statusJSON.contains(secret), "status carries \(secret)")
+                #expect(!summary.contains(secret))
+                #expect(!logs.contains(secret), "the log carries \(secret)")
+                #expect(!errors.contains(secret), "an error message carries \(secret)")
+            }
+        }
+    }
+
+    @Test func unknownAccountsAndInvalidRequestsAreRefused() async throws {
+        try await BrokerHarness.run { h in
+            let missing = await #expect(throws: BrokerError.self) {
+                try await h.broker.token(account: "nope", minTTL: 30)
+            }
+            #expect(missing?.code == .notFound)
+            let status = await #expect(throws: BrokerError.self) { try await h.broker.status(account: "nope") }
+            #expect(status?.code == .notFound)
+
+            for name in ["", "has space", "slash/", String(repeating: "a", count: 129)] {
+                let error = await #expect(throws: BrokerError.self) {
+                    try await h.broker.add(account: name, provider: h.provider, tokens: TokenSet(refreshToken: "rt-0"))
+                }
+                #expect(error?.code == .badRequest, "name \(name.debugDescription)")
+            }
+            let plainHTTP = await #expect(throws: BrokerError.self) {
+                try await h.broker.add(
+                    account: "api",
+                    provider: ProviderSpec(kind: "oauth2", tokenEndpoint: "http://idp.example/token", clientID: "c"),
+                    tokens: nil)
+            }
+            #expect(plainHTTP?.code == .badRequest)
+            try await h.addWithValidToken()
+            let duplicate = await #expect(throws: BrokerError.self) { try await h.addWithValidToken() }
+            #expect(duplicate?.code == .badRequest)
+            #expect(h.idp.callCount == 0)
+        }
+    }
+
+    @Test func aStaticAccountServesPushedTokensUntilTheyExpire() async throws {
+        try await BrokerHarness.run { h in
+            _ = try await h.broker.add(
+                account: "static", provider: ProviderSpec(kind: "static"),
+                tokens: TokenSet(accessToken: "at-static", expiresIn: 120))
+            #expect(try await h.broker.token(account: "static", minTTL: 60).result.accessToken == "at-static")
+            h.clock.advance(by: 121)
+            let expired = await #expect(throws: BrokerError.self) {
+                try await h.broker.token(account: "static", minTTL: 0)
+            }
+            #expect(expired?.code == .needsLogin)
+            _ = try await h.broker.setTokens(
+                account: "static", tokens: TokenSet(accessToken: "at-static-2", expiresIn: 120))
+            #expect(try await h.broker.token(account: "static", minTTL: 60).result.accessToken == "at-static-2")
+            #expect(h.idp.callCount == 0)
+        }
+    }
+
+    @Test func removeDeletesTheAccountAndItsSecretsFromTheVault() async throws {
+        try await BrokerHarness.run { h in
+            #expect(await h.broker.summary() == "0 accounts")
+            try await h.addWithValidToken()
+            #expect(await h.broker.summary() == "1 account: 1 valid")
+            #expect(try h.vaultCopy()?.accounts.map(\.name) == ["api"])
+
+            let removed = try await h.broker.remove(account: "api")
+            #expect(removed.state == "removed")
+            #expect(try h.vaultCopy()?.accounts.isEmpty == true)
+            let gone = await #expect(throws: BrokerError.self) { try await h.broker.token(account: "api", minTTL: 0) }
+            #expect(gone?.code == .notFound)
+            let again = await #expect(throws: BrokerError.self) { try await h.broker.remove(account: "api") }
+            #expect(again?.code == .notFound)
+            #expect(try await h.broker.status(account: nil).isEmpty)
+        }
+    }
+
+    @Test func aMinTTLBeyondTheIdPsLifetimeDoesNotRefreshOnEveryRequest() async throws {
+        try await BrokerHarness.run { h in
+            try await h.addWithValidToken()
+            for _ in 0..<5 {
+                let error = await #expect(throws: BrokerError.self) {
+                    try await h.broker.token(account: "api", minTTL: 7200)
+                }
+                #expect(error?.code == .unavailable)
+            }
+            #expect(h.idp.callCount <= 1, "IdP calls: \(h.idp.callCount)")
+        }
+    }
+
+    @Test func anIdPIssuingZeroLifetimeTokensIsNotCalledInAHotLoop() async throws {
+        try await BrokerHarness.run { h in
+            h.idp.setLifetime(0)
+            _ = try await h.broker.add(account: "api", provider: h.provider, tokens: TokenSet(refreshToken: "rt-0"))
+            await h.broker.drain()
+            #expect(h.idp.callCount == 1)
+            // What RefreshScheduler does every 250 ms at most; the test clock does not move.
+            for _ in 0..<5 {
+                _ = await h.broker.runDueRefreshes()
+                await h.broker.drain()
+            }
+            #expect(h.idp.callCount == 1, "IdP calls: \(h.idp.callCount)")
+        }
+    }
+}

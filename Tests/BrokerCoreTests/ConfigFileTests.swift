@@ -1,0 +1,88 @@
+import Foundation
+import Testing
+
+@testable import BrokerCore
+
+/// `broker.toml`: a missing file is an empty broker; a broken one is an error that says where.
+@Suite struct ConfigFileTests {
+    @Test(arguments: ["", "# only a comment\n", "[broker]\n"])
+    func emptyConfigGivesDefaults(text: String) throws {
+        #expect(try ConfigFile.parse(text, path: "/cfg/broker.toml") == BrokerSettings())
+    }
+
+    @Test func defaultsAreTheDocumentedOnes() {
+        let settings = BrokerSettings()
+        #expect(settings.refreshFraction == 0.25)
+        #expect(settings.refreshFloor == 60)
+        #expect(settings.defaultMinTTL == 30)
+        #expect(settings.connectTimeout > 0 && settings.requestTimeout > 0)
+    }
+
+    @Test func validValuesAreRead() throws {
+        let text = """
+            # tuning
+            [broker]
+            refresh_fraction = 0.5
+            refresh_jitter = 0.1
+            refresh_floor = 120
+            backoff_base = 2.5
+            backoff_cap = 600
+            connect_timeout = 3
+            request_timeout = 20
+            default_lifetime = 900
+            default_min_ttl = 45
+            """
+        let settings = try ConfigFile.parse(text, path: "/cfg/broker.toml")
+        var expected = BrokerSettings()
+        expected.refreshFraction = 0.5
+        expected.refreshJitter = 0.1
+        expected.refreshFloor = 120
+        expected.backoffBase = 2.5
+        expected.backoffCap = 600
+        expected.connectTimeout = 3
+        expected.requestTimeout = 20
+        expected.defaultLifetime = 900
+        expected.defaultMinTTL = 45
+        #expect(settings == expected)
+    }
+
+    @Test func brokenTOMLNamesTheFileAndLine() throws {
+        let text = "[broker]\nrefresh_fraction = 0.5\nbackoff_cap = = 3\nconnect_timeout = 2\n"
+        let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text, path: "/cfg/broker.toml") }
+        let message = try #require(error?.description)
+        #expect(message.contains("/cfg/broker.toml"))
+        #expect(message.contains("line 3"), "\(message)")
+    }
+
+    @Test func anUnterminatedStringOnLineFiveIsReportedThere() throws {
+        let text = "\n\n[broker]\nrefresh_floor = 30\nrefresh_fraction = \"oops\n"
+        let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text, path: "b.toml") }
+        #expect(error?.description.contains("line 5") == true, "\(error?.description ?? "")")
+    }
+
+    @Test(arguments: [
+        ("[broker]\nrefresh_fractoin = 0.3\n", "refresh_fractoin"),
+        ("[server]\nport = 1\n", "server"),
+        ("log_level = \"debug\"\n", "log_level"),
+    ])
+    func unknownKeysAreRefused(text: String, key: String) throws {
+        let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text, path: "/cfg/broker.toml") }
+        #expect(error?.description.contains(key) == true, "\(error?.description ?? "")")
+    }
+
+    @Test(arguments: [
+        "[broker]\nbackoff_cap = -1\n", "[broker]\nbackoff_cap = \"300\"\n", "[broker]\nbackoff_cap = true\n",
+        "[broker]\nbackoff_cap = inf\n", "[broker]\nbackoff_cap = nan\n", "broker = 3\n",
+    ])
+    func illTypedValuesAreRefused(text: String) {
+        #expect(throws: ConfigError.self) { try ConfigFile.parse(text, path: "/cfg/broker.toml") }
+    }
+
+    @Test func loadReadsAFileAndTreatsAMissingOneAsDefaults() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        #expect(try ConfigFile.load(path: directory.file("missing.toml")) == BrokerSettings())
+        try Data("[broker]\nrefresh_floor = 90\n".utf8).write(to: URL(fileURLWithPath: directory.file("b.toml")))
+        #expect(try ConfigFile.load(path: directory.file("b.toml")).refreshFloor == 90)
+    }
+}

@@ -1,0 +1,143 @@
+import Foundation
+import Testing
+
+@testable import BrokerCore
+
+/// How token endpoint answers are classified (CONTRACT section 4): good, transient, or denial.
+@Suite struct OAuth2ProviderTests {
+    static let now = Date(timeIntervalSince1970: 1_795_422_600)
+
+    private func interpret(_ status: Int, _ body: String, retryAfter: TimeInterval? = nil) -> Result<
+        Grant, RefreshFailure
+    > {
+        OAuth2Provider.interpret(
+            IdPReply(status: status, body: Data(body.utf8), retryAfter: retryAfter), now: Self.now, defaultLifetime: 600
+        )
+    }
+
+    @Test func aGoodAnswerYieldsEveryField() throws {
+        let body = """
+            {"access_token":"at-1","token_type":"DPoP","expires_in":120,"refresh_token":"rt-2","id_token":"id.jwt",
+             "scope":"read write","refresh_expires_in":"86400","extra":{"ignored":true}}
+            """
+        let grant = try interpret(200, body).get()
+        #expect(grant.token.value == "at-1")
+        #expect(grant.token.type == "DPoP")
+        #expect(grant.token.expiresAt == Self.now.addingTimeInterval(120))
+        #expect(grant.token.obtainedAt == Self.now)
+        #expect(grant.token.idToken == "id.jwt")
+        #expect(grant.token.scope == "read write")
+        #expect(grant.refreshToken == "rt-2")
+        #expect(grant.refreshExpiresAt == Self.now.addingTimeInterval(86_400))
+    }
+
+    @Test func aMinimalAnswerUsesDefaults() throws {
+        let grant = try interpret(200, #"{"access_token":"at-1"}"#).get()
+        #expect(grant.token.type == "Bearer")
+        #expect(grant.token.expiresAt == Self.now.addingTimeInterval(600))
+        #expect(grant.refreshToken == nil, "no rotation: keep the old refresh token")
+        #expect(grant.refreshExpiresAt == nil)
+        #expect(
+            try interpret(200, #"{"access_token":"at-1","expires_in":"90"}"#).get().token.expiresAt
+                == Self.now.addingTimeInterval(90))
+    }
+
+    @Test(arguments: [
+        "<html>this is not json", "", "[]", "null", #"{"token_type":"Bearer"}"#, #"{"access_token":""}"#,
+        #"{"access_token":42}"#, #"{"access_token":null}"#,
+    ])
+    func aSuccessStatusWithoutAUsableTokenIsTransient(body: String) throws {
+        let failure = try #require(interpret(200, body).failure)
+        #expect(failure.kind == .transient)
+    }
+
+    @Test(arguments: [
+        (400, #"{"error":"invalid_grant","error_description":"refresh token is not valid"}"#),
+        (400, "not json at all"),
+        (401, #"{"error":"invalid_client"}"#),
+        (401, ""),
+    ])
+    func badRequestAndUnauthorizedAreDenials(status: Int, body: String) throws {
+        let failure = try #require(interpret(status, body).failure)
+        #expect(failure.kind == .denial)
+        #expect(failure.retryAfter == nil)
+        #expect(failure.message.contains("\(status)"))
+    }
+
+    @Test func theDenialMessageNamesTheOAuthErrorCodeOnlyInPrintableForm() throws {
+        let failure = try #require(interpret(400, #"{"error":"invalid_grant\u0000\n\u001b[31m"}"#).failure)
+        #expect(failure.message.contains("invalid_grant"))
+        #expect(failure.message.unicodeScalars.allSatisfy { $0.value >= 0x20 && $0.value < 0x7F })
+    }
+
+    @Test(arguments: [
+        (500, 30.0 as TimeInterval?), (502, nil), (503, 120), (504, nil), (429, 5), (429, nil), (302, nil),
+    ])
+    func serverErrorsAndRateLimitsAreTransientAndCarryRetryAfter(status: Int, retryAfter: TimeInterval?) throws {
+        let failure = try #require(
+            interpret(status, #"{"error":"temporarily_unavailable"}"#, retryAfter: retryAfter).failure)
+        #expect(failure.kind == .transient)
+        #expect(failure.retryAfter == retryAfter)
+        #expect(failure.message.contains("\(status)"))
+    }
+}
+
+/// `Retry-After` comes as delay seconds or as an HTTP date (RFC 9110 section 10.2.3).
+@Suite struct RetryAfterTests {
+    @Test(arguments: [("120", 120.0), ("0", 0), (" 7 ", 7), ("-5", 0)])
+    func delaySeconds(text: String, seconds: TimeInterval) {
+        #expect(IdPClient.retryAfter(text) == seconds)
+    }
+
+    @Test func httpDateInTheFuture() throws {
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "GMT")
+        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss 'GMT'"
+        let text = formatter.string(from: Date().addingTimeInterval(3600))
+        let seconds = try #require(IdPClient.retryAfter(text), "\(text)")
+        #expect(seconds > 3500 && seconds <= 3600)
+    }
+
+    @Test func httpDateInThePastMeansNow() {
+        #expect(IdPClient.retryAfter("Wed, 21 Oct 2015 07:28:00 GMT") == 0)
+    }
+
+    @Test(arguments: ["", "soon", "12 seconds", "2026-11-23T08:30:00Z"])
+    func unparseableValuesAreIgnored(text: String) {
+        #expect(IdPClient.retryAfter(text) == nil)
+    }
+}
+
+/// CONTRACT section 4: HTTPS for every IdP URL except loopback addresses.
+@Suite struct EndpointPolicyTests {
+    @Test(arguments: [
+        "https://idp.example/oauth/token", "HTTPS://IDP.EXAMPLE/token", "https://10.0.0.1:8443/token",
+        "http://127.0.0.1:8080/token", "http://127.0.0.53/token", "http://localhost/token", "http://[::1]:9000/token",
+    ])
+    func allowed(url: String) throws {
+        #expect(EndpointPolicy.isAllowed(try #require(URL(string: url))))
+    }
+
+    @Test(arguments: [
+        "http://idp.example/token", "http://10.0.0.1/token", "http://192.168.1.1/token", "ftp://idp.example/token",
+        "file:///etc/passwd", "ws://127.0.0.1/token", "idp.example/token", "https:/token",
+    ])
+    func refused(url: String) throws {
+        #expect(!EndpointPolicy.isAllowed(try #require(URL(string: url))))
+    }
+
+    /// A DNS name that merely starts with "127." is not a loopback address.
+    @Test(arguments: ["http://127.attacker.example/token", "http://127.0.0.1.nip.io/token"])
+    func hostNamesThatLookLikeLoopbackAreRefused(url: String) throws {
+        let parsed = try #require(URL(string: url))
+        #expect(!EndpointPolicy.isAllowed(parsed))
+    }
+}
+
+extension Result {
+    var failure: Failure? {
+        if case .failure(let error) = self { return error }
+        return nil
+    }
+}

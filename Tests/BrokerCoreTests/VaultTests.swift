@@ -1,0 +1,195 @@
+import Foundation
+import Testing
+
+@testable import BrokerCore
+
+/// CONTRACT section 5: one encrypted file, refused (and left alone) when the key is wrong or a
+/// byte was changed; one broker per vault; a private key file.
+@Suite struct VaultTests {
+    private func contents() -> VaultContents {
+        var needsLogin = AccountRecord.sample("needs-login")
+        needsLogin.needsLogin = true
+        needsLogin.token = nil
+        let staticAccount = AccountRecord(
+            name: "static", provider: .static, secrets: AccountSecrets(), token: nil, needsLogin: false, lastError: nil,
+            lastRefreshAt: nil)
+        return VaultContents(accounts: [.sample("api"), needsLogin, staticAccount])
+    }
+
+    @Test func saveThenLoadGivesBackEveryRecordWithoutPlaintextOnDisk() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let vault = try Vault(
+            path: directory.file("state/vault"), key: VaultKey.load(path: directory.file("key"), create: true))
+        #expect(try vault.load() == nil, "no file yet means an empty vault")
+
+        let saved = contents()
+        try vault.save(saved)
+        #expect(try vault.load() == saved)
+
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: vault.path))
+        #expect(bytes.prefix(8) == Data("TKBVAULT".utf8))
+        for record in saved.accounts {
+            for secret in [record.secrets.refreshToken, record.secrets.clientSecret, record.token?.value] {
+                if let secret { #expect(!bytes.contains(secret), "plaintext secret in the vault file") }
+            }
+        }
+        #expect(!directory.contents.contains { $0.contains(".tmp-") }, "no temporary file left behind")
+    }
+
+    @Test func eachSaveReplacesTheWholeFileUnderAFreshNonce() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let vault = try Vault(
+            path: directory.file("vault"), key: VaultKey.load(path: directory.file("key"), create: true))
+        let saved = contents()
+        try vault.save(saved)
+        let first = try Data(contentsOf: URL(fileURLWithPath: vault.path))
+        try vault.save(saved)
+        let second = try Data(contentsOf: URL(fileURLWithPath: vault.path))
+        #expect(first.count == second.count)
+        #expect(first.subdata(in: 10..<34) != second.subdata(in: 10..<34), "nonce reused")
+
+        let smaller = VaultContents(accounts: [saved.accounts[2]])
+        try vault.save(smaller)
+        #expect(try vault.load() == smaller)
+    }
+
+    /// Offsets into the file: magic, version, first and last nonce byte, ciphertext, last tag byte.
+    enum Spot: String, CaseIterable, Sendable {
+        case magic, version, nonceFirst, nonceLast, ciphertextFirst, ciphertextMiddle, tagFirst, tagLast
+
+        func offset(fileLength: Int) -> Int {
+            let header = Vault.headerLength
+            let tag = Sodium.tagLength
+            switch self {
+            case .magic: return 3
+            case .version: return 9
+            case .nonceFirst: return 10
+            case .nonceLast: return header - 1
+            case .ciphertextFirst: return header
+            case .ciphertextMiddle: return (header + fileLength - tag) / 2
+            case .tagFirst: return fileLength - tag
+            case .tagLast: return fileLength - 1
+            }
+        }
+    }
+
+    @Test(arguments: Spot.allCases, [UInt8(0x01), 0x80])
+    func aFlippedByteIsRefusedAndTheFileIsLeftUntouched(spot: Spot, mask: UInt8) throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let vault = try Vault(
+            path: directory.file("vault"), key: VaultKey.load(path: directory.file("key"), create: true))
+        let saved = contents()
+        try vault.save(saved)
+
+        var bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: vault.path)))
+        let offset = spot.offset(fileLength: bytes.count)
+        #expect(offset > 0 && offset < bytes.count)
+        bytes[offset] ^= mask
+        let tampered = Data(bytes)
+        try tampered.write(to: URL(fileURLWithPath: vault.path))
+
+        let error = #expect(throws: VaultError.self) { try vault.load() }
+        #expect(error?.description.contains(vault.path) == true, "the message names the file")
+        for record in saved.accounts {
+            #expect(error?.description.contains(record.secrets.refreshToken ?? "<none>") == false)
+        }
+        #expect(try Data(contentsOf: URL(fileURLWithPath: vault.path)) == tampered, "the file was modified")
+    }
+
+    @Test func aTruncatedFileIsRefused() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let vault = try Vault(
+            path: directory.file("vault"), key: VaultKey.load(path: directory.file("key"), create: true))
+        try vault.save(contents())
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: vault.path))
+        for length in [0, 7, Vault.headerLength, Vault.headerLength + Sodium.tagLength, bytes.count - 1] {
+            let truncated = bytes.prefix(length)
+            try truncated.write(to: URL(fileURLWithPath: vault.path))
+            #expect(throws: VaultError.self, "length \(length)") { try vault.load() }
+            #expect(try Data(contentsOf: URL(fileURLWithPath: vault.path)) == truncated)
+        }
+    }
+
+    @Test func aDifferentKeyIsRefusedAndTheFileIsLeftUntouched() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let writer = try Vault(
+            path: directory.file("a/vault"), key: VaultKey.load(path: directory.file("key-a"), create: true))
+        let saved = contents()
+        try writer.save(saved)
+        try FileManager.default.createDirectory(atPath: directory.file("b"), withIntermediateDirectories: true)
+        try FileManager.default.copyItem(atPath: writer.path, toPath: directory.file("b/vault"))
+        let original = try Data(contentsOf: URL(fileURLWithPath: writer.path))
+
+        let reader = try Vault(
+            path: directory.file("b/vault"), key: VaultKey.load(path: directory.file("key-b"), create: true))
+        let error = #expect(throws: VaultError.self) { try reader.load() }
+        #expect(error?.description.contains("key is wrong") == true)
+        #expect(try Data(contentsOf: URL(fileURLWithPath: reader.path)) == original)
+
+        // The right key, loaded again from its file, still opens the copy.
+        let again = try Vault(
+            path: directory.file("c/vault"), key: VaultKey.load(path: directory.file("key-a"), create: false))
+        try FileManager.default.copyItem(atPath: writer.path, toPath: again.path)
+        #expect(try again.load() == saved)
+    }
+
+    @Test func aSecondVaultOnTheSamePathIsRefusedWhileTheFirstIsOpen() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let key = try VaultKey.load(path: directory.file("key"), create: true)
+        let path = directory.file("vault")
+        do {
+            let first = try Vault(path: path, key: key)
+            let error = #expect(throws: VaultError.self) { try Vault(path: path, key: key) }
+            #expect(error?.description.contains("another brokerd") == true)
+            withExtendedLifetime(first) {}
+        }
+        // Once the first is gone, the lock is free again.
+        _ = try Vault(path: path, key: key)
+    }
+
+    @Test func theKeyFileIsCreatedPrivateAndReadBackAsTheSameKey() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let keyPath = directory.file("config/tokenbroker/vault.key")
+        #expect(throws: VaultError.self) { try VaultKey.load(path: keyPath, create: false) }
+
+        let key = try VaultKey.load(path: keyPath, create: true)
+        let attributes = try FileManager.default.attributesOfItem(atPath: keyPath)
+        #expect((attributes[.posixPermissions] as? NSNumber)?.intValue == 0o600)
+        #expect((attributes[.size] as? NSNumber)?.intValue == 32)
+        let directoryAttributes = try FileManager.default.attributesOfItem(atPath: directory.file("config/tokenbroker"))
+        #expect((directoryAttributes[.posixPermissions] as? NSNumber)?.intValue == 0o700)
+
+        let keyBytes = try Data(contentsOf: URL(fileURLWithPath: keyPath))
+        let again = try VaultKey.load(path: keyPath, create: true)
+        #expect(try Data(contentsOf: URL(fileURLWithPath: keyPath)) == keyBytes, "an existing key is never replaced")
+
+        let writer = try Vault(path: directory.file("w/vault"), key: key)
+        let saved = contents()
+        try writer.save(saved)
+        let reader = try Vault(path: directory.file("r/vault"), key: again)
+        try FileManager.default.copyItem(atPath: writer.path, toPath: reader.path)
+        #expect(try reader.load() == saved)
+    }
+
+    @Test(arguments: [0, 16, 31, 33, 64])
+    func aKeyFileOfTheWrongLengthIsRefused(length: Int) throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let keyPath = directory.file("key")
+        try Data(repeating: 7, count: length).write(to: URL(fileURLWithPath: keyPath))
+        #expect(throws: VaultError.self) { try VaultKey.load(path: keyPath, create: true) }
+        #expect(try Data(contentsOf: URL(fileURLWithPath: keyPath)) == Data(repeating: 7, count: length))
+    }
+}
+
+extension TemporaryDirectory {
+    /// Every name below the directory, recursively.
+    var contents: [String] { (try? FileManager.default.subpathsOfDirectory(atPath: path)) ?? [] }
+}

@@ -1,0 +1,81 @@
+import BrokerProtocol
+import Foundation
+import Testing
+
+/// The hand-built success line of `token` must be the same JSON a full encode would give.
+@Suite struct PreparedTokenTests {
+    /// A decoded success line carrying a token.
+    private struct Envelope: Decodable {
+        var id: RequestID
+        var ok: Bool
+        var result: TokenResult
+    }
+
+    /// 2026-11-23T08:30:00Z: whole seconds, as the wire carries them.
+    static let expiresAt = Date(timeIntervalSince1970: 1_795_422_600)
+
+    static let full = TokenResult(
+        account: "api@example", accessToken: "at-\"quoted\"\\slash\n\u{1}é🙂", tokenType: "Bearer",
+        expiresAt: expiresAt, expiresIn: 0, idToken: "eyJ.id.token", scope: "read write\tadmin")
+    static let minimal = TokenResult(
+        account: "github", accessToken: "gho_abc", tokenType: "bearer", expiresAt: expiresAt, expiresIn: 0)
+
+    static let ids: [RequestID?] = [
+        .string("req-1"), .string(""), .string("with \"quotes\" and \\ and \n"), .string("日本🙂"),
+        .integer(0), .integer(7), .integer(-3), .integer(Int64.max), .integer(Int64.min),
+        .number(7.5), .number(-0.001), .number(1e300), .null, nil,
+    ]
+
+    @Test(arguments: ids)
+    func lineIsOneValidJSONObjectEchoingTheID(id: RequestID?) throws {
+        let now = Self.expiresAt.addingTimeInterval(-1800.7)
+        let bytes = PreparedToken(Self.full).line(id: id, now: now)
+        #expect(bytes.last == 0x0A)
+        #expect(bytes.filter { $0 == 0x0A }.count == 1, "exactly one newline: the terminator")
+
+        let envelope = try Wire.makeDecoder().decode(Envelope.self, from: Data(bytes))
+        #expect(envelope.id == (id ?? .null))
+        #expect(envelope.ok)
+        var expected = Self.full
+        expected.expiresIn = 1800
+        #expect(envelope.result == expected)
+    }
+
+    @Test(arguments: ids)
+    func lineEqualsTheFullyEncodedSuccessLine(id: RequestID?) throws {
+        let now = Self.expiresAt.addingTimeInterval(-59.5)
+        for token in [Self.full, Self.minimal] {
+            let prepared = PreparedToken(token)
+            var result = token
+            result.expiresIn = prepared.expiresIn(at: now)
+            let reference = try Wire.successLine(id: id, result: result, encoder: Wire.makeEncoder())
+            let fast = Data(prepared.line(id: id, now: now))
+            let lhs = try #require(try JSONSerialization.jsonObject(with: fast) as? NSDictionary)
+            let rhs = try #require(try JSONSerialization.jsonObject(with: reference) as? NSDictionary)
+            #expect(lhs == rhs)
+        }
+    }
+
+    @Test func optionalFieldsAreOmittedWhenAbsent() throws {
+        let bytes = PreparedToken(Self.minimal).line(id: .integer(1), now: Self.expiresAt.addingTimeInterval(-10))
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(bytes)) as? [String: Any])
+        let result = try #require(object["result"] as? [String: Any])
+        #expect(Set(result.keys) == ["account", "access_token", "token_type", "expires_at", "expires_in"])
+        #expect(result["expires_at"] as? String == "2026-11-23T08:30:00Z")
+        #expect((result["expires_in"] as? NSNumber)?.intValue == 10)
+        #expect(object["ok"] as? Bool == true)
+    }
+
+    @Test func expiresInCountsDownAndRoundsDown() {
+        let prepared = PreparedToken(Self.minimal)
+        #expect(prepared.expiresIn(at: Self.expiresAt.addingTimeInterval(-90)) == 90)
+        #expect(prepared.expiresIn(at: Self.expiresAt.addingTimeInterval(-89.99)) == 89)
+        #expect(prepared.expiresIn(at: Self.expiresAt) == 0)
+    }
+
+    @Test func aNonFiniteNumberIDStillGivesValidJSON() throws {
+        let bytes = PreparedToken(Self.minimal).line(id: .number(.infinity), now: Self.expiresAt)
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(bytes)) as? [String: Any])
+        #expect(object["id"] is NSNull)
+    }
+}
