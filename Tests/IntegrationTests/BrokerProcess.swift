@@ -49,6 +49,11 @@ final class BrokerProcess: @unchecked Sendable {
         return environment
     }
 
+    /// Starts brokerd with `NOTIFY_SOCKET` set and returns at once, without probing the socket.
+    func startWithNotifySocket(_ path: String) async throws {
+        process = try launch(Self.binary("brokerd"), arguments: [], extraEnvironment: ["NOTIFY_SOCKET": path])
+    }
+
     /// Starts brokerd and waits until its socket answers; throws with its log if it exits instead.
     func start(arguments: [String] = []) async throws {
         let process = try launch(Self.binary("brokerd"), arguments: arguments)
@@ -126,11 +131,13 @@ final class BrokerProcess: @unchecked Sendable {
 
     func client() throws -> BrokerClient { try BrokerClient(socketPath: socketPath) }
 
-    private func launch(_ binary: URL, arguments: [String]) throws -> Process {
+    private func launch(_ binary: URL, arguments: [String], extraEnvironment: [String: String] = [:]) throws
+        -> Process
+    {
         let process = Process()
         process.executableURL = binary
         process.arguments = arguments
-        process.environment = environment
+        process.environment = environment.merging(extraEnvironment) { $1 }
         _ = FileManager.default.createFile(atPath: logPath, contents: nil)
         let logHandle = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
         logHandle.seekToEndOfFile()

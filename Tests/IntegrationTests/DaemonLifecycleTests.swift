@@ -1,0 +1,125 @@
+import BrokerClient
+import BrokerProtocol
+import Foundation
+import TestIdP
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// brokerd as a daemon: private socket, sd_notify readiness and shutdown, config file, timeouts.
+@Suite struct DaemonLifecycleTests {
+    @Test func socketIsPrivate() async throws {
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        var info = stat()
+        #expect(stat(broker.socketPath, &info) == 0)
+        #expect(info.st_mode & 0o777 == 0o600)
+        let directory = URL(fileURLWithPath: broker.socketPath).deletingLastPathComponent().path
+        #expect(stat(directory, &info) == 0)
+        #expect(info.st_mode & 0o777 == 0o700)
+    }
+
+    @Test func notifiesReadyOnlyWhenServingThenStoppingOnSIGTERM() async throws {
+        let broker = try BrokerProcess()
+        let notifyPath = broker.root.appendingPathComponent("notify.sock").path
+        let notify = try DatagramListener(path: notifyPath)
+        try await broker.startWithNotifySocket(notifyPath)
+        var ready: String?
+        while ready == nil, let message = notify.receive() {
+            if message.contains("READY=1") { ready = message }
+        }
+        // Once READY=1 has arrived, the socket already answers token requests.
+        #expect(ready?.contains("STATUS=0 accounts") == true)
+        let client = try broker.client()
+        #expect(try await client.hello().protocol == 1)
+        client.close()
+        #expect(broker.stop() == 0)
+        var messages: [String] = []
+        while let message = notify.receive(timeout: 2) { messages.append(message) }
+        #expect(messages.contains("STOPPING=1"))
+    }
+
+    @Test func brokenConfigStopsStartWithTheLineNamed() async throws {
+        let broker = try BrokerProcess()
+        try FileManager.default.createDirectory(at: broker.configDirectory, withIntermediateDirectories: true)
+        try "[broker]\nrefresh_floor = 30\nrequest_timeout = = 3\n".write(
+            to: broker.configDirectory.appendingPathComponent("broker.toml"), atomically: true, encoding: .utf8)
+        #expect(try broker.runExpectingExit() != 0)
+        #expect(broker.log.contains("broker.toml line 3"))
+    }
+
+    @Test func aHangingIdPTimesOutAndTheBrokerKeepsServing() async throws {
+        let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-hang", lifetime: 3600)
+        idp.setBehavior(.hang)
+        let broker = try BrokerProcess()
+        try FileManager.default.createDirectory(at: broker.configDirectory, withIntermediateDirectories: true)
+        try "[broker]\nrequest_timeout = 1\nconnect_timeout = 1\n".write(
+            to: broker.configDirectory.appendingPathComponent("broker.toml"), atomically: true, encoding: .utf8)
+        try await broker.start()
+        defer { broker.stop() }
+        let client = try broker.client()
+        defer { client.close() }
+        _ = try await client.add(
+            account: "other", provider: ProviderSpec(kind: "static"), tokens: TokenSet(accessToken: "fine", expiresIn: 600))
+        _ = try await client.add(
+            account: "slow",
+            provider: ProviderSpec(kind: "oauth2", tokenEndpoint: idp.tokenEndpoint, clientID: idp.clientID),
+            tokens: TokenSet(refreshToken: "rt-hang"))
+
+        async let hanging = Result { try await client.token(account: "slow") }
+        #expect(try await client.token(account: "other").accessToken == "fine")
+        let outcome = await hanging
+        #expect(throws: BrokerError.self) { try outcome.get() }
+        if case .failure(let error as BrokerError) = outcome {
+            #expect(error.code == .unavailable)
+            #expect(error.message.contains("timed out"))
+            #expect(error.retryAfterMs != nil)
+        }
+        let status = try await client.status(account: "slow")
+        #expect(status.first?.state == "unavailable")
+        await idp.shutdown()
+    }
+}
+
+extension Result where Failure == any Error {
+    init(catching body: () async throws -> Success) async {
+        do { self = .success(try await body()) } catch { self = .failure(error) }
+    }
+}
+
+/// A datagram socket standing in for systemd's notify socket.
+final class DatagramListener {
+    let descriptor: Int32
+    let path: String
+
+    init(path: String) throws {
+        self.path = path
+        descriptor = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        guard result == 0 else { throw HarnessError("cannot bind \(path)") }
+    }
+
+    deinit {
+        close(descriptor)
+        unlink(path)
+    }
+
+    /// The next datagram as text, or nil after `timeout` seconds.
+    func receive(timeout: Int = 30) -> String? {
+        var limit = timeval(tv_sec: timeout, tv_usec: 0)
+        setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let count = recv(descriptor, &buffer, buffer.count, 0)
+        return count > 0 ? String(decoding: buffer[..<count], as: UTF8.self) : nil
+    }
+}
