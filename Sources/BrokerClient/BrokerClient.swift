@@ -204,27 +204,11 @@ private final class Connection: Sendable {
 /// Blocking Unix-socket primitives for the client.
 enum UnixSocket {
     static func connect(_ path: String) throws -> Int32 {
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw ConnectionError(description: "cannot create a socket: \(String(cString: strerror(errno)))") }
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
-            Glibc.close(fd)
-            throw ConnectionError(description: "the socket path \(path) is too long")
+        switch UnixSocketAddress.connect(path) {
+        case .success(let fd): return fd
+        case .failure(let error):
+            throw ConnectionError(description: "the broker is not running at \(path) (\(error)); start it with brokerd")
         }
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
-        let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
-        }
-        guard result == 0 else {
-            let reason = String(cString: strerror(errno))
-            Glibc.close(fd)
-            throw ConnectionError(description: "the broker is not running at \(path) (\(reason)); start it with brokerd")
-        }
-        return fd
     }
 
     static func writeAll(_ fd: Int32, _ data: Data) -> Bool {

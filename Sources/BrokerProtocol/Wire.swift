@@ -45,7 +45,7 @@ public enum Wire {
     public static func successLine<Result: Encodable>(
         id: RequestID?, result: Result, encoder: JSONEncoder
     ) throws -> Data {
-        var data = try encoder.encode(SuccessEnvelope(id: id ?? .null, result: result))
+        var data = try encoder.encode(Envelope(id: id ?? .null, ok: true, body: result))
         data.append(0x0A)
         return data
     }
@@ -53,7 +53,7 @@ public enum Wire {
     /// One failure line: `{"id":…,"ok":false,"error":{…}}` plus the newline.
     public static func errorLine(id: RequestID?, error: BrokerError, encoder: JSONEncoder) -> Data {
         let body = ErrorBody(code: error.code.rawValue, message: error.message, retryAfterMs: error.retryAfterMs)
-        var data = (try? encoder.encode(FailureEnvelope(id: id ?? .null, error: body)))
+        var data = (try? encoder.encode(Envelope(id: id ?? .null, ok: false, body: body)))
             ?? Data(#"{"id":null,"ok":false,"error":{"code":"internal","message":"encoding failed"}}"#.utf8)
         data.append(0x0A)
         return data
@@ -83,34 +83,20 @@ public struct ErrorBody: Codable, Sendable, Equatable {
     }
 }
 
-struct SuccessEnvelope<Result: Encodable>: Encodable {
+/// A response line: `{"id", "ok", "result"}` on success, `{"id", "ok", "error"}` on failure.
+struct Envelope<Body: Encodable>: Encodable {
     var id: RequestID
-    var ok = true
-    var result: Result
+    var ok: Bool
+    var body: Body
 
     func encode(to encoder: any Encoder) throws {
         var container = encoder.container(keyedBy: CodingKeys.self)
         try container.encode(id, forKey: .id)
         try container.encode(ok, forKey: .ok)
-        try container.encode(result, forKey: .result)
+        try container.encode(body, forKey: ok ? .result : .error)
     }
 
-    enum CodingKeys: String, CodingKey { case id, ok, result }
-}
-
-struct FailureEnvelope: Encodable {
-    var id: RequestID
-    var ok = false
-    var error: ErrorBody
-
-    func encode(to encoder: any Encoder) throws {
-        var container = encoder.container(keyedBy: CodingKeys.self)
-        try container.encode(id, forKey: .id)
-        try container.encode(ok, forKey: .ok)
-        try container.encode(error, forKey: .error)
-    }
-
-    enum CodingKeys: String, CodingKey { case id, ok, error }
+    enum CodingKeys: String, CodingKey { case id, ok, result, error }
 }
 
 /// The parts of a response line every client reads first: its id and whether it succeeded.

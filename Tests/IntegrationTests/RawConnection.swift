@@ -1,3 +1,4 @@
+import BrokerProtocol
 import Foundation
 
 #if canImport(Glibc)
@@ -14,17 +15,7 @@ final class RawConnection {
     }
 
     private static func connect(_ path: String) throws -> Int32 {
-        let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
-        let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                Glibc.connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
-        }
-        guard result == 0 else {
-            close(descriptor)
+        guard case .success(let descriptor) = UnixSocketAddress.connect(path) else {
             throw HarnessError("cannot connect to \(path)")
         }
         var timeout = timeval(tv_sec: 10, tv_usec: 0)

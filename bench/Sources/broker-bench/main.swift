@@ -225,36 +225,15 @@ struct Child {
 }
 
 enum Socket {
-    static func address(_ path: String) -> sockaddr_un {
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
-        return address
-    }
-
     static func connect(_ path: String) throws -> Int32 {
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        var address = address(path)
-        let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
-        }
-        guard result == 0 else {
-            close(fd)
-            throw BenchError("cannot connect to \(path)")
-        }
+        guard case .success(let fd) = UnixSocketAddress.connect(path) else { throw BenchError("cannot connect to \(path)") }
         return fd
     }
 
     static func bind(_ fd: Int32, _ path: String) throws {
-        var address = address(path)
-        let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                Glibc.bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
-            }
+        guard UnixSocketAddress.withAddress(path, { Glibc.bind(fd, $0, $1) }) == 0 else {
+            throw BenchError("cannot bind \(path)")
         }
-        guard result == 0 else { throw BenchError("cannot bind \(path)") }
     }
 }
 

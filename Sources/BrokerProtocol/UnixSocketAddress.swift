@@ -1,0 +1,38 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `sockaddr_un` plumbing shared by the broker, its clients and its tests.
+public enum UnixSocketAddress {
+    /// Calls `body` with the address of `path` and its length; `nil` when the path is too long.
+    public static func withAddress<T>(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> T) -> T? {
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { return nil }
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+    }
+
+    /// A stream socket connected to `path`, or the reason it could not connect.
+    public static func connect(_ path: String) -> Result<Int32, SocketError> {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return .failure(SocketError(reason: String(cString: strerror(errno)))) }
+        let result = withAddress(path) { Glibc.connect(fd, $0, $1) }
+        guard result == 0 else {
+            let reason = result == nil ? "path too long" : String(cString: strerror(errno))
+            close(fd)
+            return .failure(SocketError(reason: reason))
+        }
+        return .success(fd)
+    }
+}
+
+/// Why a Unix socket could not be used, as the C library said it.
+public struct SocketError: Error, CustomStringConvertible, Sendable {
+    public let reason: String
+
+    public var description: String { reason }
+}
