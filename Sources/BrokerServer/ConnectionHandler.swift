@@ -23,7 +23,10 @@ final class ConnectionHandler: ChannelInboundHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let line = unwrapInboundIn(data)
-        switch dispatcher.decide(line: line.readableBytesView, peer: peer, decoder: decoder, now: Date()) {
+        let decision = line.withUnsafeReadableBytes {
+            dispatcher.decide(line: $0, peer: peer, decoder: decoder, now: Date())
+        }
+        switch decision {
         case .immediate(let bytes):
             context.write(wrapOutboundOut(context.channel.allocator.buffer(bytes: bytes)), promise: nil)
             pendingFlush = true

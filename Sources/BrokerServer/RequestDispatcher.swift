@@ -20,8 +20,15 @@ public struct RequestDispatcher: Sendable {
         case deferred(Request)
     }
 
-    /// Parses `line` and answers at once whatever needs no waiting: errors and cached tokens.
-    public func decide(line: some Collection<UInt8>, peer: PeerIdentity, decoder: JSONDecoder, now: Date) -> Decision {
+    /// Parses `line` and answers at once whatever needs no waiting: cached tokens (through the
+    /// flat-request fast path) and errors.
+    public func decide(line: UnsafeRawBufferPointer, peer: PeerIdentity, decoder: JSONDecoder, now: Date) -> Decision {
+        if let flat = FlatRequest.parse(line), flat.op == "token", let account = flat.account {
+            let minTTL = flat.minTTL ?? broker.settings.defaultMinTTL
+            if minTTL >= 0, let token = broker.cache.token(for: account, minTTL: minTTL, now: now) {
+                return .immediate(token.line(id: flat.id, now: now))
+            }
+        }
         let data = Data(line)
         let request: Request
         do {
@@ -35,12 +42,6 @@ public struct RequestDispatcher: Sendable {
         }
         guard let op = request.op else {
             return .immediate(errorLine(id: request.id, BrokerError(.badRequest, "the field \"op\" is required")))
-        }
-        let minTTL = request.minTTL ?? broker.settings.defaultMinTTL
-        if op == "token", minTTL >= 0, let account = request.account,
-            let token = broker.cache.token(for: account, minTTL: minTTL, now: now)
-        {
-            return .immediate(token.line(id: request.id, now: now))
         }
         guard let operation = Operation(rawValue: op) else {
             return .immediate(errorLine(id: request.id, BrokerError(.unknownOp, "unknown op \"\(JSONText.quote(op).dropFirst().dropLast())\"")))

@@ -78,53 +78,43 @@ struct LoadResult {
     var perSecond: Double
 }
 
-/// Closed-loop load: each client thread has its own connection and one request in flight.
+/// Closed-loop load: every client has its own connection and one request in flight. One
+/// thread drives all connections with poll(2), so the load generator takes at most one core.
 enum Load {
     static func run(path: String, line: String, clients: Int, seconds: Double) throws -> LoadResult {
-        let collector = Collector()
-        let group = DispatchGroup()
+        let descriptors = try (0..<clients).map { _ in try Socket.connect(path) }
+        defer { descriptors.forEach { close($0) } }
+        let request = Array(line.utf8)
+        var started = [Double](repeating: 0, count: clients)
+        var latencies: [Double] = []
+        latencies.reserveCapacity(1_000_000)
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        var pending = [Int](repeating: 0, count: clients)
+        var polls = descriptors.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
         let deadline = Monotonic.now() + seconds
-        for _ in 0..<clients {
-            let fd = try Socket.connect(path)
-            group.enter()
-            Thread {
-                var local: [Double] = []
-                local.reserveCapacity(200_000)
-                let request = Array(line.utf8)
-                var buffer = [UInt8](repeating: 0, count: 65536)
-                while Monotonic.now() < deadline {
-                    let start = Monotonic.now()
-                    _ = request.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-                    var received = 0
-                    while true {
-                        let count = recv(fd, &buffer[received], buffer.count - received, 0)
-                        if count <= 0 { break }
-                        received += count
-                        if buffer[received - 1] == 0x0A { break }
-                    }
-                    local.append(Monotonic.now() - start)
-                }
-                close(fd)
-                collector.add(local)
-                group.leave()
-            }.start()
+        for index in 0..<clients {
+            started[index] = Monotonic.now()
+            _ = request.withUnsafeBytes { send(descriptors[index], $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
         }
-        group.wait()
-        let latencies = collector.sorted()
+        while Monotonic.now() < deadline {
+            guard poll(&polls, nfds_t(polls.count), 100) > 0 else { continue }
+            for index in 0..<clients where polls[index].revents & Int16(POLLIN) != 0 {
+                let count = recv(descriptors[index], &buffer, buffer.count, 0)
+                guard count > 0 else { throw BenchError("the server closed a connection") }
+                pending[index] += buffer[0..<count].reduce(0) { $0 + ($1 == 0x0A ? 1 : 0) }
+                guard pending[index] > 0 else { continue }
+                pending[index] -= 1
+                let now = Monotonic.now()
+                latencies.append(now - started[index])
+                started[index] = now
+                _ = request.withUnsafeBytes { send(descriptors[index], $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            }
+        }
+        latencies.sort()
         return LoadResult(
             p50: latencies[latencies.count / 2] * 1e6, p99: latencies[latencies.count * 99 / 100] * 1e6,
             perSecond: Double(latencies.count) / seconds)
     }
-}
-
-/// Latencies gathered from every client thread.
-final class Collector: @unchecked Sendable {
-    private let lock = NSLock()
-    private var latencies: [Double] = []
-
-    func add(_ values: [Double]) { lock.withLock { latencies += values } }
-
-    func sorted() -> [Double] { lock.withLock { latencies.sorted() } }
 }
 
 /// The real brokerd in a private directory.
@@ -194,7 +184,11 @@ struct Child {
         let envp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
         defer { (argv + envp).forEach { free($0) } }
         var pid: pid_t = 0
-        let result = posix_spawn(&pid, path, nil, nil, argv, envp)
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+        let result = posix_spawn(&pid, path, &actions, nil, argv, envp)
         guard result == 0 else { throw BenchError("cannot start \(path): \(String(cString: strerror(result)))") }
         return Child(pid: pid)
     }
