@@ -47,6 +47,8 @@ public struct AccessToken: Codable, Sendable, Equatable {
 /// Refresh credentials and client secrets: only ever in memory and in the vault.
 public struct AccountSecrets: Codable, Sendable, Equatable {
     public var refreshToken: String?
+    /// The refresh credential of `refresh_url` accounts: a one-time URL.
+    public var refreshURL: String?
     public var refreshExpiresAt: Date?
     public var clientSecret: String?
 }

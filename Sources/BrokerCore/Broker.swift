@@ -124,8 +124,8 @@ public actor Broker {
     public func setTokens(account: String?, tokens: TokenSet?) throws(BrokerError) -> AccountResult {
         let name = try AccountSpec.validateName(account)
         var entry = try self.entry(name)
-        guard let tokens, tokens.accessToken != nil || tokens.refreshToken != nil else {
-            throw BrokerError(.badRequest, "\"tokens\" needs an access_token or a refresh_token")
+        guard let tokens, tokens.accessToken != nil || tokens.refreshToken != nil || tokens.refreshURL != nil else {
+            throw BrokerError(.badRequest, "\"tokens\" needs an access_token, a refresh_token or a refresh_url")
         }
         let now = clock.now()
         try apply(tokens, to: &entry.record, now: now)
@@ -219,7 +219,7 @@ public actor Broker {
         let outcome = await provider.refresh(started.record, now: clock.now())
         guard var entry = entries[name], entry.generation == started.generation, entry.inFlight?.serial == serial
         else {
-            keepRotatedCredential(name, presented: started.record.secrets.refreshToken, outcome: outcome)
+            keepRotatedCredential(name, presented: started.record.secrets, outcome: outcome)
             return .failure(BrokerError(.unavailable, "\(name) changed during the refresh; try again", retryAfterMs: 0))
         }
         entry.inFlight = nil
@@ -229,6 +229,7 @@ public actor Broker {
             entry.record.token = grant.token
             if let refreshToken = grant.refreshToken { entry.record.secrets.refreshToken = refreshToken }
             if let refreshExpiresAt = grant.refreshExpiresAt { entry.record.secrets.refreshExpiresAt = refreshExpiresAt }
+            if let refreshURL = grant.refreshURL { entry.record.secrets.refreshURL = refreshURL }
             entry.record.lastRefreshAt = now
             entry.record.lastError = nil
             entry.failures = 0
@@ -274,13 +275,19 @@ public actor Broker {
 
     /// A refresh overtaken by `set_tokens` still consumed the refresh token it presented; if the
     /// account still holds that now-dead token, the rotated one replaces it (and is saved).
-    private func keepRotatedCredential(_ name: String, presented: String?, outcome: Result<Grant, RefreshFailure>) {
-        guard case .success(let grant) = outcome, let rotated = grant.refreshToken,
-            entries[name]?.record.secrets.refreshToken == presented
-        else { return }
-        entries[name]?.record.secrets.refreshToken = rotated
-        entries[name]?.record.secrets.refreshExpiresAt = grant.refreshExpiresAt
-        try? persist(changing: name)
+    private func keepRotatedCredential(_ name: String, presented: AccountSecrets, outcome: Result<Grant, RefreshFailure>) {
+        guard case .success(let grant) = outcome, let current = entries[name]?.record.secrets else { return }
+        var changed = false
+        if let rotated = grant.refreshToken, current.refreshToken == presented.refreshToken {
+            entries[name]?.record.secrets.refreshToken = rotated
+            entries[name]?.record.secrets.refreshExpiresAt = grant.refreshExpiresAt
+            changed = true
+        }
+        if let rotated = grant.refreshURL, current.refreshURL == presented.refreshURL {
+            entries[name]?.record.secrets.refreshURL = rotated
+            changed = true
+        }
+        if changed { try? persist(changing: name) }
     }
 
     private func makeProvider(_ config: ProviderConfig) -> any TokenProvider {
@@ -331,6 +338,7 @@ public actor Broker {
             record.secrets.refreshToken = refreshToken
             record.secrets.refreshExpiresAt = AccountSpec.refreshExpiry(tokens, now: now)
         }
+        if let refreshURL = tokens.refreshURL { record.secrets.refreshURL = refreshURL }
     }
 
     private func persist(changing name: String) throws(BrokerError) {

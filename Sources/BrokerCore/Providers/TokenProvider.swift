@@ -6,6 +6,15 @@ public struct Grant: Sendable, Equatable {
     /// A rotated refresh token; `nil` when the IdP kept the old one.
     public var refreshToken: String?
     public var refreshExpiresAt: Date?
+    /// A rotated refresh URL (`refresh_url` accounts); `nil` when unchanged.
+    public var refreshURL: String?
+
+    public init(token: AccessToken, refreshToken: String? = nil, refreshExpiresAt: Date? = nil, refreshURL: String? = nil) {
+        self.token = token
+        self.refreshToken = refreshToken
+        self.refreshExpiresAt = refreshExpiresAt
+        self.refreshURL = refreshURL
+    }
 }
 
 /// Why a refresh failed, classified the way the lifecycle needs it (CONTRACT section 4).
