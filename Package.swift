@@ -101,7 +101,7 @@ let package = Package(
         .executableTarget(
             name: "broker-bench",
             dependencies: [
-                "BrokerProtocol",
+                "BrokerProtocol", "TestIdP",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
@@ -109,11 +109,20 @@ let package = Package(
             swiftSettings: upcoming
         ),
         .testTarget(name: "BrokerProtocolTests", dependencies: ["BrokerProtocol"], swiftSettings: upcoming),
-        .testTarget(name: "BrokerCoreTests", dependencies: ["BrokerCore", "TestIdP"], swiftSettings: upcoming),
+        .testTarget(
+            name: "BrokerCoreTests",
+            dependencies: [
+                "BrokerCore", "TestIdP",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: upcoming
+        ),
         .testTarget(name: "BrokerSystemdTests", dependencies: ["BrokerSystemd"], swiftSettings: upcoming),
         .testTarget(
             name: "IntegrationTests",
             dependencies: ["BrokerClient", "BrokerProtocol", "TestIdP", "brokerd", "brokerctl"],
+            exclude: ["Fixtures"],
             swiftSettings: upcoming
         ),
     ]

@@ -88,11 +88,27 @@ public final class BrokerClient: Sendable {
         try await call(Request(id: nil, op: "refresh", account: account))
     }
 
+    /// Events of `accounts` (all when `nil`) as they happen. The stream ends with an error if
+    /// the connection breaks or the broker drops this subscriber for reading too slowly.
+    public func events(accounts: [String]? = nil) async throws -> AsyncThrowingStream<BrokerEvent, any Error> {
+        let (stream, continuation) = AsyncThrowingStream<BrokerEvent, any Error>.makeStream()
+        var request = Request(id: nil, op: "subscribe")
+        request.accounts = accounts
+        let _: SubscribeResult = try await call(request, subscription: continuation)
+        return stream
+    }
+
     /// Sends `request` (its id is assigned here) and decodes the result; a failure line
     /// becomes a thrown `BrokerError`.
     public func call<Result: Decodable>(_ request: Request) async throws -> Result {
+        try await call(request, subscription: nil)
+    }
+
+    private func call<Result: Decodable>(
+        _ request: Request, subscription: AsyncThrowingStream<BrokerEvent, any Error>.Continuation?
+    ) async throws -> Result {
         var request = request
-        let line = try await connection.exchange { id in
+        let line = try await connection.exchange(subscription: subscription) { id in
             request.id = id
             var data = try Wire.makeEncoder().encode(request)
             data.append(0x0A)
@@ -100,7 +116,7 @@ public final class BrokerClient: Sendable {
         }
         let decoder = Wire.makeDecoder()
         let head = try decoder.decode(ResponseHead.self, from: line)
-        if !head.ok {
+        if head.ok != true {
             throw head.error?.brokerError ?? BrokerError(.internal, "the broker sent a failure without an error")
         }
         return try decoder.decode(ResultBody<Result>.self, from: line).result
@@ -113,6 +129,7 @@ private final class Connection: Sendable {
     private struct State {
         var nextID: Int64 = 1
         var pending: [RequestID: CheckedContinuation<Data, any Error>] = [:]
+        var subscriptions: [RequestID: AsyncThrowingStream<BrokerEvent, any Error>.Continuation] = [:]
         var failure: (any Error)?
         /// Set once the reader has closed the descriptor; its number may then belong to another socket.
         var descriptorClosed = false
@@ -136,7 +153,10 @@ private final class Connection: Sendable {
         }
     }
 
-    func exchange(_ encode: (RequestID) throws -> Data) async throws -> Data {
+    func exchange(
+        subscription: AsyncThrowingStream<BrokerEvent, any Error>.Continuation? = nil,
+        _ encode: (RequestID) throws -> Data
+    ) async throws -> Data {
         let id: RequestID = state.withLock { state in
             defer { state.nextID += 1 }
             return .integer(state.nextID)
@@ -146,6 +166,7 @@ private final class Connection: Sendable {
             let failure: (any Error)? = state.withLock { state in
                 if let failure = state.failure { return failure }
                 state.pending[id] = continuation
+                if let subscription { state.subscriptions[id] = subscription }
                 return nil
             }
             if let failure { return continuation.resume(throwing: failure) }
@@ -187,17 +208,35 @@ private final class Connection: Sendable {
             if let error = head.error { fail(error.brokerError) }
             return
         }
-        let continuation = state.withLock { $0.pending.removeValue(forKey: id) }
-        continuation?.resume(returning: line)
+        if head.event != nil {
+            let subscription = state.withLock { $0.subscriptions[id] }
+            if let event = try? Wire.makeDecoder().decode(BrokerEvent.self, from: line) { subscription?.yield(event) }
+            return
+        }
+        let (continuation, subscription) = state.withLock { state in
+            let continuation = state.pending.removeValue(forKey: id)
+            // A failure after a subscription's acknowledgement ends that subscription.
+            let ended = continuation == nil && head.ok == false ? state.subscriptions.removeValue(forKey: id) : nil
+            return (continuation, ended)
+        }
+        if let continuation {
+            if head.ok == false { state.withLock { _ = $0.subscriptions.removeValue(forKey: id) } }
+            continuation.resume(returning: line)
+        }
+        subscription?.finish(throwing: head.error?.brokerError ?? BrokerError(.internal, "subscription ended"))
     }
 
     private func fail(_ error: any Error) {
-        let pending = state.withLock { state in
+        let (pending, subscriptions) = state.withLock { state in
             if state.failure == nil { state.failure = error }
-            defer { state.pending = [:] }
-            return Array(state.pending.values)
+            defer {
+                state.pending = [:]
+                state.subscriptions = [:]
+            }
+            return (Array(state.pending.values), Array(state.subscriptions.values))
         }
         for continuation in pending { continuation.resume(throwing: error) }
+        for subscription in subscriptions { subscription.finish(throwing: error) }
     }
 }
 

@@ -4,12 +4,18 @@ import Foundation
 /// How an account is refreshed: validated provider settings (no secrets).
 public enum ProviderConfig: Codable, Sendable, Equatable {
     case oauth2(OAuth2Settings)
+    case refreshURL(RefreshURLSettings)
+    case sliding(SlidingSettings)
+    case exec(ExecSettings)
     case `static`
 
     /// The provider's kind as the protocol names it.
     public var kind: String {
         switch self {
         case .oauth2: return "oauth2"
+        case .refreshURL: return "refresh_url"
+        case .sliding: return "sliding"
+        case .exec: return "exec"
         case .static: return "static"
         }
     }
@@ -24,10 +30,14 @@ public struct OAuth2Settings: Codable, Sendable, Equatable {
         case none
     }
 
-    public var tokenEndpoint: URL
+    /// Where refresh grants go; `nil` when it is discovered from `issuer`.
+    public var tokenEndpoint: URL?
     public var clientID: String
     public var clientAuth: ClientAuth
     public var scope: String?
+    /// An OIDC issuer whose discovery document names the token endpoint (used when
+    /// `tokenEndpoint` is `nil`).
+    public var issuer: URL? = nil
 }
 
 /// The current access token of an account.

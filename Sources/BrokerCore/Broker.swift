@@ -17,14 +17,19 @@ public actor Broker {
         var inFlight: (serial: Int, task: Task<Result<Void, BrokerError>, Never>)?
         /// Bumped when tokens are replaced, so a refresh started before that is discarded.
         var generation = 0
+        /// Set when an overdue refresh was pushed back to spread a backlog; it runs when next due.
+        var spreadOverdue = false
     }
 
     /// Tokens ready to serve, readable without entering the actor.
     public nonisolated let cache = TokenCache()
+    /// Account events for `subscribe` connections.
+    public nonisolated let events: EventHub
+    /// Wall-clock time; expiry is always judged by it.
+    public nonisolated let clock: any WallClock
     public nonisolated let settings: BrokerSettings
     private let vault: Vault
     private let http: IdPClient
-    private let clock: any WallClock
     private let logger: Logger
     private let planner: RefreshPlanner
     private var entries: [String: Entry] = [:]
@@ -41,6 +46,7 @@ public actor Broker {
         self.clock = clock
         self.logger = logger
         self.planner = RefreshPlanner(settings: settings)
+        self.events = EventHub(bufferLimit: max(1, Int(settings.eventBuffer)))
         let now = clock.now()
         for record in try vault.load()?.accounts ?? [] {
             entries[record.name] = Entry(record: record, nextRefreshAt: Self.schedule(record, planner, now: now))
@@ -117,7 +123,9 @@ public actor Broker {
         try persist(changing: name)
         logger.info("account added", metadata: ["account": "\(name)", "provider": "\(provider.kind)"])
         publishAndKick(name)
-        return AccountResult(account: name, state: state(of: entries[name]!, now: clock.now()))
+        let state = state(of: entries[name]!, now: clock.now())
+        events.publish(BrokerEvent(event: .added, account: name, at: now, state: state))
+        return AccountResult(account: name, state: state)
     }
 
     /// Replaces an account's tokens; clears `needs_login` and any backoff.
@@ -155,6 +163,7 @@ public actor Broker {
         }
         cache.publish(nil, for: name)
         logger.info("account removed", metadata: ["account": "\(name)"])
+        events.publish(BrokerEvent(event: .removed, account: name, at: clock.now()))
         return AccountResult(account: name, state: "removed")
     }
 
@@ -174,12 +183,20 @@ public actor Broker {
 
     // MARK: Scheduling
 
-    /// Starts every refresh that is due; returns when the next one will be.
+    /// Starts every refresh that is due and returns when the next one will be. Refreshes found
+    /// long overdue (the machine slept, or the wall clock jumped) are spread over the next
+    /// `overdueSpread` seconds instead of all hitting the IdPs in the same instant; a client
+    /// that needs such an account's token meanwhile gets an on-demand refresh.
     public func runDueRefreshes() -> Date? {
         let now = clock.now()
         var next: Date?
         for (name, entry) in entries {
-            guard let due = entry.nextRefreshAt else { continue }
+            guard var due = entry.nextRefreshAt else { continue }
+            if entry.inFlight == nil, !entry.spreadOverdue, now.timeIntervalSince(due) > settings.overdueThreshold {
+                due = now.addingTimeInterval(Double.random(in: 0...settings.overdueSpread))
+                entries[name]?.nextRefreshAt = due
+                entries[name]?.spreadOverdue = true
+            }
             if due <= now {
                 if entry.inFlight == nil { _ = startRefresh(name) }
             } else {
@@ -210,6 +227,7 @@ public actor Broker {
         let task = Task { await self.performRefresh(name, serial: serial) }
         entries[name]?.inFlight = (serial, task)
         entries[name]?.nextRefreshAt = nil
+        entries[name]?.spreadOverdue = false
         return task
     }
 
@@ -246,6 +264,8 @@ public actor Broker {
                 return .failure(error)
             }
             cache.publish(Self.prepare(name, grant.token), for: name)
+            events.publish(
+                BrokerEvent(event: .refreshed, account: name, at: now, state: "valid", expiresAt: grant.token.expiresAt))
             logger.info(
                 "refreshed",
                 metadata: ["account": "\(name)", "expires_in": "\(Int(grant.token.remaining(at: now)))"])
@@ -257,6 +277,8 @@ public actor Broker {
             entries[name] = entry
             cache.publish(nil, for: name)
             try? persist(changing: name)
+            events.publish(
+                BrokerEvent(event: .needsLogin, account: name, at: now, state: "needs_login", message: failure.message))
             logger.warning("refresh denied; needs login", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
             return .failure(needsLogin(name))
         case .failure(let failure):
@@ -266,6 +288,12 @@ public actor Broker {
             entry.nextRefreshAt = entry.retryAt
             entry.record.lastError = AccountError(code: "unavailable", message: failure.message, at: now)
             entries[name] = entry
+            if entry.failures == 1 {
+                events.publish(
+                    BrokerEvent(
+                        event: .refreshFailed, account: name, at: now, state: state(of: entry, now: now),
+                        message: failure.message))
+            }
             logger.warning(
                 "refresh failed; will retry",
                 metadata: ["account": "\(name)", "reason": "\(failure.message)", "retry_in_s": "\(Int(delay.rounded(.up)))"])
@@ -294,6 +322,14 @@ public actor Broker {
         switch config {
         case .oauth2(let settings):
             return OAuth2Provider(settings: settings, http: http, defaultLifetime: self.settings.defaultLifetime)
+        case .refreshURL(let settings):
+            return RefreshURLProvider(settings: settings, http: http, defaultLifetime: self.settings.defaultLifetime)
+        case .sliding(let settings):
+            return SlidingProvider(settings: settings, http: http, defaultLifetime: self.settings.defaultLifetime)
+        case .exec(let settings):
+            return ExecProvider(
+                settings: settings, timeout: self.settings.requestTimeout,
+                defaultLifetime: self.settings.defaultLifetime, logger: logger)
         case .static:
             return StaticProvider()
         }

@@ -10,6 +10,10 @@ public struct BrokerSettings: Sendable, Equatable {
     public var refreshFloor: TimeInterval = 60
     /// Shortest time between two scheduled refreshes of one account, in seconds.
     public var minimumRefreshInterval: TimeInterval = 1
+    /// A refresh this many seconds past due counts as overdue (after a suspend or a clock jump).
+    public var overdueThreshold: TimeInterval = 5
+    /// Overdue refreshes are spread at random over this many seconds.
+    public var overdueSpread: TimeInterval = 10
     /// First retry delay after a transient failure, in seconds; doubles each time.
     public var backoffBase: TimeInterval = 1
     /// Longest retry delay after transient failures, in seconds.
@@ -20,6 +24,8 @@ public struct BrokerSettings: Sendable, Equatable {
     public var requestTimeout: TimeInterval = 30
     /// Lifetime assumed when an IdP omits `expires_in`, in seconds.
     public var defaultLifetime: TimeInterval = 600
+    /// Events a `subscribe` connection may have unread before it is dropped (a count).
+    public var eventBuffer: Double = 1024
     /// `min_ttl` used when a request gives none, in seconds.
     public var defaultMinTTL: TimeInterval = 30
 

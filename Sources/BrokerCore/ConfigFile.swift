@@ -13,9 +13,10 @@ public enum ConfigFile {
     static var keys: [(String, WritableKeyPath<BrokerSettings, Double>)] { [
         ("refresh_fraction", \.refreshFraction), ("refresh_jitter", \.refreshJitter),
         ("refresh_floor", \.refreshFloor),
-        ("minimum_refresh_interval", \.minimumRefreshInterval), ("backoff_base", \.backoffBase), ("backoff_cap", \.backoffCap),
+        ("minimum_refresh_interval", \.minimumRefreshInterval),
+        ("overdue_threshold", \.overdueThreshold), ("overdue_spread", \.overdueSpread), ("backoff_base", \.backoffBase), ("backoff_cap", \.backoffCap),
         ("connect_timeout", \.connectTimeout), ("request_timeout", \.requestTimeout),
-        ("default_lifetime", \.defaultLifetime), ("default_min_ttl", \.defaultMinTTL),
+        ("default_lifetime", \.defaultLifetime), ("event_buffer", \.eventBuffer), ("default_min_ttl", \.defaultMinTTL),
     ] }
 
     public static func load(path: String) throws -> BrokerSettings {

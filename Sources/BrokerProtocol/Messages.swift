@@ -8,7 +8,7 @@ public let maximumLineLength = 64 * 1024
 
 /// Every operation of protocol v1.
 public enum Operation: String, Sendable, CaseIterable, Codable {
-    case hello, token, reject, status, add
+    case hello, token, reject, status, subscribe, add
     case setTokens = "set_tokens"
     case remove, refresh
 
@@ -16,7 +16,7 @@ public enum Operation: String, Sendable, CaseIterable, Codable {
     public var isOwnerOnly: Bool {
         switch self {
         case .add, .setTokens, .remove, .refresh: return true
-        case .hello, .token, .reject, .status: return false
+        case .hello, .token, .reject, .status, .subscribe: return false
         }
     }
 }
@@ -27,6 +27,8 @@ public struct Request: Codable, Sendable {
     public var id: RequestID?
     public var op: String?
     public var account: String?
+    /// `subscribe`: the accounts to watch (all when absent).
+    public var accounts: [String]?
     public var minTTL: Double?
     public var accessToken: String?
     public var versions: [Int]?
@@ -50,7 +52,7 @@ public struct Request: Codable, Sendable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case id, op, account, versions, client, provider, tokens
+        case id, op, account, accounts, versions, client, provider, tokens
         case minTTL = "min_ttl"
         case accessToken = "access_token"
     }

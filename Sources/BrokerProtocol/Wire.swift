@@ -102,8 +102,11 @@ struct Envelope<Body: Encodable>: Encodable {
 /// The parts of a response line every client reads first: its id and whether it succeeded.
 public struct ResponseHead: Decodable, Sendable {
     public var id: RequestID?
-    public var ok: Bool
+    /// Absent on event lines, which carry `event` instead.
+    public var ok: Bool?
     public var error: ErrorBody?
+    /// Set on the event lines of a subscription.
+    public var event: String?
 }
 
 /// Decodes the `result` of a success line into the type the caller expects.

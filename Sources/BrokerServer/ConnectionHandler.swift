@@ -1,3 +1,4 @@
+import BrokerCore
 import BrokerProtocol
 import Foundation
 import Logging
@@ -24,12 +25,16 @@ final class ConnectionHandler: ChannelInboundHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let line = unwrapInboundIn(data)
         let decision = line.withUnsafeReadableBytes {
-            dispatcher.decide(line: $0, peer: peer, decoder: decoder, now: Date())
+            dispatcher.decide(line: $0, peer: peer, decoder: decoder, now: dispatcher.broker.clock.now())
         }
         switch decision {
         case .immediate(let bytes):
             context.write(wrapOutboundOut(context.channel.allocator.buffer(bytes: bytes)), promise: nil)
             pendingFlush = true
+        case .subscribe(let ack, let id, let events):
+            context.write(wrapOutboundOut(context.channel.allocator.buffer(bytes: ack)), promise: nil)
+            pendingFlush = true
+            forward(events, id: id, to: context.channel)
         case .deferred(let request):
             let channel = context.channel
             let dispatcher = self.dispatcher
@@ -38,6 +43,26 @@ final class ConnectionHandler: ChannelInboundHandler {
                 channel.writeAndFlush(channel.allocator.buffer(bytes: bytes), promise: nil)
             }
         }
+    }
+
+    /// Writes each event as it comes, one write in flight at a time; a subscriber whose buffer
+    /// overflowed gets a final `busy` line and is disconnected.
+    private func forward(_ events: EventHub.Events, id: RequestID, to channel: any Channel) {
+        let dispatcher = self.dispatcher
+        let task = Task {
+            let encoder = Wire.makeEncoder()
+            do {
+                for try await event in events {
+                    try await channel.writeAndFlush(channel.allocator.buffer(bytes: dispatcher.eventLine(id: id, event, encoder: encoder)))
+                }
+            } catch is SubscriberTooSlow {
+                let line = dispatcher.errorLine(
+                    id: id, BrokerError(.busy, "events were not read fast enough; subscribe again", retryAfterMs: 1000))
+                try? await channel.writeAndFlush(channel.allocator.buffer(bytes: line))
+                try? await channel.close()
+            } catch {}
+        }
+        channel.closeFuture.whenComplete { _ in task.cancel() }
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {

@@ -18,6 +18,8 @@ public struct RequestDispatcher: Sendable {
     public enum Decision {
         case immediate([UInt8])
         case deferred(Request)
+        /// Acknowledge with the first line, then stream the events as lines on the same connection.
+        case subscribe(ack: [UInt8], id: RequestID, events: EventHub.Events)
     }
 
     /// Parses `line` and answers at once whatever needs no waiting: cached tokens (through the
@@ -50,7 +52,22 @@ public struct RequestDispatcher: Sendable {
             return .immediate(
                 errorLine(id: request.id, BrokerError(.forbidden, "\(op) is reserved for the broker's owner")))
         }
+        if operation == .subscribe {
+            let id = request.id ?? .null
+            let events = broker.events.subscribe(accounts: request.accounts)
+            let ack = SubscribeResult(accounts: request.accounts, buffer: broker.events.bufferLimit)
+            let line = (try? success(request, ack, Wire.makeEncoder()))
+                ?? errorLine(id: request.id, BrokerError(.internal, "the broker could not encode its answer"))
+            return .subscribe(ack: line, id: id, events: events)
+        }
         return .deferred(request)
+    }
+
+    /// One event line for a subscription.
+    public func eventLine(id: RequestID, _ event: BrokerEvent, encoder: JSONEncoder) -> [UInt8] {
+        var data = (try? encoder.encode(EventLine(id: id, event: event))) ?? Data()
+        data.append(0x0A)
+        return Array(data)
     }
 
     /// Runs a request that may wait on the broker and returns its response line.
@@ -68,7 +85,7 @@ public struct RequestDispatcher: Sendable {
             case .token:
                 let token = try await broker.token(
                     account: try AccountField.required(request.account), minTTL: minTTL(request))
-                return token.line(id: request.id, now: Date())
+                return token.line(id: request.id, now: broker.clock.now())
             case .reject:
                 guard let accessToken = request.accessToken else {
                     throw BrokerError(.badRequest, "the field \"access_token\" is required")
@@ -76,7 +93,7 @@ public struct RequestDispatcher: Sendable {
                 let token = try await broker.reject(
                     account: try AccountField.required(request.account), accessToken: accessToken,
                     minTTL: minTTL(request))
-                return token.line(id: request.id, now: Date())
+                return token.line(id: request.id, now: broker.clock.now())
             case .status:
                 return try success(request, StatusResult(accounts: try await broker.status(account: request.account)), encoder)
             case .add:
@@ -89,7 +106,7 @@ public struct RequestDispatcher: Sendable {
                 return try success(request, try await broker.remove(account: request.account), encoder)
             case .refresh:
                 return try success(request, try await broker.refreshNow(account: request.account), encoder)
-            case nil:
+            case .subscribe, nil:
                 throw BrokerError(.unknownOp, "unknown op")
             }
         } catch let error as BrokerError {

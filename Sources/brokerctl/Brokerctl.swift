@@ -12,7 +12,7 @@ struct Brokerctl: AsyncParsableCommand {
             Exit codes: 0 ok, 1 other error, 3 broker not running, 4 not found, 5 needs login,
             6 unavailable, 7 forbidden, 8 locked.
             """,
-        subcommands: [Status.self, Token.self, Add.self, SetTokens.self, Remove.self, Refresh.self])
+        subcommands: [Status.self, Token.self, Watch.self, Add.self, SetTokens.self, Remove.self, Refresh.self])
 }
 
 /// Options every subcommand takes.
@@ -108,26 +108,78 @@ struct Token: AsyncParsableCommand {
     }
 }
 
+struct Watch: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Show account events live (refreshed, refresh_failed, needs_login, added, removed).")
+
+    @OptionGroup var options: GlobalOptions
+    @Argument(help: "Accounts to watch (all when none are given).") var accounts: [String] = []
+
+    func run() async throws {
+        try await options.run({ client in
+            let events = try await client.events(accounts: accounts.isEmpty ? nil : accounts)
+            for try await event in events {
+                let line = options.json ? EventText.json(event) : EventText.human(event)
+                FileHandle.standardOutput.write(Data((line + "\n").utf8))
+            }
+            return EmptyResult()
+        }) { _ in "" }
+    }
+}
+
+/// Nothing to print (`watch` prints as it goes).
+struct EmptyResult: Encodable {}
+
+/// How `watch` prints an event.
+enum EventText {
+    static func human(_ event: BrokerEvent) -> String {
+        var text = "\(Wire.rfc3339(event.at))  \(event.event.rawValue.padding(toLength: 14, withPad: " ", startingAt: 0))  \(event.account)"
+        if let expiresAt = event.expiresAt { text += "  expires \(Wire.rfc3339(expiresAt))" }
+        if let message = event.message { text += "  \(message)" }
+        return text
+    }
+
+    static func json(_ event: BrokerEvent) -> String {
+        (try? Wire.makeEncoder().encode(event)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
+    }
+}
+
 struct Add: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Add an account.",
         discussion: """
             Secrets are read as a JSON object from --secrets (a file, or - for stdin), never from the
             command line: {"refresh_token": "...", "client_secret": "...", "access_token": "...", "expires_in": 3600}
+            A refresh_url account's URL is a secret too: {"refresh_url": "https://..."}.
+            An exec account's argv is given with one --command per argument, e.g.
+            --command /usr/local/bin/get-token --command --profile --command work (no shell is involved).
             """)
 
     @OptionGroup var options: GlobalOptions
     @Argument(help: "Account name.") var account: String
-    @Option(help: "Provider kind: oauth2 or static.") var kind: String
+    @Option(help: "Provider kind: oauth2, refresh_url, sliding, exec or static.") var kind: String
     @Option(help: "oauth2: the token endpoint URL.") var tokenEndpoint: String?
+    @Option(help: "oauth2: an OIDC issuer URL, instead of --token-endpoint.") var issuer: String?
     @Option(help: "oauth2: the client id.") var clientID: String?
     @Option(help: "oauth2: client_secret_basic, client_secret_post or none.") var clientAuth: String?
     @Option(help: "oauth2: scope to request.") var scope: String?
+    @Option(help: "refresh_url: GET (default) or POST.") var method: String?
+    @Option(help: "sliding: the refresh endpoint URL.") var endpoint: String?
+    @Option(help: "sliding: IANA time zone of timestamps without a zone (default UTC).") var timezone: String?
+    @Option(
+        name: .customLong("command"), parsing: .unconditionalSingleValue,
+        help: ArgumentHelp("exec: one argument of the command to run; repeat it, program first.", valueName: "arg"))
+    var command: [String] = []
     @Option(help: "File with the secrets as JSON, or - for stdin.") var secrets: String?
 
     func run() async throws {
         var provider = ProviderSpec(
-            kind: kind, tokenEndpoint: tokenEndpoint, clientID: clientID, clientAuth: clientAuth, scope: scope)
+            kind: kind, tokenEndpoint: tokenEndpoint, issuer: issuer, clientID: clientID, clientAuth: clientAuth,
+            scope: scope)
+        provider.method = method
+        provider.endpoint = endpoint
+        provider.timezone = timezone
+        provider.command = command.isEmpty ? nil : command
         var tokens: TokenSet?
         if let secrets {
             let input = try SecretInput.read(secrets, as: AddSecrets.self)

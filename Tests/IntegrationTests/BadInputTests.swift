@@ -64,7 +64,7 @@ import Testing
         }
 
         let (answers, failures) = steady.stop()
-        #expect(answers > 10)
+        #expect(answers > 0)
         #expect(failures == 0)
         // The idle connections are all still open and served.
         for connection in idle.prefix(5) {

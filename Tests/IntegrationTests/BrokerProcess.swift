@@ -83,6 +83,14 @@ final class BrokerProcess: @unchecked Sendable {
         return process.terminationStatus
     }
 
+    /// Kills brokerd with SIGKILL (no chance to clean up) and waits for it.
+    func crash() {
+        guard let process else { return }
+        self.process = nil
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+
     /// Runs brokerd expecting it to exit by itself (e.g. refusing to start); returns its status.
     func runExpectingExit(timeout: TimeInterval = 30) throws -> Int32 {
         let process = try launch(Self.binary("brokerd"), arguments: [])

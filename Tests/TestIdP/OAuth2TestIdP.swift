@@ -1,12 +1,10 @@
 import Foundation
-import NIOCore
 import NIOHTTP1
-import NIOPosix
-import Synchronization
 
 /// A real OAuth2 token endpoint on 127.0.0.1 for tests. It behaves like production IdPs:
 /// every refresh rotates the refresh token, and a reused (or unknown) refresh token is
-/// answered with `400 invalid_grant`. Faults can be switched on to imitate outages.
+/// answered with `400 invalid_grant`. Faults can be switched on to imitate outages. It also
+/// serves an OIDC discovery document for `issuer` that names its token endpoint.
 public final class OAuth2TestIdP: Sendable {
     /// How the endpoint answers the next requests.
     public enum Behavior: Sendable, Equatable {
@@ -37,17 +35,24 @@ public final class OAuth2TestIdP: Sendable {
         var behavior = Behavior.normal
         var lifetime: Int
         var delay: Duration = .zero
+        var discoveryBehavior = Behavior.normal
+        var discoveryCount = 0
     }
+
+    /// Where the issuer lives under the server's root (an issuer with a path, like Keycloak's realms).
+    static let issuerPath = "/realms/test"
 
     public let clientID: String
     public let clientSecret: String
     private let state: Box<State>
-    private let channel: any Channel
+    private let server: TestHTTPServer
 
     /// The token endpoint's URL.
-    public var tokenEndpoint: String {
-        "http://127.0.0.1:\(channel.localAddress!.port!)/token"
-    }
+    public var tokenEndpoint: String { server.baseURL + "/token" }
+
+    /// The OIDC issuer whose discovery document (`{issuer}/.well-known/openid-configuration`)
+    /// names `tokenEndpoint`.
+    public var issuer: String { server.baseURL + Self.issuerPath }
 
     /// Starts the server; `initialRefreshToken` is the one valid refresh token at first.
     public init(
@@ -59,21 +64,20 @@ public final class OAuth2TestIdP: Sendable {
         let state = Box(State(currentRefreshToken: initialRefreshToken, lifetime: lifetime))
         self.state = state
         let secret = clientSecret
-        channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
-            .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.configureHTTPServerPipeline()
-                    try channel.pipeline.syncOperations.addHandler(
-                        TokenEndpointHandler(state: state, clientID: clientID, clientSecret: secret))
-                }
+        let issuerPath = Self.issuerPath
+        server = try await TestHTTPServer { request in
+            if request.method == .GET, request.path == issuerPath + "/.well-known/openid-configuration" {
+                return Self.discovery(request, state: state, issuerPath: issuerPath)
             }
-            .bind(host: "127.0.0.1", port: 0).get()
+            return Self.answer(
+                FormBody.parse(request.body), authorization: request.header("Authorization"), state: state,
+                clientID: clientID, clientSecret: secret)
+        }
     }
 
     /// Stops listening.
     public func shutdown() async {
-        try? await channel.close()
+        await server.shutdown()
     }
 
     // MARK: Controls and observations
@@ -89,12 +93,32 @@ public final class OAuth2TestIdP: Sendable {
     /// How many requests presented a refresh token that was not the current one.
     public var rejectedReuse: Int { state.withLock { $0.rejectedReuse } }
 
-    fileprivate struct Answer {
-        var status: HTTPResponseStatus
-        var body: String
-        var headers: [(String, String)] = []
-        var delay: Duration = .zero
-        var hang = false
+    /// How the discovery document is served (`status` and `garbage` imitate a broken issuer).
+    public func setDiscoveryBehavior(_ behavior: Behavior) { state.withLock { $0.discoveryBehavior = behavior } }
+    /// How many times the discovery document was fetched.
+    public var discoveryCount: Int { state.withLock { $0.discoveryCount } }
+
+    fileprivate typealias Answer = TestHTTPResponse
+
+    fileprivate static func discovery(_ request: TestHTTPRequest, state: Box<State>, issuerPath: String) -> Answer {
+        let base = "http://" + (request.header("Host") ?? "127.0.0.1")
+        return state.withLock { state in
+            state.discoveryCount += 1
+            switch state.discoveryBehavior {
+            case .hang: return .hanging
+            case .garbage: return Answer(status: .ok, body: "<html>not a discovery document")
+            case .status(let code, let retryAfter):
+                return Answer(
+                    status: HTTPResponseStatus(statusCode: code), body: #"{"error":"unavailable"}"#,
+                    headers: retryAfter.map { [("Retry-After", String($0))] } ?? [])
+            case .normal:
+                let body = """
+                    {"issuer":"\(base + issuerPath)","token_endpoint":"\(base)/token",\
+                    "authorization_endpoint":"\(base)/authorize","grant_types_supported":["refresh_token"]}
+                    """
+                return Answer(status: .ok, body: body)
+            }
+        }
     }
 
     fileprivate static func answer(_ form: [String: String], authorization: String?, state: Box<State>, clientID: String, clientSecret: String) -> Answer {
@@ -113,7 +137,7 @@ public final class OAuth2TestIdP: Sendable {
             let delay = state.delay
             switch state.behavior {
             case .hang:
-                return Answer(status: .ok, body: "", hang: true)
+                return .hanging
             case .garbage:
                 return Answer(status: .ok, body: "<html>this is not json", delay: delay)
             case .status(let code, let retryAfter):
@@ -142,79 +166,5 @@ public final class OAuth2TestIdP: Sendable {
             let body = #"{"access_token":"\#(access)","token_type":"Bearer","expires_in":\#(state.lifetime),"refresh_token":"\#(refresh)"}"#
             return Answer(status: .ok, body: body, delay: delay)
         }
-    }
-}
-
-/// Parses one HTTP request at a time and answers it as the token endpoint.
-private final class TokenEndpointHandler: ChannelInboundHandler, @unchecked Sendable {
-    typealias InboundIn = HTTPServerRequestPart
-    typealias OutboundOut = HTTPServerResponsePart
-
-    private let state: Box<OAuth2TestIdP.State>
-    private let clientID: String
-    private let clientSecret: String
-    private var head: HTTPRequestHead?
-    private var body = ByteBuffer()
-
-    init(state: Box<OAuth2TestIdP.State>, clientID: String, clientSecret: String) {
-        self.state = state
-        self.clientID = clientID
-        self.clientSecret = clientSecret
-    }
-
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        switch unwrapInboundIn(data) {
-        case .head(let head):
-            self.head = head
-            body.clear()
-        case .body(var chunk):
-            body.writeBuffer(&chunk)
-        case .end:
-            guard let head else { return }
-            let form = FormBody.parse(String(buffer: body))
-            let answer = OAuth2TestIdP.answer(
-                form, authorization: head.headers.first(name: "Authorization"), state: state, clientID: clientID,
-                clientSecret: clientSecret)
-            if answer.hang { return }
-            let channel = context.channel
-            let respond: @Sendable () -> Void = {
-                var headers = HTTPHeaders([("Content-Type", "application/json"), ("Content-Length", "\(answer.body.utf8.count)")])
-                for (name, value) in answer.headers { headers.add(name: name, value: value) }
-                channel.write(HTTPServerResponsePart.head(HTTPResponseHead(version: .http1_1, status: answer.status, headers: headers)), promise: nil)
-                channel.write(HTTPServerResponsePart.body(.byteBuffer(ByteBuffer(string: answer.body))), promise: nil)
-                channel.writeAndFlush(HTTPServerResponsePart.end(nil), promise: nil)
-            }
-            if answer.delay == .zero {
-                respond()
-            } else {
-                let nanoseconds = answer.delay.components.seconds * 1_000_000_000 + answer.delay.components.attoseconds / 1_000_000_000
-                context.eventLoop.scheduleTask(in: .nanoseconds(nanoseconds)) { respond() }
-            }
-        }
-    }
-}
-
-/// `application/x-www-form-urlencoded` parsing for the test IdP.
-enum FormBody {
-    static func parse(_ text: String) -> [String: String] {
-        var result: [String: String] = [:]
-        for pair in text.split(separator: "&") {
-            let parts = pair.split(separator: "=", maxSplits: 1).map {
-                String($0).replacingOccurrences(of: "+", with: " ").removingPercentEncoding ?? String($0)
-            }
-            result[parts[0]] = parts.count > 1 ? parts[1] : ""
-        }
-        return result
-    }
-}
-
-/// A mutex-protected value that can be shared by reference (a `Mutex` itself cannot be copied).
-final class Box<Value: Sendable>: Sendable {
-    private let mutex: Mutex<Value>
-
-    init(_ value: Value) { mutex = Mutex(value) }
-
-    func withLock<T>(_ body: (inout sending Value) throws -> sending T) rethrows -> T {
-        try mutex.withLock(body)
     }
 }

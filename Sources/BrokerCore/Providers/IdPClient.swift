@@ -16,6 +16,8 @@ struct IdPReply: Sendable {
 public final class IdPClient: Sendable {
     private let client: HTTPClient
     private let requestTimeout: TimeInterval
+    /// Discovered OIDC token endpoints, shared by every account that names an issuer.
+    let discovery = DiscoveryCache()
 
     public init(settings: BrokerSettings) {
         var configuration = HTTPClient.Configuration(
@@ -33,14 +35,20 @@ public final class IdPClient: Sendable {
         try? await client.shutdown()
     }
 
-    func post(_ url: URL, headers: HTTPHeaders, body: String) async -> Result<IdPReply, RefreshFailure> {
+    /// Sends one request and reads the whole answer (bounded). `target` names the endpoint in
+    /// failure messages; pass it for secret URLs (e.g. "the refresh URL"), whose host and path
+    /// must never appear in a message. Without it, messages name the IdP's host.
+    func send(
+        method: HTTPMethod, url: URL, headers: HTTPHeaders, body: String? = nil, target: String? = nil
+    ) async -> Result<IdPReply, RefreshFailure> {
         guard EndpointPolicy.isAllowed(url) else {
-            return .failure(.denial("the IdP URL must use https (plain http is allowed for loopback only)"))
+            return .failure(
+                .denial("\(target ?? "the IdP URL") must use https (plain http is allowed for loopback only)"))
         }
         var request = HTTPClientRequest(url: url.absoluteString)
-        request.method = .POST
+        request.method = method
         request.headers = headers
-        request.body = .bytes(ByteBuffer(string: body))
+        if let body { request.body = .bytes(ByteBuffer(string: body)) }
         do {
             let response = try await client.execute(
                 request, deadline: .now() + .milliseconds(Int64(requestTimeout * 1000)))
@@ -50,8 +58,14 @@ public final class IdPClient: Sendable {
                     status: Int(response.status.code), body: Data(bytes.readableBytesView),
                     retryAfter: response.headers.first(name: "Retry-After").flatMap(Self.retryAfter)))
         } catch {
-            return .failure(.transient("cannot reach the IdP at \(url.host ?? "?"): \(Self.describe(error))"))
+            let name = target ?? "the IdP at \(url.host ?? "?")"
+            return .failure(.transient("cannot reach \(name): \(Self.describe(error))"))
         }
+    }
+
+    /// A form POST to a token endpoint.
+    func post(_ url: URL, headers: HTTPHeaders, body: String) async -> Result<IdPReply, RefreshFailure> {
+        await send(method: .POST, url: url, headers: headers, body: body)
     }
 
     private static func describe(_ error: any Error) -> String {
@@ -59,7 +73,10 @@ public final class IdPClient: Sendable {
             switch error {
             case .deadlineExceeded: return "timed out"
             case .connectTimeout: return "connect timed out"
-            default: return String(describing: error)
+            default:
+                let text = String(describing: error)
+                // invalidHeaderFieldNames/Values carry the offending header, which may hold a secret.
+                return text.contains("invalidHeaderField") ? "a request header is not valid HTTP" : text
             }
         }
         return String(describing: type(of: error))

@@ -3,7 +3,8 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 
-/// `oauth2` accounts: the RFC 6749 section 6 refresh grant against a token endpoint.
+/// `oauth2` accounts: the RFC 6749 section 6 refresh grant against a token endpoint, given
+/// directly or discovered from an OIDC issuer.
 struct OAuth2Provider: TokenProvider {
     let settings: OAuth2Settings
     let http: IdPClient
@@ -30,12 +31,26 @@ struct OAuth2Provider: TokenProvider {
         headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
         headers.add(name: "Accept", value: "application/json")
 
+        let endpoint: URL
+        switch await tokenEndpoint() {
+        case .success(let value): endpoint = value
+        case .failure(let failure): return .failure(failure)
+        }
         let reply: IdPReply
-        switch await http.post(settings.tokenEndpoint, headers: headers, body: FormEncoding.encode(form)) {
+        switch await http.post(endpoint, headers: headers, body: FormEncoding.encode(form)) {
         case .success(let value): reply = value
         case .failure(let failure): return .failure(failure)
         }
         return Self.interpret(reply, now: now, defaultLifetime: defaultLifetime)
+    }
+
+    /// The configured token endpoint, or the one the issuer's discovery document names.
+    private func tokenEndpoint() async -> Result<URL, RefreshFailure> {
+        if let endpoint = settings.tokenEndpoint { return .success(endpoint) }
+        guard let issuer = settings.issuer else {
+            return .failure(.denial("the account has neither a token endpoint nor an issuer; add it again"))
+        }
+        return await http.discovery.tokenEndpoint(issuer: issuer, http: http)
     }
 
     /// Classifies a token endpoint's answer (RFC 6749 sections 5.1 and 5.2).
@@ -62,7 +77,8 @@ struct OAuth2Provider: TokenProvider {
         }
     }
 
-    private static func seconds(_ value: Any?) -> TimeInterval? {
+    /// A JSON number or numeric string of seconds (`expires_in` comes in both forms).
+    static func seconds(_ value: Any?) -> TimeInterval? {
         if let number = value as? NSNumber { return number.doubleValue }
         if let text = value as? String { return TimeInterval(text) }
         return nil

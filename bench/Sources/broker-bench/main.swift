@@ -2,6 +2,7 @@ import BrokerProtocol
 import Foundation
 import NIOCore
 import NIOPosix
+import TestIdP
 
 #if canImport(Glibc)
 import Glibc
@@ -20,6 +21,10 @@ guard arguments.count >= 2 else {
     exit(2)
 }
 let brokerd = arguments[1]
+var fileLimit = rlimit()
+getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &fileLimit)
+fileLimit.rlim_cur = fileLimit.rlim_max
+setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &fileLimit)
 let seconds = arguments.count >= 3 ? Double(arguments[2]) ?? 3 : 3
 let concurrencies = [1, 16, 64]
 let workspace = "/tmp/tb-bench-\(getpid())"
@@ -58,7 +63,25 @@ let one = (brokerResults[1]!, echoResults[1]!)
 print(String(format: "at 1 client: p50 %.2fx and p99 %.2fx the echo floor (targets 1.3x, 2x); at 64 clients: %.0f req/s (target 100000)",
     one.0.p50 / one.1.p50, one.0.p99 / one.1.p99, brokerResults[64]!.perSecond))
 
-// 3. Memory and start-up with 1,000 accounts.
+// 3. From a refused token to the first waiting client holding a fresh one (one shared refresh).
+let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-bench", lifetime: 3600)
+try broker.addOAuth2Account(name: "fresh", endpoint: idp.tokenEndpoint, clientID: idp.clientID, refreshToken: "rt-bench")
+for waiting in [1, 1000] {
+    var firsts: [Double] = []
+    var lasts: [Double] = []
+    for _ in 0..<5 {
+        let (first, last) = try broker.rejectLatency(account: "fresh", clients: waiting)
+        firsts.append(first)
+        lasts.append(last)
+    }
+    firsts.sort()
+    lasts.sort()
+    print(String(format: "refused token -> fresh token, %4d waiting clients: first client %.2f ms, last client %.2f ms (median of 5; IdP on loopback)", waiting, firsts[2] * 1000, lasts[2] * 1000))
+}
+print("IdP calls for those \(5 * 2) refreshes: \(idp.callCount - 1)")
+await idp.shutdown()
+
+// 4. Memory and start-up with 1,000 accounts.
 try broker.addStaticAccounts(range: 1..<1000)
 print("resident memory with 1000 accounts: \(String(format: "%.1f", process.residentMiB())) MiB (target < 30)")
 process.stop()
@@ -152,6 +175,51 @@ struct BrokerUnderTest {
         }
     }
 
+    /// Adds an `oauth2` account and waits for its first token.
+    func addOAuth2Account(name: String, endpoint: String, clientID: String, refreshToken: String) throws {
+        let fd = try Socket.connect(socketPath)
+        defer { close(fd) }
+        let add = #"{"id":1,"op":"add","account":"\#(name)","provider":{"kind":"oauth2","token_endpoint":"\#(endpoint)","client_id":"\#(clientID)"},"tokens":{"refresh_token":"\#(refreshToken)"}}"#
+        let token = #"{"id":2,"op":"token","account":"\#(name)"}"#
+        for line in [add, token] {
+            guard Socket.exchange(fd, line).contains("\"ok\":true") else { throw BenchError("cannot set up \(name)") }
+        }
+    }
+
+    /// Every one of `clients` connections rejects the current token at once; returns the seconds
+    /// until the first and the last of them holds the replacement.
+    func rejectLatency(account: String, clients: Int) throws -> (Double, Double) {
+        let probe = try Socket.connect(socketPath)
+        let current = Socket.exchange(probe, #"{"id":0,"op":"token","account":"\#(account)","min_ttl":0}"#)
+        close(probe)
+        guard let range = current.range(of: #""access_token":""#),
+            let end = current[range.upperBound...].firstIndex(of: "\"")
+        else { throw BenchError("no token for \(account)") }
+        let token = String(current[range.upperBound..<end])
+        let descriptors = try (0..<clients).map { _ in try Socket.connect(socketPath) }
+        defer { descriptors.forEach { close($0) } }
+        let request = Array((#"{"id":1,"op":"reject","account":"\#(account)","access_token":"\#(token)"}"# + "\n").utf8)
+        let start = Monotonic.now()
+        for fd in descriptors { _ = request.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } }
+        var first = Double.infinity
+        var last = 0.0
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        var polls = descriptors.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
+        var remaining = clients
+        while remaining > 0 {
+            guard poll(&polls, nfds_t(polls.count), 10_000) > 0 else { throw BenchError("reject answers timed out") }
+            for index in polls.indices where polls[index].revents & Int16(POLLIN) != 0 {
+                guard recv(polls[index].fd, &buffer, buffer.count, 0) > 0 else { throw BenchError("connection closed") }
+                let elapsed = Monotonic.now() - start
+                first = min(first, elapsed)
+                last = max(last, elapsed)
+                polls[index].fd = -1
+                remaining -= 1
+            }
+        }
+        return (first, last)
+    }
+
     /// Starts brokerd with a NOTIFY_SOCKET and returns the time until READY=1 arrives.
     func startTimingReady() throws -> (Child, Double) {
         let notifyPath = root + "/notify.sock"
@@ -219,6 +287,19 @@ struct Child {
 }
 
 enum Socket {
+    /// Sends one request line and returns the response line (blocking).
+    static func exchange(_ fd: Int32, _ line: String) -> String {
+        _ = Array((line + "\n").utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        var response = [UInt8]()
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while response.last != 0x0A {
+            let count = recv(fd, &buffer, buffer.count, 0)
+            if count <= 0 { break }
+            response += buffer[0..<count]
+        }
+        return String(decoding: response, as: UTF8.self)
+    }
+
     static func connect(_ path: String) throws -> Int32 {
         guard case .success(let fd) = UnixSocketAddress.connect(path) else { throw BenchError("cannot connect to \(path)") }
         return fd

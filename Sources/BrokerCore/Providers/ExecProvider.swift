@@ -1,0 +1,300 @@
+import Dispatch
+import Foundation
+import Logging
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Settings of an `exec` account.
+public struct ExecSettings: Codable, Sendable, Equatable {
+    /// The argv to run, without a shell; `command[0]` is an absolute path to an executable.
+    public var command: [String]
+}
+
+/// `exec` accounts: a configured command prints a JSON token set, like AWS's `credential_process`.
+///
+/// The command runs directly (no shell) with stdin on `/dev/null`, a timeout, and stdout capped at
+/// 1 MiB. Exit 0 with a usable token is success; exit 2, or `"error": "denied"` / `"invalid_grant"`,
+/// is a denial; anything else (another exit code, a signal, a timeout, bad JSON) is transient.
+/// Its stderr goes to the broker's log (one truncated line), never into a message for clients.
+struct ExecProvider: TokenProvider {
+    let settings: ExecSettings
+    let timeout: TimeInterval
+    let defaultLifetime: TimeInterval
+    let logger: Logger
+
+    func refresh(_ record: AccountRecord, now: Date) async -> Result<Grant, RefreshFailure> {
+        let output = await ExecRunner.run(settings.command, timeout: timeout)
+        if let line = ExecRunner.logLine(output.stderr) {
+            logger.notice(
+                "exec provider wrote to stderr", metadata: ["account": "\(record.name)", "stderr": "\(line)"])
+        }
+        // Lifetimes count from the start of the run: a little early, never late.
+        return Self.interpret(output, now: now, defaultLifetime: defaultLifetime, timeout: timeout)
+    }
+
+    /// Denials a command can state in its JSON instead of (or as well as) exiting with 2.
+    static let denialErrors: Set<String> = ["denied", "invalid_grant"]
+
+    /// Classifies a finished (or abandoned) run.
+    static func interpret(_ output: ExecOutput, now: Date, defaultLifetime: TimeInterval, timeout: TimeInterval)
+        -> Result<Grant, RefreshFailure>
+    {
+        let object = (try? JSONSerialization.jsonObject(with: output.stdout)) as? [String: Any]
+        let error = (object?["error"] as? String).map(FormEncoding.printable)
+        switch output.ending {
+        case .launchFailed(let reason):
+            return .failure(.transient("cannot start the command: \(reason)"))
+        case .timedOut:
+            return .failure(.transient("the command did not finish within \(Int(timeout.rounded(.up))) s"))
+        case .outputTooLarge:
+            return .failure(.transient("the command printed more than 1 MiB"))
+        case .signalled(let signal):
+            return .failure(.transient("the command was killed by signal \(signal)"))
+        case .exited(let status):
+            if status == 2 || error.map(denialErrors.contains) == true {
+                let detail = error.map { " (\($0))" } ?? " (exit status \(status))"
+                return .failure(.denial("the command denied the refresh\(detail)"))
+            }
+            guard status == 0 else { return .failure(.transient("the command exited with status \(status)")) }
+            if let error { return .failure(.transient("the command reported an error (\(error))")) }
+            guard let object, let accessToken = object["access_token"] as? String, !accessToken.isEmpty else {
+                return .failure(.transient("the command did not print a JSON object with an access_token"))
+            }
+            let expiresAt: Date
+            if let text = object["expires_at"] as? String {
+                guard let parsed = Timestamp.parse(text, defaultZone: TimeZone(identifier: "UTC")!) else {
+                    return .failure(.transient("the command printed an unreadable expires_at"))
+                }
+                expiresAt = parsed
+            } else {
+                expiresAt = now.addingTimeInterval(OAuth2Provider.seconds(object["expires_in"]) ?? defaultLifetime)
+            }
+            let token = AccessToken(
+                value: accessToken, type: object["token_type"] as? String ?? "Bearer", expiresAt: expiresAt,
+                obtainedAt: now, idToken: object["id_token"] as? String, scope: object["scope"] as? String)
+            return .success(Grant(token: token))
+        }
+    }
+}
+
+/// What one run of a command produced.
+struct ExecOutput: Sendable, Equatable {
+    /// How the run ended.
+    enum Ending: Sendable, Equatable {
+        case exited(Int32)
+        case signalled(Int32)
+        /// Still running at the deadline: it was killed (and waited for).
+        case timedOut
+        /// Printed more than the stdout cap: it was killed (and waited for).
+        case outputTooLarge
+        case launchFailed(String)
+    }
+
+    var ending: Ending
+    var stdout = Data()
+    var stderr = Data()
+    /// The child's process id (for tests that check it was reaped).
+    var pid: Int32?
+}
+
+/// Runs a command without a shell, bounded in time and output, and always waits for it.
+///
+/// It uses `posix_spawn` and `waitpid` rather than Foundation's `Process`: on Linux, `Process`
+/// learns that its child exited through a socket the child (and every grandchild) inherits, so a
+/// helper that leaves a background process behind would look alive until that process exits,
+/// and the refresh could not be bounded. Here the child also gets default signal dispositions
+/// and an empty signal mask (the broker ignores SIGPIPE and traps SIGTERM), and a process group
+/// of its own, so a timeout stops its children too.
+enum ExecRunner {
+    /// Largest stdout accepted.
+    static let stdoutLimit = 1 << 20
+    /// stderr kept for the log; the rest is read and dropped so the child never blocks on it.
+    static let stderrLimit = 16 << 10
+    /// After the child exits, how long its stdout and stderr may stay open (held by a grandchild).
+    static let drainGrace: Duration = .milliseconds(500)
+    /// After SIGTERM, how long the child has before SIGKILL.
+    static let killGrace: Duration = .seconds(1)
+
+    /// Runs `command` on a thread of its own (it blocks), off the concurrency pool.
+    static func run(_ command: [String], timeout: TimeInterval) async -> ExecOutput {
+        await withCheckedContinuation { continuation in
+            DispatchQueue.global().async {
+                continuation.resume(returning: runBlocking(command, timeout: timeout))
+            }
+        }
+    }
+
+    static func runBlocking(_ command: [String], timeout: TimeInterval) -> ExecOutput {
+        guard !command.isEmpty else { return ExecOutput(ending: .launchFailed("the command is empty")) }
+        guard let stdoutPipe = makePipe() else { return ExecOutput(ending: .launchFailed("no pipe")) }
+        guard let stderrPipe = makePipe() else {
+            close(stdoutPipe[0])
+            close(stdoutPipe[1])
+            return ExecOutput(ending: .launchFailed("no pipe"))
+        }
+        defer {
+            close(stdoutPipe[0])
+            close(stderrPipe[0])
+        }
+        let spawned = spawn(command, stdout: stdoutPipe[1], stderr: stderrPipe[1])
+        close(stdoutPipe[1])
+        close(stderrPipe[1])
+        let pid: pid_t
+        switch spawned {
+        case .success(let value): pid = value
+        case .failure(let reason): return ExecOutput(ending: .launchFailed(reason.description))
+        }
+        var output = ExecOutput(ending: .timedOut, pid: pid)
+
+        let clock = ContinuousClock()
+        let deadline = clock.now + .milliseconds(Int64(max(0, timeout) * 1000))
+        var status: Int32?
+        var exitedAt: ContinuousClock.Instant?
+        var streams = [(fd: stdoutPipe[0], open: true), (fd: stderrPipe[0], open: true)]
+        var abandon: ExecOutput.Ending?
+        var buffer = [UInt8](repeating: 0, count: 64 << 10)
+        while true {
+            let now = clock.now
+            if status == nil { status = reap(pid, block: false) }
+            if status != nil {
+                if !streams.contains(where: \.open) { break }
+                exitedAt = exitedAt ?? now
+                if now - exitedAt! >= drainGrace { break }
+            }
+            if now >= deadline {
+                if status == nil { abandon = .timedOut }
+                break
+            }
+            guard streams.contains(where: \.open) else {
+                usleep(10_000)
+                continue
+            }
+            var fds = streams.filter(\.open).map { pollfd(fd: $0.fd, events: Int16(POLLIN), revents: 0) }
+            guard poll(&fds, nfds_t(fds.count), 50) > 0 else { continue }  // a timeout, or EINTR
+            for polled in fds where polled.revents != 0 {
+                let count = read(polled.fd, &buffer, buffer.count)
+                if count < 0, errno == EINTR || errno == EAGAIN { continue }
+                let index = streams.firstIndex { $0.fd == polled.fd }!
+                if count <= 0 {
+                    streams[index].open = false
+                } else if index == 0 {
+                    output.stdout.append(contentsOf: buffer[0..<count])
+                } else if output.stderr.count < stderrLimit {
+                    output.stderr.append(contentsOf: buffer[0..<min(count, stderrLimit - output.stderr.count)])
+                }
+            }
+            if output.stdout.count > stdoutLimit {
+                abandon = .outputTooLarge
+                break
+            }
+        }
+
+        if let abandon {
+            stop(pid, reaped: &status)
+            output.ending = abandon
+        } else if let status {
+            output.ending = ending(status)
+        }
+        return output
+    }
+
+    /// SIGTERM to the child's process group, SIGKILL after `killGrace`, then waits for the child.
+    /// A child that even SIGKILL cannot end at once (stuck in the kernel) is waited for in the
+    /// background, so the caller is never held.
+    private static func stop(_ pid: pid_t, reaped status: inout Int32?) {
+        let target = -pid  // the child leads its own process group
+        kill(target, SIGTERM)
+        let clock = ContinuousClock()
+        let killAt = clock.now + killGrace
+        while status == nil, clock.now < killAt {
+            usleep(10_000)
+            status = reap(pid, block: false)
+        }
+        kill(target, SIGKILL)
+        let giveUpAt = clock.now + .seconds(5)
+        while status == nil, clock.now < giveUpAt {
+            usleep(10_000)
+            status = reap(pid, block: false)
+        }
+        if status == nil {
+            DispatchQueue.global().async { _ = reap(pid, block: true) }
+        }
+    }
+
+    /// A pipe whose ends are closed on exec (the child gets copies as fd 1 and 2). Glibc's
+    /// `pipe2` is not visible to Swift; the short window before `FD_CLOEXEC` only matters to
+    /// another command spawned at that instant, which would hold the pipe open until it exits.
+    private static func makePipe() -> [Int32]? {
+        var fds: [Int32] = [-1, -1]
+        guard pipe(&fds) == 0 else { return nil }
+        for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        return fds
+    }
+
+    /// `waitpid` for `pid`: its wait status once it has ended (and is reaped), `nil` while it runs.
+    private static func reap(_ pid: pid_t, block: Bool) -> Int32? {
+        var status: Int32 = 0
+        while true {
+            let result = waitpid(pid, &status, block ? 0 : WNOHANG)
+            if result == pid { return status }
+            if result == 0 { return nil }
+            if errno == EINTR { continue }
+            return 255 << 8  // ECHILD: already reaped elsewhere; report a failed exit
+        }
+    }
+
+    /// How a wait status ended: exit code or signal (`WIFEXITED`/`WTERMSIG`, which Swift cannot import).
+    static func ending(_ status: Int32) -> ExecOutput.Ending {
+        let signal = status & 0x7f
+        return signal == 0 ? .exited((status >> 8) & 0xff) : .signalled(signal)
+    }
+
+    private struct SpawnError: Error, CustomStringConvertible {
+        let description: String
+    }
+
+    /// Starts `command[0]` directly with stdin on /dev/null and the given stdout and stderr.
+    private static func spawn(_ command: [String], stdout: Int32, stderr: Int32) -> Result<pid_t, SpawnError> {
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_adddup2(&actions, stdout, 1)
+        posix_spawn_file_actions_adddup2(&actions, stderr, 2)
+
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var noSignals = sigset_t()
+        sigemptyset(&noSignals)
+        var allSignals = sigset_t()
+        sigfillset(&allSignals)
+        posix_spawnattr_setsigmask(&attributes, &noSignals)
+        posix_spawnattr_setsigdefault(&attributes, &allSignals)
+        posix_spawnattr_setpgroup(&attributes, 0)
+        posix_spawnattr_setflags(
+            &attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP))
+
+        let argv = command.map { strdup($0) } + [nil]
+        defer { argv.forEach { free($0) } }
+        let envp = ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer { envp.forEach { free($0) } }
+        var pid: pid_t = 0
+        let result = posix_spawn(&pid, command[0], &actions, &attributes, argv, envp)
+        guard result == 0 else {
+            return .failure(SpawnError(description: "\(command[0]): \(String(cString: strerror(result)))"))
+        }
+        return .success(pid)
+    }
+
+    /// stderr as one printable line of at most 300 characters, or `nil` when there was none.
+    static func logLine(_ stderr: Data) -> String? {
+        let text = String(decoding: stderr, as: UTF8.self)
+        let flattened = text.unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7F ? " " : Character($0) }
+        let line = String(flattened).split(separator: " ", omittingEmptySubsequences: true).joined(separator: " ")
+        guard !line.isEmpty else { return nil }
+        return line.count > 300 ? String(line.prefix(300)) + "…" : line
+    }
+}

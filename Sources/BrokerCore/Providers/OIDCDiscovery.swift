@@ -1,0 +1,80 @@
+import Foundation
+import NIOHTTP1
+
+/// OIDC discovery (OpenID Connect Discovery 1.0 section 4) for `oauth2` accounts configured
+/// with an `issuer`: the issuer's token endpoint, fetched once and kept in memory for every
+/// account that names the same issuer. A failed discovery is transient and is not cached.
+actor DiscoveryCache {
+    /// How long a discovered endpoint is trusted before the document is read again.
+    static let lifetime: TimeInterval = 24 * 3600
+
+    private var endpoints: [String: (endpoint: URL, fetchedAt: Date)] = [:]
+    /// One discovery per issuer at a time; concurrent refreshes share it.
+    private var inFlight: [String: Task<Result<URL, RefreshFailure>, Never>] = [:]
+
+    /// The token endpoint `issuer` advertises, from memory when known.
+    func tokenEndpoint(issuer: URL, http: IdPClient) async -> Result<URL, RefreshFailure> {
+        let key = Self.normalized(issuer)
+        if let cached = endpoints[key], Date().timeIntervalSince(cached.fetchedAt) < Self.lifetime {
+            return .success(cached.endpoint)
+        }
+        if let task = inFlight[key] { return await task.value }
+        let task = Task { await Self.fetch(issuer: issuer, http: http) }
+        inFlight[key] = task
+        let result = await task.value
+        inFlight[key] = nil
+        if case .success(let endpoint) = result { endpoints[key] = (endpoint, Date()) }
+        return result
+    }
+
+    private static func fetch(issuer: URL, http: IdPClient) async -> Result<URL, RefreshFailure> {
+        var headers = HTTPHeaders()
+        headers.add(name: "Accept", value: "application/json")
+        let target = "the discovery document of \(issuer.host ?? "?")"
+        switch await http.send(method: .GET, url: documentURL(issuer: issuer), headers: headers, target: target) {
+        case .success(let reply): return interpret(reply, issuer: issuer)
+        case .failure(let failure): return .failure(.transient(failure.message, retryAfter: failure.retryAfter))
+        }
+    }
+
+    /// `{issuer}/.well-known/openid-configuration`, with any trailing slash of the issuer removed.
+    static func documentURL(issuer: URL) -> URL {
+        URL(string: normalized(issuer) + "/.well-known/openid-configuration")!
+    }
+
+    /// Reads `token_endpoint` from a discovery document. Every failure is transient: the
+    /// account's refresh credential is not in question.
+    static func interpret(_ reply: IdPReply, issuer: URL) -> Result<URL, RefreshFailure> {
+        let host = issuer.host ?? "?"
+        guard (200..<300).contains(reply.status) else {
+            return .failure(
+                .transient(
+                    "the discovery document of \(host) answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
+        }
+        guard let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any] else {
+            return .failure(.transient("the discovery document of \(host) is not a JSON object"))
+        }
+        // Section 4.3: the document must be about the issuer that was asked for.
+        if let stated = object["issuer"] as? String, stated.trimmingSuffix("/") != normalized(issuer) {
+            return .failure(.transient("the discovery document of \(host) names a different issuer"))
+        }
+        guard let text = object["token_endpoint"] as? String, let endpoint = URL(string: text),
+            EndpointPolicy.isAllowed(endpoint)
+        else {
+            return .failure(
+                .transient(
+                    "the discovery document of \(host) has no usable token_endpoint (https, or http on loopback)"))
+        }
+        return .success(endpoint)
+    }
+
+    private static func normalized(_ issuer: URL) -> String { issuer.absoluteString.trimmingSuffix("/") }
+}
+
+extension String {
+    fileprivate func trimmingSuffix(_ suffix: String) -> String {
+        var text = self
+        while text.hasSuffix(suffix) { text.removeLast(suffix.count) }
+        return text
+    }
+}

@@ -1,0 +1,78 @@
+import Foundation
+import NIOHTTP1
+
+/// Settings of a `refresh_url` account. The URL itself is a secret and lives in
+/// `AccountSecrets.refreshURL`, never here.
+public struct RefreshURLSettings: Codable, Sendable, Equatable {
+    /// The HTTP method used to call the refresh URL.
+    public enum Method: String, Codable, Sendable {
+        case get = "GET"
+        case post = "POST"
+    }
+
+    public var method: Method
+}
+
+/// `refresh_url` accounts (seed 000): the refresh credential is a one-time secret URL; calling
+/// it yields an access token, its lifetime and the next refresh URL.
+///
+/// The URL is never named in a message or log line: it is "the refresh URL" everywhere.
+struct RefreshURLProvider: TokenProvider {
+    let settings: RefreshURLSettings
+    let http: IdPClient
+    let defaultLifetime: TimeInterval
+
+    func refresh(_ record: AccountRecord, now: Date) async -> Result<Grant, RefreshFailure> {
+        guard let text = record.secrets.refreshURL, !text.isEmpty else {
+            return .failure(.denial("no refresh URL; push one with set_tokens"))
+        }
+        guard let url = URL(string: text), EndpointPolicy.isAllowed(url) else {
+            return .failure(
+                .denial(
+                    "the refresh URL is not an https URL (plain http is allowed for loopback only); "
+                        + "push a new one with set_tokens"))
+        }
+        var headers = HTTPHeaders()
+        headers.add(name: "Accept", value: "application/json")
+        let method: HTTPMethod = settings.method == .post ? .POST : .GET
+        // A POST carries an empty body (Content-Length: 0); a GET carries none.
+        let body: String? = settings.method == .post ? "" : nil
+        let reply: IdPReply
+        switch await http.send(method: method, url: url, headers: headers, body: body, target: "the refresh URL") {
+        case .success(let value): reply = value
+        case .failure(let failure): return .failure(failure)
+        }
+        return Self.interpret(reply, now: now, defaultLifetime: defaultLifetime)
+    }
+
+    /// HTTP statuses that mean the refresh URL is dead or was never valid.
+    static let denialStatuses: Set<Int> = [400, 401, 403, 404, 410]
+
+    /// Classifies a refresh URL's answer: `{"access_token", "expires_in", "refresh_url"}` on
+    /// success; a dead URL (400, 401, 403, 404, 410) is a denial; everything else is transient.
+    static func interpret(_ reply: IdPReply, now: Date, defaultLifetime: TimeInterval) -> Result<Grant, RefreshFailure> {
+        switch reply.status {
+        case 200..<300:
+            guard let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any],
+                let accessToken = object["access_token"] as? String, !accessToken.isEmpty
+            else {
+                return .failure(.transient("the refresh URL answered \(reply.status) without a usable access_token"))
+            }
+            // A rotated URL that is present but not a string is a malformed answer, not "unchanged".
+            let rotated = object["refresh_url"].flatMap { $0 is NSNull ? nil : $0 }
+            if let rotated, (rotated as? String)?.isEmpty != false {
+                return .failure(.transient("the refresh URL answered with a malformed refresh_url"))
+            }
+            let lifetime = OAuth2Provider.seconds(object["expires_in"]) ?? defaultLifetime
+            let token = AccessToken(
+                value: accessToken, type: object["token_type"] as? String ?? "Bearer",
+                expiresAt: now.addingTimeInterval(lifetime), obtainedAt: now, idToken: object["id_token"] as? String,
+                scope: object["scope"] as? String)
+            return .success(Grant(token: token, refreshURL: rotated as? String))
+        case let status where denialStatuses.contains(status):
+            return .failure(.denial("the refresh URL was refused: HTTP \(status); push a new one with set_tokens"))
+        default:
+            return .failure(.transient("the refresh URL answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
+        }
+    }
+}

@@ -1,0 +1,165 @@
+import Foundation
+import NIOHTTP1
+
+/// Settings of a `sliding` account.
+public struct SlidingSettings: Codable, Sendable, Equatable {
+    /// The refresh endpoint, called with `POST` and `Authorization: Bearer <refresh token>`.
+    public var endpoint: URL
+    /// IANA time zone in which timestamps without a zone are read (`UTC` by default).
+    public var timeZone: String
+}
+
+/// `sliding` accounts (seed 004): one-time refresh tokens with a sliding expiry. Every refresh
+/// returns a new refresh token (the old one is dead) in the envelope
+/// `{status, message, data{accessToken, refreshToken, accessTokenExpiresAt, refreshTokenExpiresAt}}`.
+/// The refresh token's expiry reaches the broker's planner, which refreshes before it lapses.
+struct SlidingProvider: TokenProvider {
+    let settings: SlidingSettings
+    let http: IdPClient
+    let defaultLifetime: TimeInterval
+
+    func refresh(_ record: AccountRecord, now: Date) async -> Result<Grant, RefreshFailure> {
+        guard let refreshToken = record.secrets.refreshToken, !refreshToken.isEmpty else {
+            return .failure(.denial("no refresh token; push one with set_tokens"))
+        }
+        // Checked here so the HTTP layer never reports the header (and the token in it) as invalid.
+        guard refreshToken.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7F }) else {
+            return .failure(.denial("the refresh token cannot be sent in an HTTP header; push a new one with set_tokens"))
+        }
+        var headers = HTTPHeaders()
+        headers.add(name: "Authorization", value: "Bearer \(refreshToken)")
+        headers.add(name: "Accept", value: "application/json")
+        let reply: IdPReply
+        switch await http.send(method: .POST, url: settings.endpoint, headers: headers, body: "") {
+        case .success(let value): reply = value
+        case .failure(let failure): return .failure(failure)
+        }
+        let zone = TimeZone(identifier: settings.timeZone) ?? TimeZone(identifier: "UTC")!
+        return Self.interpret(reply, now: now, timeZone: zone, defaultLifetime: defaultLifetime)
+    }
+
+    /// Classifies the endpoint's answer. `status: false` (e.g. `RefreshTokenMismatch`) and HTTP
+    /// 400/401 are denials; 5xx, 429, other statuses and malformed bodies are transient.
+    static func interpret(_ reply: IdPReply, now: Date, timeZone: TimeZone, defaultLifetime: TimeInterval)
+        -> Result<Grant, RefreshFailure>
+    {
+        let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any]
+        let reason = (object?["message"] as? String).map { ": " + FormEncoding.printable($0) } ?? ""
+        switch reply.status {
+        case 500..<600, 429:
+            return .failure(.transient("the sliding endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
+        case 400, 401:
+            return .failure(.denial("the sliding endpoint refused the refresh: HTTP \(reply.status)\(reason)"))
+        default:
+            break
+        }
+        guard let object, let status = object["status"] as? Bool else {
+            return .failure(
+                .transient("the sliding endpoint answered HTTP \(reply.status) without a {status, data} envelope"))
+        }
+        guard status else {
+            return .failure(.denial("the sliding endpoint refused the refresh\(reason.isEmpty ? ": status false" : reason)"))
+        }
+        guard (200..<300).contains(reply.status) else {
+            return .failure(.transient("the sliding endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
+        }
+        guard let data = object["data"] as? [String: Any], let accessToken = data["accessToken"] as? String,
+            !accessToken.isEmpty
+        else {
+            return .failure(.transient("the sliding endpoint answered status true without a usable accessToken"))
+        }
+        let expiresAt: Date
+        switch data["accessTokenExpiresAt"] {
+        case nil, is NSNull:
+            expiresAt = now.addingTimeInterval(defaultLifetime)
+        case let text as String:
+            guard let parsed = Timestamp.parse(text, defaultZone: timeZone) else {
+                return .failure(.transient("the sliding endpoint sent an unreadable accessTokenExpiresAt"))
+            }
+            expiresAt = parsed
+        default:
+            return .failure(.transient("the sliding endpoint sent an unreadable accessTokenExpiresAt"))
+        }
+        var refreshExpiresAt: Date?
+        switch data["refreshTokenExpiresAt"] {
+        case nil, is NSNull:
+            refreshExpiresAt = nil
+        case let text as String:
+            guard let parsed = Timestamp.parse(text, defaultZone: timeZone) else {
+                return .failure(.transient("the sliding endpoint sent an unreadable refreshTokenExpiresAt"))
+            }
+            refreshExpiresAt = parsed
+        default:
+            return .failure(.transient("the sliding endpoint sent an unreadable refreshTokenExpiresAt"))
+        }
+        let rotated = (data["refreshToken"] as? String).flatMap { $0.isEmpty ? nil : $0 }
+        let token = AccessToken(
+            value: accessToken, type: data["tokenType"] as? String ?? "Bearer", expiresAt: expiresAt, obtainedAt: now)
+        return .success(Grant(token: token, refreshToken: rotated, refreshExpiresAt: refreshExpiresAt))
+    }
+}
+
+/// ISO 8601 date-times as sliding endpoints send them: `2026-01-06T14:18:40`, with optional
+/// fractional seconds (any number of digits, as .NET writes seven) and an optional zone (`Z`,
+/// `+05:30`, `+0530`, `+05`). A time without a zone is read in `defaultZone`.
+enum Timestamp {
+    static func parse(_ text: String, defaultZone: TimeZone) -> Date? {
+        var scanner = Substring(text.trimmingCharacters(in: .whitespaces))
+        guard let year = scanner.number(digits: 4), scanner.take("-"), let month = scanner.number(digits: 2),
+            scanner.take("-"), let day = scanner.number(digits: 2), scanner.take("T") || scanner.take("t")
+                || scanner.take(" "),
+            let hour = scanner.number(digits: 2), scanner.take(":"), let minute = scanner.number(digits: 2),
+            scanner.take(":"), let second = scanner.number(digits: 2)
+        else { return nil }
+        var fraction = 0.0
+        if scanner.take(".") || scanner.take(",") {
+            let digits = scanner.prefix { $0.isASCII && $0.isNumber }
+            guard !digits.isEmpty, let value = Double("0." + digits) else { return nil }
+            fraction = value
+            scanner = scanner.dropFirst(digits.count)
+        }
+        var zone = defaultZone
+        if scanner.take("Z") || scanner.take("z") {
+            zone = TimeZone(secondsFromGMT: 0)!
+        } else if let sign = scanner.first, sign == "+" || sign == "-" {
+            scanner = scanner.dropFirst()
+            guard let hours = scanner.number(digits: 2), hours <= 23 else { return nil }
+            _ = scanner.take(":")
+            let minutes = scanner.isEmpty ? 0 : scanner.number(digits: 2)
+            guard let minutes, minutes <= 59 else { return nil }
+            let offset = (hours * 3600 + minutes * 60) * (sign == "-" ? -1 : 1)
+            guard let fixed = TimeZone(secondsFromGMT: offset) else { return nil }
+            zone = fixed
+        }
+        guard scanner.isEmpty, (1...12).contains(month), (1...31).contains(day), hour <= 23, minute <= 59,
+            second <= 60
+        else { return nil }
+        var calendar = Calendar(identifier: .gregorian)
+        calendar.timeZone = zone
+        let components = DateComponents(
+            year: year, month: month, day: day, hour: hour, minute: minute, second: min(second, 59))
+        guard let date = calendar.date(from: components),
+            calendar.component(.day, from: date) == day  // refuses 2026-02-31 instead of rolling over
+        else { return nil }
+        return date.addingTimeInterval(fraction + (second == 60 ? 1 : 0))
+    }
+}
+
+extension Substring {
+    /// Consumes `literal` if the text starts with it.
+    fileprivate mutating func take(_ literal: String) -> Bool {
+        guard hasPrefix(literal) else { return false }
+        self = dropFirst(literal.count)
+        return true
+    }
+
+    /// Consumes exactly `digits` ASCII digits and returns their value.
+    fileprivate mutating func number(digits: Int) -> Int? {
+        let head = prefix(digits)
+        guard head.count == digits, head.allSatisfy({ $0.isASCII && $0.isNumber }), let value = Int(head) else {
+            return nil
+        }
+        self = dropFirst(digits)
+        return value
+    }
+}

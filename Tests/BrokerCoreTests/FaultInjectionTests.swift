@@ -1,0 +1,185 @@
+import BrokerProtocol
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import TestIdP
+import Testing
+
+@testable import BrokerCore
+
+/// The lifecycle under IdP failures, with an injected clock: the state reached, what `token`
+/// answers before and after the old token expires, how many IdP calls happen and how far
+/// apart (backoff, Retry-After), and which events are emitted (each once).
+@Suite struct FaultInjectionTests {
+    enum Fault: String, CaseIterable, Sendable {
+        case timeout, connectionRefused, serverError, rateLimited, malformedJSON, slowPastTotalTimeout, invalidGrant
+    }
+
+    /// A broker on a test clock with one `oauth2` account whose token is valid for an hour.
+    struct Rig {
+        let directory: TemporaryDirectory
+        let clock = TestClock()
+        let idp: OAuth2TestIdP
+        let http: IdPClient
+        let broker: Broker
+        let events: EventHub.Events
+
+        init(settings: BrokerSettings, endpoint: String? = nil) async throws {
+            directory = try TemporaryDirectory()
+            idp = try await OAuth2TestIdP(initialRefreshToken: "rt-0")
+            http = IdPClient(settings: settings)
+            let vault = try Vault(
+                path: directory.file("vault"), key: VaultKey.load(path: directory.file("key"), create: true))
+            broker = try Broker(vault: vault, settings: settings, http: http, clock: clock, logger: Logger(label: "t"))
+            events = broker.events.subscribe(accounts: nil)
+            _ = try await broker.add(
+                account: "api",
+                provider: ProviderSpec(kind: "oauth2", tokenEndpoint: endpoint ?? idp.tokenEndpoint, clientID: idp.clientID),
+                tokens: TokenSet(accessToken: "at-old", expiresIn: 3600, refreshToken: "rt-0"))
+        }
+
+        /// Moves the clock in `step`-second steps for `seconds`, running the scheduler each time;
+        /// returns the clock times at which the IdP was called.
+        func run(for seconds: TimeInterval, step: TimeInterval, calls: () -> Int) async -> [Date] {
+            var times: [Date] = []
+            var elapsed: TimeInterval = 0
+            while elapsed < seconds {
+                clock.advance(by: step)
+                elapsed += step
+                let before = calls()
+                _ = await broker.runDueRefreshes()
+                await broker.drain()
+                times += Array(repeating: clock.now(), count: calls() - before)
+            }
+            return times
+        }
+
+        func state() async throws -> String { try await broker.status(account: "api")[0].state }
+
+        func shutdown() async {
+            await http.shutdown()
+            await idp.shutdown()
+            directory.remove()
+        }
+    }
+
+    static var settings: BrokerSettings {
+        var settings = BrokerSettings()
+        settings.requestTimeout = 0.5
+        settings.connectTimeout = 0.5
+        settings.backoffBase = 1
+        settings.backoffCap = 40
+        return settings
+    }
+
+    /// A TCP port on 127.0.0.1 with nothing listening.
+    static func closedPortEndpoint() async throws -> String {
+        let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .bind(host: "127.0.0.1", port: 0).get()
+        let port = channel.localAddress!.port!
+        try await channel.close()
+        return "http://127.0.0.1:\(port)/token"
+    }
+
+    @Test(arguments: Fault.allCases)
+    func lifecycleUnderFault(fault: Fault) async throws {
+        let endpoint = fault == .connectionRefused ? try await Self.closedPortEndpoint() : nil
+        let rig = try await Rig(settings: Self.settings, endpoint: endpoint)
+        defer { Task { await rig.shutdown() } }
+        let calls = { fault == .connectionRefused ? 0 : rig.idp.callCount }
+        switch fault {
+        case .timeout: rig.idp.setBehavior(.hang)
+        case .connectionRefused: break
+        case .serverError: rig.idp.setBehavior(.status(500, retryAfter: nil))
+        case .rateLimited: rig.idp.setBehavior(.status(429, retryAfter: 15))
+        case .malformedJSON: rig.idp.setBehavior(.garbage)
+        case .slowPastTotalTimeout: rig.idp.setDelay(.seconds(2))
+        case .invalidGrant:
+            _ = try await rig.broker.setTokens(
+                account: "api", tokens: TokenSet(accessToken: "at-old", expiresIn: 3600, refreshToken: "rt-burned"))
+        }
+
+        // Reach the proactive refresh point (about 75% of the lifetime), then run for 2 simulated minutes.
+        rig.clock.advance(by: 2600)
+        let times = await rig.run(for: 120, step: 0.5, calls: calls)
+        let state = try await rig.state()
+
+        if fault == .invalidGrant {
+            #expect(state == "needs_login")
+            #expect(times.count == 1, "a denial is final: no retries")
+            let refused = await #expect(throws: BrokerError.self) { try await rig.broker.token(account: "api", minTTL: 30) }
+            #expect(refused?.code == .needsLogin)
+        } else {
+            // Transient: the current token is still served while valid; retries back off.
+            #expect(state == "stale")
+            let served = try await rig.broker.token(account: "api", minTTL: 30)
+            #expect(served.result.accessToken == "at-old")
+            if fault != .connectionRefused {
+                #expect(times.count >= 3 && times.count <= 14, "retries in 2 minutes: \(times.count)")
+                let gaps = zip(times.dropFirst(), times).map { $0.timeIntervalSince($1) }
+                #expect(gaps.allSatisfy { $0 <= Self.settings.backoffCap + 1 })
+                if fault == .rateLimited {
+                    #expect(gaps.allSatisfy { $0 >= 15 }, "Retry-After 15 s honoured: \(gaps)")
+                }
+            }
+            // After the old token expires, token fails fast with unavailable and a retry hint.
+            rig.clock.advance(by: 1200)
+            let before = calls()
+            let error = await #expect(throws: BrokerError.self) {
+                try await rig.broker.token(account: "api", minTTL: 30)
+            }
+            #expect(error?.code == .unavailable)
+            #expect(error?.retryAfterMs != nil)
+            #expect(calls() <= before + 1, "at most one attempt, no hammering")
+            #expect(try await rig.state() == "unavailable")
+        }
+
+        // Events: the failure is announced once, however many retries there were.
+        let seen = await Self.collect(rig.events)
+        let expected: BrokerEvent.Kind = fault == .invalidGrant ? .needsLogin : .refreshFailed
+        #expect(seen.first == .added)
+        #expect(seen.filter { $0 == expected }.count == 1, "\(seen)")
+        #expect(!seen.contains(.refreshed))
+    }
+
+    /// The kinds of the events already delivered to `events`.
+    static func collect(_ events: EventHub.Events) async -> [BrokerEvent.Kind] {
+        let reader = Task {
+            var seen: [BrokerEvent.Kind] = []
+            do {
+                for try await event in events { seen.append(event.event) }
+            } catch {}
+            return seen
+        }
+        try? await Task.sleep(for: .milliseconds(300))
+        reader.cancel()
+        return await reader.value
+    }
+
+    @Test func afterADenialTheAccountStaysQuietWhileOthersRefresh() async throws {
+        let rig = try await Rig(settings: Self.settings)
+        defer { Task { await rig.shutdown() } }
+        let other = try await OAuth2TestIdP(initialRefreshToken: "rt-other", lifetime: 3600)
+        _ = try await rig.broker.add(
+            account: "other", provider: ProviderSpec(kind: "oauth2", tokenEndpoint: other.tokenEndpoint, clientID: other.clientID),
+            tokens: TokenSet(refreshToken: "rt-other"))
+        await rig.broker.drain()
+        _ = try await rig.broker.setTokens(
+            account: "api", tokens: TokenSet(accessToken: "at-old", expiresIn: 3600, refreshToken: "rt-burned"))
+
+        // Ten simulated days in one-hour steps.
+        _ = await rig.run(for: 10 * 86_400, step: 3600, calls: { rig.idp.callCount })
+        #expect(rig.idp.callCount == 1, "one denied refresh, then silence")
+        #expect(try await rig.state() == "needs_login")
+        #expect(other.callCount >= 100, "the other account kept refreshing: \(other.callCount)")
+
+        // New tokens bring it back.
+        let current = try #require(rig.idp.issuedRefreshTokens.last ?? "rt-0")
+        _ = try await rig.broker.setTokens(account: "api", tokens: TokenSet(refreshToken: current))
+        let token = try await rig.broker.token(account: "api", minTTL: 30)
+        #expect(try await rig.state() == "valid")
+        #expect(token.result.accessToken == rig.idp.issuedAccessTokens.last)
+        await other.shutdown()
+    }
+}

@@ -1,0 +1,186 @@
+import BrokerProtocol
+import Foundation
+import TestIdP
+import Testing
+
+@testable import BrokerCore
+
+/// A provider object of `kind`, with the fields `ProviderSpec.init` does not take set by `configure`.
+private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { _ in }) -> ProviderSpec {
+    var spec = ProviderSpec(kind: kind)
+    configure(&spec)
+    return spec
+}
+
+/// `add`'s provider object: each kind's fields are checked, and a bad one is `bad_request`
+/// with a message that says what is wrong.
+@Suite struct ProviderSpecTests {
+    @Test func refreshURLDefaultsToGETAndAcceptsPOST() throws {
+        #expect(try AccountSpec.provider(spec("refresh_url")).0 == .refreshURL(.init(method: .get)))
+        #expect(try AccountSpec.provider(spec("refresh_url") { $0.method = "POST" }).0 == .refreshURL(.init(method: .post)))
+        #expect(try AccountSpec.provider(spec("refresh_url") { $0.method = "get" }).0 == .refreshURL(.init(method: .get)))
+    }
+
+    @Test func slidingTakesAnEndpointAndAZone() throws {
+        let plain = try AccountSpec.provider(spec("sliding") { $0.endpoint = "https://idp.example/api/Auth/RefreshToken" })
+        #expect(
+            plain.0 == .sliding(.init(endpoint: URL(string: "https://idp.example/api/Auth/RefreshToken")!, timeZone: "UTC")))
+        let zoned = try AccountSpec.provider(
+            spec("sliding") {
+                $0.endpoint = "http://127.0.0.1:8080/refresh"
+                $0.timezone = "Asia/Tokyo"
+            })
+        #expect(zoned.0 == .sliding(.init(endpoint: URL(string: "http://127.0.0.1:8080/refresh")!, timeZone: "Asia/Tokyo")))
+    }
+
+    @Test func execTakesAnAbsoluteExecutable() throws {
+        let (config, secret) = try AccountSpec.provider(spec("exec") { $0.command = ["/bin/echo", "a b", "$X"] })
+        #expect(config == .exec(.init(command: ["/bin/echo", "a b", "$X"])))
+        #expect(secret == nil)
+    }
+
+    @Test func oauth2TakesAnIssuerInsteadOfATokenEndpoint() throws {
+        let (config, secret) = try AccountSpec.provider(
+            ProviderSpec(kind: "oauth2", issuer: "https://login.example/realms/x", clientID: "cli", clientSecret: "s"))
+        guard case .oauth2(let settings) = config else {
+            Issue.record("not oauth2: \(config)")
+            return
+        }
+        #expect(settings.tokenEndpoint == nil)
+        #expect(settings.issuer == URL(string: "https://login.example/realms/x"))
+        #expect(settings.clientAuth == .clientSecretBasic)
+        #expect(secret == "s")
+    }
+
+    @Test(arguments: [
+        (spec("refresh_url") { $0.method = "PUT" }, "method"),
+        (spec("sliding"), "endpoint"),
+        (spec("sliding") { $0.endpoint = "http://idp.example/refresh" }, "endpoint"),
+        (spec("sliding") { $0.endpoint = "not a url" }, "endpoint"),
+        (spec("sliding") {
+            $0.endpoint = "https://idp.example/refresh"
+            $0.timezone = "Mars/Olympus_Mons"
+        }, "timezone"),
+        (spec("sliding") {
+            $0.endpoint = "https://idp.example/refresh"
+            $0.timezone = ""
+        }, "timezone"),
+        (spec("exec"), "command"),
+        (spec("exec") { $0.command = [] }, "command"),
+        (spec("exec") { $0.command = ["echo", "hi"] }, "absolute"),
+        (spec("exec") { $0.command = ["/nonexistent/get-token"] }, "executable"),
+        (spec("exec") { $0.command = ["/etc/passwd"] }, "executable"),
+        (spec("exec") { $0.command = ["/bin"] }, "executable"),
+        (spec("exec") { $0.command = ["/bin/echo", "a\u{0}b"] }, "NUL"),
+        (ProviderSpec(kind: "oauth2", clientID: "cli"), "token_endpoint"),
+        (ProviderSpec(kind: "oauth2", issuer: "http://login.example", clientID: "cli"), "issuer"),
+        (ProviderSpec(kind: "oauth2", issuer: "https://login.example?x=1", clientID: "cli"), "issuer"),
+        (ProviderSpec(kind: "oauth2", tokenEndpoint: "https://a.example/t", issuer: "https://a.example", clientID: "c"),
+         "not both"),
+        (ProviderSpec(kind: "oauth2", issuer: "https://login.example"), "client_id"),
+        (spec("kerberos"), "unknown provider kind"),
+    ])
+    func invalidProvidersAreBadRequests(spec: ProviderSpec, mentions: String) throws {
+        do {
+            _ = try AccountSpec.provider(spec)
+            Issue.record("accepted \(spec)")
+        } catch {
+            #expect(error.code == .badRequest)
+            #expect(error.message.contains(mentions), "\(error.message)")
+        }
+    }
+}
+
+/// The vault stores `ProviderConfig` with its synthesized Codable: new kinds round-trip, and a
+/// record written before `issuer` existed still reads.
+@Suite struct ProviderConfigCodingTests {
+    @Test(arguments: [
+        ProviderConfig.static,
+        .refreshURL(.init(method: .post)),
+        .sliding(.init(endpoint: URL(string: "https://idp.example/refresh")!, timeZone: "Europe/Berlin")),
+        .exec(.init(command: ["/usr/bin/get-token", "--profile", "work"])),
+        .oauth2(.init(tokenEndpoint: nil, clientID: "c", clientAuth: .none, scope: nil, issuer: URL(string: "https://i.example"))),
+        .oauth2(.init(tokenEndpoint: URL(string: "https://idp.example/token"), clientID: "c", clientAuth: .none, scope: "s")),
+    ])
+    func roundTrips(config: ProviderConfig) throws {
+        let data = try JSONEncoder().encode(config)
+        #expect(try JSONDecoder().decode(ProviderConfig.self, from: data) == config)
+    }
+
+    @Test func anOAuth2RecordWrittenBeforeIssuerExistedStillDecodes() throws {
+        let old = #"{"oauth2":{"_0":{"tokenEndpoint":"https:\/\/idp.example\/token","clientID":"c","clientAuth":"none"}}}"#
+        let config = try JSONDecoder().decode(ProviderConfig.self, from: Data(old.utf8))
+        #expect(
+            config
+                == .oauth2(
+                    .init(tokenEndpoint: URL(string: "https://idp.example/token"), clientID: "c", clientAuth: .none, scope: nil)))
+    }
+}
+
+/// OIDC discovery: the issuer's token endpoint is read once and shared; failures are transient.
+@Suite struct OIDCDiscoveryTests {
+    private func reply(_ status: Int, _ body: String) -> IdPReply {
+        IdPReply(status: status, body: Data(body.utf8), retryAfter: nil)
+    }
+
+    @Test(arguments: [
+        ("https://login.example", "https://login.example/.well-known/openid-configuration"),
+        ("https://login.example/", "https://login.example/.well-known/openid-configuration"),
+        ("https://login.example/realms/x", "https://login.example/realms/x/.well-known/openid-configuration"),
+    ])
+    func theDocumentLivesUnderTheIssuer(issuer: String, document: String) {
+        #expect(DiscoveryCache.documentURL(issuer: URL(string: issuer)!).absoluteString == document)
+    }
+
+    @Test func aGoodDocumentNamesTheTokenEndpoint() throws {
+        let issuer = URL(string: "https://login.example/realms/x")!
+        let body = #"{"issuer":"https://login.example/realms/x","token_endpoint":"https://login.example/t"}"#
+        #expect(try DiscoveryCache.interpret(reply(200, body), issuer: issuer).get() == URL(string: "https://login.example/t"))
+    }
+
+    @Test(arguments: [
+        (200, #"{"issuer":"https://evil.example","token_endpoint":"https://evil.example/t"}"#),
+        (200, #"{"issuer":"https://login.example"}"#),
+        (200, #"{"issuer":"https://login.example","token_endpoint":"http://login.example/t"}"#),
+        (200, #"{"issuer":"https://login.example","token_endpoint":42}"#),
+        (200, "<html>"),
+        (404, #"{"issuer":"https://login.example","token_endpoint":"https://login.example/t"}"#),
+        (503, ""),
+    ])
+    func anythingElseIsTransient(status: Int, body: String) throws {
+        let failure = try #require(DiscoveryCache.interpret(reply(status, body), issuer: URL(string: "https://login.example")!).failure)
+        #expect(failure.kind == .transient)
+    }
+
+    /// Against a real IdP: one discovery, then the cached endpoint, for every account.
+    @Test func theEndpointIsFetchedOnceAndShared() async throws {
+        let idp = try await OAuth2TestIdP()
+        let http = IdPClient(settings: BrokerSettings())
+        let issuer = try #require(URL(string: idp.issuer))
+        for _ in 0..<3 {
+            let endpoint = try await http.discovery.tokenEndpoint(issuer: issuer, http: http).get()
+            #expect(endpoint.absoluteString == idp.tokenEndpoint)
+        }
+        #expect(idp.discoveryCount == 1)
+        await http.shutdown()
+        await idp.shutdown()
+    }
+
+    /// A failed discovery is not cached: the next refresh asks again and can succeed.
+    @Test func aFailedDiscoveryIsTransientAndRetried() async throws {
+        let idp = try await OAuth2TestIdP()
+        let http = IdPClient(settings: BrokerSettings())
+        let issuer = try #require(URL(string: idp.issuer))
+        idp.setDiscoveryBehavior(.status(503, retryAfter: 7))
+        let failure = try #require(await http.discovery.tokenEndpoint(issuer: issuer, http: http).failure)
+        #expect(failure.kind == .transient)
+        #expect(failure.retryAfter == 7)
+        idp.setDiscoveryBehavior(.garbage)
+        #expect(try #require(await http.discovery.tokenEndpoint(issuer: issuer, http: http).failure).kind == .transient)
+        idp.setDiscoveryBehavior(.normal)
+        #expect(try await http.discovery.tokenEndpoint(issuer: issuer, http: http).get().absoluteString == idp.tokenEndpoint)
+        #expect(idp.discoveryCount == 3)
+        await http.shutdown()
+        await idp.shutdown()
+    }
+}

@@ -1,0 +1,85 @@
+import BrokerClient
+import BrokerProtocol
+import Foundation
+import TestIdP
+import Testing
+
+/// `subscribe`: each change once, never a token; a subscriber that stops reading is dropped.
+@Suite struct EventTests {
+    @Test func eventsArriveOncePerChangeWithoutTokens() async throws {
+        let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-ev", lifetime: 3600)
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        let owner = try broker.client()
+        defer { owner.close() }
+        let watcher = try broker.client()
+        defer { watcher.close() }
+        let events = try await watcher.events()
+        let raw = try RawConnection(path: broker.socketPath)
+        raw.send(#"{"id":"sub","op":"subscribe"}"# + "\n")
+        #expect(raw.readObject()?["ok"] as? Bool == true)
+
+        _ = try await owner.add(
+            account: "ev", provider: ProviderSpec(kind: "oauth2", tokenEndpoint: idp.tokenEndpoint, clientID: idp.clientID),
+            tokens: TokenSet(refreshToken: "rt-ev"))
+        _ = try await owner.token(account: "ev")
+        idp.setBehavior(.status(500, retryAfter: nil))
+        for _ in 0..<3 { _ = try? await owner.refresh(account: "ev") }
+        idp.setBehavior(.normal)
+        _ = try await owner.setTokens(account: "ev", tokens: TokenSet(refreshToken: "rt-burned"))
+        _ = try? await owner.refresh(account: "ev")
+        _ = try? await owner.token(account: "ev", minTTL: 7200)
+        _ = try await owner.remove(account: "ev")
+
+        var seen: [BrokerEvent.Kind] = []
+        for try await event in events {
+            #expect(event.account == "ev")
+            seen.append(event.event)
+            if event.event == .removed { break }
+        }
+        #expect(seen == [.added, .refreshed, .refreshFailed, .needsLogin, .removed])
+
+        var rawLines: [String] = []
+        while rawLines.count < seen.count, let line = raw.readLine() {
+            rawLines.append(String(decoding: line, as: UTF8.self))
+        }
+        #expect(rawLines.count == seen.count)
+        #expect(rawLines.allSatisfy { $0.hasPrefix(#"{"#) && $0.contains(#""id":"sub""#) })
+        for secret in ["rt-ev", "rt-burned", idp.clientSecret] + idp.issuedAccessTokens + idp.issuedRefreshTokens {
+            #expect(!rawLines.contains { $0.contains(secret) }, "an event line carries a secret")
+        }
+        await idp.shutdown()
+    }
+
+    @Test func aSubscriberThatStopsReadingIsDroppedAndOthersAreServed() async throws {
+        let broker = try BrokerProcess()
+        try FileManager.default.createDirectory(at: broker.configDirectory, withIntermediateDirectories: true)
+        try "[broker]\nevent_buffer = 4\n".write(
+            to: broker.configDirectory.appendingPathComponent("broker.toml"), atomically: true, encoding: .utf8)
+        try await broker.start()
+        defer { broker.stop() }
+        let stalled = try RawConnection(path: broker.socketPath)
+        stalled.send(#"{"id":1,"op":"subscribe"}"# + "\n")
+        #expect(stalled.readObject()?["ok"] as? Bool == true)
+
+        // Each add and remove is an event; far more than the socket buffers plus 4 can hold.
+        let owner = try RawConnection(path: broker.socketPath)
+        let padding = String(repeating: "p", count: 100)
+        for index in 0..<1500 {
+            let name = "acct-\(index)-\(padding)"
+            owner.send(#"{"id":\#(index),"op":"add","account":"\#(name)","provider":{"kind":"static"}}"# + "\n")
+            #expect(owner.readObject()?["ok"] as? Bool == true)
+            owner.send(#"{"id":"r\#(index)","op":"remove","account":"\#(name)"}"# + "\n")
+            #expect(owner.readObject()?["ok"] as? Bool == true)
+        }
+        // The broker still answers everyone else at once.
+        owner.send(#"{"id":"h","op":"hello"}"# + "\n")
+        #expect(owner.readObject()?["ok"] as? Bool == true)
+
+        // The stalled subscriber finds its buffered events, then a final busy line, then the end.
+        var last: [String: Any]?
+        while let line = stalled.readObject() { last = line }
+        #expect(last?.errorCode == "busy")
+    }
+}

@@ -1,0 +1,397 @@
+import BrokerClient
+import BrokerProtocol
+import Foundation
+import TestIdP
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The provider kinds beyond plain `oauth2`, end to end: real brokerd, real socket, and a real
+/// IdP for each (HTTP servers on 127.0.0.1, or a real executable for `exec`).
+@Suite struct ProviderKindTests {
+    // MARK: refresh_url
+
+    @Test(arguments: ["GET", "POST"])
+    func refreshURLAccountsRefreshOnTheirOwnRotateTheURLAndStopWhenItIsRefused(method: String) async throws {
+        let idp = try await RefreshURLTestIdP(lifetime: 3)
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        let client = try broker.client()
+        defer { client.close() }
+        var provider = ProviderSpec(kind: "refresh_url")
+        provider.method = method
+        _ = try await client.add(account: "pph", provider: provider, tokens: TokenSet(refreshURL: idp.initialURL))
+
+        // Initial refresh: the account had only its refresh URL.
+        let first = try await client.token(account: "pph", minTTL: 1)
+        #expect(idp.issuedAccessTokens.first == first.accessToken)
+
+        // Scheduled refreshes: nobody asks, the 3-second tokens are renewed anyway.
+        #expect(await eventually(timeout: 25) { idp.issuedAccessTokens.count >= 4 })
+        let later = try await client.token(account: "pph", minTTL: 0)
+        #expect(later.accessToken != first.accessToken)
+        #expect(idp.issuedAccessTokens.contains(later.accessToken))
+
+        // Rotation: every call used the URL the previous call handed out; none was reused.
+        let calls = idp.calls
+        let issued = idp.issuedURLs
+        #expect(calls.map(\.url) == Array(([idp.initialURL] + issued).prefix(calls.count)))
+        #expect(calls.allSatisfy { $0.method == method })
+        #expect(idp.rejectedReuse == 0)
+
+        // Denial: the session is revoked; the next refresh gets 401 and the account needs a login.
+        idp.revoke()
+        #expect(try await eventually { try await client.status(account: "pph").first?.state == "needs_login" })
+        let refused = await #expect(throws: BrokerError.self) { try await client.token(account: "pph", minTTL: 1) }
+        #expect(refused?.code == .needsLogin)
+        let callsAfterDenial = idp.callCount
+        try await Task.sleep(for: .seconds(3))
+        #expect(idp.callCount == callsAfterDenial, "no IdP call after a denial")
+
+        // A new login (set_tokens with a fresh URL) brings it back.
+        let fresh = idp.reissue()
+        _ = try await client.setTokens(account: "pph", tokens: TokenSet(refreshURL: fresh))
+        let recovered = try await client.token(account: "pph", minTTL: 1)
+        #expect(idp.issuedAccessTokens.contains(recovered.accessToken))
+        #expect(idp.calls.contains { $0.url == fresh })
+
+        // The URLs are secrets: not in any message, not in the log, not in plaintext on disk.
+        let status = try await client.status(account: "pph")
+        let statusText = String(decoding: try JSONEncoder().encode(status), as: UTF8.self)
+        client.close()
+        #expect(broker.stop() == 0)
+        await idp.shutdown()
+        let secrets = ([idp.initialURL, fresh] + idp.issuedURLs).map { $0.components(separatedBy: "/refresh/")[1] }
+        for secret in secrets {
+            #expect(!broker.log.contains(secret), "a refresh URL in the broker's log")
+            #expect(!statusText.contains(secret))
+            for file in broker.storedFiles() {
+                #expect(!file.bytes.contains(secret), "plaintext refresh URL in \(file.path)")
+            }
+        }
+    }
+
+    // MARK: sliding
+
+    @Test func slidingAccountsRotateOnEveryRefreshAndAReusedTokenMeansLogin() async throws {
+        let initial = "srt-\(UInt32.random(in: 0...UInt32.max))"
+        // Tokyo is UTC+9: zone-less timestamps read as UTC would be nine hours off.
+        let idp = try await SlidingTestIdP(
+            initialRefreshToken: initial, accessLifetime: 3, refreshLifetime: 3600, timeZone: "Asia/Tokyo")
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        let client = try broker.client()
+        defer { client.close() }
+        var provider = ProviderSpec(kind: "sliding")
+        provider.endpoint = idp.endpoint
+        provider.timezone = "Asia/Tokyo"
+        _ = try await client.add(account: "volt", provider: provider, tokens: TokenSet(refreshToken: initial))
+
+        let first = try await client.token(account: "volt", minTTL: 1)
+        #expect(idp.issuedAccessTokens.first == first.accessToken)
+        #expect(await eventually(timeout: 25) { idp.issuedAccessTokens.count >= 4 })
+
+        let status = try #require(try await client.status(account: "volt").first)
+        let refreshExpiresAt = try #require(status.refreshExpiresAt)
+        #expect(abs(refreshExpiresAt.timeIntervalSinceNow - 3600) < 120, "zone-less expiry read in the configured zone")
+        let expiresAt = try #require(status.expiresAt)
+        #expect(expiresAt.timeIntervalSinceNow < 5)
+
+        let calls = idp.calls
+        let issued = idp.issuedRefreshTokens
+        #expect(calls.map(\.refreshToken) == Array(([initial] + issued).prefix(calls.count)))
+        #expect(calls.allSatisfy { $0.method == "POST" })
+        #expect(idp.rejectedReuse == 0)
+        #expect(idp.rejectedExpired == 0)
+
+        // Pushing back a refresh token that was already used: the endpoint answers
+        // {"status": false, "message": "RefreshTokenMismatch"} and the account needs a login.
+        _ = try await client.setTokens(account: "volt", tokens: TokenSet(refreshToken: initial))
+        let refused = await #expect(throws: BrokerError.self) { try await client.refresh(account: "volt") }
+        #expect(refused?.code == .needsLogin)
+        let denied = try #require(try await client.status(account: "volt").first)
+        #expect(denied.state == "needs_login")
+        #expect(denied.lastError?.message.contains("RefreshTokenMismatch") == true)
+        #expect(idp.rejectedReuse >= 1)
+        let callsAfterDenial = idp.callCount
+        try await Task.sleep(for: .seconds(3))
+        #expect(idp.callCount == callsAfterDenial, "no IdP call after a denial")
+
+        client.close()
+        #expect(broker.stop() == 0)
+        await idp.shutdown()
+        for secret in [initial] + idp.issuedRefreshTokens {
+            #expect(!broker.log.contains(secret), "a refresh token in the broker's log")
+            for file in broker.storedFiles() {
+                #expect(!file.bytes.contains(secret), "plaintext refresh token in \(file.path)")
+            }
+        }
+    }
+
+    /// Seed 004's sliding window: the refresh token lapses long before the access token, so
+    /// the broker must refresh on its own before it does, with no client asking.
+    @Test func slidingRefreshTokensAreKeptAliveWithoutAnyClient() async throws {
+        let initial = "srt-\(UInt32.random(in: 0...UInt32.max))"
+        // Sao Paulo is UTC-3: zone-less timestamps read as UTC would already have lapsed.
+        let idp = try await SlidingTestIdP(
+            initialRefreshToken: initial, accessLifetime: 3600, refreshLifetime: 6, timeZone: "America/Sao_Paulo")
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        let client = try broker.client()
+        var provider = ProviderSpec(kind: "sliding")
+        provider.endpoint = idp.endpoint
+        provider.timezone = "America/Sao_Paulo"
+        var tokens = TokenSet(accessToken: "sl-pushed", expiresIn: 3600, refreshToken: initial)
+        tokens.refreshExpiresIn = 6
+        _ = try await client.add(account: "volt", provider: provider, tokens: tokens)
+        client.close()
+
+        // Nobody asks for a token; the access token is good for an hour. Each refresh token
+        // lives 6 s, so three refreshes in a row mean the window was kept open.
+        #expect(await eventually(timeout: 30) { idp.issuedRefreshTokens.count >= 3 })
+        #expect(idp.rejectedExpired == 0, "the broker let a refresh token lapse")
+        #expect(idp.rejectedReuse == 0)
+        let calls = idp.calls
+        let issued = idp.issuedRefreshTokens
+        #expect(calls.map(\.refreshToken) == Array(([initial] + issued).prefix(calls.count)))
+
+        let reader = try broker.client()
+        defer { reader.close() }
+        let token = try await reader.token(account: "volt", minTTL: 60)
+        #expect(idp.issuedAccessTokens.contains(token.accessToken))
+        let status = try #require(try await reader.status(account: "volt").first)
+        #expect(status.state == "valid" || status.state == "refreshing")
+        let refreshExpiresAt = try #require(status.refreshExpiresAt)
+        #expect(refreshExpiresAt.timeIntervalSinceNow > -1 && refreshExpiresAt.timeIntervalSinceNow <= 7)
+        await idp.shutdown()
+    }
+
+    // MARK: exec
+
+    @Test func execAccountsRunTheCommandOnScheduleWithArgumentsVerbatim() async throws {
+        let broker = try BrokerProcess()
+        let helper = try Helper(in: broker.root)
+        helper.set("lifetime", "3")
+        try await broker.start()
+        defer { broker.stop() }
+        let client = try broker.client()
+        defer { client.close() }
+        var provider = ProviderSpec(kind: "exec")
+        provider.command = [helper.script, helper.directory, "two words", "$HOME;echo pwned", "*"]
+        _ = try await client.add(account: "cred", provider: provider)
+
+        let first = try await client.token(account: "cred", minTTL: 1)
+        #expect(first.accessToken.hasPrefix("exec-at-1-"))
+        #expect(first.tokenType == "Bearer")
+        #expect(await eventually(timeout: 25) { helper.calls.count >= 4 }, "the command ran on schedule")
+        let later = try await client.token(account: "cred", minTTL: 0)
+        #expect(later.accessToken != first.accessToken)
+
+        let calls = helper.calls
+        #expect(calls.allSatisfy { $0.arguments == "two words $HOME;echo pwned *" }, "argv reached it verbatim")
+        // Every run was waited for: none is left, not even as a zombie.
+        for call in calls.dropLast() {
+            #expect(await eventually(timeout: 5) { isGone(call.pid) }, "pid \(call.pid) was not waited for")
+        }
+
+        // Exit code 2 is a denial; the command's stderr goes to the log, never to the client.
+        helper.set("mode", "deny-exit")
+        #expect(try await eventually { try await client.status(account: "cred").first?.state == "needs_login" })
+        let refused = await #expect(throws: BrokerError.self) { try await client.token(account: "cred", minTTL: 1) }
+        #expect(refused?.code == .needsLogin)
+        let denied = try #require(try await client.status(account: "cred").first)
+        #expect(denied.lastError?.message.contains("denied") == true)
+        #expect(denied.lastError?.message.contains("stderr-marker") == false)
+        #expect(broker.log.contains("stderr-marker-"), "the command's stderr is in the broker's log")
+        let runsAfterDenial = helper.calls.count
+        try await Task.sleep(for: .seconds(3))
+        #expect(helper.calls.count == runsAfterDenial, "no run after a denial")
+
+        // New tokens clear needs_login; a JSON "invalid_grant" (with exit 1) is a denial too.
+        helper.set("mode", "ok")
+        _ = try await client.setTokens(account: "cred", tokens: TokenSet(accessToken: "pushed", expiresIn: 1))
+        #expect(try await client.token(account: "cred", minTTL: 30).accessToken.hasPrefix("exec-at-"))
+        helper.set("mode", "deny-json")
+        #expect(try await eventually { try await client.status(account: "cred").first?.state == "needs_login" })
+        #expect(try await client.status(account: "cred").first?.lastError?.message.contains("invalid_grant") == true)
+    }
+
+    @Test func execFailuresThatAreNotDenialsKeepServingAndAreRetried() async throws {
+        let broker = try BrokerProcess()
+        try FileManager.default.createDirectory(at: broker.configDirectory, withIntermediateDirectories: true)
+        try "[broker]\nrequest_timeout = 2\nbackoff_cap = 2\n".write(
+            to: broker.configDirectory.appendingPathComponent("broker.toml"), atomically: true, encoding: .utf8)
+        let helper = try Helper(in: broker.root)
+        helper.set("lifetime", "3600")
+        try await broker.start()
+        defer { broker.stop() }
+        let client = try broker.client()
+        defer { client.close() }
+        var provider = ProviderSpec(kind: "exec")
+        provider.command = [helper.script, helper.directory]
+        _ = try await client.add(account: "cred", provider: provider)
+        let served = try await client.token(account: "cred", minTTL: 60)
+
+        for mode in ["fail", "garbage", "hang"] {
+            helper.set("mode", mode)
+            let failed = await #expect(throws: BrokerError.self, "mode \(mode)") {
+                try await client.refresh(account: "cred")
+            }
+            #expect(failed?.code == .unavailable, "mode \(mode)")
+            #expect(failed?.retryAfterMs != nil, "mode \(mode)")
+            #expect(failed?.message.contains("stderr-marker") == false)
+            let status = try #require(try await client.status(account: "cred").first)
+            #expect(status.state == "stale", "mode \(mode): the current token is still served")
+            #expect(try await client.token(account: "cred", minTTL: 60).accessToken == served.accessToken)
+        }
+        // The hung command was killed at the timeout and waited for.
+        let hung = try #require(helper.calls.last)
+        #expect(hung.mode == "hang")
+        #expect(await eventually(timeout: 5) { isGone(hung.pid) }, "the timed-out command was not reaped")
+        #expect(broker.log.contains("stderr-marker-"))
+
+        helper.set("mode", "ok")
+        // A scheduled retry of the last failure may still be under way; the next refresh works.
+        #expect(await eventually { (try? await client.refresh(account: "cred")) != nil })
+        let recovered = try await client.token(account: "cred", minTTL: 60)
+        #expect(recovered.accessToken != served.accessToken)
+        #expect(try await client.status(account: "cred").first?.state == "valid")
+    }
+
+    // MARK: oauth2 with an OIDC issuer
+
+    @Test func oauth2AccountsFindTheirTokenEndpointThroughDiscoveryOnce() async throws {
+        let refreshToken = "rt-oidc-\(UInt32.random(in: 0...UInt32.max))"
+        let idp = try await OAuth2TestIdP(initialRefreshToken: refreshToken, lifetime: 3)
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        let client = try broker.client()
+        _ = try await client.add(
+            account: "oidc", provider: ProviderSpec(kind: "oauth2", issuer: idp.issuer, clientID: idp.clientID),
+            tokens: TokenSet(refreshToken: refreshToken))
+        let first = try await client.token(account: "oidc", minTTL: 1)
+        #expect(idp.issuedAccessTokens.first == first.accessToken)
+        #expect(await eventually(timeout: 25) { idp.issuedAccessTokens.count >= 4 })
+        #expect(idp.discoveryCount == 1, "the discovered endpoint is cached")
+        #expect(idp.rejectedReuse == 0)
+        client.close()
+
+        // A fresh broker process has an empty cache; a broken discovery is transient.
+        #expect(broker.stop() == 0)
+        idp.setDiscoveryBehavior(.status(503, retryAfter: nil))
+        try await broker.start()
+        let restarted = try broker.client()
+        defer { restarted.close() }
+        let failed = await #expect(throws: BrokerError.self) { try await restarted.refresh(account: "oidc") }
+        #expect(failed?.code == .unavailable)
+        #expect(try await restarted.status(account: "oidc").first?.state != "needs_login")
+        idp.setDiscoveryBehavior(.normal)
+        #expect(await eventually { (try? await restarted.refresh(account: "oidc")) != nil })
+        #expect(idp.issuedAccessTokens.contains(try await restarted.token(account: "oidc", minTTL: 1).accessToken))
+        #expect(idp.rejectedReuse == 0)
+        await idp.shutdown()
+    }
+
+    // MARK: brokerctl
+
+    /// `brokerctl add` takes every kind's options; secrets (the refresh URL included) come on stdin.
+    @Test func brokerctlAddsEveryKind() async throws {
+        let urlIdP = try await RefreshURLTestIdP(lifetime: 3600)
+        let slidingIdP = try await SlidingTestIdP(initialRefreshToken: "srt-ctl", timeZone: "Europe/Berlin")
+        let oauthIdP = try await OAuth2TestIdP(initialRefreshToken: "rt-ctl", lifetime: 3600)
+        let broker = try BrokerProcess()
+        let helper = try Helper(in: broker.root)
+        helper.set("lifetime", "3600")
+        try await broker.start()
+        defer { broker.stop() }
+
+        let added = [
+            try broker.brokerctl(
+                ["add", "pph", "--kind", "refresh_url", "--method", "post", "--secrets", "-"],
+                stdin: #"{"refresh_url":"\#(urlIdP.initialURL)"}"#),
+            try broker.brokerctl(
+                ["add", "volt", "--kind", "sliding", "--endpoint", slidingIdP.endpoint, "--timezone", "Europe/Berlin",
+                 "--secrets", "-"],
+                stdin: #"{"refresh_token":"srt-ctl"}"#),
+            try broker.brokerctl(
+                ["add", "cred", "--kind", "exec", "--command", helper.script, "--command", helper.directory,
+                 "--command", "--not-an-option"]),
+            try broker.brokerctl(
+                ["add", "oidc", "--kind", "oauth2", "--issuer", oauthIdP.issuer, "--client-id", oauthIdP.clientID,
+                 "--secrets", "-"],
+                stdin: #"{"refresh_token":"rt-ctl"}"#),
+        ]
+        for result in added { #expect(result.status == 0, "\(result.stderr)") }
+
+        #expect(try broker.brokerctl(["token", "pph"]).stdout == (urlIdP.issuedAccessTokens.first ?? "?") + "\n")
+        #expect(urlIdP.calls.first?.method == "POST")
+        #expect(try broker.brokerctl(["token", "volt"]).stdout == (slidingIdP.issuedAccessTokens.first ?? "?") + "\n")
+        #expect(try broker.brokerctl(["token", "cred"]).stdout.hasPrefix("exec-at-1-"))
+        #expect(helper.calls.first?.arguments == "--not-an-option")
+        #expect(try broker.brokerctl(["token", "oidc"]).stdout == (oauthIdP.issuedAccessTokens.first ?? "?") + "\n")
+        #expect(oauthIdP.discoveryCount == 1)
+
+        let status = try broker.brokerctl(["status"])
+        for kind in ["refresh_url", "sliding", "exec", "oauth2"] { #expect(status.stdout.contains(kind)) }
+
+        let relative = try broker.brokerctl(["add", "bad", "--kind", "exec", "--command", "get-token"])
+        #expect(relative.status == 1)
+        #expect(relative.stderr.contains("absolute"))
+        let noEndpoint = try broker.brokerctl(["add", "bad", "--kind", "sliding"])
+        #expect(noEndpoint.status == 1)
+        #expect(noEndpoint.stderr.contains("endpoint"))
+
+        await urlIdP.shutdown()
+        await slidingIdP.shutdown()
+        await oauthIdP.shutdown()
+    }
+}
+
+/// Whether no process `pid` exists any more, not even as an unreaped zombie.
+private func isGone(_ pid: Int32) -> Bool { kill(pid, 0) == -1 && errno == ESRCH }
+
+/// The test credential helper (`Fixtures/token-helper.sh`) and the directory that steers it.
+private struct Helper {
+    /// One run of the helper, as it logged it.
+    struct Call {
+        var mode: String
+        var pid: Int32
+        var arguments: String
+    }
+
+    let script: String
+    let directory: String
+
+    init(in root: URL) throws {
+        let source = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+            .appendingPathComponent("Fixtures/token-helper.sh")
+        let state = root.appendingPathComponent("helper")
+        try FileManager.default.createDirectory(at: state, withIntermediateDirectories: true)
+        // A copy with a known mode, whatever the checkout did to the executable bit.
+        let copy = root.appendingPathComponent("token-helper.sh")
+        try FileManager.default.copyItem(at: source, to: copy)
+        try FileManager.default.setAttributes([.posixPermissions: 0o755], ofItemAtPath: copy.path)
+        script = copy.path
+        directory = state.path
+    }
+
+    func set(_ name: String, _ value: String) {
+        _ = FileManager.default.createFile(atPath: directory + "/" + name, contents: Data((value + "\n").utf8))
+    }
+
+    /// Lines "N MODE PID ARGS...".
+    var calls: [Call] {
+        let text = (try? String(contentsOfFile: directory + "/calls", encoding: .utf8)) ?? ""
+        return text.split(separator: "\n").compactMap { line in
+            let fields = line.split(separator: " ", maxSplits: 3, omittingEmptySubsequences: false)
+            guard fields.count >= 3, let pid = Int32(fields[2]) else { return nil }
+            return Call(mode: String(fields[1]), pid: pid, arguments: fields.count > 3 ? String(fields[3]) : "")
+        }
+    }
+}

@@ -1,0 +1,152 @@
+import Foundation
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import Synchronization
+
+/// One HTTP request as a test IdP sees it.
+public struct TestHTTPRequest: Sendable {
+    public var method: HTTPMethod
+    /// The path without the query string, e.g. `/token`.
+    public var path: String
+    public var query: String?
+    public var headers: HTTPHeaders
+    public var body: String
+
+    /// The first value of header `name` (case-insensitive).
+    public func header(_ name: String) -> String? { headers.first(name: name) }
+}
+
+/// How a test IdP answers one request.
+public struct TestHTTPResponse: Sendable {
+    public var status: HTTPResponseStatus
+    public var body: String
+    public var headers: [(String, String)]
+    /// Wait this long before answering.
+    public var delay: Duration
+    /// Never answer (the connection stays open).
+    public var hang: Bool
+
+    public init(
+        status: HTTPResponseStatus, body: String, headers: [(String, String)] = [], delay: Duration = .zero,
+        hang: Bool = false
+    ) {
+        self.status = status
+        self.body = body
+        self.headers = headers
+        self.delay = delay
+        self.hang = hang
+    }
+
+    /// A response that never comes.
+    public static var hanging: TestHTTPResponse { TestHTTPResponse(status: .ok, body: "", hang: true) }
+}
+
+/// A real HTTP/1.1 server on 127.0.0.1 (port chosen by the system) that hands every request
+/// to `handler`. The plumbing every test IdP shares.
+public final class TestHTTPServer: Sendable {
+    private let channel: any Channel
+
+    /// Starts listening; `handler` runs on an event loop, so it must not block.
+    public init(handler: @escaping @Sendable (TestHTTPRequest) -> TestHTTPResponse) async throws {
+        channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.configureHTTPServerPipeline()
+                    try channel.pipeline.syncOperations.addHandler(RequestHandler(handler: handler))
+                }
+            }
+            .bind(host: "127.0.0.1", port: 0).get()
+    }
+
+    /// The port the server listens on.
+    public var port: Int { channel.localAddress!.port! }
+
+    /// `http://127.0.0.1:PORT`, without a trailing slash.
+    public var baseURL: String { "http://127.0.0.1:\(port)" }
+
+    /// Stops listening.
+    public func shutdown() async {
+        try? await channel.close()
+    }
+}
+
+/// Collects one HTTP request at a time and writes the handler's answer.
+private final class RequestHandler: ChannelInboundHandler, @unchecked Sendable {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let handler: @Sendable (TestHTTPRequest) -> TestHTTPResponse
+    private var head: HTTPRequestHead?
+    private var body = ByteBuffer()
+
+    init(handler: @escaping @Sendable (TestHTTPRequest) -> TestHTTPResponse) {
+        self.handler = handler
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch unwrapInboundIn(data) {
+        case .head(let head):
+            self.head = head
+            body.clear()
+        case .body(var chunk):
+            body.writeBuffer(&chunk)
+        case .end:
+            guard let head else { return }
+            let parts = head.uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)
+            let request = TestHTTPRequest(
+                method: head.method, path: String(parts[0]), query: parts.count > 1 ? String(parts[1]) : nil,
+                headers: head.headers, body: String(buffer: body))
+            let answer = handler(request)
+            if answer.hang { return }
+            let channel = context.channel
+            let respond: @Sendable () -> Void = {
+                var headers = HTTPHeaders([
+                    ("Content-Type", "application/json"), ("Content-Length", "\(answer.body.utf8.count)"),
+                ])
+                for (name, value) in answer.headers { headers.add(name: name, value: value) }
+                channel.write(
+                    HTTPServerResponsePart.head(HTTPResponseHead(version: .http1_1, status: answer.status, headers: headers)),
+                    promise: nil)
+                channel.write(HTTPServerResponsePart.body(.byteBuffer(ByteBuffer(string: answer.body))), promise: nil)
+                channel.writeAndFlush(HTTPServerResponsePart.end(nil), promise: nil)
+            }
+            if answer.delay == .zero {
+                respond()
+            } else {
+                let nanoseconds =
+                    answer.delay.components.seconds * 1_000_000_000 + answer.delay.components.attoseconds / 1_000_000_000
+                context.eventLoop.scheduleTask(in: .nanoseconds(nanoseconds)) { respond() }
+            }
+        }
+    }
+}
+
+/// `application/x-www-form-urlencoded` parsing for the test IdPs.
+enum FormBody {
+    static func parse(_ text: String) -> [String: String] {
+        var result: [String: String] = [:]
+        for pair in text.split(separator: "&") {
+            let parts = pair.split(separator: "=", maxSplits: 1).map {
+                String($0).replacingOccurrences(of: "+", with: " ").removingPercentEncoding ?? String($0)
+            }
+            result[parts[0]] = parts.count > 1 ? parts[1] : ""
+        }
+        return result
+    }
+}
+
+/// A mutex-protected value that can be shared by reference (a `Mutex` itself cannot be copied).
+final class Box<Value: Sendable>: Sendable {
+    private let mutex: Mutex<Value>
+
+    init(_ value: Value) { mutex = Mutex(value) }
+
+    func withLock<T>(_ body: (inout sending Value) throws -> sending T) rethrows -> T {
+        try mutex.withLock(body)
+    }
+}
+
+/// A random suffix that makes issued tokens and URLs unique per test run.
+func randomSuffix() -> String { String(UInt32.random(in: 0...UInt32.max)) }
