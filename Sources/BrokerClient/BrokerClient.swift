@@ -83,6 +83,11 @@ public final class BrokerClient: Sendable {
         try await call(Request(id: nil, op: "remove", account: account))
     }
 
+    /// Makes the broker re-read its config file (owner only).
+    public func reload() async throws -> ReloadResult {
+        try await call(Request(id: nil, op: "reload"))
+    }
+
     /// Refreshes an account now (owner only).
     public func refresh(account: String) async throws -> AccountResult {
         try await call(Request(id: nil, op: "refresh", account: account))

@@ -73,4 +73,6 @@ public struct AccountRecord: Codable, Sendable, Equatable {
     public var needsLogin: Bool
     public var lastError: AccountError?
     public var lastRefreshAt: Date?
+    /// Declared in the config file (its provider settings come from there); `nil` in older vaults.
+    public var declared: Bool?
 }

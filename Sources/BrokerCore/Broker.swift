@@ -1,6 +1,7 @@
 import BrokerProtocol
 import Foundation
 import Logging
+import Synchronization
 
 /// The broker engine: owns every account, decides and runs refreshes (one at a time per
 /// account), keeps the vault in step, and publishes servable tokens to `cache`.
@@ -27,29 +28,34 @@ public actor Broker {
     public nonisolated let events: EventHub
     /// Wall-clock time; expiry is always judged by it.
     public nonisolated let clock: any WallClock
-    public nonisolated let settings: BrokerSettings
+    /// The engine's settings; replaced by a config reload.
+    public nonisolated var settings: BrokerSettings { settingsBox.withLock { $0 } }
+    private nonisolated let settingsBox: Mutex<BrokerSettings>
+    /// The config file `reloadConfiguration()` reads, if any.
+    private let configPath: String?
     private let vault: Vault
     private let http: IdPClient
     private let logger: Logger
-    private let planner: RefreshPlanner
+    private var planner: RefreshPlanner { RefreshPlanner(settings: settings) }
     private var entries: [String: Entry] = [:]
     private var refreshSerial = 0
 
     /// Loads every account from `vault` (refusing a wrong key or tampered file) and schedules it.
     public init(
         vault: Vault, settings: BrokerSettings, http: IdPClient, clock: any WallClock = SystemClock(),
-        logger: Logger
+        logger: Logger, configPath: String? = nil
     ) throws {
         self.vault = vault
-        self.settings = settings
+        self.settingsBox = Mutex(settings)
+        self.configPath = configPath
         self.http = http
         self.clock = clock
         self.logger = logger
-        self.planner = RefreshPlanner(settings: settings)
         self.events = EventHub(bufferLimit: max(1, Int(settings.eventBuffer)))
         let now = clock.now()
         for record in try vault.load()?.accounts ?? [] {
-            entries[record.name] = Entry(record: record, nextRefreshAt: Self.schedule(record, planner, now: now))
+            entries[record.name] = Entry(
+                record: record, nextRefreshAt: Self.schedule(record, RefreshPlanner(settings: settings), now: now))
             if !record.needsLogin, let token = record.token {
                 cache.publish(Self.prepare(record.name, token), for: record.name)
             }
@@ -179,6 +185,57 @@ public actor Broker {
         entries[name] = entry
         if case .failure(let error) = await refreshShared(name) { throw error }
         return AccountResult(account: name, state: state(of: try self.entry(name), now: clock.now()))
+    }
+
+    // MARK: Configuration
+
+    /// Re-reads the config file and applies it; a broken file changes nothing.
+    public func reloadConfiguration() throws(BrokerError) {
+        guard let configPath else { return }
+        let configuration: BrokerConfiguration
+        do {
+            configuration = try ConfigFile.load(path: configPath)
+        } catch {
+            logger.error("config not reloaded; the running configuration stays", metadata: ["reason": "\(error)"])
+            throw BrokerError(.badRequest, "config not reloaded: \(error)")
+        }
+        try configure(configuration)
+    }
+
+    /// Applies settings and declared accounts. Declared accounts get their provider settings
+    /// from the config and keep their secrets; an account no longer declared stays as a
+    /// runtime account (nothing secret is ever deleted by editing a file).
+    public func configure(_ configuration: BrokerConfiguration) throws(BrokerError) {
+        var providers: [String: ProviderConfig] = [:]
+        for (name, spec) in configuration.accounts {
+            do {
+                _ = try AccountSpec.validateName(name)
+                providers[name] = try AccountSpec.provider(spec).0
+            } catch {
+                logger.error("config not applied", metadata: ["account": "\(name)", "reason": "\(error.message)"])
+                throw BrokerError(.badRequest, "config not applied: accounts.\(name): \(error.message)")
+            }
+        }
+        settingsBox.withLock { $0 = configuration.settings }
+        let now = clock.now()
+        for (name, provider) in providers {
+            var entry =
+                entries[name]
+                ?? Entry(
+                    record: AccountRecord(
+                        name: name, provider: provider, secrets: AccountSecrets(), token: nil, needsLogin: false,
+                        lastError: nil, lastRefreshAt: nil))
+            entry.record.provider = provider
+            entry.record.declared = true
+            if entry.inFlight == nil { entry.nextRefreshAt = Self.schedule(entry.record, planner, now: now) }
+            entries[name] = entry
+        }
+        for (name, entry) in entries where entry.record.declared == true && providers[name] == nil {
+            entries[name]?.record.declared = false
+            logger.notice("account no longer declared in the config; kept as a runtime account", metadata: ["account": "\(name)"])
+        }
+        try persist(changing: "")
+        logger.info("configuration applied", metadata: ["declared_accounts": "\(providers.count)"])
     }
 
     // MARK: Scheduling

@@ -1,4 +1,5 @@
 import Foundation
+import BrokerProtocol
 import TOMLKit
 
 /// A config file problem; the message names the file and, where it can, the line.
@@ -19,10 +20,11 @@ public enum ConfigFile {
         ("default_lifetime", \.defaultLifetime), ("event_buffer", \.eventBuffer), ("default_min_ttl", \.defaultMinTTL),
     ] }
 
-    public static func load(path: String) throws -> BrokerSettings {
+    /// Reads the file at `path`; a missing file gives the defaults and no accounts.
+    public static func load(path: String) throws -> BrokerConfiguration {
         guard let data = FileManager.default.contents(atPath: path) else {
             if FileManager.default.fileExists(atPath: path) { throw ConfigError(description: "cannot read \(path)") }
-            return BrokerSettings()
+            return BrokerConfiguration()
         }
         guard let text = String(data: data, encoding: .utf8) else {
             throw ConfigError(description: "\(path) is not UTF-8 text")
@@ -30,19 +32,24 @@ public enum ConfigFile {
         return try parse(text, path: path)
     }
 
-    static func parse(_ text: String, path: String) throws -> BrokerSettings {
+    static func parse(_ text: String, path: String) throws -> BrokerConfiguration {
         let table: TOMLTable
         do {
             table = try TOMLTable(string: text)
         } catch let error as TOMLParseError {
             throw ConfigError(description: "\(path) line \(error.source.begin.line): \(error.description)")
         }
-        var settings = BrokerSettings()
-        for key in table.keys where key != "broker" {
-            throw ConfigError(description: "\(path): unknown table or key \"\(key)\" (known: [broker])")
+        for key in table.keys where key != "broker" && key != "accounts" {
+            throw ConfigError(description: "\(path): unknown table or key \"\(key)\" (known: [broker], [accounts.NAME])")
         }
-        guard let broker = table["broker"] else { return settings }
-        guard let brokerTable = broker.table else {
+        return BrokerConfiguration(
+            settings: try settings(table["broker"], path: path), accounts: try accounts(table["accounts"], path: path))
+    }
+
+    private static func settings(_ value: (any TOMLValueConvertible)?, path: String) throws -> BrokerSettings {
+        var settings = BrokerSettings()
+        guard let value else { return settings }
+        guard let brokerTable = value.table else {
             throw ConfigError(description: "\(path): \"broker\" must be a table")
         }
         for key in brokerTable.keys {
@@ -57,5 +64,71 @@ public enum ConfigFile {
             settings[keyPath: setting] = number
         }
         return settings
+    }
+
+    /// Keys an `[accounts.NAME]` table may hold: provider settings only, never a secret.
+    static let accountKeys: Set<String> = [
+        "kind", "token_endpoint", "issuer", "client_id", "client_auth", "scope", "method", "endpoint", "timezone",
+        "command",
+    ]
+
+    private static func accounts(_ value: (any TOMLValueConvertible)?, path: String) throws -> [String: ProviderSpec] {
+        guard let value else { return [:] }
+        guard let accounts = value.table else {
+            throw ConfigError(description: "\(path): \"accounts\" must hold [accounts.NAME] tables")
+        }
+        var result: [String: ProviderSpec] = [:]
+        for name in accounts.keys {
+            guard let account = accounts[name]?.table else {
+                throw ConfigError(description: "\(path): accounts.\(name) must be a table")
+            }
+            for key in account.keys where !accountKeys.contains(key) {
+                let secret = ["client_secret", "refresh_token", "refresh_url", "access_token"].contains(key)
+                throw ConfigError(
+                    description: secret
+                        ? "\(path): accounts.\(name).\(key) is a secret; a config file never holds one (push it with brokerctl set-tokens)"
+                        : "\(path): unknown key accounts.\(name).\(key)")
+            }
+            func string(_ key: String) throws -> String? {
+                guard let value = account[key] else { return nil }
+                guard let text = value.string else {
+                    throw ConfigError(description: "\(path): accounts.\(name).\(key) must be a string")
+                }
+                return text
+            }
+            guard let kind = try string("kind") else {
+                throw ConfigError(description: "\(path): accounts.\(name) needs a kind")
+            }
+            var spec = ProviderSpec(
+                kind: kind, tokenEndpoint: try string("token_endpoint"), issuer: try string("issuer"),
+                clientID: try string("client_id"), clientAuth: try string("client_auth"), scope: try string("scope"))
+            spec.method = try string("method")
+            spec.endpoint = try string("endpoint")
+            spec.timezone = try string("timezone")
+            if let command = account["command"] {
+                guard let array = command.array else {
+                    throw ConfigError(description: "\(path): accounts.\(name).command must be an array of strings")
+                }
+                spec.command = try (0..<array.count).map { index in
+                    guard let text = array[index].string else {
+                        throw ConfigError(description: "\(path): accounts.\(name).command must be an array of strings")
+                    }
+                    return text
+                }
+            }
+            result[name] = spec
+        }
+        return result
+    }
+}
+
+/// What `broker.toml` says: engine settings and declared accounts (provider settings only).
+public struct BrokerConfiguration: Sendable, Equatable {
+    public var settings = BrokerSettings()
+    public var accounts: [String: ProviderSpec] = [:]
+
+    public init(settings: BrokerSettings = BrokerSettings(), accounts: [String: ProviderSpec] = [:]) {
+        self.settings = settings
+        self.accounts = accounts
     }
 }

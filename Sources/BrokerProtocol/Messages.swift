@@ -10,12 +10,12 @@ public let maximumLineLength = 64 * 1024
 public enum Operation: String, Sendable, CaseIterable, Codable {
     case hello, token, reject, status, subscribe, add
     case setTokens = "set_tokens"
-    case remove, refresh
+    case remove, refresh, reload
 
     /// Operations reserved for the broker's owner (brokerctl).
     public var isOwnerOnly: Bool {
         switch self {
-        case .add, .setTokens, .remove, .refresh: return true
+        case .add, .setTokens, .remove, .refresh, .reload: return true
         case .hello, .token, .reject, .status, .subscribe: return false
         }
     }
@@ -245,5 +245,16 @@ public struct AccountResult: Codable, Sendable, Equatable {
     public init(account: String, state: String) {
         self.account = account
         self.state = state
+    }
+}
+
+/// The result of `reload`: the config file was read and applied.
+public struct ReloadResult: Codable, Sendable, Equatable {
+    public var reloaded: Bool
+    public var accounts: Int
+
+    public init(reloaded: Bool, accounts: Int) {
+        self.reloaded = reloaded
+        self.accounts = accounts
     }
 }

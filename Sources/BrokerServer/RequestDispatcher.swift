@@ -106,6 +106,10 @@ public struct RequestDispatcher: Sendable {
                 return try success(request, try await broker.remove(account: request.account), encoder)
             case .refresh:
                 return try success(request, try await broker.refreshNow(account: request.account), encoder)
+            case .reload:
+                try await broker.reloadConfiguration()
+                let count = try await broker.status(account: nil).count
+                return try success(request, ReloadResult(reloaded: true, accounts: count), encoder)
             case .subscribe, nil:
                 throw BrokerError(.unknownOp, "unknown op")
             }

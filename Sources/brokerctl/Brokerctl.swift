@@ -12,7 +12,7 @@ struct Brokerctl: AsyncParsableCommand {
             Exit codes: 0 ok, 1 other error, 3 broker not running, 4 not found, 5 needs login,
             6 unavailable, 7 forbidden, 8 locked.
             """,
-        subcommands: [Status.self, Token.self, Watch.self, Add.self, SetTokens.self, Remove.self, Refresh.self])
+        subcommands: [Status.self, Token.self, Watch.self, Add.self, SetTokens.self, Remove.self, Refresh.self, Reload.self])
 }
 
 /// Options every subcommand takes.
@@ -243,6 +243,17 @@ struct Refresh: AsyncParsableCommand {
 
     func run() async throws {
         try await options.run({ try await $0.refresh(account: account) }) { "refreshed \($0.account) (\($0.state))" }
+    }
+}
+
+struct Reload: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Make the broker re-read broker.toml (a broken file is refused and changes nothing).")
+
+    @OptionGroup var options: GlobalOptions
+
+    func run() async throws {
+        try await options.run({ try await $0.reload() }) { "reloaded (\($0.accounts) accounts)" }
     }
 }
 

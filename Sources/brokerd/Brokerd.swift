@@ -40,13 +40,17 @@ struct Brokerd: AsyncParsableCommand {
 
     private func serve(logger: Logger) async throws {
         let paths = DefaultPaths()
-        let settings = try ConfigFile.load(path: config ?? paths.config)
+        let configPath = config ?? paths.config
+        let configuration = try ConfigFile.load(path: configPath)
         let key = keyFile.map { (path: $0, fromSystemd: false) } ?? paths.keyFile
         let vault = try Vault(
             path: self.vault ?? paths.vault, key: try VaultKey.load(path: key.path, create: !key.fromSystemd))
-        let http = IdPClient(settings: settings)
+        let http = IdPClient(settings: configuration.settings)
         do {
-            try await serve(vault: vault, settings: settings, http: http, logger: logger)
+            let broker = try Broker(
+                vault: vault, settings: configuration.settings, http: http, logger: logger, configPath: configPath)
+            try await broker.configure(configuration)
+            try await serve(broker: broker, logger: logger)
         } catch {
             await http.shutdown()
             throw error
@@ -54,11 +58,9 @@ struct Brokerd: AsyncParsableCommand {
         await http.shutdown()
     }
 
-    private func serve(vault: Vault, settings: BrokerSettings, http: IdPClient, logger: Logger) async throws {
-        let paths = DefaultPaths()
-        let broker = try Broker(vault: vault, settings: settings, http: http, logger: logger)
+    private func serve(broker: Broker, logger: Logger) async throws {
         let notifier = SystemdNotifier()
-        let socketPath = socket ?? paths.socket
+        let socketPath = socket ?? DefaultPaths().socket
         let address: ListenAddress =
             notifier.inheritedSocket().map { .inherited(descriptor: $0, path: socketPath) } ?? .path(socketPath)
         let policy = AccessPolicy()
@@ -74,9 +76,13 @@ struct Brokerd: AsyncParsableCommand {
         let lifecycle = SystemdLifecycle(notifier: notifier, summary: { await broker.summary() }) {
             scheduler.lastHeartbeat.duration(to: .now) < .seconds(10)
         }
+        let reloader = ReloadOnHangup(notifier: notifier) { try? await broker.reloadConfiguration() }
         let group = ServiceGroup(
             configuration: .init(
-                services: [.init(service: server), .init(service: scheduler), .init(service: lifecycle)],
+                services: [
+                    .init(service: server), .init(service: scheduler), .init(service: reloader),
+                    .init(service: lifecycle),
+                ],
                 gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()
         await broker.drain()

@@ -7,7 +7,7 @@ import Testing
 @Suite struct ConfigFileTests {
     @Test(arguments: ["", "# only a comment\n", "[broker]\n"])
     func emptyConfigGivesDefaults(text: String) throws {
-        #expect(try ConfigFile.parse(text, path: "/cfg/broker.toml") == BrokerSettings())
+        #expect(try ConfigFile.parse(text, path: "/cfg/broker.toml").settings == BrokerSettings())
     }
 
     @Test func defaultsAreTheDocumentedOnes() {
@@ -32,7 +32,7 @@ import Testing
             default_lifetime = 900
             default_min_ttl = 45
             """
-        let settings = try ConfigFile.parse(text, path: "/cfg/broker.toml")
+        let settings = try ConfigFile.parse(text, path: "/cfg/broker.toml").settings
         var expected = BrokerSettings()
         expected.refreshFraction = 0.5
         expected.refreshJitter = 0.1
@@ -48,7 +48,7 @@ import Testing
 
     @Test func brokenTOMLNamesTheFileAndLine() throws {
         let text = "[broker]\nrefresh_fraction = 0.5\nbackoff_cap = = 3\nconnect_timeout = 2\n"
-        let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text, path: "/cfg/broker.toml") }
+        let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text, path: "/cfg/broker.toml").settings }
         let message = try #require(error?.description)
         #expect(message.contains("/cfg/broker.toml"))
         #expect(message.contains("line 3"), "\(message)")
@@ -56,7 +56,7 @@ import Testing
 
     @Test func anUnterminatedStringOnLineFiveIsReportedThere() throws {
         let text = "\n\n[broker]\nrefresh_floor = 30\nrefresh_fraction = \"oops\n"
-        let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text, path: "b.toml") }
+        let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text, path: "b.toml").settings }
         #expect(error?.description.contains("line 5") == true, "\(error?.description ?? "")")
     }
 
@@ -66,7 +66,7 @@ import Testing
         ("log_level = \"debug\"\n", "log_level"),
     ])
     func unknownKeysAreRefused(text: String, key: String) throws {
-        let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text, path: "/cfg/broker.toml") }
+        let error = #expect(throws: ConfigError.self) { try ConfigFile.parse(text, path: "/cfg/broker.toml").settings }
         #expect(error?.description.contains(key) == true, "\(error?.description ?? "")")
     }
 
@@ -75,14 +75,14 @@ import Testing
         "[broker]\nbackoff_cap = inf\n", "[broker]\nbackoff_cap = nan\n", "broker = 3\n",
     ])
     func illTypedValuesAreRefused(text: String) {
-        #expect(throws: ConfigError.self) { try ConfigFile.parse(text, path: "/cfg/broker.toml") }
+        #expect(throws: ConfigError.self) { try ConfigFile.parse(text, path: "/cfg/broker.toml").settings }
     }
 
     @Test func loadReadsAFileAndTreatsAMissingOneAsDefaults() throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
-        #expect(try ConfigFile.load(path: directory.file("missing.toml")) == BrokerSettings())
+        #expect(try ConfigFile.load(path: directory.file("missing.toml")).settings == BrokerSettings())
         try Data("[broker]\nrefresh_floor = 90\n".utf8).write(to: URL(fileURLWithPath: directory.file("b.toml")))
-        #expect(try ConfigFile.load(path: directory.file("b.toml")).refreshFloor == 90)
+        #expect(try ConfigFile.load(path: directory.file("b.toml")).settings.refreshFloor == 90)
     }
 }

@@ -83,6 +83,17 @@ final class BrokerProcess: @unchecked Sendable {
         return process.terminationStatus
     }
 
+    /// Sends `signal` to the running brokerd.
+    func signal(_ signal: Int32) {
+        if let process { kill(process.processIdentifier, signal) }
+    }
+
+    /// Writes `text` as the broker's `broker.toml`.
+    func writeConfig(_ text: String) throws {
+        try FileManager.default.createDirectory(at: configDirectory, withIntermediateDirectories: true)
+        try text.write(to: configDirectory.appendingPathComponent("broker.toml"), atomically: true, encoding: .utf8)
+    }
+
     /// Kills brokerd with SIGKILL (no chance to clean up) and waits for it.
     func crash() {
         guard let process else { return }

@@ -46,6 +46,8 @@ public final class SlidingTestIdP: Sendable {
     private let server: TestHTTPServer
     /// The IANA zone of the timestamps (which carry no zone themselves).
     public let timeZone: String
+    /// When `initialRefreshToken` lapses (whole seconds).
+    public let initialRefreshExpiresAt: Date
 
     /// The refresh endpoint's URL.
     public var endpoint: String { server.baseURL + "/api/Auth/RefreshToken" }
@@ -56,10 +58,11 @@ public final class SlidingTestIdP: Sendable {
         timeZone: String = "UTC"
     ) async throws {
         self.timeZone = timeZone
+        let expiry = Date(timeIntervalSince1970: (Date().timeIntervalSince1970 + Double(refreshLifetime)).rounded(.down))
+        initialRefreshExpiresAt = expiry
         let state = Box(
             State(
-                currentRefreshToken: initialRefreshToken,
-                currentRefreshExpiresAt: Date().addingTimeInterval(TimeInterval(refreshLifetime)),
+                currentRefreshToken: initialRefreshToken, currentRefreshExpiresAt: expiry,
                 accessLifetime: accessLifetime, refreshLifetime: refreshLifetime))
         self.state = state
         let zone = TimeZone(identifier: timeZone)!

@@ -71,7 +71,8 @@ public final class IdPClient: Sendable {
     private static func describe(_ error: any Error) -> String {
         if let error = error as? HTTPClientError {
             switch error {
-            case .deadlineExceeded: return "timed out"
+            // The read timeout and the deadline are both the total timeout; which fires first is chance.
+            case .deadlineExceeded, .readTimeout, .writeTimeout: return "timed out"
             case .connectTimeout: return "connect timed out"
             default:
                 let text = String(describing: error)
