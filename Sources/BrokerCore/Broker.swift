@@ -292,6 +292,7 @@ public actor Broker {
         guard let started = entries[name] else { return .failure(notFound(name)) }
         let provider = makeProvider(started.record.provider)
         let outcome = await provider.refresh(started.record, now: clock.now())
+        let answered = ContinuousClock.now
         guard var entry = entries[name], entry.generation == started.generation, entry.inFlight?.serial == serial
         else {
             keepRotatedCredential(name, presented: started.record.secrets, outcome: outcome)
@@ -323,9 +324,14 @@ public actor Broker {
             cache.publish(Self.prepare(name, grant.token), for: name)
             events.publish(
                 BrokerEvent(event: .refreshed, account: name, at: now, state: "valid", expiresAt: grant.token.expiresAt))
+            // How long a rotated credential existed only in memory: the IdP's answer to the fsync.
+            let durableAfter = answered.duration(to: .now)
             logger.info(
                 "refreshed",
-                metadata: ["account": "\(name)", "expires_in": "\(Int(grant.token.remaining(at: now)))"])
+                metadata: [
+                    "account": "\(name)", "expires_in": "\(Int(grant.token.remaining(at: now)))",
+                    "saved_after_us": "\(durableAfter.components.seconds * 1_000_000 + durableAfter.components.attoseconds / 1_000_000_000_000)",
+                ])
             return .success(())
         case .failure(let failure) where failure.kind == .denial:
             entry.record.needsLogin = true

@@ -4,7 +4,7 @@ import Testing
 @testable import BrokerCore
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// How an `exec` command's run is classified: exit code, JSON and the way it ended.
@@ -132,7 +132,8 @@ import Glibc
     @Test func aBackgroundGrandchildHoldingStdoutDoesNotBlockTheResult() throws {
         let output = ExecRunner.runBlocking(
             ["/bin/sh", "-c", #"sleep 30 & echo $! >&2; echo '{"access_token":"a"}'"#], timeout: 60)
-        let grandchild = Int32(String(decoding: output.stderr, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))
+        let grandchild = Int32(
+            String(decoding: output.stderr, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))
         defer { if let grandchild { kill(grandchild, SIGKILL) } }
         #expect(output.ending == .exited(0))
         #expect(String(decoding: output.stdout, as: UTF8.self).contains("access_token"))
@@ -175,7 +176,8 @@ import Glibc
         // Ignoring SIGPIPE is harmless for this test process (NIO programs do it anyway); it is not
         // restored, as another test could be relying on it by then.
         _ = signal(SIGPIPE, SIG_IGN)
-        let output = ExecRunner.runBlocking(["/bin/sh", "-c", "grep -E '^Sig(Ign|Blk)' /proc/self/status"], timeout: 10)
+        let output = ExecRunner.runBlocking(
+            ["/bin/sh", "-c", "grep -E '^Sig(Ign|Blk)' /proc/self/status"], timeout: 10)
         let text = String(decoding: output.stdout, as: UTF8.self)
         let masks = Dictionary(
             uniqueKeysWithValues: text.split(separator: "\n").compactMap { line -> (String, UInt64)? in
@@ -188,8 +190,10 @@ import Glibc
         #expect((try #require(masks["SigBlk:"]) & standard) == 0, "\(text)")
     }
 
-    @Test(arguments: [(0x0000 as Int32, ExecOutput.Ending.exited(0)), (0x0200, .exited(2)), (0xff00, .exited(255)),
-        (0x0009, .signalled(9)), (0x000f, .signalled(15)), (0x0086, .signalled(6))])
+    @Test(arguments: [
+        (0x0000 as Int32, ExecOutput.Ending.exited(0)), (0x0200, .exited(2)), (0xff00, .exited(255)),
+        (0x0009, .signalled(9)), (0x000f, .signalled(15)), (0x0086, .signalled(6)),
+    ])
     func waitStatusesDecode(status: Int32, ending: ExecOutput.Ending) {
         #expect(ExecRunner.ending(status) == ending)
     }
@@ -200,6 +204,15 @@ import Glibc
             let close = text.lastIndex(of: ")")
         else { return nil }
         return text[text.index(close, offsetBy: 2)...].split(separator: " ").first.map(String.init)
+    }
+
+    @Test func theCommandInheritsTheEnvironmentExceptWhatSystemdMeantForTheBroker() {
+        let environment = ExecRunner.childEnvironment([
+            "HOME": "/home/u", "PATH": "/usr/bin", "NOTIFY_SOCKET": "/run/systemd/notify", "WATCHDOG_USEC": "30000000",
+            "WATCHDOG_PID": "42", "LISTEN_FDS": "1", "LISTEN_PID": "42", "LISTEN_FDNAMES": "broker",
+            "CREDENTIALS_DIRECTORY": "/run/credentials/tokenbroker.service", "EMPTY": "",
+        ])
+        #expect(environment == ["EMPTY=", "HOME=/home/u", "PATH=/usr/bin"])
     }
 
     @Test func theAsyncFormGivesTheSameResult() async throws {

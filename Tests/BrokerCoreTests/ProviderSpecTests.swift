@@ -17,20 +17,26 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
 @Suite struct ProviderSpecTests {
     @Test func refreshURLDefaultsToGETAndAcceptsPOST() throws {
         #expect(try AccountSpec.provider(spec("refresh_url")).0 == .refreshURL(.init(method: .get)))
-        #expect(try AccountSpec.provider(spec("refresh_url") { $0.method = "POST" }).0 == .refreshURL(.init(method: .post)))
-        #expect(try AccountSpec.provider(spec("refresh_url") { $0.method = "get" }).0 == .refreshURL(.init(method: .get)))
+        #expect(
+            try AccountSpec.provider(spec("refresh_url") { $0.method = "POST" }).0 == .refreshURL(.init(method: .post)))
+        #expect(
+            try AccountSpec.provider(spec("refresh_url") { $0.method = "get" }).0 == .refreshURL(.init(method: .get)))
     }
 
     @Test func slidingTakesAnEndpointAndAZone() throws {
-        let plain = try AccountSpec.provider(spec("sliding") { $0.endpoint = "https://idp.example/api/Auth/RefreshToken" })
+        let plain = try AccountSpec.provider(
+            spec("sliding") { $0.endpoint = "https://idp.example/api/Auth/RefreshToken" })
         #expect(
-            plain.0 == .sliding(.init(endpoint: URL(string: "https://idp.example/api/Auth/RefreshToken")!, timeZone: "UTC")))
+            plain.0
+                == .sliding(.init(endpoint: URL(string: "https://idp.example/api/Auth/RefreshToken")!, timeZone: "UTC"))
+        )
         let zoned = try AccountSpec.provider(
             spec("sliding") {
                 $0.endpoint = "http://127.0.0.1:8080/refresh"
                 $0.timezone = "Asia/Tokyo"
             })
-        #expect(zoned.0 == .sliding(.init(endpoint: URL(string: "http://127.0.0.1:8080/refresh")!, timeZone: "Asia/Tokyo")))
+        #expect(
+            zoned.0 == .sliding(.init(endpoint: URL(string: "http://127.0.0.1:8080/refresh")!, timeZone: "Asia/Tokyo")))
     }
 
     @Test func execTakesAnAbsoluteExecutable() throws {
@@ -57,14 +63,18 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
         (spec("sliding"), "endpoint"),
         (spec("sliding") { $0.endpoint = "http://idp.example/refresh" }, "endpoint"),
         (spec("sliding") { $0.endpoint = "not a url" }, "endpoint"),
-        (spec("sliding") {
-            $0.endpoint = "https://idp.example/refresh"
-            $0.timezone = "Mars/Olympus_Mons"
-        }, "timezone"),
-        (spec("sliding") {
-            $0.endpoint = "https://idp.example/refresh"
-            $0.timezone = ""
-        }, "timezone"),
+        (
+            spec("sliding") {
+                $0.endpoint = "https://idp.example/refresh"
+                $0.timezone = "Mars/Olympus_Mons"
+            }, "timezone"
+        ),
+        (
+            spec("sliding") {
+                $0.endpoint = "https://idp.example/refresh"
+                $0.timezone = ""
+            }, "timezone"
+        ),
         (spec("exec"), "command"),
         (spec("exec") { $0.command = [] }, "command"),
         (spec("exec") { $0.command = ["echo", "hi"] }, "absolute"),
@@ -75,8 +85,11 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
         (ProviderSpec(kind: "oauth2", clientID: "cli"), "token_endpoint"),
         (ProviderSpec(kind: "oauth2", issuer: "http://login.example", clientID: "cli"), "issuer"),
         (ProviderSpec(kind: "oauth2", issuer: "https://login.example?x=1", clientID: "cli"), "issuer"),
-        (ProviderSpec(kind: "oauth2", tokenEndpoint: "https://a.example/t", issuer: "https://a.example", clientID: "c"),
-         "not both"),
+        (
+            ProviderSpec(
+                kind: "oauth2", tokenEndpoint: "https://a.example/t", issuer: "https://a.example", clientID: "c"),
+            "not both"
+        ),
         (ProviderSpec(kind: "oauth2", issuer: "https://login.example"), "client_id"),
         (spec("kerberos"), "unknown provider kind"),
     ])
@@ -99,8 +112,13 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
         .refreshURL(.init(method: .post)),
         .sliding(.init(endpoint: URL(string: "https://idp.example/refresh")!, timeZone: "Europe/Berlin")),
         .exec(.init(command: ["/usr/bin/get-token", "--profile", "work"])),
-        .oauth2(.init(tokenEndpoint: nil, clientID: "c", clientAuth: .none, scope: nil, issuer: URL(string: "https://i.example"))),
-        .oauth2(.init(tokenEndpoint: URL(string: "https://idp.example/token"), clientID: "c", clientAuth: .none, scope: "s")),
+        .oauth2(
+            .init(
+                tokenEndpoint: nil, clientID: "c", clientAuth: .none, scope: nil,
+                issuer: URL(string: "https://i.example"))),
+        .oauth2(
+            .init(tokenEndpoint: URL(string: "https://idp.example/token"), clientID: "c", clientAuth: .none, scope: "s")
+        ),
     ])
     func roundTrips(config: ProviderConfig) throws {
         let data = try JSONEncoder().encode(config)
@@ -108,12 +126,15 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
     }
 
     @Test func anOAuth2RecordWrittenBeforeIssuerExistedStillDecodes() throws {
-        let old = #"{"oauth2":{"_0":{"tokenEndpoint":"https:\/\/idp.example\/token","clientID":"c","clientAuth":"none"}}}"#
+        let old =
+            #"{"oauth2":{"_0":{"tokenEndpoint":"https:\/\/idp.example\/token","clientID":"c","clientAuth":"none"}}}"#
         let config = try JSONDecoder().decode(ProviderConfig.self, from: Data(old.utf8))
         #expect(
             config
                 == .oauth2(
-                    .init(tokenEndpoint: URL(string: "https://idp.example/token"), clientID: "c", clientAuth: .none, scope: nil)))
+                    .init(
+                        tokenEndpoint: URL(string: "https://idp.example/token"), clientID: "c", clientAuth: .none,
+                        scope: nil)))
     }
 }
 
@@ -135,7 +156,9 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
     @Test func aGoodDocumentNamesTheTokenEndpoint() throws {
         let issuer = URL(string: "https://login.example/realms/x")!
         let body = #"{"issuer":"https://login.example/realms/x","token_endpoint":"https://login.example/t"}"#
-        #expect(try DiscoveryCache.interpret(reply(200, body), issuer: issuer).get() == URL(string: "https://login.example/t"))
+        #expect(
+            try DiscoveryCache.interpret(reply(200, body), issuer: issuer).get()
+                == URL(string: "https://login.example/t"))
     }
 
     @Test(arguments: [
@@ -148,7 +171,8 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
         (503, ""),
     ])
     func anythingElseIsTransient(status: Int, body: String) throws {
-        let failure = try #require(DiscoveryCache.interpret(reply(status, body), issuer: URL(string: "https://login.example")!).failure)
+        let failure = try #require(
+            DiscoveryCache.interpret(reply(status, body), issuer: URL(string: "https://login.example")!).failure)
         #expect(failure.kind == .transient)
     }
 
@@ -178,7 +202,9 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
         idp.setDiscoveryBehavior(.garbage)
         #expect(try #require(await http.discovery.tokenEndpoint(issuer: issuer, http: http).failure).kind == .transient)
         idp.setDiscoveryBehavior(.normal)
-        #expect(try await http.discovery.tokenEndpoint(issuer: issuer, http: http).get().absoluteString == idp.tokenEndpoint)
+        #expect(
+            try await http.discovery.tokenEndpoint(issuer: issuer, http: http).get().absoluteString == idp.tokenEndpoint
+        )
         #expect(idp.discoveryCount == 3)
         await http.shutdown()
         await idp.shutdown()

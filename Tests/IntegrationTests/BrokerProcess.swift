@@ -157,7 +157,9 @@ final class BrokerProcess: @unchecked Sendable {
         process.executableURL = binary
         process.arguments = arguments
         process.environment = environment.merging(extraEnvironment) { $1 }
-        _ = FileManager.default.createFile(atPath: logPath, contents: nil)
+        if !FileManager.default.fileExists(atPath: logPath) {
+            _ = FileManager.default.createFile(atPath: logPath, contents: nil)
+        }
         let logHandle = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
         logHandle.seekToEndOfFile()
         process.standardError = logHandle

@@ -41,7 +41,15 @@ import Testing
         let states = try await client.status().map(\.state)
         let needsLogin = states.filter { $0 == "needs_login" }.count
         let reused = idps.reduce(0) { $0 + $1.rejectedReuse }
-        print("crash test: \(Self.kills) SIGKILLs, \(refreshes) refreshes, \(needsLogin) of \(Self.accounts) accounts in needs_login, \(reused) reused refresh tokens")
+        let windows = broker.log.split(separator: "\n").compactMap { line in
+            line.range(of: "saved_after_us=").flatMap { Int(line[$0.upperBound...].prefix { $0.isNumber }) }
+        }.sorted()
+        let median = windows.isEmpty ? 0 : windows[windows.count / 2]
+        let p99 = windows.isEmpty ? 0 : windows[windows.count * 99 / 100]
+        print(
+            "crash test: \(Self.kills) SIGKILLs, \(refreshes) refreshes, \(needsLogin) of \(Self.accounts) accounts in needs_login, \(reused) reused refresh tokens; IdP answer to fsync: median \(median) us, p99 \(p99) us"
+        )
+        #expect(!windows.isEmpty)
         #expect(states.count == Self.accounts)
         for index in 0..<Self.accounts where states[index] != "needs_login" {
             let token = try await client.token(account: "crash-\(index)", minTTL: 0)

@@ -5,7 +5,7 @@ import TestIdP
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The provider kinds beyond plain `oauth2`, end to end: real brokerd, real socket, and a real
@@ -316,15 +316,22 @@ import Glibc
                 ["add", "pph", "--kind", "refresh_url", "--method", "post", "--secrets", "-"],
                 stdin: #"{"refresh_url":"\#(urlIdP.initialURL)"}"#),
             try broker.brokerctl(
-                ["add", "volt", "--kind", "sliding", "--endpoint", slidingIdP.endpoint, "--timezone", "Europe/Berlin",
-                 "--secrets", "-"],
+                [
+                    "add", "volt", "--kind", "sliding", "--endpoint", slidingIdP.endpoint, "--timezone",
+                    "Europe/Berlin",
+                    "--secrets", "-",
+                ],
                 stdin: #"{"refresh_token":"srt-ctl"}"#),
             try broker.brokerctl(
-                ["add", "cred", "--kind", "exec", "--command", helper.script, "--command", helper.directory,
-                 "--command", "--not-an-option"]),
+                [
+                    "add", "cred", "--kind", "exec", "--command", helper.script, "--command", helper.directory,
+                    "--command", "--not-an-option",
+                ]),
             try broker.brokerctl(
-                ["add", "oidc", "--kind", "oauth2", "--issuer", oauthIdP.issuer, "--client-id", oauthIdP.clientID,
-                 "--secrets", "-"],
+                [
+                    "add", "oidc", "--kind", "oauth2", "--issuer", oauthIdP.issuer, "--client-id", oauthIdP.clientID,
+                    "--secrets", "-",
+                ],
                 stdin: #"{"refresh_token":"rt-ctl"}"#),
         ]
         for result in added { #expect(result.status == 0, "\(result.stderr)") }

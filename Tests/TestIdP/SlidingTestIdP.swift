@@ -58,7 +58,8 @@ public final class SlidingTestIdP: Sendable {
         timeZone: String = "UTC"
     ) async throws {
         self.timeZone = timeZone
-        let expiry = Date(timeIntervalSince1970: (Date().timeIntervalSince1970 + Double(refreshLifetime)).rounded(.down))
+        let expiry = Date(
+            timeIntervalSince1970: (Date().timeIntervalSince1970 + Double(refreshLifetime)).rounded(.down))
         initialRefreshExpiresAt = expiry
         let state = Box(
             State(

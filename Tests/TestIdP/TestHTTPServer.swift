@@ -107,7 +107,8 @@ private final class RequestHandler: ChannelInboundHandler, @unchecked Sendable {
                 ])
                 for (name, value) in answer.headers { headers.add(name: name, value: value) }
                 channel.write(
-                    HTTPServerResponsePart.head(HTTPResponseHead(version: .http1_1, status: answer.status, headers: headers)),
+                    HTTPServerResponsePart.head(
+                        HTTPResponseHead(version: .http1_1, status: answer.status, headers: headers)),
                     promise: nil)
                 channel.write(HTTPServerResponsePart.body(.byteBuffer(ByteBuffer(string: answer.body))), promise: nil)
                 channel.writeAndFlush(HTTPServerResponsePart.end(nil), promise: nil)
@@ -116,7 +117,8 @@ private final class RequestHandler: ChannelInboundHandler, @unchecked Sendable {
                 respond()
             } else {
                 let nanoseconds =
-                    answer.delay.components.seconds * 1_000_000_000 + answer.delay.components.attoseconds / 1_000_000_000
+                    answer.delay.components.seconds * 1_000_000_000 + answer.delay.components.attoseconds
+                    / 1_000_000_000
                 context.eventLoop.scheduleTask(in: .nanoseconds(nanoseconds)) { respond() }
             }
         }

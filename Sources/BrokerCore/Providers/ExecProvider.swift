@@ -3,7 +3,7 @@ import Foundation
 import Logging
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Settings of an `exec` account.
@@ -105,8 +105,9 @@ struct ExecOutput: Sendable, Equatable {
 /// learns that its child exited through a socket the child (and every grandchild) inherits, so a
 /// helper that leaves a background process behind would look alive until that process exits,
 /// and the refresh could not be bounded. Here the child also gets default signal dispositions
-/// and an empty signal mask (the broker ignores SIGPIPE and traps SIGTERM), and a process group
-/// of its own, so a timeout stops its children too.
+/// and an empty signal mask (the broker ignores SIGPIPE and traps SIGTERM), a process group of
+/// its own, so a timeout stops its children too, and the broker's environment without the
+/// variables systemd meant for the broker alone.
 enum ExecRunner {
     /// Largest stdout accepted.
     static let stdoutLimit = 1 << 20
@@ -251,6 +252,18 @@ enum ExecRunner {
         return signal == 0 ? .exited((status >> 8) & 0xff) : .signalled(signal)
     }
 
+    /// Variables that systemd gives the broker itself; a command must not act on them (notify
+    /// systemd for the broker, take its sockets, find its vault key).
+    static let brokerOnlyVariables: Set<String> = [
+        "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES",
+        "CREDENTIALS_DIRECTORY",
+    ]
+
+    /// The command's environment: the broker's, minus `brokerOnlyVariables`, as `NAME=value`.
+    static func childEnvironment(_ environment: [String: String]) -> [String] {
+        environment.filter { !brokerOnlyVariables.contains($0.key) }.map { "\($0.key)=\($0.value)" }.sorted()
+    }
+
     private struct SpawnError: Error, CustomStringConvertible {
         let description: String
     }
@@ -279,7 +292,7 @@ enum ExecRunner {
 
         let argv = command.map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }
-        let envp = ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        let envp = childEnvironment(ProcessInfo.processInfo.environment).map { strdup($0) } + [nil]
         defer { envp.forEach { free($0) } }
         var pid: pid_t = 0
         let result = posix_spawn(&pid, command[0], &actions, &attributes, argv, envp)

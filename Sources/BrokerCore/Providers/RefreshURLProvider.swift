@@ -50,7 +50,8 @@ struct RefreshURLProvider: TokenProvider {
 
     /// Classifies a refresh URL's answer: `{"access_token", "expires_in", "refresh_url"}` on
     /// success; a dead URL (400, 401, 403, 404, 410) is a denial; everything else is transient.
-    static func interpret(_ reply: IdPReply, now: Date, defaultLifetime: TimeInterval) -> Result<Grant, RefreshFailure> {
+    static func interpret(_ reply: IdPReply, now: Date, defaultLifetime: TimeInterval) -> Result<Grant, RefreshFailure>
+    {
         switch reply.status {
         case 200..<300:
             guard let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any],

@@ -24,7 +24,8 @@ struct SlidingProvider: TokenProvider {
         }
         // Checked here so the HTTP layer never reports the header (and the token in it) as invalid.
         guard refreshToken.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7F }) else {
-            return .failure(.denial("the refresh token cannot be sent in an HTTP header; push a new one with set_tokens"))
+            return .failure(
+                .denial("the refresh token cannot be sent in an HTTP header; push a new one with set_tokens"))
         }
         var headers = HTTPHeaders()
         headers.add(name: "Authorization", value: "Bearer \(refreshToken)")
@@ -47,7 +48,8 @@ struct SlidingProvider: TokenProvider {
         let reason = (object?["message"] as? String).map { ": " + FormEncoding.printable($0) } ?? ""
         switch reply.status {
         case 500..<600, 429:
-            return .failure(.transient("the sliding endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
+            return .failure(
+                .transient("the sliding endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
         case 400, 401:
             return .failure(.denial("the sliding endpoint refused the refresh: HTTP \(reply.status)\(reason)"))
         default:
@@ -58,10 +60,12 @@ struct SlidingProvider: TokenProvider {
                 .transient("the sliding endpoint answered HTTP \(reply.status) without a {status, data} envelope"))
         }
         guard status else {
-            return .failure(.denial("the sliding endpoint refused the refresh\(reason.isEmpty ? ": status false" : reason)"))
+            return .failure(
+                .denial("the sliding endpoint refused the refresh\(reason.isEmpty ? ": status false" : reason)"))
         }
         guard (200..<300).contains(reply.status) else {
-            return .failure(.transient("the sliding endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
+            return .failure(
+                .transient("the sliding endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
         }
         guard let data = object["data"] as? [String: Any], let accessToken = data["accessToken"] as? String,
             !accessToken.isEmpty
@@ -106,7 +110,8 @@ enum Timestamp {
     static func parse(_ text: String, defaultZone: TimeZone) -> Date? {
         var scanner = Substring(text.trimmingCharacters(in: .whitespaces))
         guard let year = scanner.number(digits: 4), scanner.take("-"), let month = scanner.number(digits: 2),
-            scanner.take("-"), let day = scanner.number(digits: 2), scanner.take("T") || scanner.take("t")
+            scanner.take("-"), let day = scanner.number(digits: 2),
+            scanner.take("T") || scanner.take("t")
                 || scanner.take(" "),
             let hour = scanner.number(digits: 2), scanner.take(":"), let minute = scanner.number(digits: 2),
             scanner.take(":"), let second = scanner.number(digits: 2)
