@@ -49,6 +49,9 @@ public struct AccessToken: Codable, Sendable, Equatable {
     public var obtainedAt: Date
     public var idToken: String?
     public var scope: String?
+    /// Pushed by a person (`add`, `set_tokens`) rather than issued to the broker by the IdP,
+    /// so its lifetime says nothing about what the IdP grants.
+    public var pushed: Bool?
 
     /// Seconds the token stays valid after `now`.
     public func remaining(at now: Date) -> TimeInterval { expiresAt.timeIntervalSince(now) }

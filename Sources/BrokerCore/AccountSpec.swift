@@ -131,7 +131,7 @@ enum AccountSpec {
         let expiresAt = tokens.expiresAt ?? now.addingTimeInterval(tokens.expiresIn ?? defaultLifetime)
         return AccessToken(
             value: value, type: tokens.tokenType ?? "Bearer", expiresAt: expiresAt, obtainedAt: now,
-            idToken: tokens.idToken, scope: tokens.scope)
+            idToken: tokens.idToken, scope: tokens.scope, pushed: true)
     }
 
     /// The refresh token's expiry a `tokens` object states, if any.

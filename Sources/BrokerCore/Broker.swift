@@ -303,8 +303,13 @@ public actor Broker {
         switch outcome {
         case .success(let grant):
             entry.record.token = grant.token
-            if let refreshToken = grant.refreshToken { entry.record.secrets.refreshToken = refreshToken }
-            if let refreshExpiresAt = grant.refreshExpiresAt { entry.record.secrets.refreshExpiresAt = refreshExpiresAt }
+            if let refreshToken = grant.refreshToken {
+                // A rotated refresh token carries its own expiry (or none); the old one's no longer applies.
+                entry.record.secrets.refreshToken = refreshToken
+                entry.record.secrets.refreshExpiresAt = grant.refreshExpiresAt
+            } else if let refreshExpiresAt = grant.refreshExpiresAt {
+                entry.record.secrets.refreshExpiresAt = refreshExpiresAt
+            }
             if let refreshURL = grant.refreshURL { entry.record.secrets.refreshURL = refreshURL }
             entry.record.lastRefreshAt = now
             entry.record.lastError = nil
@@ -422,8 +427,8 @@ public actor Broker {
     /// Refuses, without calling the IdP, a `minTTL` longer than the lifetime the IdP grants,
     /// while the current token is not yet due for refresh (a refresh could not help).
     private func checkLifetime(_ entry: Entry, covers minTTL: TimeInterval) throws(BrokerError) {
-        guard let token = entry.record.token, token.expiresAt > clock.now(), let due = entry.nextRefreshAt,
-            due > clock.now(), token.expiresAt.timeIntervalSince(token.obtainedAt) < minTTL
+        guard let token = entry.record.token, token.pushed != true, token.expiresAt > clock.now(),
+            let due = entry.nextRefreshAt, due > clock.now(), token.expiresAt.timeIntervalSince(token.obtainedAt) < minTTL
         else { return }
         let lifetime = Int(token.expiresAt.timeIntervalSince(token.obtainedAt))
         throw BrokerError(.unavailable, "the IdP issues tokens valid for \(lifetime) s, less than min_ttl \(Int(minTTL)) s")

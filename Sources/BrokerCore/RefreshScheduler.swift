@@ -10,14 +10,24 @@ public final class RefreshScheduler: Service {
 
     private let broker: Broker
     private let heartbeat = Mutex<ContinuousClock.Instant>(.now)
+    /// Test-only fault switch: when this file appears, the loop deletes it and wedges for good,
+    /// so tests can see the systemd watchdog kill and restart a stuck broker.
+    private let wedgeFile: String?
 
-    public init(broker: Broker) { self.broker = broker }
+    public init(broker: Broker, wedgeFile: String? = nil) {
+        self.broker = broker
+        self.wedgeFile = wedgeFile
+    }
 
     /// When the loop last completed a pass.
     public var lastHeartbeat: ContinuousClock.Instant { heartbeat.withLock { $0 } }
 
     public func run() async throws {
         while !Task.isCancelled && !Task.isShuttingDownGracefully {
+            if let wedgeFile, (try? FileManager.default.removeItem(atPath: wedgeFile)) != nil {
+                try? await gracefulShutdown()
+                return
+            }
             let next = await broker.runDueRefreshes()
             heartbeat.withLock { $0 = .now }
             var pause = Self.maximumSleep

@@ -16,23 +16,29 @@ public struct DefaultPaths: Sendable {
         return runtime + "/tokenbroker/broker.sock"
     }
 
-    /// `$TOKENBROKER_CONFIG`, else `$XDG_CONFIG_HOME/tokenbroker/broker.toml`.
+    /// `$TOKENBROKER_CONFIG`, else `broker.toml` in systemd's `$CONFIGURATION_DIRECTORY` or
+    /// in `$XDG_CONFIG_HOME/tokenbroker`.
     public var config: String {
-        nonEmpty("TOKENBROKER_CONFIG") ?? configHome + "/tokenbroker/broker.toml"
+        nonEmpty("TOKENBROKER_CONFIG") ?? configDirectory + "/broker.toml"
     }
 
-    /// `$TOKENBROKER_VAULT`, else `$XDG_STATE_HOME/tokenbroker/vault`.
+    /// `$TOKENBROKER_VAULT`, else `vault` in systemd's `$STATE_DIRECTORY` or in
+    /// `$XDG_STATE_HOME/tokenbroker`.
     public var vault: String {
-        nonEmpty("TOKENBROKER_VAULT") ?? (nonEmpty("XDG_STATE_HOME") ?? home + "/.local/state") + "/tokenbroker/vault"
+        nonEmpty("TOKENBROKER_VAULT")
+            ?? (nonEmpty("STATE_DIRECTORY") ?? (nonEmpty("XDG_STATE_HOME") ?? home + "/.local/state") + "/tokenbroker")
+            + "/vault"
     }
 
     /// `$TOKENBROKER_KEY_FILE`, else systemd's `$CREDENTIALS_DIRECTORY/vault-key`, else
-    /// `$XDG_CONFIG_HOME/tokenbroker/vault.key`.
+    /// `vault.key` beside the config file.
     public var keyFile: (path: String, fromSystemd: Bool) {
         if let path = nonEmpty("TOKENBROKER_KEY_FILE") { return (path, false) }
         if let directory = nonEmpty("CREDENTIALS_DIRECTORY") { return (directory + "/vault-key", true) }
-        return (configHome + "/tokenbroker/vault.key", false)
+        return (configDirectory + "/vault.key", false)
     }
+
+    private var configDirectory: String { nonEmpty("CONFIGURATION_DIRECTORY") ?? configHome + "/tokenbroker" }
 
     private var home: String { nonEmpty("HOME") ?? NSHomeDirectory() }
     private var configHome: String { nonEmpty("XDG_CONFIG_HOME") ?? home + "/.config" }

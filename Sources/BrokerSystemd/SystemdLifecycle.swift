@@ -1,8 +1,9 @@
 import ServiceLifecycle
 
 /// Keeps the service manager informed while the broker runs, as a `Service`: refreshes
-/// `STATUS=` when the summary changes, pets the watchdog at half its interval only while
-/// `isHealthy` says the broker's own loop is alive, and sends `STOPPING=1` on shutdown.
+/// `STATUS=` within a second of the summary changing, pets the watchdog at half its interval
+/// only while `isHealthy` says the broker's own loop is alive (so a wedged broker is killed
+/// and restarted), and sends `STOPPING=1` on shutdown.
 public struct SystemdLifecycle: Service {
     private let notifier: SystemdNotifier
     private let summary: @Sendable () async -> String
@@ -18,17 +19,21 @@ public struct SystemdLifecycle: Service {
     }
 
     public func run() async throws {
-        let watchdog = notifier.watchdogInterval()
-        let period = min(Duration.seconds(2), watchdog.map { Duration.microseconds(Int64($0 / 2)) } ?? .seconds(2))
+        let petEvery = notifier.watchdogInterval().map { Duration.microseconds(Int64($0 / 2)) }
+        let period = min(Duration.seconds(1), petEvery ?? .seconds(1))
         await withGracefulShutdownHandler {
             var lastStatus = ""
+            var lastPet = ContinuousClock.now
             while !Task.isCancelled && !Task.isShuttingDownGracefully {
                 let status = await summary()
                 if status != lastStatus {
                     notifier.status(status)
                     lastStatus = status
                 }
-                if watchdog != nil, isHealthy() { notifier.watchdog() }
+                if let petEvery, lastPet.duration(to: .now) >= petEvery - .milliseconds(50), isHealthy() {
+                    notifier.watchdog()
+                    lastPet = .now
+                }
                 try? await cancelWhenGracefulShutdown { try await Task.sleep(for: period) }
             }
         } onGracefulShutdown: {

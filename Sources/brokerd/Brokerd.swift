@@ -72,9 +72,10 @@ struct Brokerd: AsyncParsableCommand {
             notifier.ready(status: summary)
             logger.info("ready", metadata: ["status": "\(summary)"])
         }
-        let scheduler = RefreshScheduler(broker: broker)
+        let scheduler = RefreshScheduler(
+            broker: broker, wedgeFile: ProcessInfo.processInfo.environment["TOKENBROKER_TEST_WEDGE_FILE"])
         let lifecycle = SystemdLifecycle(notifier: notifier, summary: { await broker.summary() }) {
-            scheduler.lastHeartbeat.duration(to: .now) < .seconds(10)
+            scheduler.lastHeartbeat.duration(to: .now) < .seconds(5)
         }
         let reloader = ReloadOnHangup(notifier: notifier) { try? await broker.reloadConfiguration() }
         let group = ServiceGroup(

@@ -42,7 +42,8 @@ final class BrokerProcess: @unchecked Sendable {
         environment["XDG_CONFIG_HOME"] = root.appendingPathComponent("config").path
         environment["XDG_STATE_HOME"] = root.appendingPathComponent("state").path
         for name in ["TOKENBROKER_SOCKET", "TOKENBROKER_CONFIG", "TOKENBROKER_VAULT", "TOKENBROKER_KEY_FILE",
-            "CREDENTIALS_DIRECTORY", "NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID"]
+            "CREDENTIALS_DIRECTORY", "STATE_DIRECTORY", "CONFIGURATION_DIRECTORY", "NOTIFY_SOCKET", "LISTEN_FDS",
+            "LISTEN_PID", "WATCHDOG_USEC", "WATCHDOG_PID"]
         {
             environment[name] = nil
         }
