@@ -48,17 +48,19 @@ struct SystemdUserServiceTests {
 
         // A wedged broker stops petting the watchdog; systemd kills and restarts it.
         let firstPID = manager.show("tokenbroker.service", "MainPID")
-        // In the state directory: the only place the sandboxed broker may delete it.
-        FileManager.default.createFile(
-            atPath: manager.home.appendingPathComponent(".local/state/tokenbroker/wedge").path, contents: nil)
+        // In the unit's state directory (the only place the sandboxed broker may delete it),
+        // as systemd resolved it for the running broker.
+        let environ = (try? Data(contentsOf: URL(fileURLWithPath: "/proc/\(firstPID)/environ"))) ?? Data()
+        let stateDirectory = environ.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+            .first { $0.hasPrefix("STATE_DIRECTORY=") }?.dropFirst("STATE_DIRECTORY=".count)
+        let wedge = try #require(stateDirectory.map { "\($0)/wedge" })
+        FileManager.default.createFile(atPath: wedge, contents: nil)
         let restarted = await manager.eventually(timeout: 40) {
             manager.show("tokenbroker.service", "NRestarts") == "1"
                 && manager.show("tokenbroker.service", "ActiveState") == "active"
                 && manager.show("tokenbroker.service", "MainPID") != firstPID
         }
-        withKnownIssue("the wedge switch does not yet make systemd's watchdog restart the unit in this harness") {
-            #expect(restarted)
-        }
+        #expect(restarted)
         #expect(await manager.eventually { (try? manager.brokerctl(["token", "api"]).output) == "sd-token\n" })
 
         // stop: STOPPING=1 and a clean exit.
@@ -99,7 +101,7 @@ final class UserManager: @unchecked Sendable {
         }
         // %h is the user database's home, not this temporary one: point the test at its copy.
         let brokerd = home.appendingPathComponent(".local/bin/brokerd").path
-        try "[Service]\nExecStart=\nExecStart=\(brokerd)\nWatchdogSec=2\nEnvironment=TOKENBROKER_TEST_WEDGE_FILE=\(home.path)/.local/state/tokenbroker/wedge\n".write(
+        try "[Service]\nExecStart=\nExecStart=\(brokerd)\nWatchdogSec=2\nEnvironment=TOKENBROKER_TEST_WEDGE_FILE=%S/tokenbroker/wedge\n".write(
             to: unitDirectory.appendingPathComponent("tokenbroker.service.d/test.conf"), atomically: true, encoding: .utf8)
         try fileManager.copyItem(at: BrokerProcess.binary("brokerd"), to: URL(fileURLWithPath: brokerd))
         guard start else { return }
