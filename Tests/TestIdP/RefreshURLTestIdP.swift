@@ -5,16 +5,8 @@ import NIOHTTP1
 /// that works once. Calling it answers `{"access_token", "refresh_url", "expires_in"}` with a NEW
 /// URL; the used URL (and any unknown one) then gets `401`.
 public final class RefreshURLTestIdP: Sendable {
-    /// How the next refresh calls are answered.
-    public enum Behavior: Sendable, Equatable {
-        case normal
-        /// Answer with this HTTP status (and `Retry-After` if given).
-        case status(Int, retryAfter: Int?)
-        /// Answer 200 with a body that is not JSON.
-        case garbage
-        /// Accept the request and never answer.
-        case hang
-    }
+    /// How the next refresh calls are answered (the same faults every test IdP imitates).
+    public typealias Behavior = OAuth2TestIdP.Behavior
 
     /// One request the server received.
     public struct Call: Sendable, Equatable {

@@ -9,16 +9,8 @@ import NIOHTTP1
 /// gets `{"status": false, "message": "RefreshTokenMismatch"}`, an expired one
 /// `"RefreshTokenExpired"`, both with HTTP 200 so only the envelope tells.
 public final class SlidingTestIdP: Sendable {
-    /// How the next refresh calls are answered.
-    public enum Behavior: Sendable, Equatable {
-        case normal
-        /// Answer with this HTTP status (and `Retry-After` if given).
-        case status(Int, retryAfter: Int?)
-        /// Answer 200 with a body that is not JSON.
-        case garbage
-        /// Accept the request and never answer.
-        case hang
-    }
+    /// How the next refresh calls are answered (the same faults every test IdP imitates).
+    public typealias Behavior = OAuth2TestIdP.Behavior
 
     /// One request the endpoint received.
     public struct Call: Sendable, Equatable {
