@@ -73,18 +73,7 @@ public final class RefreshURLTestIdP: Sendable {
         let called = "http://\(host)\(request.path)" + (request.query.map { "?" + $0 } ?? "")
         return state.withLock { state in
             state.calls.append(Call(url: called, method: request.method.rawValue, at: Date()))
-            switch state.behavior {
-            case .hang:
-                return .hanging
-            case .garbage:
-                return TestHTTPResponse(status: .ok, body: "<html>this is not json")
-            case .status(let code, let retryAfter):
-                return TestHTTPResponse(
-                    status: HTTPResponseStatus(statusCode: code), body: #"{"error":"unavailable"}"#,
-                    headers: retryAfter.map { [("Retry-After", String($0))] } ?? [])
-            case .normal:
-                break
-            }
+            if let fault = state.behavior.response(errorBody: #"{"error":"unavailable"}"#) { return fault }
             let prefix = "/refresh/"
             guard request.path.hasPrefix(prefix), let current = state.current,
                 String(request.path.dropFirst(prefix.count)) == current

@@ -102,19 +102,7 @@ public final class SlidingTestIdP: Sendable {
         let now = Date()
         return state.withLock { state in
             state.calls.append(Call(refreshToken: presented, method: request.method.rawValue, at: now))
-            switch state.behavior {
-            case .hang:
-                return .hanging
-            case .garbage:
-                return TestHTTPResponse(status: .ok, body: "<html>this is not json")
-            case .status(let code, let retryAfter):
-                return TestHTTPResponse(
-                    status: HTTPResponseStatus(statusCode: code),
-                    body: #"{"status":false,"message":"ServiceUnavailable","data":null}"#,
-                    headers: retryAfter.map { [("Retry-After", String($0))] } ?? [])
-            case .normal:
-                break
-            }
+            if let fault = state.behavior.response(errorBody: #"{"status":false,"message":"ServiceUnavailable","data":null}"#) { return fault }
             guard request.method == .POST, request.path == "/api/Auth/RefreshToken" else {
                 return TestHTTPResponse(status: .notFound, body: #"{"status":false,"message":"NotFound","data":null}"#)
             }

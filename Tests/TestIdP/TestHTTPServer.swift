@@ -152,3 +152,18 @@ final class Box<Value: Sendable>: Sendable {
 
 /// A random suffix that makes issued tokens and URLs unique per test run.
 func randomSuffix() -> String { String(UInt32.random(in: 0...UInt32.max)) }
+
+extension OAuth2TestIdP.Behavior {
+    /// The answer a fault imitates (`nil` for `.normal`); `errorBody` is the IdP's own error format.
+    func response(errorBody: String) -> TestHTTPResponse? {
+        switch self {
+        case .normal: return nil
+        case .hang: return .hanging
+        case .garbage: return TestHTTPResponse(status: .ok, body: "<html>this is not json")
+        case .status(let code, let retryAfter):
+            return TestHTTPResponse(
+                status: HTTPResponseStatus(statusCode: code), body: errorBody,
+                headers: retryAfter.map { [("Retry-After", String($0))] } ?? [])
+        }
+    }
+}
