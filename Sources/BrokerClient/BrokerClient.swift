@@ -83,7 +83,13 @@ public final class BrokerClient: Sendable {
         try await call(Request(id: nil, op: "remove", account: account))
     }
 
-    /// Makes the broker re-read its config file (owner only).
+    /// Revokes an account's credential where the IdP can, then discards its tokens (owner
+    /// only); `force` discards them even when the IdP cannot be reached.
+    public func logout(account: String, force: Bool = false) async throws -> LogoutResult {
+        try await call(Request(id: nil, op: "logout", account: account, force: force ? true : nil))
+    }
+
+        /// Makes the broker re-read its config file (owner only).
     public func reload() async throws -> ReloadResult {
         try await call(Request(id: nil, op: "reload"))
     }

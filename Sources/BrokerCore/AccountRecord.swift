@@ -38,6 +38,8 @@ public struct OAuth2Settings: Codable, Sendable, Equatable {
     /// An OIDC issuer whose discovery document names the token endpoint (used when
     /// `tokenEndpoint` is `nil`).
     public var issuer: URL? = nil
+    /// Where `logout` revokes the refresh token (RFC 7009); discovered from `issuer` when `nil`.
+    public var revocationEndpoint: URL? = nil
 }
 
 /// The current access token of an account.
@@ -74,6 +76,8 @@ public struct AccountRecord: Codable, Sendable, Equatable {
     public var token: AccessToken?
     /// Set when the IdP denied the refresh; cleared only by new tokens.
     public var needsLogin: Bool
+    /// Set by `logout`, which discarded every token; cleared only by new tokens. `nil` in older vaults.
+    public var loggedOut: Bool?
     public var lastError: AccountError?
     public var lastRefreshAt: Date?
     /// Declared in the config file (its provider settings come from there); `nil` in older vaults.

@@ -109,8 +109,11 @@ enum AccountSpec {
         if auth != .none, spec.clientSecret == nil {
             throw BrokerError(.badRequest, "client_auth \(auth.rawValue) needs \"client_secret\"")
         }
+        var revocation: URL?
+        if let text = spec.revocationEndpoint { revocation = try allowedURL(text, field: "revocation_endpoint") }
         let settings = OAuth2Settings(
-            tokenEndpoint: endpoint, clientID: clientID, clientAuth: auth, scope: spec.scope, issuer: issuer)
+            tokenEndpoint: endpoint, clientID: clientID, clientAuth: auth, scope: spec.scope, issuer: issuer,
+            revocationEndpoint: revocation)
         return (.oauth2(settings), spec.clientSecret)
     }
 

@@ -20,6 +20,8 @@ public actor Broker {
         var generation = 0
         /// Set when an overdue refresh was pushed back to spread a backlog; it runs when next due.
         var spreadOverdue = false
+        /// Set while `logout` revokes the credential: no refresh may rotate it meanwhile.
+        var loggingOut = false
     }
 
     /// Tokens ready to serve, readable without entering the actor.
@@ -56,7 +58,7 @@ public actor Broker {
         for record in try vault.load()?.accounts ?? [] {
             entries[record.name] = Entry(
                 record: record, nextRefreshAt: Self.schedule(record, RefreshPlanner(settings: settings), now: now))
-            if !record.needsLogin, let token = record.token {
+            if !record.needsLogin, record.loggedOut != true, let token = record.token {
                 cache.publish(Self.prepare(record.name, token), for: record.name)
             }
         }
@@ -144,6 +146,7 @@ public actor Broker {
         let now = clock.now()
         try apply(tokens, to: &entry.record, now: now)
         entry.record.needsLogin = false
+        entry.record.loggedOut = nil
         entry.record.lastError = nil
         entry.failures = 0
         entry.retryAt = nil
@@ -180,11 +183,74 @@ public actor Broker {
         if case .static = entry.record.provider {
             throw BrokerError(.badRequest, "\(name) is a static account; push new tokens with set_tokens")
         }
-        if entry.record.needsLogin { throw needsLogin(name) }
+        try checkCredentialUsable(entry)
         entry.retryAt = nil
         entries[name] = entry
         if case .failure(let error) = await refreshShared(name) { throw error }
         return AccountResult(account: name, state: state(of: try self.entry(name), now: clock.now()))
+    }
+
+    /// Logs an account out: revokes its credential at the IdP where the provider can, then
+    /// discards every token and refresh credential; the account keeps its settings (and client
+    /// secret) in state `logged_out` until new tokens are pushed. Refused while the IdP cannot
+    /// be reached, unless `force`, so a credential is never left alive at the IdP by accident.
+    public func logout(account: String?, force: Bool) async throws(BrokerError) -> LogoutResult {
+        let name = try AccountSpec.validateName(account)
+        let entry = try self.entry(name)
+        if entry.record.loggedOut == true { return LogoutResult(account: name, state: "logged_out", revoked: false) }
+        entries[name]?.loggingOut = true
+        defer { entries[name]?.loggingOut = false }
+        // A refresh under way may rotate the credential: revoke the one it leaves behind.
+        _ = await entry.inFlight?.task.value
+        guard let current = entries[name] else { throw notFound(name) }
+        entries[name]?.nextRefreshAt = nil
+
+        let revocation = await makeProvider(current.record.provider).revoke(current.record)
+        var revoked = false
+        switch revocation {
+        case .success(.revoked):
+            revoked = true
+        case .success(.unsupported):
+            break
+        case .success(.refused(let message)):
+            logger.warning("the IdP refused the revocation; discarding anyway", metadata: ["account": "\(name)", "reason": "\(message)"])
+        case .failure(let failure) where !force:
+            entries[name]?.nextRefreshAt = Self.schedule(current.record, planner, now: clock.now())
+            logger.warning("logout refused: cannot revoke", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
+            let wait = failure.retryAfter ?? settings.backoffBase
+            throw BrokerError(
+                .unavailable,
+                "cannot revoke \(name) at the IdP (\(failure.message)); nothing was discarded. Try again later, "
+                    + "or brokerctl logout \(name) --force to discard it without revoking",
+                retryAfterMs: Int(wait * 1000))
+        case .failure(let failure):
+            logger.warning("forced logout without revocation", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
+        }
+
+        guard var entry = entries[name] else { throw notFound(name) }
+        let before = entry
+        let clientSecret = entry.record.secrets.clientSecret
+        entry.record.secrets = AccountSecrets(clientSecret: clientSecret)
+        entry.record.token = nil
+        entry.record.loggedOut = true
+        entry.record.needsLogin = false
+        entry.record.lastError = nil
+        entry.failures = 0
+        entry.retryAt = nil
+        entry.generation += 1
+        entry.nextRefreshAt = nil
+        entries[name] = entry
+        do {
+            try persist(changing: name)
+        } catch {
+            entries[name] = before
+            throw error
+        }
+        cache.publish(nil, for: name)
+        let now = clock.now()
+        events.publish(BrokerEvent(event: .loggedOut, account: name, at: now, state: "logged_out"))
+        logger.info("logged out", metadata: ["account": "\(name)", "revoked": "\(revoked)"])
+        return LogoutResult(account: name, state: "logged_out", revoked: revoked)
     }
 
     // MARK: Configuration
@@ -248,7 +314,7 @@ public actor Broker {
         let now = clock.now()
         var next: Date?
         for (name, entry) in entries {
-            guard var due = entry.nextRefreshAt else { continue }
+            guard var due = entry.nextRefreshAt, !entry.loggingOut else { continue }
             if entry.inFlight == nil, !entry.spreadOverdue, now.timeIntervalSince(due) > settings.overdueThreshold {
                 due = now.addingTimeInterval(Double.random(in: 0...settings.overdueSpread))
                 entries[name]?.nextRefreshAt = due
@@ -413,7 +479,7 @@ public actor Broker {
     /// Fails fast for accounts that cannot be refreshed now, instead of calling the IdP.
     private func checkRefreshable(_ entry: Entry) throws(BrokerError) {
         let name = entry.record.name
-        if entry.record.needsLogin { throw needsLogin(name) }
+        try checkCredentialUsable(entry)
         if case .static = entry.record.provider {
             throw BrokerError(.needsLogin, "\(name) is a static account with no token valid long enough; push one with set_tokens")
         }
@@ -422,6 +488,16 @@ public actor Broker {
             throw BrokerError(
                 .unavailable, entry.record.lastError?.message ?? "the IdP is failing; retrying", retryAfterMs: wait)
         }
+    }
+
+    /// Refuses accounts whose credential was denied, discarded, or is being revoked.
+    private func checkCredentialUsable(_ entry: Entry) throws(BrokerError) {
+        let name = entry.record.name
+        if entry.record.loggedOut == true {
+            throw BrokerError(.needsLogin, "\(name) is logged out; push new tokens with brokerctl set-tokens \(name)")
+        }
+        if entry.record.needsLogin { throw needsLogin(name) }
+        if entry.loggingOut { throw BrokerError(.unavailable, "\(name) is being logged out", retryAfterMs: 1000) }
     }
 
     /// Refuses, without calling the IdP, a `minTTL` longer than the lifetime the IdP grants,
@@ -463,7 +539,7 @@ public actor Broker {
     }
 
     private static func schedule(_ record: AccountRecord, _ planner: RefreshPlanner, now: Date) -> Date? {
-        if record.needsLogin { return nil }
+        if record.needsLogin || record.loggedOut == true { return nil }
         if case .static = record.provider { return nil }
         return planner.nextRefresh(token: record.token, refreshExpiresAt: record.secrets.refreshExpiresAt, now: now)
     }
@@ -476,6 +552,7 @@ public actor Broker {
     }
 
     private func state(of entry: Entry, now: Date) -> String {
+        if entry.record.loggedOut == true { return "logged_out" }
         if entry.record.needsLogin { return "needs_login" }
         if entry.inFlight != nil { return "refreshing" }
         let valid = (entry.record.token?.expiresAt ?? .distantPast) > now

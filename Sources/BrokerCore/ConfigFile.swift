@@ -69,7 +69,7 @@ public enum ConfigFile {
     /// Keys an `[accounts.NAME]` table may hold: provider settings only, never a secret.
     static let accountKeys: Set<String> = [
         "kind", "token_endpoint", "issuer", "client_id", "client_auth", "scope", "method", "endpoint", "timezone",
-        "command",
+        "command", "revocation_endpoint",
     ]
 
     private static func accounts(_ value: (any TOMLValueConvertible)?, path: String) throws -> [String: ProviderSpec] {
@@ -102,6 +102,7 @@ public enum ConfigFile {
             var spec = ProviderSpec(
                 kind: kind, tokenEndpoint: try string("token_endpoint"), issuer: try string("issuer"),
                 clientID: try string("client_id"), clientAuth: try string("client_auth"), scope: try string("scope"))
+            spec.revocationEndpoint = try string("revocation_endpoint")
             spec.method = try string("method")
             spec.endpoint = try string("endpoint")
             spec.timezone = try string("timezone")

@@ -10,12 +10,12 @@ public let maximumLineLength = 64 * 1024
 public enum Operation: String, Sendable, CaseIterable, Codable {
     case hello, token, reject, status, subscribe, add
     case setTokens = "set_tokens"
-    case remove, refresh, reload
+    case remove, refresh, logout, reload
 
     /// Operations reserved for the broker's owner (brokerctl).
     public var isOwnerOnly: Bool {
         switch self {
-        case .add, .setTokens, .remove, .refresh, .reload: return true
+        case .add, .setTokens, .remove, .refresh, .logout, .reload: return true
         case .hello, .token, .reject, .status, .subscribe: return false
         }
     }
@@ -35,10 +35,13 @@ public struct Request: Codable, Sendable {
     public var client: String?
     public var provider: ProviderSpec?
     public var tokens: TokenSet?
+    /// `logout`: discard the credential even when the IdP cannot be reached to revoke it.
+    public var force: Bool?
 
     public init(
         id: RequestID?, op: String, account: String? = nil, minTTL: Double? = nil, accessToken: String? = nil,
-        versions: [Int]? = nil, client: String? = nil, provider: ProviderSpec? = nil, tokens: TokenSet? = nil
+        versions: [Int]? = nil, client: String? = nil, provider: ProviderSpec? = nil, tokens: TokenSet? = nil,
+        force: Bool? = nil
     ) {
         self.id = id
         self.op = op
@@ -49,10 +52,11 @@ public struct Request: Codable, Sendable {
         self.client = client
         self.provider = provider
         self.tokens = tokens
+        self.force = force
     }
 
     enum CodingKeys: String, CodingKey {
-        case id, op, account, accounts, versions, client, provider, tokens
+        case id, op, account, accounts, versions, client, provider, tokens, force
         case minTTL = "min_ttl"
         case accessToken = "access_token"
     }
@@ -68,6 +72,8 @@ public struct ProviderSpec: Codable, Sendable, Equatable {
     public var clientSecret: String?
     public var clientAuth: String?
     public var scope: String?
+    /// `oauth2`: where RFC 7009 revocation goes at `logout` (discovered from `issuer` when absent).
+    public var revocationEndpoint: String?
     public var method: String?
     public var endpoint: String?
     public var timezone: String?
@@ -92,6 +98,7 @@ public struct ProviderSpec: Codable, Sendable, Equatable {
         case clientID = "client_id"
         case clientSecret = "client_secret"
         case clientAuth = "client_auth"
+        case revocationEndpoint = "revocation_endpoint"
     }
 }
 
@@ -245,6 +252,21 @@ public struct AccountResult: Codable, Sendable, Equatable {
     public init(account: String, state: String) {
         self.account = account
         self.state = state
+    }
+}
+
+/// The result of `logout`: the account keeps its settings and holds no credential.
+public struct LogoutResult: Codable, Sendable, Equatable {
+    public var account: String
+    public var state: String
+    /// Whether the IdP confirmed the revocation (`false`: the provider has no revocation, or
+    /// it was skipped with `force`).
+    public var revoked: Bool
+
+    public init(account: String, state: String, revoked: Bool) {
+        self.account = account
+        self.state = state
+        self.revoked = revoked
     }
 }
 

@@ -106,6 +106,9 @@ public struct RequestDispatcher: Sendable {
                 return try success(request, try await broker.remove(account: request.account), encoder)
             case .refresh:
                 return try success(request, try await broker.refreshNow(account: request.account), encoder)
+            case .logout:
+                return try success(
+                    request, try await broker.logout(account: request.account, force: request.force ?? false), encoder)
             case .reload:
                 try await broker.reloadConfiguration()
                 let count = try await broker.status(account: nil).count

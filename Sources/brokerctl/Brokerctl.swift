@@ -12,7 +12,9 @@ struct Brokerctl: AsyncParsableCommand {
             Exit codes: 0 ok, 1 other error, 3 broker not running, 4 not found, 5 needs login,
             6 unavailable, 7 forbidden, 8 locked.
             """,
-        subcommands: [Status.self, Token.self, Watch.self, Add.self, SetTokens.self, Remove.self, Refresh.self, Reload.self])
+        subcommands: [Status.self, Token.self, Watch.self, Add.self, SetTokens.self, Remove.self, Refresh.self, Logout.self,
+            Reload.self,
+        ])
 }
 
 /// Options every subcommand takes.
@@ -110,7 +112,7 @@ struct Token: AsyncParsableCommand {
 
 struct Watch: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Show account events live (refreshed, refresh_failed, needs_login, added, removed).")
+        abstract: "Show account events live (refreshed, refresh_failed, needs_login, logged_out, added, removed).")
 
     @OptionGroup var options: GlobalOptions
     @Argument(help: "Accounts to watch (all when none are given).") var accounts: [String] = []
@@ -163,6 +165,8 @@ struct Add: AsyncParsableCommand {
     @Option(help: "oauth2: the client id.") var clientID: String?
     @Option(help: "oauth2: client_secret_basic, client_secret_post or none.") var clientAuth: String?
     @Option(help: "oauth2: scope to request.") var scope: String?
+    @Option(help: "oauth2: RFC 7009 revocation endpoint for logout (discovered with --issuer).")
+    var revocationEndpoint: String?
     @Option(help: "refresh_url: GET (default) or POST.") var method: String?
     @Option(help: "sliding: the refresh endpoint URL.") var endpoint: String?
     @Option(help: "sliding: IANA time zone of timestamps without a zone (default UTC).") var timezone: String?
@@ -176,6 +180,7 @@ struct Add: AsyncParsableCommand {
         var provider = ProviderSpec(
             kind: kind, tokenEndpoint: tokenEndpoint, issuer: issuer, clientID: clientID, clientAuth: clientAuth,
             scope: scope)
+        provider.revocationEndpoint = revocationEndpoint
         provider.method = method
         provider.endpoint = endpoint
         provider.timezone = timezone
@@ -243,6 +248,26 @@ struct Refresh: AsyncParsableCommand {
 
     func run() async throws {
         try await options.run({ try await $0.refresh(account: account) }) { "refreshed \($0.account) (\($0.state))" }
+    }
+}
+
+struct Logout: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Revoke an account's credential at the IdP where it can be, then discard its tokens.",
+        discussion: """
+            The account and its settings stay (state logged_out) until new tokens are pushed with
+            set-tokens. While the IdP cannot be reached, logout is refused and nothing is discarded,
+            unless --force.
+            """)
+
+    @OptionGroup var options: GlobalOptions
+    @Argument(help: "Account name.") var account: String
+    @Flag(help: "Discard the credential even if the IdP cannot be reached to revoke it.") var force = false
+
+    func run() async throws {
+        try await options.run({ try await $0.logout(account: account, force: force) }) {
+            "logged out \($0.account)" + ($0.revoked ? " (revoked at the IdP)" : " (discarded; not revoked at the IdP)")
+        }
     }
 }
 

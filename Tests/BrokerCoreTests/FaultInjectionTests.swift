@@ -14,30 +14,57 @@ import Testing
 @Suite struct FaultInjectionTests {
     enum Fault: String, CaseIterable, Sendable {
         case timeout, connectionRefused, serverError, rateLimited, malformedJSON, slowPastTotalTimeout, invalidGrant
+        /// A sliding account (seed 004) presenting a refresh token that was already used.
+        case refreshTokenMismatch
+
+        var isDenial: Bool { self == .invalidGrant || self == .refreshTokenMismatch }
     }
 
-    /// A broker on a test clock with one `oauth2` account whose token is valid for an hour.
+    /// Where an `oauth2` account's `logout` revokes.
+    enum RevocationSource: Sendable {
+        case none, configured, discovered
+    }
+
+    /// A broker on a test clock with one account, `api`, whose token is valid for an hour:
+    /// `oauth2` against `idp` by default, or `sliding` against `slidingIdP`.
     struct Rig {
         let directory: TemporaryDirectory
         let clock = TestClock()
         let idp: OAuth2TestIdP
+        let slidingIdP: SlidingTestIdP?
         let http: IdPClient
         let broker: Broker
         let events: EventHub.Events
 
-        init(settings: BrokerSettings, endpoint: String? = nil) async throws {
+        init(
+            settings: BrokerSettings, endpoint: String? = nil, sliding: Bool = false,
+            revocation: RevocationSource = .none
+        ) async throws {
             directory = try TemporaryDirectory()
             idp = try await OAuth2TestIdP(initialRefreshToken: "rt-0")
+            slidingIdP = sliding ? try await SlidingTestIdP(initialRefreshToken: "rt-0") : nil
             http = IdPClient(settings: settings)
             let vault = try Vault(
                 path: directory.file("vault"), key: VaultKey.load(path: directory.file("key"), create: true))
             broker = try Broker(vault: vault, settings: settings, http: http, clock: clock, logger: Logger(label: "t"))
             events = broker.events.subscribe(accounts: nil)
+            var provider = ProviderSpec(kind: "oauth2", tokenEndpoint: endpoint ?? idp.tokenEndpoint, clientID: idp.clientID)
+            switch revocation {
+            case .none: break
+            case .configured: provider.revocationEndpoint = idp.revocationEndpoint
+            case .discovered: (provider.tokenEndpoint, provider.issuer) = (nil, idp.issuer)
+            }
+            if let slidingIdP {
+                provider = ProviderSpec(kind: "sliding")
+                provider.endpoint = slidingIdP.endpoint
+            }
             _ = try await broker.add(
-                account: "api",
-                provider: ProviderSpec(kind: "oauth2", tokenEndpoint: endpoint ?? idp.tokenEndpoint, clientID: idp.clientID),
+                account: "api", provider: provider,
                 tokens: TokenSet(accessToken: "at-old", expiresIn: 3600, refreshToken: "rt-0"))
         }
+
+        /// Calls the account's IdP received.
+        var callCount: Int { slidingIdP?.callCount ?? idp.callCount }
 
         /// Moves the clock in `step`-second steps for `seconds`, running the scheduler each time;
         /// returns the clock times at which the IdP was called.
@@ -60,6 +87,7 @@ import Testing
         func shutdown() async {
             await http.shutdown()
             await idp.shutdown()
+            await slidingIdP?.shutdown()
             directory.remove()
         }
     }
@@ -85,9 +113,9 @@ import Testing
     @Test(arguments: Fault.allCases)
     func lifecycleUnderFault(fault: Fault) async throws {
         let endpoint = fault == .connectionRefused ? try await Self.closedPortEndpoint() : nil
-        let rig = try await Rig(settings: Self.settings, endpoint: endpoint)
+        let rig = try await Rig(settings: Self.settings, endpoint: endpoint, sliding: fault == .refreshTokenMismatch)
         defer { Task { await rig.shutdown() } }
-        let calls = { fault == .connectionRefused ? 0 : rig.idp.callCount }
+        let calls = { fault == .connectionRefused ? 0 : rig.callCount }
         switch fault {
         case .timeout: rig.idp.setBehavior(.hang)
         case .connectionRefused: break
@@ -95,7 +123,7 @@ import Testing
         case .rateLimited: rig.idp.setBehavior(.status(429, retryAfter: 15))
         case .malformedJSON: rig.idp.setBehavior(.garbage)
         case .slowPastTotalTimeout: rig.idp.setDelay(.seconds(2))
-        case .invalidGrant:
+        case .invalidGrant, .refreshTokenMismatch:
             _ = try await rig.broker.setTokens(
                 account: "api", tokens: TokenSet(accessToken: "at-old", expiresIn: 3600, refreshToken: "rt-burned"))
         }
@@ -105,11 +133,16 @@ import Testing
         let times = await rig.run(for: 120, step: 0.5, calls: calls)
         let state = try await rig.state()
 
-        if fault == .invalidGrant {
+        if fault.isDenial {
             #expect(state == "needs_login")
             #expect(times.count == 1, "a denial is final: no retries")
+            // Nothing is served for a denied account, neither while the old token is valid nor after.
             let refused = await #expect(throws: BrokerError.self) { try await rig.broker.token(account: "api", minTTL: 30) }
             #expect(refused?.code == .needsLogin)
+            rig.clock.advance(by: 1200)
+            let expired = await #expect(throws: BrokerError.self) { try await rig.broker.token(account: "api", minTTL: 0) }
+            #expect(expired?.code == .needsLogin)
+            #expect(calls() == times.count, "no IdP call after the denial")
         } else {
             // Transient: the current token is still served while valid; retries back off.
             #expect(state == "stale")
@@ -137,7 +170,7 @@ import Testing
 
         // Events: the failure is announced once, however many retries there were.
         let seen = await Self.collect(rig.events)
-        let expected: BrokerEvent.Kind = fault == .invalidGrant ? .needsLogin : .refreshFailed
+        let expected: BrokerEvent.Kind = fault.isDenial ? .needsLogin : .refreshFailed
         #expect(seen.first == .added)
         #expect(seen.filter { $0 == expected }.count == 1, "\(seen)")
         #expect(!seen.contains(.refreshed))

@@ -59,4 +59,42 @@ import Testing
         #expect(try broker.brokerctl(["token", "api"]).status == 4)
         await idp.shutdown()
     }
+
+    /// `brokerctl logout`: refused with "unavailable" while the IdP is down, forced with --force,
+    /// revoked at the IdP when it is up; the account then answers "needs login" until set-tokens.
+    @Test func logoutRevokesOrIsRefusedUntilForced() async throws {
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-out", lifetime: 3600)
+        for name in ["up", "down"] {
+            let added = try broker.brokerctl(
+                ["add", name, "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id", idp.clientID,
+                 "--revocation-endpoint", idp.revocationEndpoint, "--secrets", "-"],
+                stdin: #"{"refresh_token":"rt-out","access_token":"at-\#(name)","expires_in":3600}"#)
+            #expect(added.status == 0, "\(added.stderr)")
+        }
+
+        idp.setBehavior(.status(503, retryAfter: nil))
+        let refused = try broker.brokerctl(["logout", "down"])
+        #expect(refused.status == 6)
+        #expect(refused.stderr.contains("--force"))
+        #expect(try broker.brokerctl(["token", "down"]).stdout == "at-down\n", "nothing discarded")
+        let forced = try broker.brokerctl(["logout", "down", "--force"])
+        #expect(forced.status == 0)
+        #expect(forced.stdout.contains("not revoked"))
+
+        idp.setBehavior(.normal)
+        let revoked = try broker.brokerctl(["logout", "up", "--json"])
+        #expect(revoked.status == 0, "\(revoked.stderr)")
+        let object = try JSONSerialization.jsonObject(with: Data(revoked.stdout.utf8)) as? [String: Any]
+        #expect(object?["revoked"] as? Bool == true)
+        #expect(idp.revocations.last?.token == "rt-out")
+
+        #expect(try broker.brokerctl(["token", "up"]).status == 5)
+        #expect(try broker.brokerctl(["status", "up"]).stdout.contains("logged out"))
+        #expect(try broker.brokerctl(["logout", "nobody"]).status == 4)
+        #expect(!broker.log.contains("rt-out"), "no refresh token in the log")
+        await idp.shutdown()
+    }
 }

@@ -3,8 +3,9 @@ import NIOHTTP1
 
 /// A real OAuth2 token endpoint on 127.0.0.1 for tests. It behaves like production IdPs:
 /// every refresh rotates the refresh token, and a reused (or unknown) refresh token is
-/// answered with `400 invalid_grant`. Faults can be switched on to imitate outages. It also
-/// serves an OIDC discovery document for `issuer` that names its token endpoint.
+/// answered with `400 invalid_grant`. Faults can be switched on to imitate outages (they
+/// apply to the revocation endpoint too). It also serves an RFC 7009 revocation endpoint and
+/// an OIDC discovery document for `issuer` that names both endpoints.
 public final class OAuth2TestIdP: Sendable {
     /// How the endpoint answers the next requests.
     public enum Behavior: Sendable, Equatable {
@@ -37,6 +38,14 @@ public final class OAuth2TestIdP: Sendable {
         var delay: Duration = .zero
         var discoveryBehavior = Behavior.normal
         var discoveryCount = 0
+        var revocations: [Revocation] = []
+    }
+
+    /// One request the revocation endpoint received.
+    public struct Revocation: Sendable, Equatable {
+        public var token: String?
+        public var hint: String?
+        public var clientID: String?
     }
 
     /// Where the issuer lives under the server's root (an issuer with a path, like Keycloak's realms).
@@ -49,6 +58,8 @@ public final class OAuth2TestIdP: Sendable {
 
     /// The token endpoint's URL.
     public var tokenEndpoint: String { server.baseURL + "/token" }
+    /// The revocation endpoint's URL (RFC 7009).
+    public var revocationEndpoint: String { server.baseURL + "/revoke" }
 
     /// The OIDC issuer whose discovery document (`{issuer}/.well-known/openid-configuration`)
     /// names `tokenEndpoint`.
@@ -69,9 +80,11 @@ public final class OAuth2TestIdP: Sendable {
             if request.method == .GET, request.path == issuerPath + "/.well-known/openid-configuration" {
                 return Self.discovery(request, state: state, issuerPath: issuerPath)
             }
-            return Self.answer(
-                FormBody.parse(request.body), authorization: request.header("Authorization"), state: state,
-                clientID: clientID, clientSecret: secret)
+            let client = Self.client(FormBody.parse(request.body), authorization: request.header("Authorization"))
+            if request.path == "/revoke" {
+                return Self.revoke(FormBody.parse(request.body), client: client, state: state, clientID: clientID, clientSecret: secret)
+            }
+            return Self.answer(FormBody.parse(request.body), client: client, state: state, clientID: clientID, clientSecret: secret)
         }
     }
 
@@ -90,6 +103,8 @@ public final class OAuth2TestIdP: Sendable {
     public var callCount: Int { state.withLock { $0.calls.count } }
     public var issuedAccessTokens: [String] { state.withLock { $0.issuedAccessTokens } }
     public var issuedRefreshTokens: [String] { state.withLock { $0.issuedRefreshTokens } }
+    /// Requests the revocation endpoint received.
+    public var revocations: [Revocation] { state.withLock { $0.revocations } }
     /// How many requests presented a refresh token that was not the current one.
     public var rejectedReuse: Int { state.withLock { $0.rejectedReuse } }
 
@@ -113,7 +128,7 @@ public final class OAuth2TestIdP: Sendable {
                     headers: retryAfter.map { [("Retry-After", String($0))] } ?? [])
             case .normal:
                 let body = """
-                    {"issuer":"\(base + issuerPath)","token_endpoint":"\(base)/token",\
+                    {"issuer":"\(base + issuerPath)","token_endpoint":"\(base)/token","revocation_endpoint":"\(base)/revoke",\
                     "authorization_endpoint":"\(base)/authorize","grant_types_supported":["refresh_token"]}
                     """
                 return Answer(status: .ok, body: body)
@@ -121,16 +136,43 @@ public final class OAuth2TestIdP: Sendable {
         }
     }
 
-    fileprivate static func answer(_ form: [String: String], authorization: String?, state: Box<State>, clientID: String, clientSecret: String) -> Answer {
-        var presentedID = form["client_id"]
-        var presentedSecret = form["client_secret"]
+    /// The client id and secret a request presents, in the form or as HTTP Basic.
+    fileprivate static func client(_ form: [String: String], authorization: String?) -> (id: String?, secret: String?) {
         if let authorization, authorization.hasPrefix("Basic "),
             let decoded = Data(base64Encoded: String(authorization.dropFirst(6))).map({ String(decoding: $0, as: UTF8.self) }),
             let colon = decoded.firstIndex(of: ":")
         {
-            presentedID = String(decoded[..<colon]).removingPercentEncoding
-            presentedSecret = String(decoded[decoded.index(after: colon)...]).removingPercentEncoding
+            return (
+                String(decoded[..<colon]).removingPercentEncoding,
+                String(decoded[decoded.index(after: colon)...]).removingPercentEncoding
+            )
         }
+        return (form["client_id"], form["client_secret"])
+    }
+
+    /// RFC 7009: revoking the current refresh token kills it; an unknown token is answered 200 too.
+    fileprivate static func revoke(
+        _ form: [String: String], client: (id: String?, secret: String?), state: Box<State>, clientID: String,
+        clientSecret: String
+    ) -> Answer {
+        state.withLock { state in
+            state.revocations.append(Revocation(token: form["token"], hint: form["token_type_hint"], clientID: client.id))
+            if let fault = state.behavior.response(errorBody: #"{"error":"temporarily_unavailable"}"#) { return fault }
+            guard client.id == clientID, client.secret == nil || client.secret == clientSecret else {
+                return Answer(status: .unauthorized, body: #"{"error":"invalid_client"}"#)
+            }
+            guard let token = form["token"] else { return Answer(status: .badRequest, body: #"{"error":"invalid_request"}"#) }
+            if token == state.currentRefreshToken { state.currentRefreshToken = "revoked-\(randomSuffix())" }
+            return Answer(status: .ok, body: "")
+        }
+    }
+
+    fileprivate static func answer(
+        _ form: [String: String], client: (id: String?, secret: String?), state: Box<State>, clientID: String,
+        clientSecret: String
+    ) -> Answer {
+        let presentedID = client.id
+        let presentedSecret = client.secret
         return state.withLock { state in
             state.calls.append(
                 Call(refreshToken: form["refresh_token"], clientID: presentedID, clientSecret: presentedSecret, at: Date()))

@@ -16,20 +16,7 @@ struct OAuth2Provider: TokenProvider {
         }
         var form = [("grant_type", "refresh_token"), ("refresh_token", refreshToken)]
         if let scope = settings.scope { form.append(("scope", scope)) }
-        var headers = HTTPHeaders()
-        switch settings.clientAuth {
-        case .clientSecretBasic:
-            let user = FormEncoding.escape(settings.clientID)
-            let password = FormEncoding.escape(record.secrets.clientSecret ?? "")
-            headers.add(name: "Authorization", value: "Basic " + Data("\(user):\(password)".utf8).base64EncodedString())
-        case .clientSecretPost:
-            form.append(("client_id", settings.clientID))
-            form.append(("client_secret", record.secrets.clientSecret ?? ""))
-        case .none:
-            form.append(("client_id", settings.clientID))
-        }
-        headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
-        headers.add(name: "Accept", value: "application/json")
+        let headers = authenticate(&form, secret: record.secrets.clientSecret)
 
         let endpoint: URL
         switch await tokenEndpoint() {
@@ -42,6 +29,70 @@ struct OAuth2Provider: TokenProvider {
         case .failure(let failure): return .failure(failure)
         }
         return Self.interpret(reply, now: now, defaultLifetime: defaultLifetime)
+    }
+
+    /// Revokes the refresh token (or, without one, the access token) at the revocation endpoint
+    /// (RFC 7009), configured or discovered. Without an endpoint there is nothing to call.
+    func revoke(_ record: AccountRecord) async -> Result<Revocation, RefreshFailure> {
+        let credential: (token: String, hint: String)
+        if let refreshToken = record.secrets.refreshToken {
+            credential = (refreshToken, "refresh_token")
+        } else if let accessToken = record.token?.value {
+            credential = (accessToken, "access_token")
+        } else {
+            return .success(.unsupported)
+        }
+        var endpoint = settings.revocationEndpoint
+        if endpoint == nil, let issuer = settings.issuer {
+            switch await http.discovery.endpoints(issuer: issuer, http: http) {
+            case .success(let discovered): endpoint = discovered.revocation
+            case .failure(let failure): return .failure(failure)
+            }
+        }
+        guard let endpoint else { return .success(.unsupported) }
+        var form = [("token", credential.token), ("token_type_hint", credential.hint)]
+        let headers = authenticate(&form, secret: record.secrets.clientSecret)
+        switch await http.post(endpoint, headers: headers, body: FormEncoding.encode(form)) {
+        case .success(let reply): return Self.interpretRevocation(reply)
+        case .failure(let failure): return .failure(failure)
+        }
+    }
+
+    /// Classifies a revocation endpoint's answer (RFC 7009 section 2.2): 2xx is done (an
+    /// already-invalid token is answered 200 too), 5xx and 429 are transient, any other
+    /// refusal is final.
+    static func interpretRevocation(_ reply: IdPReply) -> Result<Revocation, RefreshFailure> {
+        switch reply.status {
+        case 200..<300:
+            return .success(.revoked)
+        case 429, 500...:
+            return .failure(
+                .transient("the revocation endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
+        default:
+            let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any]
+            let code = (object?["error"] as? String).map { " (\(FormEncoding.printable($0)))" } ?? ""
+            return .success(.refused("the revocation endpoint refused: HTTP \(reply.status)\(code)"))
+        }
+    }
+
+    /// Adds the client authentication of `settings.clientAuth` to a form (RFC 6749 section
+    /// 2.3.1) and returns the request headers.
+    private func authenticate(_ form: inout [(String, String)], secret: String?) -> HTTPHeaders {
+        var headers = HTTPHeaders()
+        switch settings.clientAuth {
+        case .clientSecretBasic:
+            let user = FormEncoding.escape(settings.clientID)
+            let password = FormEncoding.escape(secret ?? "")
+            headers.add(name: "Authorization", value: "Basic " + Data("\(user):\(password)".utf8).base64EncodedString())
+        case .clientSecretPost:
+            form.append(("client_id", settings.clientID))
+            form.append(("client_secret", secret ?? ""))
+        case .none:
+            form.append(("client_id", settings.clientID))
+        }
+        headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
+        headers.add(name: "Accept", value: "application/json")
+        return headers
     }
 
     /// The configured token endpoint, or the one the issuer's discovery document names.

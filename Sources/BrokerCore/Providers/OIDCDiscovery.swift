@@ -2,32 +2,38 @@ import Foundation
 import NIOHTTP1
 
 /// OIDC discovery (OpenID Connect Discovery 1.0 section 4) for `oauth2` accounts configured
-/// with an `issuer`: the issuer's token endpoint, fetched once and kept in memory for every
-/// account that names the same issuer. A failed discovery is transient and is not cached.
+/// with an `issuer`: the issuer's token (and revocation) endpoint, fetched once and kept in
+/// memory for every account that names the same issuer. A failed discovery is transient and
+/// is not cached.
 actor DiscoveryCache {
-    /// How long a discovered endpoint is trusted before the document is read again.
+    /// How long a discovered document is trusted before it is read again.
     static let lifetime: TimeInterval = 24 * 3600
 
-    private var endpoints: [String: (endpoint: URL, fetchedAt: Date)] = [:]
+    private var documents: [String: (endpoints: DiscoveredEndpoints, fetchedAt: Date)] = [:]
     /// One discovery per issuer at a time; concurrent refreshes share it.
-    private var inFlight: [String: Task<Result<URL, RefreshFailure>, Never>] = [:]
+    private var inFlight: [String: Task<Result<DiscoveredEndpoints, RefreshFailure>, Never>] = [:]
 
     /// The token endpoint `issuer` advertises, from memory when known.
     func tokenEndpoint(issuer: URL, http: IdPClient) async -> Result<URL, RefreshFailure> {
+        await endpoints(issuer: issuer, http: http).map(\.token)
+    }
+
+    /// The endpoints `issuer` advertises, from memory when known.
+    func endpoints(issuer: URL, http: IdPClient) async -> Result<DiscoveredEndpoints, RefreshFailure> {
         let key = Self.normalized(issuer)
-        if let cached = endpoints[key], Date().timeIntervalSince(cached.fetchedAt) < Self.lifetime {
-            return .success(cached.endpoint)
+        if let cached = documents[key], Date().timeIntervalSince(cached.fetchedAt) < Self.lifetime {
+            return .success(cached.endpoints)
         }
         if let task = inFlight[key] { return await task.value }
         let task = Task { await Self.fetch(issuer: issuer, http: http) }
         inFlight[key] = task
         let result = await task.value
         inFlight[key] = nil
-        if case .success(let endpoint) = result { endpoints[key] = (endpoint, Date()) }
+        if case .success(let endpoints) = result { documents[key] = (endpoints, Date()) }
         return result
     }
 
-    private static func fetch(issuer: URL, http: IdPClient) async -> Result<URL, RefreshFailure> {
+    private static func fetch(issuer: URL, http: IdPClient) async -> Result<DiscoveredEndpoints, RefreshFailure> {
         var headers = HTTPHeaders()
         headers.add(name: "Accept", value: "application/json")
         let target = "the discovery document of \(issuer.host ?? "?")"
@@ -42,9 +48,9 @@ actor DiscoveryCache {
         URL(string: normalized(issuer) + "/.well-known/openid-configuration")!
     }
 
-    /// Reads `token_endpoint` from a discovery document. Every failure is transient: the
-    /// account's refresh credential is not in question.
-    static func interpret(_ reply: IdPReply, issuer: URL) -> Result<URL, RefreshFailure> {
+    /// Reads `token_endpoint` (and `revocation_endpoint`, RFC 8414) from a discovery document.
+    /// Every failure is transient: the account's refresh credential is not in question.
+    static func interpret(_ reply: IdPReply, issuer: URL) -> Result<DiscoveredEndpoints, RefreshFailure> {
         let host = issuer.host ?? "?"
         guard (200..<300).contains(reply.status) else {
             return .failure(
@@ -65,10 +71,19 @@ actor DiscoveryCache {
                 .transient(
                     "the discovery document of \(host) has no usable token_endpoint (https, or http on loopback)"))
         }
-        return .success(endpoint)
+        // An unusable revocation endpoint only means logout cannot revoke; refreshes still work.
+        let revocation = (object["revocation_endpoint"] as? String).flatMap(URL.init(string:))
+            .flatMap { EndpointPolicy.isAllowed($0) ? $0 : nil }
+        return .success(DiscoveredEndpoints(token: endpoint, revocation: revocation))
     }
 
     private static func normalized(_ issuer: URL) -> String { issuer.absoluteString.trimmingSuffix("/") }
+}
+
+/// What a discovery document says about where to send token requests.
+struct DiscoveredEndpoints: Sendable, Equatable {
+    var token: URL
+    var revocation: URL?
 }
 
 extension String {

@@ -41,8 +41,25 @@ public struct RefreshFailure: Error, Sendable, Equatable {
     }
 }
 
+/// What became of a credential at `logout`.
+public enum Revocation: Sendable, Equatable {
+    /// The IdP confirmed the revocation.
+    case revoked
+    /// The provider has no revocation (or nothing to revoke); the credential is only discarded.
+    case unsupported
+    /// The IdP answered but would not revoke (e.g. the credential was already dead).
+    case refused(String)
+}
+
 /// One way of obtaining new tokens for an account.
 public protocol TokenProvider: Sendable {
     /// Exchanges the account's refresh credential for new tokens.
     func refresh(_ record: AccountRecord, now: Date) async -> Result<Grant, RefreshFailure>
+    /// Revokes the account's credential at the IdP (`logout`); fails only transiently.
+    func revoke(_ record: AccountRecord) async -> Result<Revocation, RefreshFailure>
+}
+
+extension TokenProvider {
+    /// Providers without a revocation endpoint have nothing to call.
+    public func revoke(_ record: AccountRecord) async -> Result<Revocation, RefreshFailure> { .success(.unsupported) }
 }

@@ -1,0 +1,123 @@
+import BrokerProtocol
+import Foundation
+import Logging
+import TestIdP
+import Testing
+
+@testable import BrokerCore
+
+/// `logout`: revoke at the IdP where the provider can (RFC 7009), then discard every token and
+/// refresh credential; refused while the IdP is unreachable unless forced; silent afterwards
+/// until new tokens arrive.
+@Suite struct LogoutTests {
+    typealias Rig = FaultInjectionTests.Rig
+
+    /// A copy of the vault as it is on disk now (the broker holds the original's lock).
+    static func copyOfVault(_ rig: Rig) throws -> Vault {
+        let copy = rig.directory.file("vault-copy-\(UUID().uuidString)")
+        try FileManager.default.copyItem(atPath: rig.directory.file("vault"), toPath: copy)
+        return try Vault(path: copy, key: VaultKey.load(path: rig.directory.file("key"), create: false))
+    }
+
+    /// The account `api` as the vault on disk holds it now.
+    static func stored(_ rig: Rig) throws -> AccountRecord {
+        try #require(try copyOfVault(rig).load()?.accounts.first { $0.name == "api" })
+    }
+
+    @Test(arguments: [FaultInjectionTests.RevocationSource.configured, .discovered])
+    func logoutRevokesDiscardsAndStaysSilent(source: FaultInjectionTests.RevocationSource) async throws {
+        let rig = try await Rig(settings: FaultInjectionTests.settings, revocation: source)
+        defer { Task { await rig.shutdown() } }
+
+        let result = try await rig.broker.logout(account: "api", force: false)
+        #expect(result == LogoutResult(account: "api", state: "logged_out", revoked: true))
+        #expect(rig.idp.revocations.map(\.token) == ["rt-0"])
+        #expect(rig.idp.revocations.first?.hint == "refresh_token")
+        #expect(rig.idp.revocations.first?.clientID == rig.idp.clientID)
+        #expect(try await rig.state() == "logged_out")
+
+        // Nothing is served, and the vault no longer holds any token or refresh credential.
+        let refused = await #expect(throws: BrokerError.self) { try await rig.broker.token(account: "api", minTTL: 0) }
+        #expect(refused?.code == .needsLogin)
+        #expect(refused?.message.contains("logged out") == true)
+        let record = try Self.stored(rig)
+        #expect(record.loggedOut == true)
+        #expect(record.token == nil && record.secrets.refreshToken == nil && record.secrets.refreshURL == nil)
+        #expect(record.provider.kind == "oauth2", "the account and its settings stay")
+
+        // Three simulated days: no refresh is attempted, no second logout reaches the IdP.
+        _ = await rig.run(for: 3 * 86_400, step: 600, calls: { rig.idp.callCount })
+        #expect(rig.idp.callCount == 0)
+        #expect(try await rig.broker.logout(account: "api", force: false).revoked == false)
+        #expect(rig.idp.revocations.count == 1)
+        #expect(try await rig.state() == "logged_out")
+
+        // The revoked refresh token is dead at the IdP; new tokens bring the account back.
+        _ = try await rig.broker.setTokens(
+            account: "api", tokens: TokenSet(accessToken: "at-new", expiresIn: 3600, refreshToken: "rt-new"))
+        #expect(try await rig.state() == "valid")
+        #expect(try await rig.broker.token(account: "api", minTTL: 30).result.accessToken == "at-new")
+
+        let seen = await FaultInjectionTests.collect(rig.events)
+        #expect(seen.filter { $0 == .loggedOut }.count == 1, "\(seen)")
+    }
+
+    @Test func whileTheIdPIsDownLogoutIsRefusedUnlessForced() async throws {
+        let rig = try await Rig(settings: FaultInjectionTests.settings, revocation: .configured)
+        defer { Task { await rig.shutdown() } }
+        rig.idp.setBehavior(.status(503, retryAfter: 20))
+
+        let refused = await #expect(throws: BrokerError.self) { try await rig.broker.logout(account: "api", force: false) }
+        #expect(refused?.code == .unavailable)
+        #expect(refused?.retryAfterMs == 20_000)
+        #expect(refused?.message.contains("--force") == true)
+        // Nothing was discarded: the token is still served and the refresh token still stored.
+        #expect(try await rig.state() == "valid")
+        #expect(try await rig.broker.token(account: "api", minTTL: 30).result.accessToken == "at-old")
+        #expect(try Self.stored(rig).secrets.refreshToken == "rt-0")
+        #expect(try await rig.broker.status(account: "api")[0].nextRefreshAt != nil, "still scheduled")
+
+        let forced = try await rig.broker.logout(account: "api", force: true)
+        #expect(forced == LogoutResult(account: "api", state: "logged_out", revoked: false))
+        #expect(rig.idp.revocations.count == 2)
+        #expect(try Self.stored(rig).secrets.refreshToken == nil)
+        let seen = await FaultInjectionTests.collect(rig.events)
+        #expect(seen.filter { $0 == .loggedOut }.count == 1, "\(seen)")
+    }
+
+    /// An IdP that answers but refuses (here: it no longer knows the client) cannot be made to
+    /// revoke by retrying; the credential is discarded anyway, and reported as not revoked.
+    @Test func aRefusedRevocationStillDiscards() async throws {
+        let rig = try await Rig(settings: FaultInjectionTests.settings, revocation: .configured)
+        defer { Task { await rig.shutdown() } }
+        rig.idp.setBehavior(.status(401, retryAfter: nil))
+        #expect(try await rig.broker.logout(account: "api", force: false).revoked == false)
+        #expect(try await rig.state() == "logged_out")
+    }
+
+    /// Providers without revocation (here an oauth2 IdP that names no revocation endpoint, and a
+    /// static account) log out locally without any IdP call.
+    @Test func withoutRevocationLogoutIsLocal() async throws {
+        let rig = try await Rig(settings: FaultInjectionTests.settings)
+        defer { Task { await rig.shutdown() } }
+        _ = try await rig.broker.add(
+            account: "pushed", provider: ProviderSpec(kind: "static"), tokens: TokenSet(accessToken: "st", expiresIn: 600))
+        #expect(try await rig.broker.logout(account: "api", force: false).revoked == false)
+        #expect(try await rig.broker.logout(account: "pushed", force: false).revoked == false)
+        #expect(rig.idp.revocations.isEmpty && rig.idp.callCount == 0)
+        #expect(try await rig.broker.status(account: nil).map(\.state) == ["logged_out", "logged_out"])
+        let unknown = await #expect(throws: BrokerError.self) { try await rig.broker.logout(account: "nobody", force: false) }
+        #expect(unknown?.code == .notFound)
+    }
+
+    /// A logged-out account survives a restart as logged out.
+    @Test func loggedOutSurvivesARestart() async throws {
+        let rig = try await Rig(settings: FaultInjectionTests.settings)
+        defer { Task { await rig.shutdown() } }
+        _ = try await rig.broker.logout(account: "api", force: false)
+        let restarted = try Broker(
+            vault: try Self.copyOfVault(rig), settings: FaultInjectionTests.settings, http: rig.http, clock: rig.clock, logger: Logger(label: "t"))
+        #expect(try await restarted.status(account: "api")[0].state == "logged_out")
+        #expect(await restarted.runDueRefreshes() == nil, "nothing scheduled")
+    }
+}
