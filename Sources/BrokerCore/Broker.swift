@@ -22,6 +22,18 @@ public actor Broker {
         var spreadOverdue = false
         /// Set while `logout` revokes the credential: no refresh may rotate it meanwhile.
         var loggingOut = false
+
+        /// Starts the account's lifecycle over (new tokens, or none after a logout): no denial,
+        /// no error, no backoff, and any refresh under way is abandoned.
+        mutating func restart(loggedOut: Bool) {
+            record.needsLogin = false
+            record.loggedOut = loggedOut ? true : nil
+            record.lastError = nil
+            failures = 0
+            retryAt = nil
+            generation += 1
+            inFlight = nil
+        }
     }
 
     /// Tokens ready to serve, readable without entering the actor.
@@ -145,13 +157,7 @@ public actor Broker {
         }
         let now = clock.now()
         try apply(tokens, to: &entry.record, now: now)
-        entry.record.needsLogin = false
-        entry.record.loggedOut = nil
-        entry.record.lastError = nil
-        entry.failures = 0
-        entry.retryAt = nil
-        entry.generation += 1
-        entry.inFlight = nil
+        entry.restart(loggedOut: false)
         entry.nextRefreshAt = Self.schedule(entry.record, planner, now: now)
         entries[name] = entry
         try persist(changing: name)
@@ -232,12 +238,7 @@ public actor Broker {
         let clientSecret = entry.record.secrets.clientSecret
         entry.record.secrets = AccountSecrets(clientSecret: clientSecret)
         entry.record.token = nil
-        entry.record.loggedOut = true
-        entry.record.needsLogin = false
-        entry.record.lastError = nil
-        entry.failures = 0
-        entry.retryAt = nil
-        entry.generation += 1
+        entry.restart(loggedOut: true)
         entry.nextRefreshAt = nil
         entries[name] = entry
         do {
