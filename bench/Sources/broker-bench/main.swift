@@ -66,19 +66,24 @@ print(String(format: "at 1 client: p50 %.2fx and p99 %.2fx the echo floor (targe
 // 3. From a refused token to the first waiting client holding a fresh one (one shared refresh).
 let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-bench", lifetime: 3600)
 try broker.addOAuth2Account(name: "fresh", endpoint: idp.tokenEndpoint, clientID: idp.clientID, refreshToken: "rt-bench")
-for waiting in [1, 1000] {
-    var firsts: [Double] = []
-    var lasts: [Double] = []
-    for _ in 0..<5 {
-        let (first, last) = try broker.rejectLatency(account: "fresh", clients: waiting)
-        firsts.append(first)
-        lasts.append(last)
+for (label, measure) in [
+    ("expired token", { try broker.expiredLatency(account: "fresh", clients: $0, refreshToken: idp.issuedRefreshTokens.last!) }),
+    ("refused token", { try broker.rejectLatency(account: "fresh", clients: $0) }),
+] as [(String, (Int) throws -> (Double, Double))] {
+    for waiting in [1, 1000] {
+        var firsts: [Double] = []
+        var lasts: [Double] = []
+        for _ in 0..<5 {
+            let (first, last) = try measure(waiting)
+            firsts.append(first)
+            lasts.append(last)
+        }
+        firsts.sort()
+        lasts.sort()
+        print(label + String(format: " -> fresh token, %4d waiting clients: first client %.2f ms, last client %.2f ms (median of 5; IdP on loopback)", waiting, firsts[2] * 1000, lasts[2] * 1000))
     }
-    firsts.sort()
-    lasts.sort()
-    print(String(format: "refused token -> fresh token, %4d waiting clients: first client %.2f ms, last client %.2f ms (median of 5; IdP on loopback)", waiting, firsts[2] * 1000, lasts[2] * 1000))
 }
-print("IdP calls for those \(5 * 2) refreshes: \(idp.callCount - 1)")
+print("IdP calls for those \(5 * 4) refreshes: \(idp.callCount - 1)")
 await idp.shutdown()
 
 // 4. Memory and start-up with 1,000 accounts.
@@ -196,10 +201,35 @@ struct BrokerUnderTest {
             let end = current[range.upperBound...].firstIndex(of: "\"")
         else { throw BenchError("no token for \(account)") }
         let token = String(current[range.upperBound..<end])
+        let request = #"{"id":1,"op":"reject","account":"\#(account)","access_token":"\#(token)"}"#
+        return try freshTokenLatency(clients: clients, request: request, start: Monotonic.now())
+    }
+
+    /// The account's token expires (pushed as expired, with the IdP's current refresh token);
+    /// then every one of `clients` connections asks for a token. Returns the seconds from the
+    /// expiry until the first and the last of them holds a fresh one.
+    func expiredLatency(account: String, clients: Int, refreshToken: String) throws -> (Double, Double) {
         let descriptors = try (0..<clients).map { _ in try Socket.connect(socketPath) }
         defer { descriptors.forEach { close($0) } }
-        let request = Array((#"{"id":1,"op":"reject","account":"\#(account)","access_token":"\#(token)"}"# + "\n").utf8)
+        let admin = try Socket.connect(socketPath)
+        defer { close(admin) }
         let start = Monotonic.now()
+        let pushed = Socket.exchange(
+            admin,
+            #"{"id":0,"op":"set_tokens","account":"\#(account)","tokens":{"access_token":"expired","expires_at":"2000-01-01T00:00:00Z","refresh_token":"\#(refreshToken)"}}"#)
+        guard pushed.contains(#""ok":true"#) else { throw BenchError("set_tokens failed: \(pushed)") }
+        let request = #"{"id":1,"op":"token","account":"\#(account)","min_ttl":60}"#
+        return try freshTokenLatency(clients: clients, request: request, start: start, connections: descriptors)
+    }
+
+    /// Sends `request` on `clients` fresh connections (or on `connections`) and returns the
+    /// seconds from `start` until the first and the last successful answer.
+    private func freshTokenLatency(
+        clients: Int, request text: String, start: Double, connections: [Int32]? = nil
+    ) throws -> (Double, Double) {
+        let descriptors = try connections ?? (0..<clients).map { _ in try Socket.connect(socketPath) }
+        defer { if connections == nil { descriptors.forEach { close($0) } } }
+        let request = Array((text + "\n").utf8)
         for fd in descriptors { _ = request.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } }
         var first = Double.infinity
         var last = 0.0
@@ -207,9 +237,12 @@ struct BrokerUnderTest {
         var polls = descriptors.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
         var remaining = clients
         while remaining > 0 {
-            guard poll(&polls, nfds_t(polls.count), 10_000) > 0 else { throw BenchError("reject answers timed out") }
+            guard poll(&polls, nfds_t(polls.count), 10_000) > 0 else { throw BenchError("token answers timed out") }
             for index in polls.indices where polls[index].revents & Int16(POLLIN) != 0 {
-                guard recv(polls[index].fd, &buffer, buffer.count, 0) > 0 else { throw BenchError("connection closed") }
+                let count = recv(polls[index].fd, &buffer, buffer.count, 0)
+                guard count > 0 else { throw BenchError("connection closed") }
+                let answer = String(decoding: buffer[0..<count], as: UTF8.self)
+                guard answer.contains(#""ok":true"#) else { throw BenchError("no fresh token: \(answer)") }
                 let elapsed = Monotonic.now() - start
                 first = min(first, elapsed)
                 last = max(last, elapsed)
