@@ -67,7 +67,11 @@ public actor Broker {
         self.logger = logger
         self.events = EventHub(bufferLimit: max(1, Int(settings.eventBuffer)))
         let now = clock.now()
-        for record in try vault.load()?.accounts ?? [] {
+        let contents = try vault.load()
+        if vault.recoveredInterruptedSave {
+            logger.notice("completed a vault save that a crash interrupted; no rotated credential was lost")
+        }
+        for record in contents?.accounts ?? [] {
             entries[record.name] = Entry(
                 record: record, nextRefreshAt: Self.schedule(record, RefreshPlanner(settings: settings), now: now))
             if !record.needsLogin, record.loggedOut != true, let token = record.token {

@@ -17,25 +17,41 @@ enum FileSystem {
     }
 
     /// Replaces `path` with `data` so that a crash leaves either the old or the new file:
-    /// temp file, fsync, rename, fsync of the directory.
-    static func writeAtomically(_ data: Data, to path: String) throws {
-        let directory = URL(fileURLWithPath: path).deletingLastPathComponent().path
-        let temporary = "\(path).tmp-\(getpid())"
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw VaultError("cannot write \(temporary): \(errnoText())") }
+    /// `staging` written and fsync'd, renamed over `path`, then the directory fsync'd.
+    static func writeAtomically(_ data: Data, to path: String, staging: String) throws {
+        let fd = open(staging, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw VaultError("cannot write \(staging): \(errnoText())") }
         let written = data.withUnsafeBytes { write(fd, $0.baseAddress, data.count) }
         guard written == data.count, fsync(fd) == 0 else {
             let reason = errnoText()
             close(fd)
-            unlink(temporary)
-            throw VaultError("cannot write \(temporary): \(reason)")
+            unlink(staging)
+            throw VaultError("cannot write \(staging): \(reason)")
         }
         close(fd)
-        guard rename(temporary, path) == 0 else {
+        try rename(staging, over: path)
+    }
+
+    /// Makes a complete `staging` file durable and renames it over `path`.
+    static func promote(_ staging: String, to path: String) throws {
+        let fd = open(staging, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0, fsync(fd) == 0 else {
             let reason = errnoText()
-            unlink(temporary)
+            if fd >= 0 { close(fd) }
+            throw VaultError("cannot sync \(staging): \(reason)")
+        }
+        close(fd)
+        try rename(staging, over: path)
+    }
+
+    /// Renames `staging` over `path` and fsyncs the directory, so the rename is durable.
+    private static func rename(_ staging: String, over path: String) throws {
+        guard Glibc.rename(staging, path) == 0 else {
+            let reason = errnoText()
+            unlink(staging)
             throw VaultError("cannot replace \(path): \(reason)")
         }
+        let directory = URL(fileURLWithPath: path).deletingLastPathComponent().path
         let directoryFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard directoryFD >= 0 else { throw VaultError("cannot open \(directory): \(errnoText())") }
         defer { close(directoryFD) }

@@ -34,7 +34,7 @@ import Testing
                 if let secret { #expect(!bytes.contains(secret), "plaintext secret in the vault file") }
             }
         }
-        #expect(!directory.contents.contains { $0.contains(".tmp-") }, "no temporary file left behind")
+        #expect(!directory.contents.contains { $0.hasSuffix(".next") }, "no staging file left behind")
     }
 
     @Test func eachSaveReplacesTheWholeFileUnderAFreshNonce() throws {
@@ -112,6 +112,75 @@ import Testing
             #expect(throws: VaultError.self, "length \(length)") { try vault.load() }
             #expect(try Data(contentsOf: URL(fileURLWithPath: vault.path)) == truncated)
         }
+    }
+
+    /// The files a save killed between writing its staging file and the rename leaves behind:
+    /// the vault holds state `older` (saved first) and the staging file state `newer`.
+    private func interruptedSave(in directory: TemporaryDirectory, older: VaultContents, newer: VaultContents) throws
+        -> (vault: String, staging: String)
+    {
+        let path = directory.file("vault")
+        let staging = path + ".next"
+        let writer = try Vault(path: path, key: VaultKey.load(path: directory.file("key"), create: true))
+        try writer.save(older)
+        try FileManager.default.copyItem(atPath: path, toPath: directory.file("older"))
+        try writer.save(newer)
+        try FileManager.default.moveItem(atPath: path, toPath: staging)
+        try FileManager.default.moveItem(atPath: directory.file("older"), toPath: path)
+        return (path, staging)
+    }
+
+    @Test func aSaveInterruptedAfterItsStagingWriteIsCompletedAtLoad() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        var newer = contents()
+        newer.accounts[0].secrets.refreshToken = "rt-rotated-\(UUID().uuidString)"
+        let (path, staging) = try interruptedSave(in: directory, older: contents(), newer: newer)
+
+        let reader = try Vault(path: path, key: VaultKey.load(path: directory.file("key"), create: false))
+        #expect(try reader.load() == newer)
+        #expect(reader.recoveredInterruptedSave)
+        #expect(!FileManager.default.fileExists(atPath: staging), "promoted to the vault")
+        #expect(try reader.load() == newer)
+        #expect(!reader.recoveredInterruptedSave)
+        // Later saves keep counting from the recovered state.
+        let later = contents()
+        try reader.save(later)
+        #expect(try reader.load() == later)
+    }
+
+    @Test func aStagingFileThatIsTornForeignOrOlderIsIgnored() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        var newer = contents()
+        newer.accounts[0].secrets.refreshToken = "rt-rotated"
+        let older = contents()
+        let (path, staging) = try interruptedSave(in: directory, older: older, newer: newer)
+        let stagedBytes = try Data(contentsOf: URL(fileURLWithPath: staging))
+        let olderBytes = try Data(contentsOf: URL(fileURLWithPath: path))
+        let key = try VaultKey.load(path: directory.file("key"), create: false)
+        /// What a broker starting now would load (each opening takes and releases the lock).
+        func load() throws -> (VaultContents?, recovered: Bool) {
+            let reader = try Vault(path: path, key: key)
+            return (try reader.load(), reader.recoveredInterruptedSave)
+        }
+
+        // Torn: a kill in the middle of the staging write.
+        try stagedBytes.prefix(stagedBytes.count / 2).write(to: URL(fileURLWithPath: staging))
+        #expect(try load() == (older, false))
+        #expect(try Data(contentsOf: URL(fileURLWithPath: path)) == olderBytes, "vault untouched")
+
+        // Sealed under another key.
+        let foreign = try Vault(
+            path: directory.file("other/vault"), key: VaultKey.load(path: directory.file("other-key"), create: true))
+        for _ in 0..<3 { try foreign.save(newer) }
+        try Data(contentsOf: URL(fileURLWithPath: foreign.path)).write(to: URL(fileURLWithPath: staging))
+        #expect(try load() == (older, false))
+
+        // Older than the vault: the vault holds the newer state, the staging file the older one.
+        try stagedBytes.write(to: URL(fileURLWithPath: path))
+        try olderBytes.write(to: URL(fileURLWithPath: staging))
+        #expect(try load() == (newer, false))
     }
 
     @Test func aDifferentKeyIsRefusedAndTheFileIsLeftUntouched() throws {

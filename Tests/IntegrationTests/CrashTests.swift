@@ -44,10 +44,11 @@ import Testing
         let windows = broker.log.split(separator: "\n").compactMap { line in
             line.range(of: "saved_after_us=").flatMap { Int(line[$0.upperBound...].prefix { $0.isNumber }) }
         }.sorted()
-        let median = windows.isEmpty ? 0 : windows[windows.count / 2]
+        let completedSaves = broker.log.components(separatedBy: "completed a vault save that a crash interrupted").count - 1
+                let median = windows.isEmpty ? 0 : windows[windows.count / 2]
         let p99 = windows.isEmpty ? 0 : windows[windows.count * 99 / 100]
         print(
-            "crash test: \(Self.kills) SIGKILLs, \(refreshes) refreshes, \(needsLogin) of \(Self.accounts) accounts in needs_login, \(reused) reused refresh tokens; IdP answer to fsync: median \(median) us, p99 \(p99) us"
+            "crash test: \(Self.kills) SIGKILLs, \(refreshes) refreshes, \(needsLogin) of \(Self.accounts) accounts in needs_login, \(reused) reused refresh tokens, \(completedSaves) interrupted saves completed at restart; IdP answer to fsync: median \(median) us, p99 \(p99) us"
         )
         #expect(!windows.isEmpty)
         #expect(states.count == Self.accounts)

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -25,6 +26,9 @@ public final class Vault: @unchecked Sendable {
     public let path: String
     private let key: SecretKey
     private let lockDescriptor: Int32
+    /// The sequence number of the last state read or written, and whether the last `load`
+    /// completed an interrupted save.
+    private let state = Mutex<(sequence: UInt64, recovered: Bool)>((0, false))
 
     /// Opens (without reading) the vault at `path`, creating its directory, and takes its lock.
     public init(path: String, key: SecretKey) throws {
@@ -45,8 +49,48 @@ public final class Vault: @unchecked Sendable {
 
     deinit { close(lockDescriptor) }
 
-    /// Reads and decrypts the vault; `nil` when no vault file exists yet. Never modifies the file.
+    /// Reads and decrypts the vault; `nil` when no vault file exists yet. A wrong key or a
+    /// modified vault is refused and the file is left untouched. A save that a crash cut off
+    /// after writing its staging file but before the rename is completed here: the staging
+    /// file is promoted when it authenticates and is newer than the vault (see `save`).
     public func load() throws -> VaultContents? {
+        let current = try read(path)
+        let staged = try? read(stagingPath)
+        var chosen = current
+        var recovered = false
+        if let staged, staged.sequence ?? 0 > current?.sequence ?? 0 {
+            try FileSystem.promote(stagingPath, to: path)
+            chosen = staged
+            recovered = true
+        }
+        state.withLock { $0 = (chosen?.sequence ?? 0, recovered) }
+        return chosen.map { VaultContents(accounts: $0.accounts) }
+    }
+
+    /// Whether the last `load` completed a save that a crash had interrupted.
+    public var recoveredInterruptedSave: Bool { state.withLock { $0.recovered } }
+
+    /// Encrypts `contents` under a fresh nonce and replaces the vault atomically and durably:
+    /// staging file, fsync, rename, fsync of the directory. Once the staging file is written,
+    /// a killed broker loses nothing: `load` promotes it.
+    public func save(_ contents: VaultContents) throws {
+        let sequence = state.withLock { $0.sequence += 1; return $0.sequence }
+        var plaintext = try JSONEncoder().encode(Stored(sequence: sequence, accounts: contents.accounts))
+        defer { Sodium.wipe(&plaintext) }
+        var header = Self.magic
+        header += [UInt8(Self.formatVersion >> 8), UInt8(Self.formatVersion & 0xFF)]
+        let nonce = Sodium.randomBytes(Sodium.nonceLength)
+        header += nonce
+        var file = Data(header)
+        file.append(Sodium.seal(plaintext, associatedData: header, nonce: nonce, key: key))
+        try FileSystem.writeAtomically(file, to: path, staging: stagingPath)
+    }
+
+    /// Where `save` writes before renaming over the vault.
+    var stagingPath: String { path + ".next" }
+
+    /// Reads, authenticates and decodes one vault file; `nil` when it does not exist.
+    private func read(_ path: String) throws -> Stored? {
         guard let file = FileManager.default.contents(atPath: path) else {
             if FileManager.default.fileExists(atPath: path) {
                 throw VaultError("cannot read the vault \(path)")
@@ -72,23 +116,17 @@ public final class Vault: @unchecked Sendable {
         }
         defer { Sodium.wipe(&plaintext) }
         do {
-            return try JSONDecoder().decode(VaultContents.self, from: plaintext)
+            return try JSONDecoder().decode(Stored.self, from: plaintext)
         } catch {
             throw VaultError("the vault \(path) decrypted but its contents are not understood")
         }
     }
 
-    /// Encrypts `contents` under a fresh nonce and replaces the vault atomically and durably.
-    public func save(_ contents: VaultContents) throws {
-        var plaintext = try JSONEncoder().encode(contents)
-        defer { Sodium.wipe(&plaintext) }
-        var header = Self.magic
-        header += [UInt8(Self.formatVersion >> 8), UInt8(Self.formatVersion & 0xFF)]
-        let nonce = Sodium.randomBytes(Sodium.nonceLength)
-        header += nonce
-        var file = Data(header)
-        file.append(Sodium.seal(plaintext, associatedData: header, nonce: nonce, key: key))
-        try FileSystem.writeAtomically(file, to: path)
+    /// The plaintext of a vault file. `sequence` grows with every save (absent in vaults
+    /// written before it existed), so a staged file can be told apart from an older one.
+    private struct Stored: Codable {
+        var sequence: UInt64?
+        var accounts: [AccountRecord]
     }
 }
 
