@@ -59,7 +59,7 @@ struct SystemdUserServiceTests {
         // A wedged broker stops petting the watchdog; systemd kills and restarts it. The switch
         // lies in the unit's state directory, the only place the sandboxed broker may delete it.
         let firstPID = manager.show("tokenbroker.service", "MainPID")
-        FileManager.default.createFile(atPath: "\(stateDirectory)/wedge", contents: nil)
+        #expect(FileManager.default.createFile(atPath: "\(stateDirectory)/wedge", contents: nil))
         let restarted = await manager.eventually(timeout: 40) {
             manager.show("tokenbroker.service", "NRestarts") == "1"
                 && manager.show("tokenbroker.service", "ActiveState") == "active"
@@ -98,7 +98,8 @@ struct SystemdUserServiceTests {
         #expect(try manager.systemctl(["start", "tokenbroker.socket"]).status == 0)
 
         let added = try manager.brokerctl(
-            ["add", "api", "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"cred-token","expires_in":3600}"#)
+            ["add", "api", "--kind", "static", "--secrets", "-"],
+            stdin: #"{"access_token":"cred-token","expires_in":3600}"#)
         #expect(added.status == 0, "\(added.output)")
         #expect(try manager.brokerctl(["token", "api"]).output == "cred-token\n")
         let service = manager.serviceEnvironment()
@@ -142,7 +143,9 @@ final class UserManager: @unchecked Sendable {
     /// and systemd's host credential key.
     static let outsidePaths: [String] = {
         let home = getpwuid(getuid()).map { String(cString: $0.pointee.pw_dir) } ?? "/root"
-        return ["\(home)/.config/tokenbroker", "\(home)/.local/state/tokenbroker", "/var/lib/systemd/credential.secret"]
+        return [
+            "\(home)/.config/tokenbroker", "\(home)/.local/state/tokenbroker", "/var/lib/systemd/credential.secret",
+        ]
     }()
 
     /// What systemd as PID 1 makes under /run for a root user manager (the boot marker; the empty
@@ -181,7 +184,8 @@ final class UserManager: @unchecked Sendable {
                 to: unitDirectory.appendingPathComponent(unit))
         }
         try "[Service]\nWatchdogSec=2\nEnvironment=TOKENBROKER_TEST_WEDGE_FILE=%S/tokenbroker/wedge\n".write(
-            to: unitDirectory.appendingPathComponent("tokenbroker.service.d/test.conf"), atomically: true, encoding: .utf8)
+            to: unitDirectory.appendingPathComponent("tokenbroker.service.d/test.conf"), atomically: true,
+            encoding: .utf8)
         try fileManager.copyItem(at: BrokerProcess.binary("brokerd"), to: URL(fileURLWithPath: brokerd))
         guard start else { return }
         do {
