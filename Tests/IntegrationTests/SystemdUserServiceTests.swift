@@ -6,9 +6,9 @@ import Glibc
 #endif
 
 /// tokenbroker under a real `systemd --user` manager: unit verification, socket activation,
-/// status, reload, watchdog restart of a wedged broker, clean stop. On a machine not booted
-/// with systemd (CI), the test creates `/run/systemd/system` so the user manager starts, and
-/// removes it afterwards.
+/// status, reload, watchdog restart of a wedged broker, clean stop, vault key as a credential.
+/// On a machine not booted with systemd (CI), the test creates `/run/systemd/system` and the rest
+/// of what PID 1 would provide under /run (`UserManager.bootPaths`), and removes it afterwards.
 @Suite(.serialized, .enabled(if: UserManager.isAvailable))
 struct SystemdUserServiceTests {
     static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
@@ -39,22 +39,27 @@ struct SystemdUserServiceTests {
         #expect(manager.show("tokenbroker.service", "ActiveState") == "active")
         #expect(await manager.eventually { manager.show("tokenbroker.service", "StatusText") == "1 account: 1 valid" })
 
+        // The unit's own ExecStart=, state and config directories resolved inside the test's home,
+        // and without a credential the broker made its key file there.
+        #expect(manager.show("tokenbroker.service", "ExecStart").contains("path=\(manager.brokerd) "))
+        let service = manager.serviceEnvironment()
+        let stateDirectory = try #require(service["STATE_DIRECTORY"])
+        let configurationDirectory = try #require(service["CONFIGURATION_DIRECTORY"])
+        #expect(manager.isInside(stateDirectory) && manager.isInside(configurationDirectory))
+        #expect(service["CREDENTIALS_DIRECTORY"] == nil)
+        #expect(FileManager.default.fileExists(atPath: "\(configurationDirectory)/vault.key"))
+
         // reload re-reads the config (RELOADING=1 ... READY=1 keeps the unit active).
         try "[accounts.declared]\nkind = \"static\"\n".write(
-            to: manager.configHome.appendingPathComponent("tokenbroker/broker.toml"), atomically: true, encoding: .utf8)
+            toFile: "\(configurationDirectory)/broker.toml", atomically: true, encoding: .utf8)
         #expect(try manager.systemctl(["reload", "tokenbroker.service"]).status == 0)
         #expect(manager.show("tokenbroker.service", "ActiveState") == "active")
         #expect(try manager.brokerctl(["status"]).output.contains("declared"))
 
-        // A wedged broker stops petting the watchdog; systemd kills and restarts it.
+        // A wedged broker stops petting the watchdog; systemd kills and restarts it. The switch
+        // lies in the unit's state directory, the only place the sandboxed broker may delete it.
         let firstPID = manager.show("tokenbroker.service", "MainPID")
-        // In the unit's state directory (the only place the sandboxed broker may delete it),
-        // as systemd resolved it for the running broker.
-        let environ = (try? Data(contentsOf: URL(fileURLWithPath: "/proc/\(firstPID)/environ"))) ?? Data()
-        let stateDirectory = environ.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
-            .first { $0.hasPrefix("STATE_DIRECTORY=") }?.dropFirst("STATE_DIRECTORY=".count)
-        let wedge = try #require(stateDirectory.map { "\($0)/wedge" })
-        FileManager.default.createFile(atPath: wedge, contents: nil)
+        #expect(FileManager.default.createFile(atPath: "\(stateDirectory)/wedge", contents: nil))
         let restarted = await manager.eventually(timeout: 40) {
             manager.show("tokenbroker.service", "NRestarts") == "1"
                 && manager.show("tokenbroker.service", "ActiveState") == "active"
@@ -68,14 +73,89 @@ struct SystemdUserServiceTests {
         #expect(manager.show("tokenbroker.service", "Result") == "success")
         #expect(manager.show("tokenbroker.service", "ExecMainStatus") == "0")
     }
+
+    /// With `LoadCredential=vault-key:...` (or `LoadCredentialEncrypted=`, sealed with a host key
+    /// kept in the test's directory), the broker encrypts its vault with that key and makes no
+    /// key file of its own.
+    @Test(arguments: [false, true]) func vaultKeyFromCredential(encrypted: Bool) async throws {
+        let manager = try UserManager(start: true)
+        defer { manager.shutdown() }
+        let key = randomKey()
+        let keyPath = manager.root.appendingPathComponent("vault-key").path
+        #expect(FileManager.default.createFile(atPath: keyPath, contents: key, attributes: [.posixPermissions: 0o600]))
+        var setting = "LoadCredential=vault-key:\(keyPath)"
+        if encrypted {
+            let sealed = manager.root.appendingPathComponent("vault-key.cred").path
+            let result = try manager.run(
+                "/usr/bin/systemd-creds", ["encrypt", "--with-key=host", "--name=vault-key", keyPath, sealed])
+            #expect(result.status == 0, "\(result.output)")
+            setting = "LoadCredentialEncrypted=vault-key:\(sealed)"
+        }
+        try "[Service]\n\(setting)\n".write(
+            to: manager.unitDirectory.appendingPathComponent("tokenbroker.service.d/credential.conf"), atomically: true,
+            encoding: .utf8)
+        #expect(try manager.systemctl(["daemon-reload"]).status == 0)
+        #expect(try manager.systemctl(["start", "tokenbroker.socket"]).status == 0)
+
+        let added = try manager.brokerctl(
+            ["add", "api", "--kind", "static", "--secrets", "-"],
+            stdin: #"{"access_token":"cred-token","expires_in":3600}"#)
+        #expect(added.status == 0, "\(added.output)")
+        #expect(try manager.brokerctl(["token", "api"]).output == "cred-token\n")
+        let service = manager.serviceEnvironment()
+        let credentials = try #require(service["CREDENTIALS_DIRECTORY"])
+        #expect(manager.isInside(credentials))
+        #expect(FileManager.default.contents(atPath: "\(credentials)/vault-key") == key)
+        let vault = try #require(service["STATE_DIRECTORY"]) + "/vault"
+        let defaultKey = try #require(service["CONFIGURATION_DIRECTORY"]) + "/vault.key"
+        #expect(try manager.systemctl(["stop", "tokenbroker.service"]).status == 0)
+        #expect(manager.show("tokenbroker.service", "Result") == "success")
+        #expect(!FileManager.default.fileExists(atPath: defaultKey))
+
+        // The vault on disk opens with the credential's key and with no other.
+        let broker = try BrokerProcess()
+        for directory in [broker.stateDirectory, broker.configDirectory] {
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        }
+        try FileManager.default.copyItem(atPath: vault, toPath: broker.vaultPath)
+        try randomKey().write(to: URL(fileURLWithPath: broker.keyPath))
+        #expect(try broker.runExpectingExit() != 0)
+        #expect(broker.log.contains("the key is wrong"))
+        try key.write(to: URL(fileURLWithPath: broker.keyPath))
+        try await broker.start()
+        defer { broker.stop() }
+        #expect(try broker.brokerctl(["token", "api"]).stdout == "cred-token\n")
+    }
+
+    private func randomKey() -> Data { Data((0..<32).map { _ in UInt8.random(in: 0...255) }) }
 }
 
 /// A private `systemd --user` manager with tokenbroker's units installed for a temporary home.
+/// The manager's `$HOME` and `$XDG_*` point into that home, so `%h`, `%S`, `%E` and `%t` resolve
+/// there, never in the user database's home; `shutdown()` checks that nothing appeared outside.
 final class UserManager: @unchecked Sendable {
     static let systemdBinary = ["/usr/lib/systemd/systemd", "/lib/systemd/systemd"].first {
         FileManager.default.isExecutableFile(atPath: $0)
     }
     static var isAvailable: Bool { getuid() == 0 && systemdBinary != nil }
+
+    /// What a leaking test would create: tokenbroker's directories in the user database's home
+    /// and systemd's host credential key.
+    static let outsidePaths: [String] = {
+        let home = getpwuid(getuid()).map { String(cString: $0.pointee.pw_dir) } ?? "/root"
+        return [
+            "\(home)/.config/tokenbroker", "\(home)/.local/state/tokenbroker", "/var/lib/systemd/credential.secret",
+        ]
+    }()
+
+    /// What systemd as PID 1 makes under /run for a root user manager (the boot marker; the empty
+    /// directory mounted over /run/credentials for a unit without credentials, else that unit
+    /// fails with 226/NAMESPACE) or what the manager adds there. Those missing before the test
+    /// are made by it or by the manager, and removed at shutdown.
+    static let bootPaths = [
+        "/run/systemd/system", "/run/systemd/inaccessible", "/run/systemd/inaccessible/dir", "/run/systemd/unit-root",
+        "/run/credentials", "/run/mount",
+    ]
 
     /// Outside /tmp: the unit runs with PrivateTmp=yes and would not see a binary there.
     let root = URL(fileURLWithPath: "/run/tbsd-\(UInt32.random(in: 0...UInt32.max))")
@@ -83,13 +163,17 @@ final class UserManager: @unchecked Sendable {
     var runtime: URL { root.appendingPathComponent("run") }
     var configHome: URL { home.appendingPathComponent(".config") }
     var unitDirectory: URL { configHome.appendingPathComponent("systemd/user") }
+    /// Where the unit's `ExecStart=%h/.local/bin/brokerd` finds the binary under test.
+    var brokerd: String { home.appendingPathComponent(".local/bin/brokerd").path }
+    private let outsideBefore = UserManager.outsidePaths.map(UserManager.listing)
     private var manager: ChildProcess?
-    private var createdBootMarker = false
+    private var createdBootPaths: [String] = []
+    private var mountedRuntime = false
 
     init(start: Bool) throws {
         let fileManager = FileManager.default
         for directory in [runtime, unitDirectory.appendingPathComponent("tokenbroker.service.d"),
-            home.appendingPathComponent(".local/bin"), configHome.appendingPathComponent("tokenbroker")]
+            home.appendingPathComponent(".local/bin")]
         {
             try fileManager.createDirectory(at: directory, withIntermediateDirectories: true)
         }
@@ -99,15 +183,37 @@ final class UserManager: @unchecked Sendable {
                 at: SystemdUserServiceTests.repository.appendingPathComponent("systemd/\(unit)"),
                 to: unitDirectory.appendingPathComponent(unit))
         }
-        // %h is the user database's home, not this temporary one: point the test at its copy.
-        let brokerd = home.appendingPathComponent(".local/bin/brokerd").path
-        try "[Service]\nExecStart=\nExecStart=\(brokerd)\nWatchdogSec=2\nEnvironment=TOKENBROKER_TEST_WEDGE_FILE=%S/tokenbroker/wedge\n".write(
-            to: unitDirectory.appendingPathComponent("tokenbroker.service.d/test.conf"), atomically: true, encoding: .utf8)
+        try "[Service]\nWatchdogSec=2\nEnvironment=TOKENBROKER_TEST_WEDGE_FILE=%S/tokenbroker/wedge\n".write(
+            to: unitDirectory.appendingPathComponent("tokenbroker.service.d/test.conf"), atomically: true,
+            encoding: .utf8)
         try fileManager.copyItem(at: BrokerProcess.binary("brokerd"), to: URL(fileURLWithPath: brokerd))
         guard start else { return }
-        if !fileManager.fileExists(atPath: "/run/systemd/system") {
-            try fileManager.createDirectory(atPath: "/run/systemd/system", withIntermediateDirectories: true)
-            createdBootMarker = true
+        do {
+            try launch()
+        } catch {
+            shutdown()
+            throw error
+        }
+    }
+
+    /// Starts the manager with this home's environment and waits until it runs.
+    private func launch() throws {
+        // systemd mounts a unit's credentials in a namespace of its own and moves them into
+        // $XDG_RUNTIME_DIR/credentials; they show here only through a shared mount, as on a host
+        // booted with systemd (a container's mounts are often private).
+        guard mount(runtime.path, runtime.path, nil, UInt(MS_BIND), nil) == 0 else {
+            throw HarnessError("cannot bind-mount \(runtime.path): \(String(cString: strerror(errno)))")
+        }
+        mountedRuntime = true
+        guard mount(nil, runtime.path, nil, UInt(MS_SHARED), nil) == 0 else {
+            throw HarnessError("cannot make \(runtime.path) shared: \(String(cString: strerror(errno)))")
+        }
+        createdBootPaths = Self.bootPaths.filter { !FileManager.default.fileExists(atPath: $0) }
+        for path in ["/run/systemd/system", "/run/systemd/inaccessible", "/run/systemd/inaccessible/dir"]
+        where createdBootPaths.contains(path) {
+            try FileManager.default.createDirectory(
+                atPath: path, withIntermediateDirectories: false,
+                attributes: [.posixPermissions: path.hasSuffix("/dir") ? 0 : 0o755])
         }
         manager = try ChildProcess.spawn(Self.systemdBinary!, ["--user"], environment: environment)
         let deadline = Date().addingTimeInterval(30)
@@ -126,15 +232,18 @@ final class UserManager: @unchecked Sendable {
         environment["XDG_CONFIG_HOME"] = configHome.path
         environment["XDG_STATE_HOME"] = home.appendingPathComponent(".local/state").path
         environment["TOKENBROKER_SOCKET"] = runtime.appendingPathComponent("tokenbroker/broker.sock").path
+        // The host key that `systemd-creds` and the manager seal and open credentials with.
+        environment["SYSTEMD_CREDENTIAL_SECRET"] = root.appendingPathComponent("credential.secret").path
         for name in ["DBUS_SESSION_BUS_ADDRESS", "NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "TOKENBROKER_CONFIG",
-            "TOKENBROKER_VAULT", "TOKENBROKER_KEY_FILE"]
+            "TOKENBROKER_VAULT", "TOKENBROKER_KEY_FILE", "CREDENTIALS_DIRECTORY"]
         {
             environment[name] = nil
         }
         return environment
     }
 
-    /// Stops every unit, ends the manager (waiting for it), and removes what the test created.
+    /// Stops every unit, ends the manager (waiting for it), removes what the test created, and
+    /// expects that nothing changed outside the test's directory.
     func shutdown() {
         if let manager {
             _ = try? systemctl(["stop", "tokenbroker.service", "tokenbroker.socket"])
@@ -150,8 +259,34 @@ final class UserManager: @unchecked Sendable {
                 manager.wait()
             }
         }
-        if createdBootMarker { rmdir("/run/systemd/system") }
+        if mountedRuntime { umount2(runtime.path, Int32(MNT_DETACH)) }
+        for path in createdBootPaths.reversed() { rmdir(path) }
         try? FileManager.default.removeItem(at: root)
+        let left = (createdBootPaths + [root.path]).filter { FileManager.default.fileExists(atPath: $0) }
+        #expect(left.isEmpty, "the test left \(left)")
+        let changed = zip(Self.outsidePaths, outsideBefore).filter { Self.listing($0.0) != $0.1 }.map(\.0)
+        #expect(changed.isEmpty, "the test changed \(changed)")
+    }
+
+    /// Whether `path` lies in this manager's temporary directory.
+    func isInside(_ path: String) -> Bool { path.hasPrefix(root.path + "/") }
+
+    /// The environment systemd gave the running broker.
+    func serviceEnvironment() -> [String: String] {
+        let pid = show("tokenbroker.service", "MainPID")
+        let environ = (try? Data(contentsOf: URL(fileURLWithPath: "/proc/\(pid)/environ"))) ?? Data()
+        let entries = environ.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }.compactMap {
+            entry -> (String, String)? in
+            guard let equals = entry.firstIndex(of: "=") else { return nil }
+            return (String(entry[..<equals]), String(entry[entry.index(after: equals)...]))
+        }
+        return Dictionary(entries) { _, last in last }
+    }
+
+    /// Everything below `path` (empty for a file), or nil when nothing is there.
+    private static func listing(_ path: String) -> [String]? {
+        guard FileManager.default.fileExists(atPath: path) else { return nil }
+        return ((try? FileManager.default.subpathsOfDirectory(atPath: path)) ?? []).sorted()
     }
 
     func systemctl(_ arguments: [String]) throws -> (status: Int32, output: String) {
