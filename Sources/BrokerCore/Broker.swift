@@ -362,6 +362,7 @@ public actor Broker {
     private func performRefresh(_ name: String, serial: Int) async -> Result<Void, BrokerError> {
         guard let started = entries[name] else { return .failure(notFound(name)) }
         let provider = makeProvider(started.record.provider)
+        let asked = ContinuousClock.now
         let outcome = await provider.refresh(started.record, now: clock.now())
         let answered = ContinuousClock.now
         guard var entry = entries[name], entry.generation == started.generation, entry.inFlight?.serial == serial
@@ -400,13 +401,14 @@ public actor Broker {
             cache.publish(Self.prepare(name, grant.token), for: name)
             events.publish(
                 BrokerEvent(event: .refreshed, account: name, at: now, state: "valid", expiresAt: grant.token.expiresAt))
-            // How long a rotated credential existed only in memory: the IdP's answer to the fsync.
-            let durableAfter = answered.duration(to: .now)
+            // How long the IdP took, and how long a rotated credential then existed only in
+            // memory (the IdP's answer to the fsync).
             logger.info(
                 "refreshed",
                 metadata: [
                     "account": "\(name)", "expires_in": "\(Int(grant.token.remaining(at: now)))",
-                    "saved_after_us": "\(durableAfter.components.seconds * 1_000_000 + durableAfter.components.attoseconds / 1_000_000_000_000)",
+                    "idp_us": "\(Self.microseconds(asked.duration(to: answered)))",
+                    "saved_after_us": "\(Self.microseconds(answered.duration(to: .now)))",
                 ])
             return .success(())
         case .failure(let failure) where failure.kind == .denial:
@@ -547,6 +549,10 @@ public actor Broker {
         if record.needsLogin || record.loggedOut == true { return nil }
         if case .static = record.provider { return nil }
         return planner.nextRefresh(token: record.token, refreshExpiresAt: record.secrets.refreshExpiresAt, now: now)
+    }
+
+    private static func microseconds(_ duration: Duration) -> Int64 {
+        duration.components.seconds * 1_000_000 + duration.components.attoseconds / 1_000_000_000_000
     }
 
     private static func prepare(_ name: String, _ token: AccessToken) -> PreparedToken {

@@ -41,14 +41,14 @@ import Testing
         let states = try await client.status().map(\.state)
         let needsLogin = states.filter { $0 == "needs_login" }.count
         let reused = idps.reduce(0) { $0 + $1.rejectedReuse }
-        let windows = broker.log.split(separator: "\n").compactMap { line in
-            line.range(of: "saved_after_us=").flatMap { Int(line[$0.upperBound...].prefix { $0.isNumber }) }
-        }.sorted()
+        let windows = Self.figures("saved_after_us", in: broker.log)
+        let roundTrips = Self.figures("idp_us", in: broker.log)
         let completedSaves = broker.log.components(separatedBy: "completed a vault save that a crash interrupted").count - 1
-                let median = windows.isEmpty ? 0 : windows[windows.count / 2]
-        let p99 = windows.isEmpty ? 0 : windows[windows.count * 99 / 100]
         print(
-            "crash test: \(Self.kills) SIGKILLs, \(refreshes) refreshes, \(needsLogin) of \(Self.accounts) accounts in needs_login, \(reused) reused refresh tokens, \(completedSaves) interrupted saves completed at restart; IdP answer to fsync: median \(median) us, p99 \(p99) us"
+            "crash test: \(Self.kills) SIGKILLs, \(refreshes) refreshes, \(needsLogin) of \(Self.accounts) accounts in needs_login, "
+                + "\(reused) reused refresh tokens, \(completedSaves) interrupted saves completed at restart; "
+                + "IdP round trip: median \(Self.median(roundTrips)) us, p99 \(Self.p99(roundTrips)) us; "
+                + "IdP answer to fsync: median \(Self.median(windows)) us, p99 \(Self.p99(windows)) us"
         )
         #expect(!windows.isEmpty)
         #expect(states.count == Self.accounts)
@@ -60,4 +60,14 @@ import Testing
         #expect(broker.stop() == 0)
         for idp in idps { await idp.shutdown() }
     }
+
+    /// The sorted values of `key=N` in every log line that has it.
+    static func figures(_ key: String, in log: String) -> [Int] {
+        log.split(separator: "\n").compactMap { line in
+            line.range(of: key + "=").flatMap { Int(line[$0.upperBound...].prefix { $0.isNumber }) }
+        }.sorted()
+    }
+
+    static func median(_ sorted: [Int]) -> Int { sorted.isEmpty ? 0 : sorted[sorted.count / 2] }
+    static func p99(_ sorted: [Int]) -> Int { sorted.isEmpty ? 0 : sorted[sorted.count * 99 / 100] }
 }

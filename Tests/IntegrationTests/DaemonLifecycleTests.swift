@@ -56,7 +56,8 @@ import Glibc
         idp.setBehavior(.hang)
         let broker = try BrokerProcess()
         try FileManager.default.createDirectory(at: broker.configDirectory, withIntermediateDirectories: true)
-        try "[broker]\nrequest_timeout = 1\nconnect_timeout = 1\n".write(
+        // A long backoff, so no jittered background retry is under way when the state is read.
+        try "[broker]\nrequest_timeout = 1\nconnect_timeout = 1\nbackoff_base = 60\nbackoff_cap = 60\n".write(
             to: broker.configDirectory.appendingPathComponent("broker.toml"), atomically: true, encoding: .utf8)
         try await broker.start()
         defer { broker.stop() }
