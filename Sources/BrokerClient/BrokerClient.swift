@@ -89,7 +89,7 @@ public final class BrokerClient: Sendable {
         try await call(Request(id: nil, op: "logout", account: account, force: force ? true : nil))
     }
 
-        /// Makes the broker re-read its config file (owner only).
+    /// Makes the broker re-read its config file (owner only).
     public func reload() async throws -> ReloadResult {
         try await call(Request(id: nil, op: "reload"))
     }

@@ -159,6 +159,7 @@ public actor Broker {
         guard let tokens, tokens.accessToken != nil || tokens.refreshToken != nil || tokens.refreshURL != nil else {
             throw BrokerError(.badRequest, "\"tokens\" needs an access_token, a refresh_token or a refresh_url")
         }
+        try checkNotLoggingOut(entry)
         let now = clock.now()
         try apply(tokens, to: &entry.record, now: now)
         entry.restart(loggedOut: false)
@@ -173,6 +174,7 @@ public actor Broker {
     /// Deletes an account and its secrets.
     public func remove(account: String?) throws(BrokerError) -> AccountResult {
         let name = try AccountSpec.validateName(account)
+        try checkNotLoggingOut(try entry(name))
         guard let removed = entries.removeValue(forKey: name) else { throw notFound(name) }
         do {
             try persist(changing: name)
@@ -208,50 +210,42 @@ public actor Broker {
         let name = try AccountSpec.validateName(account)
         let entry = try self.entry(name)
         if entry.record.loggedOut == true { return LogoutResult(account: name, state: "logged_out", revoked: false) }
+        try checkNotLoggingOut(entry)
+        // While set, nothing else may change or refresh the account: `set_tokens` and `remove`
+        // are refused, and no refresh starts, so the entry after each await is this one.
         entries[name]?.loggingOut = true
         defer { entries[name]?.loggingOut = false }
         // A refresh under way may rotate the credential: revoke the one it leaves behind.
         _ = await entry.inFlight?.task.value
         guard let current = entries[name] else { throw notFound(name) }
+        let due = current.nextRefreshAt
         entries[name]?.nextRefreshAt = nil
 
-        let revocation = await makeProvider(current.record.provider).revoke(current.record)
         var revoked = false
-        switch revocation {
-        case .success(.revoked):
-            revoked = true
-        case .success(.unsupported):
-            break
-        case .success(.refused(let message)):
-            logger.warning("the IdP refused the revocation; discarding anyway", metadata: ["account": "\(name)", "reason": "\(message)"])
+        switch await makeProvider(current.record.provider).revoke(current.record) {
+        case .success(let revocation):
+            revoked = revocation == .revoked
         case .failure(let failure) where !force:
-            entries[name]?.nextRefreshAt = Self.schedule(current.record, planner, now: clock.now())
+            entries[name]?.nextRefreshAt = due
             logger.warning("logout refused: cannot revoke", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
-            let wait = failure.retryAfter ?? settings.backoffBase
+            let wait = failure.kind == .transient ? failure.retryAfter ?? settings.backoffBase : nil
             throw BrokerError(
                 .unavailable,
-                "cannot revoke \(name) at the IdP (\(failure.message)); nothing was discarded. Try again later, "
+                "cannot revoke \(name) at the IdP (\(failure.message)); nothing was discarded. "
+                    + (wait == nil ? "Check the account's settings, " : "Try again later, ")
                     + "or brokerctl logout \(name) --force to discard it without revoking",
-                retryAfterMs: Int(wait * 1000))
+                retryAfterMs: wait.map { Int($0 * 1000) })
         case .failure(let failure):
             logger.warning("forced logout without revocation", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
         }
 
-        guard var entry = entries[name] else { throw notFound(name) }
-        let before = entry
-        let clientSecret = entry.record.secrets.clientSecret
-        entry.record.secrets = AccountSecrets(clientSecret: clientSecret)
-        entry.record.token = nil
-        entry.restart(loggedOut: true)
-        entry.nextRefreshAt = nil
-        entries[name] = entry
-        do {
-            try persist(changing: name)
-        } catch {
-            entries[name] = before
-            throw error
-        }
+        // Discarded in memory even if the vault cannot be saved: a revoked token must not be served.
+        entries[name]?.record.secrets = AccountSecrets(clientSecret: current.record.secrets.clientSecret)
+        entries[name]?.record.token = nil
+        entries[name]?.restart(loggedOut: true)
+        entries[name]?.nextRefreshAt = nil
         cache.publish(nil, for: name)
+        try persist(changing: name)
         let now = clock.now()
         events.publish(BrokerEvent(event: .loggedOut, account: name, at: now, state: "logged_out"))
         logger.info("logged out", metadata: ["account": "\(name)", "revoked": "\(revoked)"])
@@ -504,7 +498,13 @@ public actor Broker {
             throw BrokerError(.needsLogin, "\(name) is logged out; push new tokens with brokerctl set-tokens \(name)")
         }
         if entry.record.needsLogin { throw needsLogin(name) }
-        if entry.loggingOut { throw BrokerError(.unavailable, "\(name) is being logged out", retryAfterMs: 1000) }
+        try checkNotLoggingOut(entry)
+    }
+
+    private func checkNotLoggingOut(_ entry: Entry) throws(BrokerError) {
+        if entry.loggingOut {
+            throw BrokerError(.unavailable, "\(entry.record.name) is being logged out", retryAfterMs: 1000)
+        }
     }
 
     /// Refuses, without calling the IdP, a `minTTL` longer than the lifetime the IdP grants,

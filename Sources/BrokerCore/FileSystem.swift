@@ -29,7 +29,12 @@ enum FileSystem {
             throw VaultError("cannot write \(staging): \(reason)")
         }
         close(fd)
-        try rename(staging, over: path)
+        do {
+            try rename(staging, over: path)
+        } catch {
+            unlink(staging)
+            throw error
+        }
     }
 
     /// Makes a complete `staging` file durable and renames it over `path`.
@@ -44,12 +49,11 @@ enum FileSystem {
         try rename(staging, over: path)
     }
 
-    /// Renames `staging` over `path` and fsyncs the directory, so the rename is durable.
+    /// Renames `staging` over `path` and fsyncs the directory, so the rename is durable. A
+    /// failed rename leaves `staging` in place.
     private static func rename(_ staging: String, over path: String) throws {
         guard Glibc.rename(staging, path) == 0 else {
-            let reason = errnoText()
-            unlink(staging)
-            throw VaultError("cannot replace \(path): \(reason)")
+            throw VaultError("cannot replace \(path): \(errnoText())")
         }
         let directory = URL(fileURLWithPath: path).deletingLastPathComponent().path
         let directoryFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)

@@ -85,14 +85,42 @@ import Testing
         #expect(seen.filter { $0 == .loggedOut }.count == 1, "\(seen)")
     }
 
-    /// An IdP that answers but refuses (here: it no longer knows the client) cannot be made to
-    /// revoke by retrying; the credential is discarded anyway, and reported as not revoked.
-    @Test func aRefusedRevocationStillDiscards() async throws {
+    /// An IdP that answers but will not revoke (here it no longer knows the client) leaves the
+    /// credential alive: the logout is refused without a retry hint, and only `force` discards.
+    @Test func aRefusedRevocationNeedsForce() async throws {
         let rig = try await Rig(settings: FaultInjectionTests.settings, revocation: .configured)
         defer { Task { await rig.shutdown() } }
         rig.idp.setBehavior(.status(401, retryAfter: nil))
-        #expect(try await rig.broker.logout(account: "api", force: false).revoked == false)
+        let refused = await #expect(throws: BrokerError.self) { try await rig.broker.logout(account: "api", force: false) }
+        #expect(refused?.code == .unavailable)
+        #expect(refused?.retryAfterMs == nil, "retrying will not help")
+        #expect(try await rig.state() == "valid")
+        #expect(try await rig.broker.logout(account: "api", force: true).revoked == false)
         #expect(try await rig.state() == "logged_out")
+    }
+
+    /// While a logout waits for the IdP, the account cannot be changed or removed under it.
+    @Test func aLogoutUnderWayHoldsTheAccount() async throws {
+        let rig = try await Rig(settings: FaultInjectionTests.settings, revocation: .configured)
+        defer { Task { await rig.shutdown() } }
+        rig.idp.setDelay(.milliseconds(300))
+        let logout = Task { try await rig.broker.logout(account: "api", force: false) }
+        #expect(await eventually { rig.idp.revocations.count == 1 })
+        for change in ["set_tokens", "remove", "logout", "refresh"] {
+            let refused = await #expect(throws: BrokerError.self, "\(change)") {
+                switch change {
+                case "set_tokens": _ = try await rig.broker.setTokens(account: "api", tokens: TokenSet(refreshToken: "rt-x"))
+                case "remove": _ = try await rig.broker.remove(account: "api")
+                case "logout": _ = try await rig.broker.logout(account: "api", force: true)
+                default: _ = try await rig.broker.refreshNow(account: "api")
+                }
+            }
+            #expect(refused?.code == .unavailable, "\(change)")
+        }
+        #expect(try await logout.value.revoked)
+        #expect(rig.idp.callCount == 0, "no refresh started during the logout")
+        let seen = await FaultInjectionTests.collect(rig.events)
+        #expect(seen.filter { $0 == .loggedOut }.count == 1, "\(seen)")
     }
 
     /// Providers without revocation (here an oauth2 IdP that names no revocation endpoint, and a

@@ -177,6 +177,13 @@ import Testing
         try Data(contentsOf: URL(fileURLWithPath: foreign.path)).write(to: URL(fileURLWithPath: staging))
         #expect(try load() == (older, false))
 
+        // Same key, newer, but not the very next save (left over from before a downgrade, say).
+        let skipping = try Vault(path: directory.file("skip/vault"), key: key)
+        for _ in 0..<3 { try skipping.save(newer) }
+        try Data(contentsOf: URL(fileURLWithPath: skipping.path)).write(to: URL(fileURLWithPath: staging))
+        #expect(try load() == (older, false))
+        #expect(!FileManager.default.fileExists(atPath: staging), "a staging file not promoted is deleted")
+
         // Older than the vault: the vault holds the newer state, the staging file the older one.
         try stagedBytes.write(to: URL(fileURLWithPath: path))
         try olderBytes.write(to: URL(fileURLWithPath: staging))

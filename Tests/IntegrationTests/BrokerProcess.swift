@@ -189,16 +189,6 @@ struct HarnessError: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-/// Polls `condition` until it holds or `timeout` passes; returns whether it held.
-func eventually(timeout: TimeInterval = 15, _ condition: () async throws -> Bool) async rethrows -> Bool {
-    let deadline = Date().addingTimeInterval(timeout)
-    while Date() < deadline {
-        if try await condition() { return true }
-        try? await Task.sleep(for: .milliseconds(25))
-    }
-    return try await condition()
-}
-
 extension Data {
     /// Whether `needle` occurs anywhere in these bytes.
     func contains(_ needle: String) -> Bool { range(of: Data(needle.utf8)) != nil }

@@ -1,4 +1,5 @@
 import Foundation
+import TestIdP
 import Testing
 
 #if canImport(Glibc)

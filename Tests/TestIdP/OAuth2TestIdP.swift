@@ -163,7 +163,7 @@ public final class OAuth2TestIdP: Sendable {
             }
             guard let token = form["token"] else { return Answer(status: .badRequest, body: #"{"error":"invalid_request"}"#) }
             if token == state.currentRefreshToken { state.currentRefreshToken = "revoked-\(randomSuffix())" }
-            return Answer(status: .ok, body: "")
+            return Answer(status: .ok, body: "", delay: state.delay)
         }
     }
 

@@ -58,20 +58,24 @@ struct OAuth2Provider: TokenProvider {
         }
     }
 
-    /// Classifies a revocation endpoint's answer (RFC 7009 section 2.2): 2xx is done (an
-    /// already-invalid token is answered 200 too), 5xx and 429 are transient, any other
-    /// refusal is final.
+    /// Classifies a revocation endpoint's answer (RFC 7009 section 2.2). Only 2xx is a
+    /// revocation (an already-invalid token is answered 200 too); `unsupported_token_type` means
+    /// the IdP does not revoke this kind of token. 5xx and 429 are transient; any other answer
+    /// (wrong client credentials, a wrong endpoint URL) leaves the credential alive: a denial.
     static func interpretRevocation(_ reply: IdPReply) -> Result<Revocation, RefreshFailure> {
+        let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any]
+        let code = object?["error"] as? String
         switch reply.status {
         case 200..<300:
             return .success(.revoked)
+        case 400 where code == "unsupported_token_type":
+            return .success(.unsupported)
         case 429, 500...:
             return .failure(
                 .transient("the revocation endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
         default:
-            let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any]
-            let code = (object?["error"] as? String).map { " (\(FormEncoding.printable($0)))" } ?? ""
-            return .success(.refused("the revocation endpoint refused: HTTP \(reply.status)\(code)"))
+            let detail = code.map { " (\(FormEncoding.printable($0)))" } ?? ""
+            return .failure(.denial("the revocation endpoint refused: HTTP \(reply.status)\(detail)"))
         }
     }
 

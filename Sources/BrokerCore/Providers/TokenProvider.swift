@@ -47,15 +47,14 @@ public enum Revocation: Sendable, Equatable {
     case revoked
     /// The provider has no revocation (or nothing to revoke); the credential is only discarded.
     case unsupported
-    /// The IdP answered but would not revoke (e.g. the credential was already dead).
-    case refused(String)
 }
 
 /// One way of obtaining new tokens for an account.
 public protocol TokenProvider: Sendable {
     /// Exchanges the account's refresh credential for new tokens.
     func refresh(_ record: AccountRecord, now: Date) async -> Result<Grant, RefreshFailure>
-    /// Revokes the account's credential at the IdP (`logout`); fails only transiently.
+    /// Revokes the account's credential at the IdP (`logout`). A transient failure may be
+    /// retried; a denial means the IdP will not revoke it as configured.
     func revoke(_ record: AccountRecord) async -> Result<Revocation, RefreshFailure>
 }
 

@@ -52,16 +52,20 @@ public final class Vault: @unchecked Sendable {
     /// Reads and decrypts the vault; `nil` when no vault file exists yet. A wrong key or a
     /// modified vault is refused and the file is left untouched. A save that a crash cut off
     /// after writing its staging file but before the rename is completed here: the staging
-    /// file is promoted when it authenticates and is newer than the vault (see `save`).
+    /// file is promoted when it authenticates and is the very next save after the vault's
+    /// state (see `save`). Any other staging file (torn, foreign, stale) is deleted.
     public func load() throws -> VaultContents? {
         let current = try read(path)
-        let staged = try? read(stagingPath)
         var chosen = current
         var recovered = false
-        if let staged, staged.sequence ?? 0 > current?.sequence ?? 0 {
-            try FileSystem.promote(stagingPath, to: path)
-            chosen = staged
-            recovered = true
+        if FileManager.default.fileExists(atPath: stagingPath) {
+            if let staged = try? read(stagingPath), staged.sequence == (current?.sequence ?? 0) + 1 {
+                try FileSystem.promote(stagingPath, to: path)
+                chosen = staged
+                recovered = true
+            } else {
+                unlink(stagingPath)
+            }
         }
         state.withLock { $0 = (chosen?.sequence ?? 0, recovered) }
         return chosen.map { VaultContents(accounts: $0.accounts) }
@@ -74,7 +78,7 @@ public final class Vault: @unchecked Sendable {
     /// staging file, fsync, rename, fsync of the directory. Once the staging file is written,
     /// a killed broker loses nothing: `load` promotes it.
     public func save(_ contents: VaultContents) throws {
-        let sequence = state.withLock { $0.sequence += 1; return $0.sequence }
+        let sequence = state.withLock { $0.sequence } + 1
         var plaintext = try JSONEncoder().encode(Stored(sequence: sequence, accounts: contents.accounts))
         defer { Sodium.wipe(&plaintext) }
         var header = Self.magic
@@ -84,6 +88,7 @@ public final class Vault: @unchecked Sendable {
         var file = Data(header)
         file.append(Sodium.seal(plaintext, associatedData: header, nonce: nonce, key: key))
         try FileSystem.writeAtomically(file, to: path, staging: stagingPath)
+        state.withLock { $0.sequence = sequence }
     }
 
     /// Where `save` writes before renaming over the vault.
