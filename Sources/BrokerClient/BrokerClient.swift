@@ -224,16 +224,11 @@ private final class Connection: Sendable {
             if let event = try? Wire.makeDecoder().decode(BrokerEvent.self, from: line) { subscription?.yield(event) }
             return
         }
+        // A failure line for a subscription's id (its refusal, or a final `busy`) ends it.
         let (continuation, subscription) = state.withLock { state in
-            let continuation = state.pending.removeValue(forKey: id)
-            // A failure after a subscription's acknowledgement ends that subscription.
-            let ended = continuation == nil && head.ok == false ? state.subscriptions.removeValue(forKey: id) : nil
-            return (continuation, ended)
+            (state.pending.removeValue(forKey: id), head.ok == false ? state.subscriptions.removeValue(forKey: id) : nil)
         }
-        if let continuation {
-            if head.ok == false { state.withLock { _ = $0.subscriptions.removeValue(forKey: id) } }
-            continuation.resume(returning: line)
-        }
+        continuation?.resume(returning: line)
         subscription?.finish(throwing: head.error?.brokerError ?? BrokerError(.internal, "subscription ended"))
     }
 

@@ -254,9 +254,11 @@ public actor Broker {
 
     // MARK: Configuration
 
-    /// Re-reads the config file and applies it; a broken file changes nothing.
-    public func reloadConfiguration() throws(BrokerError) {
-        guard let configPath else { return }
+    /// Re-reads the config file and applies it; a broken file changes nothing. Returns the
+    /// number of accounts afterwards.
+    @discardableResult
+    public func reloadConfiguration() throws(BrokerError) -> Int {
+        guard let configPath else { return entries.count }
         let configuration: BrokerConfiguration
         do {
             configuration = try ConfigFile.load(path: configPath)
@@ -265,6 +267,7 @@ public actor Broker {
             throw BrokerError(.badRequest, "config not reloaded: \(error)")
         }
         try configure(configuration)
+        return entries.count
     }
 
     /// Applies settings and declared accounts. Declared accounts get their provider settings
@@ -283,6 +286,7 @@ public actor Broker {
         }
         settingsBox.withLock { $0 = configuration.settings }
         let now = clock.now()
+        let stored = entries.mapValues(\.record)
         for (name, provider) in providers {
             var entry =
                 entries[name]
@@ -299,7 +303,8 @@ public actor Broker {
             entries[name]?.record.declared = false
             logger.notice("account no longer declared in the config; kept as a runtime account", metadata: ["account": "\(name)"])
         }
-        try persist(changing: "")
+        // Usually nothing stored changed (a start with the same file): no vault write then.
+        if entries.mapValues(\.record) != stored { try persist(changing: "") }
         logger.info("configuration applied", metadata: ["declared_accounts": "\(providers.count)"])
     }
 

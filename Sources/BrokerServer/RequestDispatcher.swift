@@ -110,8 +110,7 @@ public struct RequestDispatcher: Sendable {
                 return try success(
                     request, try await broker.logout(account: request.account, force: request.force ?? false), encoder)
             case .reload:
-                try await broker.reloadConfiguration()
-                let count = try await broker.status(account: nil).count
+                let count = try await broker.reloadConfiguration()
                 return try success(request, ReloadResult(reloaded: true, accounts: count), encoder)
             case .subscribe, nil:
                 throw BrokerError(.unknownOp, "unknown op")

@@ -77,7 +77,7 @@ struct Brokerd: AsyncParsableCommand {
         let lifecycle = SystemdLifecycle(notifier: notifier, summary: { await broker.summary() }) {
             scheduler.lastHeartbeat.duration(to: .now) < .seconds(5)
         }
-        let reloader = ReloadOnHangup(notifier: notifier) { try? await broker.reloadConfiguration() }
+        let reloader = ReloadOnHangup(notifier: notifier) { _ = try? await broker.reloadConfiguration() }
         let group = ServiceGroup(
             configuration: .init(
                 services: [

@@ -62,19 +62,15 @@ struct ExecProvider: TokenProvider {
             guard let object, let accessToken = object["access_token"] as? String, !accessToken.isEmpty else {
                 return .failure(.transient("the command did not print a JSON object with an access_token"))
             }
-            let expiresAt: Date
+            var expiresAt: Date?
             if let text = object["expires_at"] as? String {
-                guard let parsed = Timestamp.parse(text, defaultZone: TimeZone(identifier: "UTC")!) else {
-                    return .failure(.transient("the command printed an unreadable expires_at"))
-                }
-                expiresAt = parsed
-            } else {
-                expiresAt = now.addingTimeInterval(OAuth2Provider.seconds(object["expires_in"]) ?? defaultLifetime)
+                expiresAt = Timestamp.parse(text, defaultZone: TimeZone(identifier: "UTC")!)
+                if expiresAt == nil { return .failure(.transient("the command printed an unreadable expires_at")) }
             }
-            let token = AccessToken(
-                value: accessToken, type: object["token_type"] as? String ?? "Bearer", expiresAt: expiresAt,
-                obtainedAt: now, idToken: object["id_token"] as? String, scope: object["scope"] as? String)
-            return .success(Grant(token: token))
+            return .success(
+                Grant(
+                    token: AccessToken.issued(
+                        accessToken, in: object, now: now, expiresAt: expiresAt, defaultLifetime: defaultLifetime)))
         }
     }
 }

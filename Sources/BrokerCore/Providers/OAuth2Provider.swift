@@ -23,12 +23,8 @@ struct OAuth2Provider: TokenProvider {
         case .success(let value): endpoint = value
         case .failure(let failure): return .failure(failure)
         }
-        let reply: IdPReply
-        switch await http.post(endpoint, headers: headers, body: FormEncoding.encode(form)) {
-        case .success(let value): reply = value
-        case .failure(let failure): return .failure(failure)
-        }
-        return Self.interpret(reply, now: now, defaultLifetime: defaultLifetime)
+        return await http.post(endpoint, headers: headers, body: FormEncoding.encode(form))
+            .flatMap { Self.interpret($0, now: now, defaultLifetime: defaultLifetime) }
     }
 
     /// Revokes the refresh token (or, without one, the access token) at the revocation endpoint
@@ -52,10 +48,7 @@ struct OAuth2Provider: TokenProvider {
         guard let endpoint else { return .success(.unsupported) }
         var form = [("token", credential.token), ("token_type_hint", credential.hint)]
         let headers = authenticate(&form, secret: record.secrets.clientSecret)
-        switch await http.post(endpoint, headers: headers, body: FormEncoding.encode(form)) {
-        case .success(let reply): return Self.interpretRevocation(reply)
-        case .failure(let failure): return .failure(failure)
-        }
+        return await http.post(endpoint, headers: headers, body: FormEncoding.encode(form)).flatMap(Self.interpretRevocation)
     }
 
     /// Classifies a revocation endpoint's answer (RFC 7009 section 2.2). Only 2xx is a
@@ -116,11 +109,7 @@ struct OAuth2Provider: TokenProvider {
             guard let object, let accessToken = object["access_token"] as? String, !accessToken.isEmpty else {
                 return .failure(.transient("the token endpoint answered \(reply.status) without a usable access_token"))
             }
-            let lifetime = Self.seconds(object["expires_in"]) ?? defaultLifetime
-            let token = AccessToken(
-                value: accessToken, type: object["token_type"] as? String ?? "Bearer",
-                expiresAt: now.addingTimeInterval(lifetime), obtainedAt: now,
-                idToken: object["id_token"] as? String, scope: object["scope"] as? String)
+            let token = AccessToken.issued(accessToken, in: object, now: now, defaultLifetime: defaultLifetime)
             let refreshExpiresAt = Self.seconds(object["refresh_expires_in"]).map { now.addingTimeInterval($0) }
             return .success(
                 Grant(token: token, refreshToken: object["refresh_token"] as? String, refreshExpiresAt: refreshExpiresAt))

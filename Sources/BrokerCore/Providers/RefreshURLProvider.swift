@@ -37,12 +37,8 @@ struct RefreshURLProvider: TokenProvider {
         let method: HTTPMethod = settings.method == .post ? .POST : .GET
         // A POST carries an empty body (Content-Length: 0); a GET carries none.
         let body: String? = settings.method == .post ? "" : nil
-        let reply: IdPReply
-        switch await http.send(method: method, url: url, headers: headers, body: body, target: "the refresh URL") {
-        case .success(let value): reply = value
-        case .failure(let failure): return .failure(failure)
-        }
-        return Self.interpret(reply, now: now, defaultLifetime: defaultLifetime)
+        return await http.send(method: method, url: url, headers: headers, body: body, target: "the refresh URL")
+            .flatMap { Self.interpret($0, now: now, defaultLifetime: defaultLifetime) }
     }
 
     /// HTTP statuses that mean the refresh URL is dead or was never valid.
@@ -64,11 +60,7 @@ struct RefreshURLProvider: TokenProvider {
             if let rotated, (rotated as? String)?.isEmpty != false {
                 return .failure(.transient("the refresh URL answered with a malformed refresh_url"))
             }
-            let lifetime = OAuth2Provider.seconds(object["expires_in"]) ?? defaultLifetime
-            let token = AccessToken(
-                value: accessToken, type: object["token_type"] as? String ?? "Bearer",
-                expiresAt: now.addingTimeInterval(lifetime), obtainedAt: now, idToken: object["id_token"] as? String,
-                scope: object["scope"] as? String)
+            let token = AccessToken.issued(accessToken, in: object, now: now, defaultLifetime: defaultLifetime)
             return .success(Grant(token: token, refreshURL: rotated as? String))
         case let status where denialStatuses.contains(status):
             return .failure(.denial("the refresh URL was refused: HTTP \(status); push a new one with set_tokens"))

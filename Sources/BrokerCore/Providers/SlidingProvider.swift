@@ -30,13 +30,9 @@ struct SlidingProvider: TokenProvider {
         var headers = HTTPHeaders()
         headers.add(name: "Authorization", value: "Bearer \(refreshToken)")
         headers.add(name: "Accept", value: "application/json")
-        let reply: IdPReply
-        switch await http.send(method: .POST, url: settings.endpoint, headers: headers, body: "") {
-        case .success(let value): reply = value
-        case .failure(let failure): return .failure(failure)
-        }
         let zone = TimeZone(identifier: settings.timeZone) ?? TimeZone(identifier: "UTC")!
-        return Self.interpret(reply, now: now, timeZone: zone, defaultLifetime: defaultLifetime)
+        return await http.send(method: .POST, url: settings.endpoint, headers: headers, body: "")
+            .flatMap { Self.interpret($0, now: now, timeZone: zone, defaultLifetime: defaultLifetime) }
     }
 
     /// Classifies the endpoint's answer. `status: false` (e.g. `RefreshTokenMismatch`) and HTTP
@@ -72,34 +68,31 @@ struct SlidingProvider: TokenProvider {
         else {
             return .failure(.transient("the sliding endpoint answered status true without a usable accessToken"))
         }
-        let expiresAt: Date
-        switch data["accessTokenExpiresAt"] {
-        case nil, is NSNull:
-            expiresAt = now.addingTimeInterval(defaultLifetime)
-        case let text as String:
-            guard let parsed = Timestamp.parse(text, defaultZone: timeZone) else {
-                return .failure(.transient("the sliding endpoint sent an unreadable accessTokenExpiresAt"))
-            }
-            expiresAt = parsed
-        default:
-            return .failure(.transient("the sliding endpoint sent an unreadable accessTokenExpiresAt"))
-        }
-        var refreshExpiresAt: Date?
-        switch data["refreshTokenExpiresAt"] {
-        case nil, is NSNull:
-            refreshExpiresAt = nil
-        case let text as String:
-            guard let parsed = Timestamp.parse(text, defaultZone: timeZone) else {
-                return .failure(.transient("the sliding endpoint sent an unreadable refreshTokenExpiresAt"))
-            }
-            refreshExpiresAt = parsed
-        default:
-            return .failure(.transient("the sliding endpoint sent an unreadable refreshTokenExpiresAt"))
+        let expiresAt: Date?
+        let refreshExpiresAt: Date?
+        switch (
+            timestamp(data, "accessTokenExpiresAt", zone: timeZone), timestamp(data, "refreshTokenExpiresAt", zone: timeZone)
+        ) {
+        case (.success(let access), .success(let refresh)): (expiresAt, refreshExpiresAt) = (access, refresh)
+        case (.failure(let failure), _), (_, .failure(let failure)): return .failure(failure)
         }
         let rotated = (data["refreshToken"] as? String).flatMap { $0.isEmpty ? nil : $0 }
         let token = AccessToken(
-            value: accessToken, type: data["tokenType"] as? String ?? "Bearer", expiresAt: expiresAt, obtainedAt: now)
+            value: accessToken, type: data["tokenType"] as? String ?? "Bearer",
+            expiresAt: expiresAt ?? now.addingTimeInterval(defaultLifetime), obtainedAt: now)
         return .success(Grant(token: token, refreshToken: rotated, refreshExpiresAt: refreshExpiresAt))
+    }
+
+    /// An optional timestamp field of the envelope's `data`: absent or null is `nil`; anything
+    /// but a readable string is a malformed (transient) answer.
+    private static func timestamp(_ data: [String: Any], _ field: String, zone: TimeZone) -> Result<Date?, RefreshFailure> {
+        switch data[field] {
+        case nil, is NSNull: return .success(nil)
+        case let text as String:
+            if let parsed = Timestamp.parse(text, defaultZone: zone) { return .success(parsed) }
+        default: break
+        }
+        return .failure(.transient("the sliding endpoint sent an unreadable \(field)"))
     }
 }
 

@@ -41,6 +41,19 @@ public struct RefreshFailure: Error, Sendable, Equatable {
     }
 }
 
+extension AccessToken {
+    /// The access token of a token response object, read the RFC 6749 section 5.1 way
+    /// (`token_type`, `expires_in`, `id_token`, `scope`); `expiresAt` overrides `expires_in`.
+    static func issued(
+        _ value: String, in object: [String: Any], now: Date, expiresAt: Date? = nil, defaultLifetime: TimeInterval
+    ) -> AccessToken {
+        AccessToken(
+            value: value, type: object["token_type"] as? String ?? "Bearer",
+            expiresAt: expiresAt ?? now.addingTimeInterval(OAuth2Provider.seconds(object["expires_in"]) ?? defaultLifetime),
+            obtainedAt: now, idToken: object["id_token"] as? String, scope: object["scope"] as? String)
+    }
+}
+
 /// What became of a credential at `logout`.
 public enum Revocation: Sendable, Equatable {
     /// The IdP confirmed the revocation.

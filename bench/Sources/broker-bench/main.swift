@@ -201,8 +201,10 @@ struct BrokerUnderTest {
             let end = current[range.upperBound...].firstIndex(of: "\"")
         else { throw BenchError("no token for \(account)") }
         let token = String(current[range.upperBound..<end])
+        let descriptors = try (0..<clients).map { _ in try Socket.connect(socketPath) }
+        defer { descriptors.forEach { close($0) } }
         let request = #"{"id":1,"op":"reject","account":"\#(account)","access_token":"\#(token)"}"#
-        return try freshTokenLatency(clients: clients, request: request, start: Monotonic.now())
+        return try freshTokenLatency(request: request, start: Monotonic.now(), on: descriptors)
     }
 
     /// The account's token expires (pushed as expired, with the IdP's current refresh token);
@@ -219,23 +221,19 @@ struct BrokerUnderTest {
             #"{"id":0,"op":"set_tokens","account":"\#(account)","tokens":{"access_token":"expired","expires_at":"2000-01-01T00:00:00Z","refresh_token":"\#(refreshToken)"}}"#)
         guard pushed.contains(#""ok":true"#) else { throw BenchError("set_tokens failed: \(pushed)") }
         let request = #"{"id":1,"op":"token","account":"\#(account)","min_ttl":60}"#
-        return try freshTokenLatency(clients: clients, request: request, start: start, connections: descriptors)
+        return try freshTokenLatency(request: request, start: start, on: descriptors)
     }
 
-    /// Sends `request` on `clients` fresh connections (or on `connections`) and returns the
-    /// seconds from `start` until the first and the last successful answer.
-    private func freshTokenLatency(
-        clients: Int, request text: String, start: Double, connections: [Int32]? = nil
-    ) throws -> (Double, Double) {
-        let descriptors = try connections ?? (0..<clients).map { _ in try Socket.connect(socketPath) }
-        defer { if connections == nil { descriptors.forEach { close($0) } } }
+    /// Sends `request` on every one of `descriptors` and returns the seconds from `start` until
+    /// the first and the last successful answer.
+    private func freshTokenLatency(request text: String, start: Double, on descriptors: [Int32]) throws -> (Double, Double) {
         let request = Array((text + "\n").utf8)
         for fd in descriptors { _ = request.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } }
         var first = Double.infinity
         var last = 0.0
         var buffer = [UInt8](repeating: 0, count: 4096)
         var polls = descriptors.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
-        var remaining = clients
+        var remaining = descriptors.count
         while remaining > 0 {
             guard poll(&polls, nfds_t(polls.count), 10_000) > 0 else { throw BenchError("token answers timed out") }
             for index in polls.indices where polls[index].revents & Int16(POLLIN) != 0 {
