@@ -67,7 +67,7 @@ public final class SocketServer: Service {
             logger.info("adopted the socket from systemd", metadata: ["socket": "\(path)"])
             return try await bootstrap.withBoundSocket(descriptor).get()
         case .path(let path):
-            try Self.prepare(path)
+            try SocketDirectory.prepare(path)
             let previous = umask(0o177)
             defer { umask(previous) }
             let channel = try await bootstrap.bind(unixDomainSocketPath: path).get()
@@ -75,22 +75,6 @@ public final class SocketServer: Service {
             logger.info("listening", metadata: ["socket": "\(path)"])
             return channel
         }
-    }
-
-    /// Creates the socket's directory (0700) and removes a stale socket file, refusing to
-    /// replace one that another broker is still answering on.
-    static func prepare(_ path: String) throws {
-        let directory = URL(fileURLWithPath: path).deletingLastPathComponent().path
-        try? FileManager.default.createDirectory(
-            atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        guard chmod(directory, 0o700) == 0 else {
-            throw ServerError(description: "cannot use the socket directory \(directory): \(String(cString: strerror(errno)))")
-        }
-        guard FileManager.default.fileExists(atPath: path) else { return }
-        if SocketProbe.isAnswering(path) {
-            throw ServerError(description: "another broker is already listening on \(path)")
-        }
-        unlink(path)
     }
 
     private static func admit(
@@ -143,13 +127,4 @@ struct PeerCredentials: Sendable {
     var pid: Int32
     var uid: UInt32
     var gid: UInt32
-}
-
-/// Checks whether something answers on a Unix socket path.
-enum SocketProbe {
-    static func isAnswering(_ path: String) -> Bool {
-        guard case .success(let fd) = UnixSocketAddress.connect(path) else { return false }
-        close(fd)
-        return true
-    }
 }
