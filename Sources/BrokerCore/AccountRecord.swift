@@ -83,20 +83,20 @@ public struct AccountRecord: Codable, Sendable, Equatable {
     /// Declared in the config file (its provider settings come from there); `nil` in older vaults.
     public var declared: Bool?
 
-    /// This record with every date moved within `Bounds.maximumLifetime` of `now` and its last
-    /// error cleaned, so a vault written before numbers and texts were checked still loads,
+    /// This record with every date within `Bounds.representableDates` and its last error
+    /// cleaned, so a vault written before numbers and texts were checked still loads,
     /// schedules and shows nothing secret.
-    func sanitized(around now: Date) -> AccountRecord {
+    func sanitized() -> AccountRecord {
         var record = self
         if var token = record.token {
-            token.expiresAt = Bounds.date(token.expiresAt, around: now)
-            token.obtainedAt = Bounds.date(token.obtainedAt, around: now)
+            token.expiresAt = Bounds.date(token.expiresAt)
+            token.obtainedAt = Bounds.date(token.obtainedAt)
             record.token = token
         }
-        record.secrets.refreshExpiresAt = record.secrets.refreshExpiresAt.map { Bounds.date($0, around: now) }
-        record.lastRefreshAt = record.lastRefreshAt.map { Bounds.date($0, around: now) }
+        record.secrets.refreshExpiresAt = record.secrets.refreshExpiresAt.map { Bounds.date($0) }
+        record.lastRefreshAt = record.lastRefreshAt.map { Bounds.date($0) }
         if var error = record.lastError {
-            error.at = Bounds.date(error.at, around: now)
+            error.at = Bounds.date(error.at)
             error.message = outsideText().clean(error.message, or: "")
             record.lastError = error
         }

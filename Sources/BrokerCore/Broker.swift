@@ -72,7 +72,7 @@ public actor Broker {
             logger.notice("completed a vault save that a crash interrupted; no rotated credential was lost")
         }
         for stored in contents?.accounts ?? [] {
-            let record = stored.sanitized(around: now)
+            let record = stored.sanitized()
             entries[record.name] = Entry(
                 record: record, nextRefreshAt: Self.schedule(record, RefreshPlanner(settings: settings), now: now))
             if !record.needsLogin, record.loggedOut != true, let token = record.token {

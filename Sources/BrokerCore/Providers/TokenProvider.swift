@@ -53,7 +53,7 @@ extension AccessToken {
         LifetimeField.read(object, "expires_in").map { lifetime in
             AccessToken(
                 value: value, type: object["token_type"] as? String ?? "Bearer",
-                expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(lifetime ?? defaultLifetime), around: now),
+                expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(lifetime ?? defaultLifetime)),
                 obtainedAt: now, idToken: object["id_token"] as? String, scope: object["scope"] as? String)
         }
     }
