@@ -80,6 +80,21 @@ import Testing
         #expect(DiscoveryCache.interpret(IdPReply(status: 200, body: Data(badPort.utf8)), issuer: https).failure != nil)
     }
 
+    @Test(arguments: [
+        "https://idp.example:99999/next", "https://idp.example:0/next", "http://idp.example/next",
+        "https://idp.example.evil/next", "https://idp.example:8443/next", "https://user@evil.example/next",
+    ])
+    func aRotatedRefreshURLStaysOnItsOrigin(next: String) throws {
+        let body = #"{"access_token":"a","refresh_url":"\#(next)"}"#
+        let current = try #require(URL(string: "https://idp.example/r/1"))
+        let failure = try #require(
+            RefreshURLProvider.interpret(
+                IdPReply(status: 200, body: Data(body.utf8)), from: current, now: Date(), defaultLifetime: 60
+            ).failure)
+        #expect(failure.kind == .denial)
+        #expect(!failure.message.contains(next))
+    }
+
     @Test func anAddWithAnOutOfRangePortIsRefused() {
         let spec = ProviderSpec(kind: "oauth2", tokenEndpoint: "https://idp.example:99999/t", clientID: "c")
         #expect(throws: BrokerError.self) { try AccountSpec.provider(spec) }
