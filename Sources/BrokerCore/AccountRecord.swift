@@ -106,12 +106,14 @@ public struct AccountRecord: Codable, Sendable, Equatable {
 
 extension ProviderConfig {
     /// Why a stored credential may not move from `self` to `new`, or `nil` when it may: the
-    /// kind and client stay, and every origin the new settings would send it to is one the old
-    /// settings sent it to already (a discovered endpoint counts as its issuer's origin).
+    /// kind, client and issuer stay, and every origin the new settings would send it to is one
+    /// the old settings sent it to already. An issuer is kept whole, not just its origin: its
+    /// discovery document, wherever it names, decides where the credential goes.
     func credentialMove(to new: ProviderConfig) -> String? {
         guard kind == new.kind else { return "changes its kind from \(kind) to \(new.kind)" }
-        if case .oauth2(let old) = self, case .oauth2(let replacement) = new, old.clientID != replacement.clientID {
-            return "changes its client_id"
+        if case .oauth2(let old) = self, case .oauth2(let replacement) = new {
+            if old.clientID != replacement.clientID { return "changes its client_id" }
+            if old.issuer != replacement.issuer { return "changes its issuer (or switches issuer and token_endpoint)" }
         }
         let known = Set(credentialOrigins)
         if let moved = new.credentialOrigins.first(where: { !known.contains($0) }) {

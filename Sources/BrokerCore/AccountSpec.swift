@@ -133,9 +133,13 @@ enum AccountSpec {
         guard !value.isEmpty else { throw BrokerError(.badRequest, "\"access_token\" is empty") }
         let lifetime = try tokens.expiresIn.map { seconds throws(BrokerError) in try pushedLifetime(seconds, "expires_in") }
         let expiresAt = Bounds.date(tokens.expiresAt ?? now.addingTimeInterval(lifetime ?? defaultLifetime))
-        return AccessToken(
+        let token = AccessToken(
             value: value, type: tokens.tokenType ?? "Bearer", expiresAt: expiresAt, obtainedAt: now,
             idToken: tokens.idToken, scope: tokens.scope, pushed: true)
+        if let field = token.unsafeField {
+            throw BrokerError(.badRequest, "\"\(field)\" must be printable ASCII (it goes into HTTP headers)")
+        }
+        return token
     }
 
     /// The refresh token's expiry a `tokens` object states, if any.

@@ -307,6 +307,13 @@ public actor Broker {
                     record: AccountRecord(
                         name: name, provider: provider, secrets: AccountSecrets(), token: nil, needsLogin: false,
                         lastError: nil, lastRefreshAt: nil))
+            if entry.record.secrets.clientSecret != nil, entry.record.provider.credentialMove(to: provider) != nil {
+                // A logged-out account may move, but the client secret was issued for the old place.
+                entry.record.secrets.clientSecret = nil
+                logger.notice(
+                    "account moved to another IdP; its client secret was discarded (add the account again to set one)",
+                    metadata: ["account": "\(name)"])
+            }
             entry.record.provider = provider
             entry.record.declared = true
             if entry.inFlight == nil { entry.nextRefreshAt = Self.schedule(entry.record, planner, now: now) }

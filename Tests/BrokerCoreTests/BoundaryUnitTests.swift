@@ -103,6 +103,7 @@ import Testing
     @Test(arguments: [
         ("connect_timeout = 1e300", 3), ("event_buffer = 1e300", 3), ("request_timeout = 0", 3),
         ("refresh_fraction = 1.5", 3), ("backoff_cap = nan", 3), ("default_lifetime = inf", 3),
+        ("backoff_base = 0", 3), ("refresh_fraction = 0.6\nrefresh_jitter = 0.4", 4),
     ])
     func outOfRangeSettingsAreRefusedByLine(line: String, number: Int) throws {
         let text = "# broker settings\n[broker]\n\(line)\n"

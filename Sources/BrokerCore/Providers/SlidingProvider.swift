@@ -81,10 +81,9 @@ struct SlidingProvider: TokenProvider {
         let token = AccessToken(
             value: accessToken, type: data["tokenType"] as? String ?? "Bearer",
             expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(defaultLifetime)), obtainedAt: now)
-        return .success(
-            Grant(
-                token: token, refreshToken: rotated,
-                refreshExpiresAt: refreshExpiresAt.map { Bounds.date($0) }))
+        return token.checked().map {
+            Grant(token: $0, refreshToken: rotated, refreshExpiresAt: refreshExpiresAt.map { Bounds.date($0) })
+        }
     }
 
     /// An optional timestamp field of the envelope's `data`: absent or null is `nil`; anything
