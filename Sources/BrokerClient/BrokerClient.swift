@@ -272,8 +272,9 @@ enum UnixSocket {
         var credentials = [UInt32](repeating: 0, count: 3)
         var length = socklen_t(MemoryLayout<UInt32>.size * credentials.count)
         guard getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0 else {
+            let reason = String(cString: strerror(errno))
             throw ConnectionError(
-                description: "cannot tell who serves the socket \(path) (\(String(cString: strerror(errno)))); nothing was sent")
+                description: "cannot tell who serves the socket \(path) (\(reason)); nothing was sent")
         }
         let server = credentials[1]
         guard server == getuid() || server == 0 else {

@@ -100,39 +100,23 @@ public enum FileSystem {
 
     // MARK: Files
 
-    /// Opens `path` without following a symbolic link (`O_NOFOLLOW`, close-on-exec) and checks
-    /// what was opened (`fstat`): a regular file of this uid that no one else may read or
-    /// write, as ssh demands of a private key. `nil` when the file does not exist. `role`
+    /// Opens `path` without following a symbolic link (`O_NOFOLLOW`, close-on-exec; created
+    /// with mode 0600 under `O_CREAT`) and checks what was opened (`fstat`): a regular file of
+    /// this uid that no one else may read or write, as ssh demands of a private key. `role`
     /// names the file in messages ("vault key").
-    static func openPrivateFile(_ path: String, role: String, flags: Int32, mode: mode_t = 0o600) throws -> Int32? {
-        let fd = open(path, flags | O_NOFOLLOW | O_CLOEXEC, mode)
-        guard fd >= 0 else {
-            switch errno {
-            case ENOENT: return nil
-            case ELOOP:
-                throw FileAccessError(
-                    "refusing the \(role) \(path): it is a symbolic link, which brokerd does not follow; "
-                        + "put the file itself there")
-            default: throw FileAccessError("cannot open the \(role) \(path): \(errnoText())")
-            }
+    static func openPrivateFile(_ path: String, role: String, flags: Int32) throws -> Int32 {
+        guard let file = try openPrivateFileIfPresent(path, role: role, flags: flags) else {
+            throw FileAccessError("cannot open the \(role) \(path): \(String(cString: strerror(ENOENT)))")
         }
-        do {
-            try checkPrivateFile(fd, path: path, role: role)
-            return fd
-        } catch {
-            close(fd)
-            throw error
-        }
+        return file.fd
     }
 
     /// The content of the private file at `path` (see `openPrivateFile`), as long as `fstat`
     /// said it was; `nil` when it does not exist. The caller wipes it when it holds a secret.
     static func readPrivateFile(_ path: String, role: String) throws -> Data? {
-        guard let fd = try openPrivateFile(path, role: role, flags: O_RDONLY) else { return nil }
+        guard let (fd, size) = try openPrivateFileIfPresent(path, role: role, flags: O_RDONLY) else { return nil }
         defer { close(fd) }
-        var info = stat()
-        guard fstat(fd, &info) == 0 else { throw FileAccessError("cannot check the \(role) \(path): \(errnoText())") }
-        var bytes = Data(count: Int(info.st_size))
+        var bytes = Data(count: size)
         var filled = 0
         while filled < bytes.count {
             let count = bytes.withUnsafeMutableBytes { read(fd, $0.baseAddress! + filled, $0.count - filled) }
@@ -155,15 +139,36 @@ public enum FileSystem {
         guard unlink(path) == 0 || errno == ENOENT else {
             throw FileAccessError("cannot replace the \(role) \(path): \(errnoText())")
         }
-        guard let fd = try openPrivateFile(path, role: role, flags: O_WRONLY | O_CREAT | O_EXCL) else {
-            throw FileAccessError("cannot create the \(role) \(path): \(errnoText())")
+        return try openPrivateFile(path, role: role, flags: O_WRONLY | O_CREAT | O_EXCL)
+    }
+
+    /// `openPrivateFile`, with the size `fstat` gave; `nil` when nothing is at `path`.
+    private static func openPrivateFileIfPresent(_ path: String, role: String, flags: Int32) throws -> (
+        fd: Int32, size: Int
+    )? {
+        let fd = open(path, flags | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            switch errno {
+            case ENOENT: return nil
+            case ELOOP:
+                throw FileAccessError(
+                    "refusing the \(role) \(path): it is a symbolic link, which brokerd does not follow; "
+                        + "put the file itself there")
+            default: throw FileAccessError("cannot open the \(role) \(path): \(errnoText())")
+            }
         }
-        return fd
+        do {
+            return (fd, try checkPrivateFile(fd, path: path, role: role))
+        } catch {
+            close(fd)
+            throw error
+        }
     }
 
     /// Refuses an open file that is not a regular file of this uid, or that group or others
-    /// may read or write; the message names the file and the command that fixes it.
-    private static func checkPrivateFile(_ fd: Int32, path: String, role: String) throws {
+    /// may read or write; the message names the file and the command that fixes it. Returns
+    /// the file's size.
+    private static func checkPrivateFile(_ fd: Int32, path: String, role: String) throws -> Int {
         var info = stat()
         guard fstat(fd, &info) == 0 else { throw FileAccessError("cannot check the \(role) \(path): \(errnoText())") }
         guard info.st_mode & S_IFMT == S_IFREG else {
@@ -179,6 +184,7 @@ public enum FileSystem {
                 "refusing the \(role) \(path): others can read or write it (mode \(octal(info.st_mode))), "
                     + "so it is not private; run: chmod 600 \(path)")
         }
+        return Int(info.st_size)
     }
 
     // MARK: Durable replacement
@@ -206,9 +212,7 @@ public enum FileSystem {
 
     /// Makes a complete `staging` file durable and renames it over `path`.
     static func promote(_ staging: String, to path: String) throws {
-        guard let fd = try openPrivateFile(staging, role: "staging file", flags: O_RDONLY) else {
-            throw FileAccessError("cannot sync the staging file \(staging): \(errnoText())")
-        }
+        let fd = try openPrivateFile(staging, role: "staging file", flags: O_RDONLY)
         defer { close(fd) }
         guard fsync(fd) == 0 else { throw FileAccessError("cannot sync the staging file \(staging): \(errnoText())") }
         try rename(staging, over: path)

@@ -15,11 +15,13 @@ enum SocketDirectory {
     static func prepare(_ path: String) throws {
         try FileSystem.preparePrivateDirectory(
             FileSystem.parent(of: path), role: "socket directory",
-            remedy: "set XDG_RUNTIME_DIR, or TOKENBROKER_SOCKET (or --socket), to a path in a directory only you can write")
+            remedy: "set XDG_RUNTIME_DIR, or TOKENBROKER_SOCKET (or --socket), to a path in a directory only you "
+                + "can write")
         var info = stat()
         guard lstat(path, &info) == 0 else { return }
         guard info.st_mode & S_IFMT == S_IFSOCK else {
-            throw ServerError(description: "\(path) exists and is not a socket; remove it or choose another socket path")
+            throw ServerError(
+                description: "\(path) exists and is not a socket; remove it or choose another socket path")
         }
         if SocketProbe.isAnswering(path) {
             throw ServerError(description: "another broker is already listening on \(path)")

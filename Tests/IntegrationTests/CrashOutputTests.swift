@@ -29,14 +29,17 @@ import Glibc
         for name in ["home", "run", "config", "state"] {
             chown(broker.root.appendingPathComponent(name).path, Self.otherUID, gid_t(Self.otherUID))
         }
-        let brokerd = try Self.spawnAsOtherUser([BrokerProcess.binary("brokerd").path], broker.environment, log: broker.logPath)
+        let brokerd = try Self.spawnAsOtherUser(
+            [BrokerProcess.binary("brokerd").path], broker.environment, log: broker.logPath)
         defer {
             kill(brokerd.pid, SIGTERM)
             brokerd.wait()
         }
         let deadline = Date().addingTimeInterval(30)
         while !Self.answers(broker.socketPath) {
-            guard Date() < deadline, !brokerd.hasExited() else { throw HarnessError("brokerd did not start: \(broker.log)") }
+            guard Date() < deadline, !brokerd.hasExited() else {
+                throw HarnessError("brokerd did not start: \(broker.log)")
+            }
             try await Task.sleep(for: .milliseconds(20))
         }
 

@@ -41,9 +41,12 @@ import Glibc
 
         let result = try ChildProcess.run(
             BrokerProcess.binary("brokerctl").path,
-            ["add", "stolen", "--kind", "oauth2", "--token-endpoint", "https://idp.example/token", "--client-id", "c",
-                "--secrets", "-"],
-            environment: environment, stdin: #"{"refresh_token":"rt-must-not-leak","client_secret":"cs-must-not-leak"}"#)
+            [
+                "add", "stolen", "--kind", "oauth2", "--token-endpoint", "https://idp.example/token",
+                "--client-id", "c", "--secrets", "-",
+            ],
+            environment: environment,
+            stdin: #"{"refresh_token":"rt-must-not-leak","client_secret":"cs-must-not-leak"}"#)
 
         #expect(result.status != 0)
         #expect(result.output.contains("served by uid \(Self.otherUID)"), "\(result.output)")
@@ -182,8 +185,10 @@ private final class Impostor: @unchecked Sendable {
         let ready = directory.appendingPathComponent("ready").path
         child = try ChildProcess.spawn(
             "/usr/bin/setpriv",
-            ["--reuid=\(SpoofedBrokerTests.otherUID)", "--regid=\(SpoofedBrokerTests.otherUID)", "--clear-groups",
-                "/usr/bin/python3", "-c", Self.script, socketPath, ready, recordPath],
+            [
+                "--reuid=\(SpoofedBrokerTests.otherUID)", "--regid=\(SpoofedBrokerTests.otherUID)", "--clear-groups",
+                "/usr/bin/python3", "-c", Self.script, socketPath, ready, recordPath,
+            ],
             environment: ["PATH": "/usr/bin:/bin"])
         let deadline = Date().addingTimeInterval(15)
         while !FileManager.default.fileExists(atPath: ready) {

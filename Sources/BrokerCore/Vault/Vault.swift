@@ -43,9 +43,7 @@ public final class Vault: @unchecked Sendable {
             FileSystem.parent(of: path), role: "vault directory",
             remedy: "set TOKENBROKER_VAULT (or --vault) to a path in a directory only you can write")
         let lockPath = path + ".lock"
-        guard let fd = try FileSystem.openPrivateFile(lockPath, role: "vault lock", flags: O_RDWR | O_CREAT) else {
-            throw VaultError("cannot open \(lockPath): \(FileSystem.errnoText())")
-        }
+        let fd = try FileSystem.openPrivateFile(lockPath, role: "vault lock", flags: O_RDWR | O_CREAT)
         guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
             close(fd)
             throw VaultError(

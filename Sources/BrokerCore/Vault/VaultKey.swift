@@ -34,8 +34,7 @@ public enum VaultKey {
             remedy: "set TOKENBROKER_KEY_FILE (or --key-file) to a path in a directory only you can write")
         var bytes = Sodium.randomBytes(Sodium.keyLength)
         defer { _ = bytes.withUnsafeMutableBytes { $0.initializeMemory(as: UInt8.self, repeating: 0) } }
-        guard let fd = try FileSystem.openPrivateFile(path, role: "vault key", flags: O_WRONLY | O_CREAT | O_EXCL)
-        else { throw VaultError("cannot create the vault key at \(path): \(FileSystem.errnoText())") }
+        let fd = try FileSystem.openPrivateFile(path, role: "vault key", flags: O_WRONLY | O_CREAT | O_EXCL)
         defer { close(fd) }
         guard write(fd, bytes, bytes.count) == bytes.count, fsync(fd) == 0 else {
             throw VaultError("cannot write the vault key at \(path): \(FileSystem.errnoText())")
