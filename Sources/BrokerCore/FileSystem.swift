@@ -31,9 +31,7 @@ public enum FileSystem {
     public static func preparePrivateDirectory(_ path: String, role: String, remedy: String) throws {
         let refuse = { (reason: String) in FileAccessError("refusing the \(role) \(path): \(reason)") }
         let names = absolute(path).split(separator: "/").map(String.init)
-        guard let last = names.last, last != ".", last != ".." else {
-            throw refuse("it is not a plain directory path; \(remedy)")
-        }
+        guard !names.isEmpty else { throw refuse("it is the root directory; \(remedy)") }
         var existing = names.count
         while existing > 0, !exists(join(names.prefix(existing))) { existing -= 1 }
         let aboveCount = min(existing, names.count - 1)
@@ -49,7 +47,8 @@ public enum FileSystem {
             if index >= existing, mkdir(directory, 0o700) != 0, errno != EEXIST {
                 throw FileAccessError("cannot create the \(role) \(directory): \(errnoText())")
             }
-            try checkOwnDirectory(directory, refuse: refuse, remedy: remedy)
+            let name = index == names.count - 1 ? "it" : directory
+            try checkOwnDirectory(directory, called: name, refuse: refuse, remedy: remedy)
             parent = directory
         }
     }
@@ -77,23 +76,24 @@ public enum FileSystem {
     }
 
     /// Checks the directory at `path` itself: not a link, this uid's, not writable by others.
+    /// `name` is how messages call it ("it" for the directory asked for).
     private static func checkOwnDirectory(
-        _ path: String, refuse: (String) -> FileAccessError, remedy: String
+        _ path: String, called name: String, refuse: (String) -> FileAccessError, remedy: String
     ) throws {
         let info = try status(of: path, refuse: refuse)
         switch info.st_mode & S_IFMT {
         case S_IFDIR: break
-        case S_IFLNK: throw refuse("\(path) is a symbolic link, which brokerd does not follow here; \(remedy)")
-        default: throw refuse("\(path) is not a directory; \(remedy)")
+        case S_IFLNK: throw refuse("\(name) is a symbolic link, which brokerd does not follow here; \(remedy)")
+        default: throw refuse("\(name) is not a directory; \(remedy)")
         }
         guard info.st_uid == getuid() else {
             throw refuse(
-                "\(path) belongs to uid \(info.st_uid), not to you (uid \(getuid())), so that user could "
+                "\(name) belongs to uid \(info.st_uid), not to you (uid \(getuid())), so that user could "
                     + "replace what is inside; remove it, or \(remedy)")
         }
         guard info.st_mode & 0o022 == 0 else {
             throw refuse(
-                "\(path) is writable by group or others (mode \(octal(info.st_mode))); run: chmod go-w \(path), or "
+                "\(name) is writable by group or others (mode \(octal(info.st_mode))); run: chmod go-w \(path), or "
                     + remedy)
         }
     }
