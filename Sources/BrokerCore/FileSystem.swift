@@ -22,56 +22,71 @@ public enum FileSystem {
     // MARK: Directories
 
     /// Makes `path` a directory that only this user can change, creating it and its missing
-    /// parents with mode 0700. Checked without following links (`lstat`): the directory and
-    /// every directory created here belong to this uid and are not writable by group or
-    /// others, and every directory above them belongs to this uid or root and is not writable
-    /// by anyone else, unless it is a root-owned sticky directory such as /tmp. A directory
-    /// that was already there is never chmod'ed. `role` names the directory in messages
-    /// ("socket directory"); `remedy` says what else the user can do ("set TOKENBROKER_SOCKET ...").
+    /// parents with mode 0700. The path is walked from the root as the kernel would, one
+    /// `lstat` at a time: a symbolic link above the directory is followed (and the
+    /// directories it leads through are checked in turn), the directory itself must not be
+    /// one. The directory and every directory created here belong to this uid and are not
+    /// writable by group or others; every directory passed through on the way belongs to this
+    /// uid or root and no one else may write it, unless it is a root-owned sticky directory
+    /// such as /tmp. A directory that was already there is never chmod'ed. `role` names the
+    /// directory in messages ("socket directory"); `remedy` says what else the user can do.
     public static func preparePrivateDirectory(_ path: String, role: String, remedy: String) throws {
         let refuse = { (reason: String) in FileAccessError("refusing the \(role) \(path): \(reason)") }
-        let names = absolute(path).split(separator: "/").map(String.init)
-        guard !names.isEmpty else { throw refuse("it is the root directory; \(remedy)") }
-        var existing = names.count
-        while existing > 0, !exists(join(names.prefix(existing))) { existing -= 1 }
-        let aboveCount = min(existing, names.count - 1)
-        guard let resolved = realpath(join(names.prefix(aboveCount)), nil) else {
-            throw refuse("cannot resolve the directories above it: \(errnoText())")
+        var pending = components(of: absolute(path))
+        guard let last = pending.last, last != ".", last != ".." else {
+            throw refuse("it is not a plain directory path; \(remedy)")
         }
-        var parent = String(cString: resolved)
-        free(resolved)
-        try checkAncestors(of: parent, refuse: refuse, remedy: remedy)
-        for (index, name) in names.enumerated().dropFirst(aboveCount) {
-            guard name != ".", name != ".." else { throw refuse("it is not a plain directory path; \(remedy)") }
-            let directory = parent == "/" ? "/" + name : parent + "/" + name
-            if index >= existing, mkdir(directory, 0o700) != 0, errno != EEXIST {
-                throw FileAccessError("cannot create the \(role) \(directory): \(errnoText())")
+        var current = "/"
+        try checkPassedThrough(current, info: status(of: current, refuse: refuse), refuse: refuse, remedy: remedy)
+        var creating = false
+        var linksFollowed = 0
+        while let name = pending.popFirst() {
+            if name == "." { continue }
+            if name == ".." {
+                current = parent(of: current)
+                continue
             }
-            let name = index == names.count - 1 ? "it" : directory
-            try checkOwnDirectory(directory, called: name, refuse: refuse, remedy: remedy)
-            parent = directory
+            let next = current == "/" ? "/" + name : current + "/" + name
+            let isTarget = pending.isEmpty
+            var info = stat()
+            if !creating, lstat(next, &info) != 0 {
+                guard errno == ENOENT else { throw refuse("cannot check \(next): \(errnoText())") }
+                creating = true
+            }
+            if creating || isTarget {
+                if creating, mkdir(next, 0o700) != 0, errno != EEXIST {
+                    throw FileAccessError("cannot create the \(role) \(next): \(errnoText())")
+                }
+                try checkOwnDirectory(next, called: isTarget ? "it" : next, refuse: refuse, remedy: remedy)
+            } else if info.st_mode & S_IFMT == S_IFLNK {
+                linksFollowed += 1
+                guard linksFollowed <= 40, let target = linkTarget(next) else {
+                    throw refuse("cannot follow the symbolic link \(next); \(remedy)")
+                }
+                if target.hasPrefix("/") { current = "/" }
+                pending = components(of: target) + pending
+                continue
+            } else {
+                try checkPassedThrough(next, info: info, refuse: refuse, remedy: remedy)
+            }
+            current = next
         }
     }
 
-    /// Checks `/` and every directory down to `path` (which has no symbolic links): each
-    /// belongs to this uid or root and only its owner may write it, unless root owns it and
-    /// it is sticky (others cannot rename or delete what is ours there).
-    private static func checkAncestors(
-        of path: String, refuse: (String) -> FileAccessError, remedy: String
+    /// Checks a directory the walk to a private directory passes through: it belongs to this
+    /// uid or root and only its owner may write it, unless root owns it and it is sticky
+    /// (others cannot rename or delete what is ours there).
+    private static func checkPassedThrough(
+        _ path: String, info: stat, refuse: (String) -> FileAccessError, remedy: String
     ) throws {
-        let names = path.split(separator: "/").map(String.init)
-        for count in 0...names.count {
-            let directory = join(names.prefix(count))
-            let info = try status(of: directory, refuse: refuse)
-            let isDirectory = info.st_mode & S_IFMT == S_IFDIR
-            let trustedOwner = info.st_uid == getuid() || info.st_uid == 0
-            let sharedButSticky = info.st_uid == 0 && info.st_mode & S_ISVTX != 0
-            guard isDirectory, trustedOwner, info.st_mode & 0o022 == 0 || sharedButSticky else {
-                throw refuse(
-                    "\(directory) above it can be changed by another user (owner uid \(info.st_uid), mode "
-                        + "\(octal(info.st_mode))) and is not a root-owned sticky directory like /tmp, so that user "
-                        + "could replace what is inside; \(remedy)")
-            }
+        guard info.st_mode & S_IFMT == S_IFDIR else { throw refuse("\(path) is not a directory; \(remedy)") }
+        let trustedOwner = info.st_uid == getuid() || info.st_uid == 0
+        let sharedButSticky = info.st_uid == 0 && info.st_mode & S_ISVTX != 0
+        guard trustedOwner, info.st_mode & 0o022 == 0 || sharedButSticky else {
+            throw refuse(
+                "\(path) above it can be changed by another user (owner uid \(info.st_uid), mode "
+                    + "\(octal(info.st_mode))) and is not a root-owned sticky directory like /tmp, so that user "
+                    + "could replace what is inside; \(remedy)")
         }
     }
 
@@ -247,15 +262,17 @@ public enum FileSystem {
         return String(cString: cwd) + "/" + path
     }
 
-    /// The absolute path of the directory names `names`, from the root down.
-    private static func join<Names: Sequence<String>>(_ names: Names) -> String {
-        "/" + names.joined(separator: "/")
+    /// The names in `path`, in order (empty ones dropped).
+    private static func components(of path: String) -> ArraySlice<String> {
+        ArraySlice(path.split(separator: "/").map(String.init))
     }
 
-    /// Whether something (a link included, not followed) is at `path`.
-    private static func exists(_ path: String) -> Bool {
-        var info = stat()
-        return lstat(path, &info) == 0
+    /// What the symbolic link at `path` points to; `nil` when it cannot be read.
+    private static func linkTarget(_ path: String) -> String? {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let count = readlink(path, &buffer, buffer.count - 1)
+        guard count > 0 else { return nil }
+        return String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     /// `lstat` of `path`, or the refusal saying why it cannot be checked.

@@ -212,6 +212,27 @@ import Glibc
         #expect(Self.mode(of: shared + "/tokenbroker") == 0o700)
     }
 
+    /// A link above the directory is followed, as the kernel would; the directory holding the
+    /// link is checked too, since whoever can write there can point the link elsewhere.
+    @Test func aLinkAboveTheVaultDirectoryIsFollowedAndWhereItLiesIsChecked() throws {
+        let rig = try Rig()
+        defer { rig.directory.remove() }
+        let real = rig.directory.file("real")
+        try FileManager.default.createDirectory(atPath: real, withIntermediateDirectories: true)
+        try FileManager.default.createSymbolicLink(atPath: rig.directory.file("link"), withDestinationPath: "real")
+        _ = try Vault(path: rig.directory.file("link/tokenbroker/vault"), key: rig.key)
+        #expect(Self.mode(of: real + "/tokenbroker") == 0o700, "created through the link")
+
+        let shared = rig.directory.file("shared")
+        try FileManager.default.createDirectory(atPath: shared, withIntermediateDirectories: true)
+        chmod(shared, 0o777)
+        try FileManager.default.createSymbolicLink(atPath: shared + "/link", withDestinationPath: real)
+        let error = #expect(throws: FileAccessError.self) {
+            try Vault(path: shared + "/link/tokenbroker/vault", key: rig.key)
+        }
+        #expect(error?.description.contains("\(shared) above it can be changed by another user") == true)
+    }
+
     @Test func directoriesTheVaultCreatesArePrivate() throws {
         let rig = try Rig()
         defer { rig.directory.remove() }
