@@ -82,11 +82,15 @@ public enum FileSystem {
         guard info.st_mode & S_IFMT == S_IFDIR else { throw refuse("\(path) is not a directory; \(remedy)") }
         let trustedOwner = info.st_uid == getuid() || info.st_uid == 0
         let sharedButSticky = info.st_uid == 0 && info.st_mode & S_ISVTX != 0
-        guard trustedOwner, info.st_mode & 0o022 == 0 || sharedButSticky else {
+        guard trustedOwner else {
+            throw refuse("\(path) above it belongs to uid \(info.st_uid), who could replace what is inside; \(remedy)")
+        }
+        guard info.st_mode & 0o022 == 0 || sharedButSticky else {
+            let fix = info.st_uid == getuid() ? "run: chmod go-w \(path), or " : ""
             throw refuse(
-                "\(path) above it can be changed by another user (owner uid \(info.st_uid), mode "
-                    + "\(octal(info.st_mode))) and is not a root-owned sticky directory like /tmp, so that user "
-                    + "could replace what is inside; \(remedy)")
+                "\(path) above it is writable by group or others (mode \(octal(info.st_mode))) and is not a "
+                    + "root-owned sticky directory like /tmp, so another user could replace what is inside; "
+                    + fix + remedy)
         }
     }
 

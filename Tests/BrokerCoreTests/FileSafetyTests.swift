@@ -203,7 +203,7 @@ import Glibc
         let error = #expect(throws: FileAccessError.self) {
             try Vault(path: shared + "/tokenbroker/vault", key: rig.key)
         }
-        #expect(error?.description.contains("\(shared) above it can be changed by another user") == true)
+        #expect(error?.description.contains("\(shared) above it is writable by group or others") == true)
         #expect(!FileManager.default.fileExists(atPath: shared + "/tokenbroker"), "nothing created below it")
 
         guard Self.isRoot else { return }
@@ -230,7 +230,7 @@ import Glibc
         let error = #expect(throws: FileAccessError.self) {
             try Vault(path: shared + "/link/tokenbroker/vault", key: rig.key)
         }
-        #expect(error?.description.contains("\(shared) above it can be changed by another user") == true)
+        #expect(error?.description.contains("\(shared) above it is writable by group or others") == true)
     }
 
     @Test func directoriesTheVaultCreatesArePrivate() throws {

@@ -95,7 +95,8 @@ import Glibc
             case .groupWritable: "is writable by group or others (mode 0770)"
             case .worldWritable: "is writable by group or others (mode 0777)"
             case .symbolicLink: "is a symbolic link"
-            case .parentWritableByOthers, .parentOwnedByAnotherUser: "above it can be changed by another user"
+            case .parentWritableByOthers: "above it is writable by group or others (mode 0777)"
+            case .parentOwnedByAnotherUser: "above it belongs to uid \(SpoofedBrokerTests.otherUID)"
             }
         }
     }
