@@ -42,6 +42,11 @@ public enum ConfigFile {
     }
 
     static func parse(_ text: String, path: String) throws -> BrokerConfiguration {
+        if let line = TOMLPrecheck.firstForbiddenLine(text) {
+            throw ConfigError(
+                description: "\(path) line \(line): a character TOML allows only inside a string or a comment "
+                    + "(keys are ASCII letters, digits, - and _; NUL is never allowed)")
+        }
         let table: TOMLTable
         do {
             table = try TOMLTable(string: text)

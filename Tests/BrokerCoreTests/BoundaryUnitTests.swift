@@ -139,3 +139,30 @@ import Testing
         #expect(String(decoding: output.stdout, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines) == "")
     }
 }
+
+/// Config text that would make TOMLKit's parser abort the broker is refused first, by line.
+@Suite struct TOMLPrecheckTests {
+    @Test(arguments: [
+        ("[é]\n", 1), ("[broker]\n# fine: é\nrefresh_floor = 60\n[accounts.é]\n", 4), ("a = \"x\"\n\u{0}", 2),
+        ("a = 'é' ]\nb = ü\n", 2), ("s = \"\"\"\né\n\"\"\"\n[ö]\n", 4), ("s = \"\\\"é\" é\n", 1),
+    ])
+    func forbiddenBytesOutsideStringsAndComments(text: String, line: Int) throws {
+        #expect(TOMLPrecheck.firstForbiddenLine(text) == line)
+        let error = try #require(#expect(throws: ConfigError.self) { try ConfigFile.parse(text, path: "/c.toml") })
+        #expect(error.description.contains("/c.toml line \(line)"))
+    }
+
+    @Test func unicodeInStringsAndCommentsIsFine() throws {
+        let text = """
+            # Grüße
+            [accounts."straße"]
+            kind = "sliding"
+            endpoint = "https://idp.example/r" # ünïcode
+            timezone = 'Europe/Berlin'
+            scope = \"\"\"
+            é ü
+            \"\"\"
+            """
+        #expect(TOMLPrecheck.firstForbiddenLine(text) == nil)
+    }
+}

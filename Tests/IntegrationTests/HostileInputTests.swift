@@ -29,6 +29,20 @@ import Testing
         #expect(try await client.status(account: "steady").first?.state == "valid")
     }
 
+    /// A config that made the TOML parser abort (a fuzz finding) is refused at reload by line;
+    /// the broker keeps serving.
+    @Test func aConfigTheParserCannotTakeIsRefusedAtReload() async throws {
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        let client = try broker.client()
+        defer { client.close() }
+        try broker.writeConfig("[broker]\nrefresh_floor = 60\n[é]\n")
+        let error = await #expect(throws: BrokerError.self) { try await client.reload() }
+        #expect(error?.message.contains("line 3") == true)
+        #expect(try await client.hello().protocol == protocolVersion)
+    }
+
     /// An exec helper of the running daemon sees only stdin, stdout and stderr: not the
     /// listening socket, client connections or event-loop descriptors.
     @Test func anExecHelperOfTheDaemonHoldsNoBrokerDescriptor() async throws {
