@@ -189,7 +189,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
         case .deferred(let request):
             guard quota.reserve(.request, uid: peer.uid) else {
                 limitLog.hit("requests per uid", peer: peer)
-                write(busy(id: request.id, "uid \(peer.uid) has \(limits.requestsPerUID) requests running"), context: context)
+                let message = "uid \(peer.uid) has \(limits.requestsPerUID) requests running"
+                write(busy(id: request.id, message), context: context)
                 return
             }
             requests += 1
@@ -204,7 +205,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
             }
             guard quota.reserve(.subscription, uid: peer.uid) else {
                 limitLog.hit("subscriptions per uid", peer: peer)
-                write(busy(id: id, "uid \(peer.uid) holds \(limits.subscriptionsPerUID) subscriptions"), context: context)
+                let message = "uid \(peer.uid) holds \(limits.subscriptionsPerUID) subscriptions"
+                write(busy(id: id, message), context: context)
                 return
             }
             subscriptions += 1
@@ -241,6 +243,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
         switch unwrapOutboundIn(data) {
         case .answer(let line):
             context.write(wrapOutboundOut(line), promise: promise)
+            // Once closed, `handlerRemoved` gives back every request still counted.
+            if case .closed = state { return }
             requests -= 1
             quota.releaseRequest(uid: peer.uid)
             lastActivity = .now()

@@ -11,8 +11,9 @@ import Glibc
 /// connections per user, a deadline for a half-done handshake), sized for a per-user broker
 /// whose clients ask for a token, read it and go. A client over a count limit gets `busy` with `retry_after_ms`
 /// (or, for a connection, that line and then the close); one that stops reading is simply no
-/// longer read from. Worst case for one uid, all connections stuffed: about 1024 x (read buffer
-/// + `partialLineAllowance` + `writeBufferHighWater`) + `partialLineBudget`, some 40 MiB.
+/// longer read from. Worst case for one uid, every connection stuffed: 1024 x (read buffer +
+/// `partialLineAllowance` + `writeBufferHighWater` + ~20 KiB of channel and task) plus
+/// `partialLineBudget`, some 55 MiB; `bench/run flood` measures a realistic flood.
 public struct ConnectionLimits: Sendable {
     /// Requests one connection may have running on the broker at once (cached tokens and
     /// errors are answered inline and never count). Further lines wait in the socket: the
@@ -33,14 +34,16 @@ public struct ConnectionLimits: Sendable {
     public var writeBufferHighWater = 8 * 1024
     /// See `writeBufferHighWater`.
     public var writeBufferLowWater = 4 * 1024
-    /// The largest single read from a peer (NIO's adaptive receive buffer grows up to this).
-    public var readBufferLimit = 16 * 1024
+    /// The most one read takes from a peer (NIO's adaptive receive buffer grows up to this;
+    /// one read per wake-up), so a connection that may take no more work holds at most this
+    /// much besides a half-sent line.
+    public var readBufferLimit = 8 * 1024
     /// Received bytes a connection may hold (a half-sent line, or lines it has not taken yet)
-    /// without drawing on `partialLineBudget`. Covers every ordinary request line.
-    public var partialLineAllowance = 8 * 1024
+    /// without drawing on `partialLineBudget`: every ordinary request line, and one read more.
+    public var partialLineAllowance = 16 * 1024
     /// Received bytes beyond their allowance that all connections together may hold. A line
     /// that would overdraw it gets `busy` and its connection is closed.
-    public var partialLineBudget = 4 * 1024 * 1024
+    public var partialLineBudget = 2 * 1024 * 1024
     /// How long a line may take from its first byte to its `\n`; then the connection is closed.
     public var lineTimeout: TimeAmount = .seconds(10)
     /// How long a connection may sit with nothing to do (no request running, no subscription,

@@ -13,33 +13,49 @@ enum ConnectionSession {
         let channel = connection.channel
         await withGracefulShutdownHandler {
             try? await connection.executeThenClose { inbound, outbound in
-                // Requests are never cancelled (a refresh may be shared with other clients);
-                // subscriptions end with the connection.
-                await withDiscardingTaskGroup { requests in
-                    await withDiscardingTaskGroup { subscriptions in
-                        do {
-                            for try await work in inbound {
-                                switch work {
-                                case .run(let request):
-                                    requests.addTask {
-                                        let line = await dispatcher.run(request)
-                                        try? await outbound.write(.answer(channel.allocator.buffer(bytes: line)))
-                                    }
-                                case .subscribe(let id, let events):
-                                    subscriptions.addTask {
-                                        await forward(
-                                            events, id: id, to: outbound, allocator: channel.allocator,
-                                            dispatcher: dispatcher, retryAfterMs: retryAfterMs)
-                                    }
-                                }
-                            }
-                        } catch {}
-                        subscriptions.cancelAll()
-                    }
-                }
+                var work = inbound.makeAsyncIterator()
+                guard let first = try await work.next() else { return }
+                await serve(
+                    first, then: &work, outbound: outbound, allocator: channel.allocator, dispatcher: dispatcher,
+                    retryAfterMs: retryAfterMs)
             }
         } onGracefulShutdown: {
             channel.triggerUserOutboundEvent(DrainConnection(), promise: nil)
+        }
+    }
+
+    /// Runs `first` and every later piece of work as child tasks until the connection closes.
+    /// Kept out of `run` so a connection that only ever gets inline answers, as most do, never
+    /// holds the task groups' frames.
+    @inline(never)
+    private static func serve(
+        _ first: ConnectionWork, then work: inout NIOAsyncChannelInboundStream<ConnectionWork>.AsyncIterator,
+        outbound: NIOAsyncChannelOutboundWriter<ConnectionReply>, allocator: ByteBufferAllocator,
+        dispatcher: RequestDispatcher, retryAfterMs: Int
+    ) async {
+        // Requests are never cancelled (a refresh may be shared with other clients);
+        // subscriptions end with the connection.
+        await withDiscardingTaskGroup { requests in
+            await withDiscardingTaskGroup { subscriptions in
+                var next: ConnectionWork? = first
+                while let item = next {
+                    switch item {
+                    case .run(let request):
+                        requests.addTask {
+                            let line = await dispatcher.run(request)
+                            try? await outbound.write(.answer(allocator.buffer(bytes: line)))
+                        }
+                    case .subscribe(let id, let events):
+                        subscriptions.addTask {
+                            await forward(
+                                events, id: id, to: outbound, allocator: allocator, dispatcher: dispatcher,
+                                retryAfterMs: retryAfterMs)
+                        }
+                    }
+                    next = try? await work.next()
+                }
+                subscriptions.cancelAll()
+            }
         }
     }
 
@@ -52,10 +68,12 @@ enum ConnectionSession {
         let encoder = Wire.makeEncoder()
         do {
             for try await event in events {
-                try await outbound.write(.event(allocator.buffer(bytes: dispatcher.eventLine(id: id, event, encoder: encoder))))
+                let line = dispatcher.eventLine(id: id, event, encoder: encoder)
+                try await outbound.write(.event(allocator.buffer(bytes: line)))
             }
         } catch is SubscriberTooSlow {
-            let error = BrokerError(.busy, "events were not read fast enough; subscribe again", retryAfterMs: retryAfterMs)
+            let error = BrokerError(
+                .busy, "events were not read fast enough; subscribe again", retryAfterMs: retryAfterMs)
             try? await outbound.write(.farewell(allocator.buffer(bytes: dispatcher.errorLine(id: id, error))))
         } catch {}
     }

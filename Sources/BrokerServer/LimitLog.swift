@@ -32,6 +32,7 @@ final class LimitLog: Sendable {
         }
         guard let missed else { return }
         logger.notice(
-            "a connection limit was hit", metadata: ["limit": "\(limit)", "peer": "\(peer)", "hits unlogged before": "\(missed)"])
+            "a connection limit was hit",
+            metadata: ["limit": "\(limit)", "peer": "\(peer)", "hits unlogged before": "\(missed)"])
     }
 }

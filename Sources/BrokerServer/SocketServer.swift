@@ -85,12 +85,18 @@ public final class SocketServer: Service {
         let limits = quota.limits
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1024)
+            .childChannelOption(.maxMessagesPerRead, value: 1)
             .childChannelOption(
                 .recvAllocator,
-                value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 1024, maximum: limits.readBufferLimit))
+                value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 1024, maximum: limits.readBufferLimit)
+            )
             .childChannelOption(
                 .writeBufferWaterMark,
                 value: .init(low: limits.writeBufferLowWater, high: limits.writeBufferHighWater))
+        // Accepted connections waiting for the accept loop; NIO's default of 10 makes the listener
+        // pause and resume many times over in a burst of local clients.
+        let acceptBuffer = NIOAsyncSequenceProducerBackPressureStrategies.HighLowWatermark(
+            lowWatermark: 64, highWatermark: 256)
         let initializer: @Sendable (any Channel) -> EventLoopFuture<Admission> = {
             [dispatcher, policy, quota, limitLog, logger] channel in
             Self.admit(
@@ -99,13 +105,17 @@ public final class SocketServer: Service {
         switch address {
         case .inherited(let descriptor, let path):
             logger.info("adopted the socket from systemd", metadata: ["socket": "\(path)"])
-            return try await bootstrap.bind(descriptor, childChannelInitializer: initializer)
+            return try await bootstrap.bind(
+                descriptor, serverBackPressureStrategy: acceptBuffer, childChannelInitializer: initializer)
         case .path(let path):
             try SocketDirectory.prepare(path)
+            // bind(2) creates the socket 0600 under this umask. No chmod afterwards: the socket
+            // already accepts then, so a late chmod would race whoever set its mode since.
             let previous = umask(0o177)
             defer { umask(previous) }
-            let channel = try await bootstrap.bind(unixDomainSocketPath: path, childChannelInitializer: initializer)
-            chmod(path, 0o600)
+            let channel = try await bootstrap.bind(
+                unixDomainSocketPath: path, serverBackPressureStrategy: acceptBuffer,
+                childChannelInitializer: initializer)
             logger.info("listening", metadata: ["socket": "\(path)"])
             return channel
         }

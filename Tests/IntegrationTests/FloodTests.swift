@@ -1,6 +1,7 @@
 import BrokerClient
 import BrokerProtocol
 import Foundation
+import TestIdP
 import Testing
 
 #if canImport(Glibc)
@@ -134,7 +135,8 @@ import Glibc
 
         served.send(Self.cachedToken)
         #expect(served.readObject()?["ok"] as? Bool == true)
-        #expect(others.last.map { $0.send(#"{"id":2,"op":"hello"}"# + "\n") && $0.readObject()?["ok"] as? Bool == true } == true)
+        others[others.count - 1].send(#"{"id":2,"op":"hello"}"# + "\n")
+        #expect(others[others.count - 1].readObject()?["ok"] as? Bool == true)
 
         // A connection that closes makes room for a new one.
         others.removeLast()
@@ -189,6 +191,39 @@ import Glibc
         let event = subscriber.readObject()
         #expect(event?["event"] as? String == "added")
         #expect(event?["account"] as? String == "late")
+    }
+
+    @Test func shutdownAnswersRunningRequestsAndClosesEveryConnection() async throws {
+        let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-slow", lifetime: 3600)
+        idp.setBehavior(.hang)
+        let broker = try BrokerProcess()
+        try broker.writeConfig(
+            "[broker]\nrequest_timeout = 1\nconnect_timeout = 1\nbackoff_base = 60\nbackoff_cap = 60\n")
+        try await broker.start()
+        defer { broker.stop() }
+        let owner = try RawConnection(path: broker.socketPath)
+        owner.send(
+            #"{"id":1,"op":"add","account":"slow","provider":{"kind":"oauth2","token_endpoint":"\#(idp.tokenEndpoint)","client_id":"\#(idp.clientID)"},"tokens":{"refresh_token":"rt-slow"}}"#
+                + "\n")
+        #expect(owner.readObject()?["ok"] as? Bool == true)
+        let subscriber = try RawConnection(path: broker.socketPath)
+        subscriber.send(#"{"id":"sub","op":"subscribe"}"# + "\n")
+        #expect(subscriber.readObject()?["ok"] as? Bool == true)
+        let waiting = try RawConnection(path: broker.socketPath)
+        waiting.send(#"{"id":"w","op":"token","account":"slow"}"# + "\n")
+        usleep(200_000)
+
+        // The running request is still answered (the IdP times out after 1 s), then every
+        // connection is closed and brokerd exits cleanly.
+        broker.signal(SIGTERM)
+        let answer = waiting.readObject()
+        #expect(answer?["id"] as? String == "w")
+        #expect(answer?.errorCode == "unavailable")
+        #expect(waiting.waitForClose(seconds: 10))
+        #expect(owner.waitForClose(seconds: 10))
+        #expect(subscriber.waitForClose(seconds: 10))
+        #expect(broker.stop() == 0)
+        await idp.shutdown()
     }
 
     @Test func halfSentLinesTogetherStayWithinTheSharedBudget() async throws {

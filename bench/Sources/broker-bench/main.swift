@@ -118,6 +118,12 @@ enum Load {
     static func run(path: String, line: String, clients: Int, seconds: Double) throws -> LoadResult {
         let descriptors = try (0..<clients).map { _ in try Socket.connect(path) }
         defer { descriptors.forEach { close($0) } }
+        return try run(on: descriptors, line: line, seconds: seconds)
+    }
+
+    /// The same on connections opened beforehand (each with nothing in flight).
+    static func run(on descriptors: [Int32], line: String, seconds: Double) throws -> LoadResult {
+        let clients = descriptors.count
         let request = Array(line.utf8)
         var started = [Double](repeating: 0, count: clients)
         var latencies: [Double] = []
