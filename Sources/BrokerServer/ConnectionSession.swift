@@ -7,6 +7,7 @@ import ServiceLifecycle
 /// its `ConnectionHandler` passes on, each as a child task, so the server's task group (and
 /// with it a graceful shutdown) waits for every one of them.
 enum ConnectionSession {
+    /// Serves `connection` until it closes; at graceful shutdown, asks its handler to drain it.
     static func run(
         _ connection: NIOAsyncChannel<ConnectionWork, ConnectionReply>, dispatcher: RequestDispatcher, retryAfterMs: Int
     ) async {
