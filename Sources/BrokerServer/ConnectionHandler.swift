@@ -4,85 +4,375 @@ import Foundation
 import Logging
 import NIOCore
 
-/// One client connection: answers cached tokens and errors inline on the event loop, hands
-/// everything else to the broker, and writes answers back in whatever order they finish.
-final class ConnectionHandler: ChannelInboundHandler {
+/// Work a connection hands to its task (`ConnectionSession`).
+enum ConnectionWork: Sendable {
+    /// A request to run on the broker; its answer comes back as `ConnectionReply.answer`.
+    case run(Request)
+    /// A subscription whose events are to be written as they come.
+    case subscribe(id: RequestID, events: EventHub.Events)
+}
+
+/// What a connection's task writes back.
+enum ConnectionReply: Sendable {
+    /// The answer to a `ConnectionWork.run`.
+    case answer(ByteBuffer)
+    /// One event line of a subscription.
+    case event(ByteBuffer)
+    /// A last line, after which the connection is closed.
+    case farewell(ByteBuffer)
+}
+
+/// Asks a connection to finish (graceful shutdown): read nothing more, answer the requests
+/// that are running, then close.
+struct DrainConnection {}
+
+/// One client connection on its event loop: cuts lines, answers cached tokens and errors
+/// inline, hands other requests and subscriptions to the connection's task, and keeps the
+/// connection within `ConnectionLimits`.
+///
+/// No next line is taken while the answers queued for the peer are above the channel's
+/// high-water mark or while `requestsPerConnection` requests run; lines already received then
+/// wait here and nothing more is read, so a client that does not read its answers is no
+/// longer read from.
+final class ConnectionHandler: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
+    typealias InboundOut = ConnectionWork
+    typealias OutboundIn = ConnectionReply
     typealias OutboundOut = ByteBuffer
+
+    private enum State {
+        case open
+        /// Finishing the running requests before closing, until the deadline.
+        case draining(deadline: NIODeadline)
+        /// A last line is on its way; closed when it has left or at the deadline.
+        case closing(deadline: NIODeadline)
+        case closed
+    }
 
     private let dispatcher: RequestDispatcher
     private let peer: PeerIdentity
+    private let quota: ConnectionQuota
+    private let limitLog: LimitLog
     private let logger: Logger
     private let decoder = Wire.makeDecoder()
-    private var pendingFlush = false
+    private var limits: ConnectionLimits { quota.limits }
 
-    init(dispatcher: RequestDispatcher, peer: PeerIdentity, logger: Logger) {
+    private var state = State.open
+    private var framer = LineFramer()
+    /// Requests handed to the task and not answered yet.
+    private var requests = 0
+    private var subscriptions = 0
+    /// Bytes this connection holds on the quota's shared budget.
+    private var budgetDrawn = 0
+    /// A `read` that was held back because no line may be taken now.
+    private var readHeld = false
+    private var flushPending = false
+    /// Whether work was passed on outside a read, so the task still has to be told.
+    private var workPending = false
+    /// When the peer last sent something or was last answered.
+    private var lastActivity = NIODeadline.now()
+    /// When the half-sent line now waiting began to arrive.
+    private var partialLineSince: NIODeadline?
+    private var timer: (deadline: NIODeadline, task: Scheduled<Void>)?
+
+    /// Takes over a connection slot already reserved on `quota` for `peer`.
+    init(
+        dispatcher: RequestDispatcher, peer: PeerIdentity, quota: ConnectionQuota, limitLog: LimitLog, logger: Logger
+    ) {
         self.dispatcher = dispatcher
         self.peer = peer
+        self.quota = quota
+        self.limitLog = limitLog
         self.logger = logger
     }
 
+    func channelActive(context: ChannelHandlerContext) {
+        lastActivity = .now()
+        rearmTimer(context: context)
+        context.fireChannelActive()
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        state = .closed
+        timer?.task.cancel()
+        timer = nil
+        quota.releaseConnection(
+            uid: peer.uid, requests: requests, subscriptions: subscriptions, budgetBytes: budgetDrawn)
+        requests = 0
+        subscriptions = 0
+        budgetDrawn = 0
+    }
+
+    // MARK: Reading
+
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        let line = unwrapInboundIn(data)
+        guard case .open = state else { return }
+        framer.append(unwrapInboundIn(data))
+        lastActivity = .now()
+        takeLines(context: context)
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        workPending = false
+        flushIfPending(context: context)
+        context.fireChannelReadComplete()
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if mayTakeLine(context: context) {
+            context.read()
+        } else {
+            readHeld = true
+        }
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable { resume(context: context) }
+        context.fireChannelWritabilityChanged()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        close(context: context)
+    }
+
+    /// Whether the next line may be taken: the connection is open, the peer reads its answers
+    /// and fewer than `requestsPerConnection` requests run.
+    private func mayTakeLine(context: ChannelHandlerContext) -> Bool {
+        guard case .open = state else { return false }
+        return requests < limits.requestsPerConnection && context.channel.isWritable
+    }
+
+    /// Takes and handles lines while that is allowed, then settles what the waiting bytes hold.
+    private func takeLines(context: ChannelHandlerContext) {
+        while mayTakeLine(context: context) {
+            let line: ByteBuffer?
+            do {
+                line = try framer.nextLine()
+            } catch {
+                refuseLongLine(context: context)
+                return
+            }
+            guard let line else {
+                if !framer.isEmpty, partialLineSince == nil { partialLineSince = .now() }
+                break
+            }
+            partialLineSince = nil
+            handle(line, context: context)
+        }
+        guard case .open = state else { return }
+        settleHeldBytes(context: context)
+        rearmTimer(context: context)
+    }
+
+    /// Takes lines again after an answer left or the peer read, then reads again if allowed.
+    private func resume(context: ChannelHandlerContext) {
+        guard case .open = state else { return }
+        takeLines(context: context)
+        flushIfPending(context: context)
+        if workPending {
+            workPending = false
+            context.fireChannelReadComplete()
+        }
+        if readHeld, mayTakeLine(context: context) {
+            readHeld = false
+            context.read()
+        }
+    }
+
+    private func handle(_ line: ByteBuffer, context: ChannelHandlerContext) {
         let decision = line.withUnsafeReadableBytes {
             dispatcher.decide(line: $0, peer: peer, decoder: decoder, now: dispatcher.broker.clock.now())
         }
         switch decision {
         case .immediate(let bytes):
-            context.write(wrapOutboundOut(context.channel.allocator.buffer(bytes: bytes)), promise: nil)
-            pendingFlush = true
-        case .subscribe(let ack, let id, let events):
-            context.write(wrapOutboundOut(context.channel.allocator.buffer(bytes: ack)), promise: nil)
-            pendingFlush = true
-            forward(events, id: id, to: context.channel)
+            write(bytes, context: context)
         case .deferred(let request):
-            let channel = context.channel
-            let dispatcher = self.dispatcher
-            Task {
-                let bytes = await dispatcher.run(request)
-                channel.writeAndFlush(channel.allocator.buffer(bytes: bytes), promise: nil)
+            guard quota.reserve(.request, uid: peer.uid) else {
+                limitLog.hit("requests per uid", peer: peer)
+                let message = "uid \(peer.uid) has \(limits.requestsPerUID) requests running"
+                write(busy(id: request.id, message), context: context)
+                return
             }
-        }
-    }
-
-    /// Writes each event as it comes, one write in flight at a time; a subscriber whose buffer
-    /// overflowed gets a final `busy` line and is disconnected.
-    private func forward(_ events: EventHub.Events, id: RequestID, to channel: any Channel) {
-        let dispatcher = self.dispatcher
-        let task = Task {
-            let encoder = Wire.makeEncoder()
-            do {
-                for try await event in events {
-                    try await channel.writeAndFlush(channel.allocator.buffer(bytes: dispatcher.eventLine(id: id, event, encoder: encoder)))
-                }
-            } catch is SubscriberTooSlow {
-                let line = dispatcher.errorLine(
-                    id: id, BrokerError(.busy, "events were not read fast enough; subscribe again", retryAfterMs: 1000))
-                try? await channel.writeAndFlush(channel.allocator.buffer(bytes: line))
-                try? await channel.close()
-            } catch {}
-        }
-        channel.closeFuture.whenComplete { _ in task.cancel() }
-    }
-
-    func channelReadComplete(context: ChannelHandlerContext) {
-        if pendingFlush {
-            pendingFlush = false
-            context.flush()
-        }
-    }
-
-    func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        if error is LineTooLongError {
-            let line = dispatcher.errorLine(
-                id: nil, BrokerError(.lineTooLong, "a request line may be at most \(maximumLineLength) bytes"))
-            let channel = context.channel
-            channel.writeAndFlush(channel.allocator.buffer(bytes: line)).whenComplete { _ in
-                channel.close(promise: nil)
+            requests += 1
+            pass(.run(request), context: context)
+        case .subscribe(let ack, let id, let events):
+            // A refused subscription ends here: dropping `events` ends it in the hub.
+            guard subscriptions < limits.subscriptionsPerConnection else {
+                limitLog.hit("subscriptions per connection", peer: peer)
+                let message = "a connection may hold \(limits.subscriptionsPerConnection) subscriptions"
+                write(busy(id: id, message), context: context)
+                return
             }
-            logger.notice("closed a connection that sent an oversized line", metadata: ["peer": "\(peer)"])
+            guard quota.reserve(.subscription, uid: peer.uid) else {
+                limitLog.hit("subscriptions per uid", peer: peer)
+                let message = "uid \(peer.uid) holds \(limits.subscriptionsPerUID) subscriptions"
+                write(busy(id: id, message), context: context)
+                return
+            }
+            subscriptions += 1
+            write(ack, context: context)
+            pass(.subscribe(id: id, events: events), context: context)
+        }
+    }
+
+    private func pass(_ work: ConnectionWork, context: ChannelHandlerContext) {
+        context.fireChannelRead(wrapInboundOut(work))
+        workPending = true
+    }
+
+    /// Keeps the bytes still waiting in a buffer of their own and draws what they hold beyond
+    /// the allowance from the shared budget; a connection that would overdraw it is refused.
+    private func settleHeldBytes(context: ChannelHandlerContext) {
+        framer.compact(allocator: context.channel.allocator)
+        let wanted = max(0, framer.heldBytes - limits.partialLineAllowance)
+        if wanted > budgetDrawn {
+            guard quota.draw(bytes: wanted - budgetDrawn) else {
+                limitLog.hit("half-sent line budget", peer: peer)
+                refuse(busy(id: nil, "the broker holds too many half-sent lines; send whole lines"), context: context)
+                return
+            }
+        } else if wanted < budgetDrawn {
+            quota.giveBack(bytes: budgetDrawn - wanted)
+        }
+        budgetDrawn = wanted
+    }
+
+    // MARK: Writing
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        switch unwrapOutboundIn(data) {
+        case .answer(let line):
+            context.write(wrapOutboundOut(line), promise: promise)
+            // Once closed, `handlerRemoved` gives back every request still counted.
+            if case .closed = state { return }
+            requests -= 1
+            quota.releaseRequest(uid: peer.uid)
+            lastActivity = .now()
+            switch state {
+            case .draining where requests == 0:
+                closeAfterFlush(context: context)
+            case .open where readHeld || !framer.isEmpty:
+                // Not from inside this write: taking lines may write and pass work on itself.
+                context.eventLoop.assumeIsolated().execute { self.resume(context: context) }
+            case .open:
+                rearmTimer(context: context)
+            case .draining, .closing, .closed:
+                break
+            }
+        case .event(let line):
+            context.write(wrapOutboundOut(line), promise: promise)
+        case .farewell(let line):
+            context.write(wrapOutboundOut(line), promise: promise)
+            closeAfterFlush(context: context)
+        }
+    }
+
+    private func write(_ bytes: [UInt8], context: ChannelHandlerContext) {
+        context.write(wrapOutboundOut(context.channel.allocator.buffer(bytes: bytes)), promise: nil)
+        flushPending = true
+    }
+
+    private func flushIfPending(context: ChannelHandlerContext) {
+        guard flushPending else { return }
+        flushPending = false
+        context.flush()
+    }
+
+    private func busy(id: RequestID?, _ message: String) -> [UInt8] {
+        dispatcher.errorLine(id: id, BrokerError(.busy, message, retryAfterMs: limits.retryAfterMs))
+    }
+
+    // MARK: Closing
+
+    func triggerUserOutboundEvent(context: ChannelHandlerContext, event: Any, promise: EventLoopPromise<Void>?) {
+        guard event is DrainConnection else {
+            context.triggerUserOutboundEvent(event, promise: promise)
+            return
+        }
+        promise?.succeed()
+        guard case .open = state else { return }
+        state = .draining(deadline: .now() + limits.drainTimeout)
+        if requests == 0 {
+            closeAfterFlush(context: context)
         } else {
-            context.close(promise: nil)
+            rearmTimer(context: context)
+        }
+    }
+
+    private func refuseLongLine(context: ChannelHandlerContext) {
+        logger.notice("closed a connection that sent an oversized line", metadata: ["peer": "\(peer)"])
+        let message = "a request line may be at most \(maximumLineLength) bytes"
+        refuse(dispatcher.errorLine(id: nil, BrokerError(.lineTooLong, message)), context: context)
+    }
+
+    /// Sends `line` as the last thing on this connection and closes it.
+    private func refuse(_ line: [UInt8], context: ChannelHandlerContext) {
+        write(line, context: context)
+        closeAfterFlush(context: context)
+    }
+
+    /// Closes once everything written so far has reached the socket, or after `drainTimeout`
+    /// if the peer does not read it. Received bytes are let go of at once.
+    private func closeAfterFlush(context: ChannelHandlerContext) {
+        state = .closing(deadline: .now() + limits.drainTimeout)
+        framer = LineFramer()
+        quota.giveBack(bytes: budgetDrawn)
+        budgetDrawn = 0
+        rearmTimer(context: context)
+        let channel = context.channel
+        context.writeAndFlush(wrapOutboundOut(channel.allocator.buffer(capacity: 0))).whenComplete { _ in
+            channel.close(promise: nil)
+        }
+    }
+
+    private func close(context: ChannelHandlerContext) {
+        state = .closed
+        context.close(promise: nil)
+    }
+
+    // MARK: Timeouts
+
+    /// Whether the connection has nothing to do: no request running, no subscription and no
+    /// received bytes waiting.
+    private var isIdle: Bool { requests == 0 && subscriptions == 0 && framer.isEmpty }
+
+    private func nextDeadline() -> NIODeadline? {
+        switch state {
+        case .closed: return nil
+        case .draining(let deadline), .closing(let deadline): return deadline
+        case .open:
+            if let partialLineSince { return partialLineSince + limits.lineTimeout }
+            return isIdle ? lastActivity + limits.idleTimeout : nil
+        }
+    }
+
+    /// Makes sure the timer fires no later than the next deadline; an earlier timer just
+    /// looks again when it fires, so the fast path rarely touches the timer at all.
+    private func rearmTimer(context: ChannelHandlerContext) {
+        guard let deadline = nextDeadline() else { return }
+        if let timer, timer.deadline <= deadline { return }
+        timer?.task.cancel()
+        let task = context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
+            self.timer = nil
+            self.timerFired(context: context)
+        }
+        timer = (deadline, task)
+    }
+
+    private func timerFired(context: ChannelHandlerContext) {
+        guard let deadline = nextDeadline() else { return }
+        guard deadline <= .now() else { return rearmTimer(context: context) }
+        switch state {
+        case .closed:
+            return
+        case .draining, .closing:
+            close(context: context)
+        case .open where partialLineSince != nil:
+            limitLog.hit("line timeout", peer: peer)
+            close(context: context)
+        case .open:
+            logger.debug("closed an idle connection", metadata: ["peer": "\(peer)"])
+            close(context: context)
         }
     }
 }

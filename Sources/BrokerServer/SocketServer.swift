@@ -23,82 +23,144 @@ public struct ServerError: Error, CustomStringConvertible {
 }
 
 /// The Unix-socket listener, run as a `Service`: accepts connections, admits only the
-/// owner's uid and root (`SO_PEERCRED`), and serves JSON lines on each connection.
+/// owner's uid and root (`SO_PEERCRED`) within `ConnectionLimits`, and serves JSON lines on
+/// each connection in a task of its own, all children of `run()`.
 public final class SocketServer: Service {
     private let address: ListenAddress
     private let dispatcher: RequestDispatcher
     private let policy: AccessPolicy
+    private let quota: ConnectionQuota
+    private let limitLog: LimitLog
     private let logger: Logger
     private let group: any EventLoopGroup
     private let onListening: @Sendable () async -> Void
 
     public init(
         address: ListenAddress, dispatcher: RequestDispatcher, policy: AccessPolicy, logger: Logger,
+        limits: ConnectionLimits = .standard(environment: ProcessInfo.processInfo.environment),
         group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
         onListening: @escaping @Sendable () async -> Void
     ) {
         self.address = address
         self.dispatcher = dispatcher
         self.policy = policy
+        self.quota = ConnectionQuota(limits: limits)
+        self.limitLog = LimitLog(logger: logger)
         self.logger = logger
         self.group = group
         self.onListening = onListening
     }
 
+    /// Serves until graceful shutdown: then accepts no more, lets every connection answer its
+    /// running requests (`ConnectionLimits.drainTimeout`), and returns when all have closed.
     public func run() async throws {
-        let channel = try await bind()
+        let server = try await bind()
         await onListening()
-        await withGracefulShutdownHandler {
-            try? await channel.closeFuture.get()
+        defer { if case .path(let path) = address { unlink(path) } }
+        let retryAfterMs = quota.limits.retryAfterMs
+        try await withGracefulShutdownHandler {
+            try await withThrowingDiscardingTaskGroup { connections in
+                try await server.executeThenClose { accepted in
+                    for try await admission in accepted {
+                        guard case .admitted(let connection) = admission else { continue }
+                        connections.addTask { [dispatcher] in
+                            await ConnectionSession.run(connection, dispatcher: dispatcher, retryAfterMs: retryAfterMs)
+                        }
+                    }
+                }
+            }
         } onGracefulShutdown: {
-            channel.close(promise: nil)
+            server.channel.close(promise: nil)
         }
-        if case .path(let path) = address { unlink(path) }
     }
 
-    private func bind() async throws -> any Channel {
+    /// What became of one accepted connection.
+    enum Admission: Sendable {
+        case admitted(NIOAsyncChannel<ConnectionWork, ConnectionReply>)
+        /// Told why (`forbidden` or `busy`) and closed.
+        case refused
+    }
+
+    private func bind() async throws -> NIOAsyncChannel<Admission, Never> {
+        let limits = quota.limits
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 1024)
-            .childChannelInitializer { [dispatcher, policy, logger] channel in
-                Self.admit(channel, dispatcher: dispatcher, policy: policy, logger: logger)
-            }
+            .childChannelOption(.maxMessagesPerRead, value: 1)
+            .childChannelOption(
+                .recvAllocator,
+                value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 1024, maximum: limits.readBufferLimit)
+            )
+            .childChannelOption(
+                .writeBufferWaterMark,
+                value: .init(low: limits.writeBufferLowWater, high: limits.writeBufferHighWater))
+        // Accepted connections waiting for the accept loop; NIO's default of 10 makes the listener
+        // pause and resume many times over in a burst of local clients.
+        let acceptBuffer = NIOAsyncSequenceProducerBackPressureStrategies.HighLowWatermark(
+            lowWatermark: 64, highWatermark: 256)
+        let initializer: @Sendable (any Channel) -> EventLoopFuture<Admission> = {
+            [dispatcher, policy, quota, limitLog, logger] channel in
+            Self.admit(
+                channel, dispatcher: dispatcher, policy: policy, quota: quota, limitLog: limitLog, logger: logger)
+        }
         switch address {
         case .inherited(let descriptor, let path):
             logger.info("adopted the socket from systemd", metadata: ["socket": "\(path)"])
-            return try await bootstrap.withBoundSocket(descriptor).get()
+            return try await bootstrap.bind(
+                descriptor, serverBackPressureStrategy: acceptBuffer, childChannelInitializer: initializer)
         case .path(let path):
             try SocketDirectory.prepare(path)
+            // bind(2) creates the socket 0600 under this umask. No chmod afterwards: the socket
+            // already accepts then, so a late chmod would race whoever set its mode since.
             let previous = umask(0o177)
             defer { umask(previous) }
-            let channel = try await bootstrap.bind(unixDomainSocketPath: path).get()
-            chmod(path, 0o600)
+            let channel = try await bootstrap.bind(
+                unixDomainSocketPath: path, serverBackPressureStrategy: acceptBuffer,
+                childChannelInitializer: initializer)
             logger.info("listening", metadata: ["socket": "\(path)"])
             return channel
         }
     }
 
+    /// Reads the peer's credentials and admits it if its uid may connect and it is within the
+    /// connection limits; otherwise it gets one line saying why and is closed.
     private static func admit(
-        _ channel: any Channel, dispatcher: RequestDispatcher, policy: AccessPolicy, logger: Logger
-    ) -> EventLoopFuture<Void> {
+        _ channel: any Channel, dispatcher: RequestDispatcher, policy: AccessPolicy, quota: ConnectionQuota,
+        limitLog: LimitLog, logger: Logger
+    ) -> EventLoopFuture<Admission> {
         guard let provider = channel as? any SocketOptionProvider else {
-            return channel.eventLoop.makeFailedFuture(ServerError(description: "no peer credentials"))
+            channel.close(promise: nil)
+            return channel.eventLoop.makeSucceededFuture(.refused)
         }
         let credentials: EventLoopFuture<PeerCredentials> = provider.unsafeGetSocketOption(
             level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
-        return credentials.flatMap { credentials in
+        return credentials.flatMapThrowing { credentials -> Admission in
             let peer = PeerIdentity(pid: credentials.pid, uid: credentials.uid, gid: credentials.gid)
-            return channel.eventLoop.makeCompletedFuture {
-                guard policy.mayConnect(peer) else {
-                    logger.warning("refused a connection from another user", metadata: ["peer": "\(peer)"])
-                    let line = dispatcher.errorLine(
-                        id: nil, BrokerError(.forbidden, "this broker serves only uid \(policy.ownerUID)"))
-                    try channel.pipeline.syncOperations.addHandler(RefusingHandler(line: line))
-                    return
-                }
-                try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(LineFrameDecoder()))
-                try channel.pipeline.syncOperations.addHandler(
-                    ConnectionHandler(dispatcher: dispatcher, peer: peer, logger: logger))
+            guard policy.mayConnect(peer) else {
+                logger.warning("refused a connection from another user", metadata: ["peer": "\(peer)"])
+                let line = dispatcher.errorLine(
+                    id: nil, BrokerError(.forbidden, "this broker serves only uid \(policy.ownerUID)"))
+                try channel.pipeline.syncOperations.addHandler(RefusingHandler(line: line))
+                return .refused
             }
+            if let reason = quota.reserveConnection(uid: peer.uid) {
+                limitLog.hit("connections", peer: peer)
+                let line = dispatcher.errorLine(
+                    id: nil, BrokerError(.busy, reason, retryAfterMs: quota.limits.retryAfterMs))
+                try channel.pipeline.syncOperations.addHandler(RefusingHandler(line: line))
+                return .refused
+            }
+            let handler = ConnectionHandler(
+                dispatcher: dispatcher, peer: peer, quota: quota, limitLog: limitLog, logger: logger)
+            do {
+                try channel.pipeline.syncOperations.addHandler(handler)
+            } catch {
+                quota.releaseConnection(uid: peer.uid, requests: 0, subscriptions: 0, budgetBytes: 0)
+                throw error
+            }
+            return .admitted(try NIOAsyncChannel(wrappingChannelSynchronously: channel))
+        }.flatMapError { _ in
+            channel.close(promise: nil)
+            return channel.eventLoop.makeSucceededFuture(.refused)
         }
     }
 }

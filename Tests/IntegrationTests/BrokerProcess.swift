@@ -56,8 +56,8 @@ final class BrokerProcess: @unchecked Sendable {
     }
 
     /// Starts brokerd and waits until its socket answers; throws with its log if it exits instead.
-    func start(arguments: [String] = []) async throws {
-        let process = try launch(Self.binary("brokerd"), arguments: arguments)
+    func start(arguments: [String] = [], environment extra: [String: String] = [:]) async throws {
+        let process = try launch(Self.binary("brokerd"), arguments: arguments, extraEnvironment: extra)
         self.process = process
         let deadline = Date().addingTimeInterval(30)
         while Date() < deadline {
@@ -82,6 +82,19 @@ final class BrokerProcess: @unchecked Sendable {
         if process.isRunning { kill(process.processIdentifier, SIGTERM) }
         process.waitUntilExit()
         return process.terminationStatus
+    }
+
+    /// The running brokerd's process id.
+    var pid: pid_t? { process?.processIdentifier }
+
+    /// The running brokerd's resident memory in KiB (`VmRSS` in /proc/PID/status).
+    func residentKiB() throws -> Int {
+        guard let pid else { throw HarnessError("brokerd is not running") }
+        let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
+        guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+            let kib = line.split(separator: " ").dropFirst().first.flatMap({ Int($0) })
+        else { throw HarnessError("no VmRSS for pid \(pid)") }
+        return kib
     }
 
     /// Sends `signal` to the running brokerd.

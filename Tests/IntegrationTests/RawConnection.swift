@@ -68,6 +68,43 @@ final class RawConnection {
         while readLine() != nil {}
         return true
     }
+
+    /// Whether something (a line or the end) arrives within `seconds`.
+    func hasData(within seconds: Double) -> Bool {
+        guard buffer.isEmpty else { return true }
+        var poller = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
+        return poll(&poller, 1, Int32(seconds * 1000)) > 0
+    }
+
+    /// Waits up to `seconds` for the broker to close the connection, discarding what it sends
+    /// meanwhile; false if it is still open then.
+    func waitForClose(seconds: Double) -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while Date() < deadline {
+            var poller = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
+            guard poll(&poller, 1, 100) > 0 else { continue }
+            let count = recv(descriptor, &chunk, chunk.count, Int32(MSG_DONTWAIT))
+            if count == 0 || (count < 0 && errno != EAGAIN && errno != EINTR) { return true }
+        }
+        return false
+    }
+
+    /// Writes as much of `bytes` as the broker takes within `seconds` of a stall; returns how
+    /// many bytes were written.
+    func sendUntilStalled(_ bytes: [UInt8], seconds: Int) -> Int {
+        var timeout = timeval(tv_sec: seconds, tv_usec: 0)
+        setsockopt(descriptor, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        var offset = 0
+        while offset < bytes.count {
+            let written = bytes[offset...].withUnsafeBytes {
+                Glibc.send(descriptor, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
+            }
+            if written <= 0 { break }
+            offset += written
+        }
+        return offset
+    }
 }
 
 extension Dictionary where Key == String, Value == Any {

@@ -10,21 +10,27 @@ import Glibc
 
 // broker-bench: latency and throughput of cached `token` requests over the broker's socket,
 // side by side with a minimal echo server on the same kind of socket, plus memory and
-// start-up time with 1,000 accounts. Run it through bench/run (release build).
+// start-up time with 1,000 accounts. `broker-bench flood` measures the same requests while
+// one process floods the broker (Flood.swift). Run it through bench/run (release build).
 
 let arguments = CommandLine.arguments
 if arguments.count >= 3, arguments[1] == "echo-server" {
     try EchoServer.run(path: arguments[2])
 }
-guard arguments.count >= 2 else {
-    FileHandle.standardError.write(Data("usage: broker-bench PATH-TO-BROKERD [SECONDS-PER-RUN]\n".utf8))
-    exit(2)
-}
-let brokerd = arguments[1]
 var fileLimit = rlimit()
 getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &fileLimit)
 fileLimit.rlim_cur = fileLimit.rlim_max
 setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &fileLimit)
+if arguments.count >= 3, arguments[1] == "flood" {
+    try Flood.run(brokerd: arguments[2], seconds: arguments.count >= 4 ? Double(arguments[3]) ?? 3 : 3)
+    exit(0)
+}
+guard arguments.count >= 2 else {
+    FileHandle.standardError.write(
+        Data("usage: broker-bench [flood] PATH-TO-BROKERD [SECONDS-PER-RUN]\n".utf8))
+    exit(2)
+}
+let brokerd = arguments[1]
 let seconds = arguments.count >= 3 ? Double(arguments[2]) ?? 3 : 3
 let concurrencies = [1, 16, 64]
 let workspace = "/tmp/tb-bench-\(getpid())"
@@ -112,6 +118,12 @@ enum Load {
     static func run(path: String, line: String, clients: Int, seconds: Double) throws -> LoadResult {
         let descriptors = try (0..<clients).map { _ in try Socket.connect(path) }
         defer { descriptors.forEach { close($0) } }
+        return try run(on: descriptors, line: line, seconds: seconds)
+    }
+
+    /// The same on connections opened beforehand (each with nothing in flight).
+    static func run(on descriptors: [Int32], line: String, seconds: Double) throws -> LoadResult {
+        let clients = descriptors.count
         let request = Array(line.utf8)
         var started = [Double](repeating: 0, count: clients)
         var latencies: [Double] = []

@@ -1,0 +1,81 @@
+import BrokerCore
+import BrokerProtocol
+import NIOCore
+import ServiceLifecycle
+
+/// The task of one admitted connection. It runs the requests and forwards the subscriptions
+/// its `ConnectionHandler` passes on, each as a child task, so the server's task group (and
+/// with it a graceful shutdown) waits for every one of them.
+enum ConnectionSession {
+    /// Serves `connection` until it closes; at graceful shutdown, asks its handler to drain it.
+    static func run(
+        _ connection: NIOAsyncChannel<ConnectionWork, ConnectionReply>, dispatcher: RequestDispatcher, retryAfterMs: Int
+    ) async {
+        let channel = connection.channel
+        await withGracefulShutdownHandler {
+            try? await connection.executeThenClose { inbound, outbound in
+                var work = inbound.makeAsyncIterator()
+                guard let first = try await work.next() else { return }
+                await serve(
+                    first, then: &work, outbound: outbound, allocator: channel.allocator, dispatcher: dispatcher,
+                    retryAfterMs: retryAfterMs)
+            }
+        } onGracefulShutdown: {
+            channel.triggerUserOutboundEvent(DrainConnection(), promise: nil)
+        }
+    }
+
+    /// Runs `first` and every later piece of work as child tasks until the connection closes.
+    /// Kept out of `run` so a connection that only ever gets inline answers, as most do, never
+    /// holds the task groups' frames.
+    @inline(never)
+    private static func serve(
+        _ first: ConnectionWork, then work: inout NIOAsyncChannelInboundStream<ConnectionWork>.AsyncIterator,
+        outbound: NIOAsyncChannelOutboundWriter<ConnectionReply>, allocator: ByteBufferAllocator,
+        dispatcher: RequestDispatcher, retryAfterMs: Int
+    ) async {
+        // Requests are never cancelled (a refresh may be shared with other clients);
+        // subscriptions end with the connection.
+        await withDiscardingTaskGroup { requests in
+            await withDiscardingTaskGroup { subscriptions in
+                var next: ConnectionWork? = first
+                while let item = next {
+                    switch item {
+                    case .run(let request):
+                        requests.addTask {
+                            let line = await dispatcher.run(request)
+                            try? await outbound.write(.answer(allocator.buffer(bytes: line)))
+                        }
+                    case .subscribe(let id, let events):
+                        subscriptions.addTask {
+                            await forward(
+                                events, id: id, to: outbound, allocator: allocator, dispatcher: dispatcher,
+                                retryAfterMs: retryAfterMs)
+                        }
+                    }
+                    next = try? await work.next()
+                }
+                subscriptions.cancelAll()
+            }
+        }
+    }
+
+    /// Writes each event as it comes; the writer waits while the peer does not read. A
+    /// subscriber whose buffer overflowed meanwhile gets a final `busy` line and is disconnected.
+    private static func forward(
+        _ events: EventHub.Events, id: RequestID, to outbound: NIOAsyncChannelOutboundWriter<ConnectionReply>,
+        allocator: ByteBufferAllocator, dispatcher: RequestDispatcher, retryAfterMs: Int
+    ) async {
+        let encoder = Wire.makeEncoder()
+        do {
+            for try await event in events {
+                let line = dispatcher.eventLine(id: id, event, encoder: encoder)
+                try await outbound.write(.event(allocator.buffer(bytes: line)))
+            }
+        } catch is SubscriberTooSlow {
+            let error = BrokerError(
+                .busy, "events were not read fast enough; subscribe again", retryAfterMs: retryAfterMs)
+            try? await outbound.write(.farewell(allocator.buffer(bytes: dispatcher.errorLine(id: id, error))))
+        } catch {}
+    }
+}

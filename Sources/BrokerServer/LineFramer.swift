@@ -1,0 +1,65 @@
+import BrokerProtocol
+import NIOCore
+
+/// Raised when a request line exceeds the protocol's limit.
+struct LineTooLongError: Error {}
+
+/// Cuts received bytes into `\n`-terminated lines of at most `limit` bytes, one line when the
+/// connection asks for it, so a connection that must not take more work leaves the rest here.
+///
+/// A line that grows past the limit raises `LineTooLongError` as soon as it does, so an
+/// oversized line is never held whole. A trailing `\r` is dropped from each line.
+struct LineFramer {
+    let limit: Int
+    /// Received bytes not yet taken as lines.
+    private var pending = ByteBuffer()
+    /// Bytes at the start of `pending` already searched for a newline.
+    private var scanned = 0
+
+    init(limit: Int = maximumLineLength) { self.limit = limit }
+
+    /// Whether received bytes wait here (a half-sent line, or lines not taken yet).
+    var isEmpty: Bool { pending.readableBytes == 0 }
+
+    /// The memory the waiting bytes keep alive.
+    var heldBytes: Int { isEmpty ? 0 : pending.storageCapacity }
+
+    /// Adds bytes read from the peer.
+    mutating func append(_ bytes: ByteBuffer) {
+        if pending.readableBytes == 0 {
+            pending = bytes
+            scanned = 0
+        } else {
+            pending.writeImmutableBuffer(bytes)
+        }
+    }
+
+    /// The next complete line, or nil if none has arrived yet.
+    mutating func nextLine() throws(LineTooLongError) -> ByteBuffer? {
+        let view = pending.readableBytesView
+        guard let newline = view[(view.startIndex + scanned)...].firstIndex(of: UInt8(ascii: "\n")) else {
+            scanned = view.count
+            if view.count > limit { throw LineTooLongError() }
+            return nil
+        }
+        let consumed = newline - view.startIndex
+        if consumed > limit { throw LineTooLongError() }
+        scanned = 0
+        let length = consumed > 0 && view[newline - 1] == UInt8(ascii: "\r") ? consumed - 1 : consumed
+        let line = pending.getSlice(at: pending.readerIndex, length: length)!
+        pending.moveReaderIndex(forwardBy: consumed + 1)
+        return line
+    }
+
+    /// Lets go of the read buffer the waiting bytes came in: they move to a buffer of their
+    /// own size, so a few bytes of a half-sent line do not keep a whole read buffer alive.
+    mutating func compact(allocator: ByteBufferAllocator) {
+        if pending.readableBytes == 0 {
+            pending = ByteBuffer()
+        } else if pending.storageCapacity > 2 * pending.readableBytes {
+            var copy = allocator.buffer(capacity: pending.readableBytes)
+            copy.writeImmutableBuffer(pending)
+            pending = copy
+        }
+    }
+}
