@@ -18,18 +18,40 @@ public struct TokenRefused: Error, Sendable {
 
 /// A connection to brokerd: one persistent Unix socket with pipelining, so any number of
 /// tasks may share it and ask concurrently. Uses only the protocol module and the toolchain.
+///
+/// The broker closes connections that stay idle for minutes; the next call then connects again
+/// (once), so a long-lived program needs no reconnect logic of its own.
 public final class BrokerClient: Sendable {
-    private let connection: Connection
+    private let socketPath: String
+    /// The current connection, and whether `close()` was called (then nothing reconnects).
+    private let state: Mutex<(connection: Connection, closed: Bool)>
 
     /// Connects to the broker's socket (default: `DefaultPaths().socket`).
     public init(socketPath: String = DefaultPaths().socket) throws {
-        connection = try Connection(socketPath: socketPath)
+        self.socketPath = socketPath
+        state = Mutex((try Connection(socketPath: socketPath), false))
     }
 
-    deinit { connection.close() }
+    deinit { state.withLock { $0.connection.close() } }
 
     /// Closes the connection; pending and later calls fail with `ConnectionError`.
-    public func close() { connection.close() }
+    public func close() {
+        state.withLock { state in
+            state.closed = true
+            state.connection.close()
+        }
+    }
+
+    /// The connection to send on: a new one when the broker closed the last (e.g. for idleness)
+    /// before this call, unless `close()` was called.
+    private func liveConnection() throws -> Connection {
+        try state.withLock { state in
+            if state.connection.hasEnded, !state.closed {
+                state.connection = try Connection(socketPath: socketPath)
+            }
+            return state.connection
+        }
+    }
 
     // MARK: Operations
 
@@ -119,7 +141,7 @@ public final class BrokerClient: Sendable {
         _ request: Request, subscription: AsyncThrowingStream<BrokerEvent, any Error>.Continuation?
     ) async throws -> Result {
         var request = request
-        let line = try await connection.exchange(subscription: subscription) { id in
+        let line = try await liveConnection().exchange(subscription: subscription) { id in
             request.id = id
             var data = try Wire.makeEncoder().encode(request)
             data.append(0x0A)
@@ -156,6 +178,9 @@ private final class Connection: Sendable {
         thread.name = "BrokerClient reader"
         thread.start()
     }
+
+    /// Whether the connection has broken or was closed (no request can succeed on it any more).
+    var hasEnded: Bool { state.withLock { $0.failure != nil } }
 
     /// Shuts the socket down; the reader thread then sees end of stream and closes it.
     func close() {

@@ -193,6 +193,21 @@ import Glibc
         #expect(event?["account"] as? String == "late")
     }
 
+    /// A program holding one BrokerClient across the idle timeout is served on its next call.
+    @Test func theClientLibraryConnectsAgainAfterAnIdleClose() async throws {
+        let broker = try await startBroker(environment: ["TOKENBROKER_TEST_IDLE_TIMEOUT_MS": "300"])
+        defer { broker.stop() }
+        let client = try broker.client()
+        defer { client.close() }
+        _ = try await client.add(
+            account: "idle", provider: ProviderSpec(kind: "static"),
+            tokens: TokenSet(accessToken: "idle-token", expiresIn: 3600))
+        try await Task.sleep(for: .milliseconds(1500))
+        #expect(try await client.token(account: "idle").accessToken == "idle-token")
+        client.close()
+        await #expect(throws: ConnectionError.self) { try await client.token(account: "idle") }
+    }
+
     @Test func shutdownAnswersRunningRequestsAndClosesEveryConnection() async throws {
         let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-slow", lifetime: 3600)
         idp.setBehavior(.hang)
