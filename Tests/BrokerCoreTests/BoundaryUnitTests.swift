@@ -55,7 +55,11 @@ import Testing
     @Test func retryAfterIsDigitsOrADateAndBounded() {
         #expect(IdPClient.retryAfter("120") == 120)
         #expect(IdPClient.retryAfter(String(repeating: "9", count: 400)) == Bounds.maximumLifetime)
-        for bad in ["1e300", "inf", "nan", "-5", "0x10", "1.5"] { #expect(IdPClient.retryAfter(bad) == nil, "\(bad)") }
+        for bad in ["1e300", "inf", "nan", "-5", "0x10", "1.5", "f\u{6DF}", "Sun, 06 Nov 1994 08:49:37 G\u{6DF}MT"] {
+            #expect(IdPClient.retryAfter(bad) == nil, "\(bad)")
+        }
+        #expect(IdPClient.httpDate("Sun, 06 Nov 1994 08:49:37 GMT") == Date(timeIntervalSince1970: 784_111_777))
+        #expect(IdPClient.httpDate("Sun, 31 Feb 1994 08:49:37 GMT") == nil)
     }
 
     @Test(arguments: [

@@ -91,9 +91,20 @@ public final class IdPClient: Sendable {
         if !text.isEmpty, text.utf8.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }) {
             return Bounds.lifetime(Double(text) ?? .infinity) ?? Bounds.maximumLifetime
         }
-        let formatter = DateFormatter()
-        formatter.locale = Locale(identifier: "en_US_POSIX")
-        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
-        return formatter.date(from: text).flatMap { Bounds.lifetime(max(0, $0.timeIntervalSinceNow)) }
+        return httpDate(text).flatMap { Bounds.lifetime(max(0, $0.timeIntervalSinceNow)) }
+    }
+
+    private static let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+
+    /// An IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`, RFC 9110 section 5.6.7), read by hand:
+    /// Foundation's `DateFormatter` traps on some non-ASCII input (found by fuzzing).
+    static func httpDate(_ text: String) -> Date? {
+        guard text.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7F }) else { return nil }
+        let parts = text.split(separator: " ", omittingEmptySubsequences: false)
+        guard parts.count == 6, parts[0].count == 4, parts[0].hasSuffix(","), parts[5] == "GMT",
+            let month = months.firstIndex(of: String(parts[2]))
+        else { return nil }
+        let iso = "\(parts[3])-\(month < 9 ? "0" : "")\(month + 1)-\(parts[1])T\(parts[4])Z"
+        return Timestamp.parse(iso, defaultZone: TimeZone(secondsFromGMT: 0)!)
     }
 }
