@@ -14,6 +14,23 @@ public struct FlatRequest: Equatable, Sendable {
     public var account: String?
     public var minTTL: Double?
 
+    /// The fields the fast path reads, as the full path read them from `request`.
+    public init(_ request: Request) {
+        id = request.id
+        op = request.op
+        account = request.account
+        minTTL = request.minTTL
+    }
+
+    private init() {}
+
+    /// Equal when no answer could tell them apart: the same id text (`-0.0` is not `0`), the
+    /// same strings and the same `min_ttl` bits.
+    public static func == (lhs: FlatRequest, rhs: FlatRequest) -> Bool {
+        lhs.id.map(JSONText.encode) == rhs.id.map(JSONText.encode) && lhs.op == rhs.op && lhs.account == rhs.account
+            && lhs.minTTL?.bitPattern == rhs.minTTL?.bitPattern
+    }
+
     /// Lines with more members than this are left to the full path, which keeps the check
     /// for repeated keys short.
     static let maximumMembers = 16
