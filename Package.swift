@@ -34,11 +34,12 @@ let package = Package(
             pkgConfig: "libsystemd",
             providers: [.apt(["libsystemd-dev"])]
         ),
+        .target(name: "CSpawn"),
         .target(name: "BrokerProtocol", swiftSettings: upcoming),
         .target(
             name: "BrokerCore",
             dependencies: [
-                "BrokerProtocol", "CSodium",
+                "BrokerProtocol", "CSodium", "CSpawn",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

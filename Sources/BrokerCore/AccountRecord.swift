@@ -82,4 +82,60 @@ public struct AccountRecord: Codable, Sendable, Equatable {
     public var lastRefreshAt: Date?
     /// Declared in the config file (its provider settings come from there); `nil` in older vaults.
     public var declared: Bool?
+
+    /// This record with every date moved within `Bounds.maximumLifetime` of `now` and its last
+    /// error cleaned, so a vault written before numbers and texts were checked still loads,
+    /// schedules and shows nothing secret.
+    func sanitized(around now: Date) -> AccountRecord {
+        var record = self
+        if var token = record.token {
+            token.expiresAt = Bounds.date(token.expiresAt, around: now)
+            token.obtainedAt = Bounds.date(token.obtainedAt, around: now)
+            record.token = token
+        }
+        record.secrets.refreshExpiresAt = record.secrets.refreshExpiresAt.map { Bounds.date($0, around: now) }
+        record.lastRefreshAt = record.lastRefreshAt.map { Bounds.date($0, around: now) }
+        if var error = record.lastError {
+            error.at = Bounds.date(error.at, around: now)
+            error.message = outsideText().clean(error.message, or: "")
+            record.lastError = error
+        }
+        return record
+    }
+}
+
+extension ProviderConfig {
+    /// Why a stored credential may not move from `self` to `new`, or `nil` when it may: the
+    /// kind and client stay, and every origin the new settings would send it to is one the old
+    /// settings sent it to already (a discovered endpoint counts as its issuer's origin).
+    func credentialMove(to new: ProviderConfig) -> String? {
+        guard kind == new.kind else { return "changes its kind from \(kind) to \(new.kind)" }
+        if case .oauth2(let old) = self, case .oauth2(let replacement) = new, old.clientID != replacement.clientID {
+            return "changes its client_id"
+        }
+        let known = Set(credentialOrigins)
+        if let moved = new.credentialOrigins.first(where: { !known.contains($0) }) {
+            let from = known.map(\.description).sorted().joined(separator: ", ")
+            return "moves it to \(moved) (its credential was stored for \(from))"
+        }
+        return nil
+    }
+
+    /// The origins this provider sends an account's secrets to.
+    private var credentialOrigins: [Origin] {
+        let urls: [URL?]
+        switch self {
+        case .oauth2(let settings): urls = [settings.tokenEndpoint ?? settings.issuer, settings.revocationEndpoint]
+        case .sliding(let settings): urls = [settings.endpoint]
+        case .refreshURL, .exec, .static: urls = []
+        }
+        return urls.compactMap { $0.flatMap(Origin.init) }
+    }
+}
+
+extension AccountRecord {
+    /// Whether the record holds a credential an IdP would accept (not just settings).
+    var holdsCredential: Bool {
+        secrets.refreshToken != nil || secrets.refreshURL != nil || token != nil
+    }
 }

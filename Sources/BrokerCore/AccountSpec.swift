@@ -131,14 +131,26 @@ enum AccountSpec {
     {
         guard let value = tokens.accessToken else { return nil }
         guard !value.isEmpty else { throw BrokerError(.badRequest, "\"access_token\" is empty") }
-        let expiresAt = tokens.expiresAt ?? now.addingTimeInterval(tokens.expiresIn ?? defaultLifetime)
+        let lifetime = try tokens.expiresIn.map { seconds throws(BrokerError) in try pushedLifetime(seconds, "expires_in") }
+        let expiresAt = Bounds.date(tokens.expiresAt ?? now.addingTimeInterval(lifetime ?? defaultLifetime), around: now)
         return AccessToken(
             value: value, type: tokens.tokenType ?? "Bearer", expiresAt: expiresAt, obtainedAt: now,
             idToken: tokens.idToken, scope: tokens.scope, pushed: true)
     }
 
     /// The refresh token's expiry a `tokens` object states, if any.
-    static func refreshExpiry(_ tokens: TokenSet, now: Date) -> Date? {
-        tokens.refreshExpiresAt ?? tokens.refreshExpiresIn.map { now.addingTimeInterval($0) }
+    static func refreshExpiry(_ tokens: TokenSet, now: Date) throws(BrokerError) -> Date? {
+        if let date = tokens.refreshExpiresAt { return Bounds.date(date, around: now) }
+        guard let seconds = tokens.refreshExpiresIn else { return nil }
+        return now.addingTimeInterval(try pushedLifetime(seconds, "refresh_expires_in"))
+    }
+
+    /// A lifetime a person pushed: finite, cut to ±`Bounds.maximumLifetime` (a negative one
+    /// gives an already expired token).
+    private static func pushedLifetime(_ seconds: Double, _ field: String) throws(BrokerError) -> TimeInterval {
+        guard let lifetime = Bounds.lifetime(abs(seconds)) else {
+            throw BrokerError(.badRequest, "\"\(field)\" must be a finite number of seconds")
+        }
+        return seconds < 0 ? -lifetime : lifetime
     }
 }

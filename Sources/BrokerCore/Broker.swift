@@ -65,13 +65,14 @@ public actor Broker {
         self.http = http
         self.clock = clock
         self.logger = logger
-        self.events = EventHub(bufferLimit: max(1, Int(settings.eventBuffer)))
+        self.events = EventHub(bufferLimit: Bounds.count(settings.eventBuffer, in: 1...ConfigFile.maximumEventBuffer))
         let now = clock.now()
         let contents = try vault.load()
         if vault.recoveredInterruptedSave {
             logger.notice("completed a vault save that a crash interrupted; no rotated credential was lost")
         }
-        for record in contents?.accounts ?? [] {
+        for stored in contents?.accounts ?? [] {
+            let record = stored.sanitized(around: now)
             entries[record.name] = Entry(
                 record: record, nextRefreshAt: Self.schedule(record, RefreshPlanner(settings: settings), now: now))
             if !record.needsLogin, record.loggedOut != true, let token = record.token {
@@ -91,7 +92,8 @@ public actor Broker {
         let outcome = await refreshShared(name)
         if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return token }
         if case .failure(let error) = outcome { throw error }
-        throw BrokerError(.unavailable, "the IdP issued a token valid for less than min_ttl (\(Int(minTTL)) s)")
+        throw BrokerError(
+            .unavailable, "the IdP issued a token valid for less than min_ttl (\(Bounds.wholeSeconds(minTTL)) s)")
     }
 
     /// Handles a token a resource server refused: refreshes once if it is still current,
@@ -226,17 +228,19 @@ public actor Broker {
         case .success(let revocation):
             revoked = revocation == .revoked
         case .failure(let failure) where !force:
+            let message = current.record.outsideText().clean(failure.message, or: "the IdP refused")
             entries[name]?.nextRefreshAt = due
-            logger.warning("logout refused: cannot revoke", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
-            let wait = failure.kind == .transient ? failure.retryAfter ?? settings.backoffBase : nil
+            logger.warning("logout refused: cannot revoke", metadata: ["account": "\(name)", "reason": "\(message)"])
+            let wait = failure.kind == .transient ? min(failure.retryAfter ?? settings.backoffBase, settings.backoffCap) : nil
             throw BrokerError(
                 .unavailable,
-                "cannot revoke \(name) at the IdP (\(failure.message)); nothing was discarded. "
+                "cannot revoke \(name) at the IdP (\(message)); nothing was discarded. "
                     + (wait == nil ? "Check the account's settings, " : "Try again later, ")
                     + "or brokerctl logout \(name) --force to discard it without revoking",
-                retryAfterMs: wait.map { Int($0 * 1000) })
+                retryAfterMs: wait.map(Bounds.milliseconds))
         case .failure(let failure):
-            logger.warning("forced logout without revocation", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
+            let message = current.record.outsideText().clean(failure.message, or: "the IdP refused")
+            logger.warning("forced logout without revocation", metadata: ["account": "\(name)", "reason": "\(message)"])
         }
 
         // Discarded in memory even if the vault cannot be saved: a revoked token must not be served.
@@ -276,9 +280,18 @@ public actor Broker {
     public func configure(_ configuration: BrokerConfiguration) throws(BrokerError) {
         var providers: [String: ProviderConfig] = [:]
         for (name, spec) in configuration.accounts {
-            do {
+            do throws(BrokerError) {
                 _ = try AccountSpec.validateName(name)
-                providers[name] = try AccountSpec.provider(spec).0
+                let provider = try AccountSpec.provider(spec).0
+                if let stored = entries[name]?.record, stored.holdsCredential,
+                    let move = stored.provider.credentialMove(to: provider)
+                {
+                    throw BrokerError(
+                        .badRequest,
+                        "the account holds credentials and this \(move); log it out first (brokerctl logout "
+                            + "\(name)) or remove it (brokerctl remove \(name))")
+                }
+                providers[name] = provider
             } catch {
                 logger.error("config not applied", metadata: ["account": "\(name)", "reason": "\(error.message)"])
                 throw BrokerError(.badRequest, "config not applied: accounts.\(name): \(error.message)")
@@ -405,39 +418,44 @@ public actor Broker {
             logger.info(
                 "refreshed",
                 metadata: [
-                    "account": "\(name)", "expires_in": "\(Int(grant.token.remaining(at: now)))",
+                    "account": "\(name)", "expires_in": "\(Bounds.wholeSeconds(grant.token.remaining(at: now)))",
                     "idp_us": "\(Self.microseconds(asked.duration(to: answered)))",
                     "saved_after_us": "\(Self.microseconds(answered.duration(to: .now)))",
                 ])
             return .success(())
         case .failure(let failure) where failure.kind == .denial:
+            let message = started.record.outsideText().clean(failure.message, or: "the IdP denied the refresh")
             entry.record.needsLogin = true
-            entry.record.lastError = AccountError(code: "needs_login", message: failure.message, at: now)
+            entry.record.lastError = AccountError(code: "needs_login", message: message, at: now)
             entry.nextRefreshAt = nil
             entries[name] = entry
             cache.publish(nil, for: name)
             try? persist(changing: name)
             events.publish(
-                BrokerEvent(event: .needsLogin, account: name, at: now, state: "needs_login", message: failure.message))
-            logger.warning("refresh denied; needs login", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
+                BrokerEvent(event: .needsLogin, account: name, at: now, state: "needs_login", message: message))
+            logger.warning("refresh denied; needs login", metadata: ["account": "\(name)", "reason": "\(message)"])
             return .failure(needsLogin(name))
         case .failure(let failure):
+            let message = started.record.outsideText().clean(failure.message, or: "the refresh failed")
             entry.failures += 1
             let delay = planner.backoff(failures: entry.failures, retryAfter: failure.retryAfter)
             entry.retryAt = now.addingTimeInterval(delay)
             entry.nextRefreshAt = entry.retryAt
-            entry.record.lastError = AccountError(code: "unavailable", message: failure.message, at: now)
+            entry.record.lastError = AccountError(code: "unavailable", message: message, at: now)
             entries[name] = entry
             if entry.failures == 1 {
                 events.publish(
                     BrokerEvent(
                         event: .refreshFailed, account: name, at: now, state: state(of: entry, now: now),
-                        message: failure.message))
+                        message: message))
             }
             logger.warning(
                 "refresh failed; will retry",
-                metadata: ["account": "\(name)", "reason": "\(failure.message)", "retry_in_s": "\(Int(delay.rounded(.up)))"])
-            return .failure(BrokerError(.unavailable, failure.message, retryAfterMs: Int(delay * 1000)))
+                metadata: [
+                    "account": "\(name)", "reason": "\(message)",
+                    "retry_in_s": "\(Bounds.wholeSeconds(delay.rounded(.up)))",
+                ])
+            return .failure(BrokerError(.unavailable, message, retryAfterMs: Bounds.milliseconds(delay)))
         }
     }
 
@@ -490,7 +508,7 @@ public actor Broker {
             throw BrokerError(.needsLogin, "\(name) is a static account with no token valid long enough; push one with set_tokens")
         }
         if entry.inFlight == nil, let retryAt = entry.retryAt, retryAt > clock.now() {
-            let wait = Int(retryAt.timeIntervalSince(clock.now()) * 1000)
+            let wait = Bounds.milliseconds(retryAt.timeIntervalSince(clock.now()))
             throw BrokerError(
                 .unavailable, entry.record.lastError?.message ?? "the IdP is failing; retrying", retryAfterMs: wait)
         }
@@ -518,8 +536,10 @@ public actor Broker {
         guard let token = entry.record.token, token.pushed != true, token.expiresAt > clock.now(),
             let due = entry.nextRefreshAt, due > clock.now(), token.expiresAt.timeIntervalSince(token.obtainedAt) < minTTL
         else { return }
-        let lifetime = Int(token.expiresAt.timeIntervalSince(token.obtainedAt))
-        throw BrokerError(.unavailable, "the IdP issues tokens valid for \(lifetime) s, less than min_ttl \(Int(minTTL)) s")
+        let lifetime = Bounds.wholeSeconds(token.expiresAt.timeIntervalSince(token.obtainedAt))
+        throw BrokerError(
+            .unavailable,
+            "the IdP issues tokens valid for \(lifetime) s, less than min_ttl \(Bounds.wholeSeconds(minTTL)) s")
     }
 
     private func apply(_ tokens: TokenSet, to record: inout AccountRecord, now: Date) throws(BrokerError) {
@@ -528,7 +548,7 @@ public actor Broker {
         }
         if let refreshToken = tokens.refreshToken {
             record.secrets.refreshToken = refreshToken
-            record.secrets.refreshExpiresAt = AccountSpec.refreshExpiry(tokens, now: now)
+            record.secrets.refreshExpiresAt = try AccountSpec.refreshExpiry(tokens, now: now)
         }
         if let refreshURL = tokens.refreshURL { record.secrets.refreshURL = refreshURL }
     }

@@ -10,15 +10,24 @@ public struct ConfigError: Error, CustomStringConvertible, Sendable {
 /// Reads `broker.toml`. A missing file means defaults; a broken one is an error that
 /// names the line, so the running configuration can stay in force.
 public enum ConfigFile {
-    /// Every key of the `[broker]` table and the setting it controls.
-    static var keys: [(String, WritableKeyPath<BrokerSettings, Double>)] { [
-        ("refresh_fraction", \.refreshFraction), ("refresh_jitter", \.refreshJitter),
-        ("refresh_floor", \.refreshFloor),
-        ("minimum_refresh_interval", \.minimumRefreshInterval),
-        ("overdue_threshold", \.overdueThreshold), ("overdue_spread", \.overdueSpread), ("backoff_base", \.backoffBase), ("backoff_cap", \.backoffCap),
-        ("connect_timeout", \.connectTimeout), ("request_timeout", \.requestTimeout),
-        ("default_lifetime", \.defaultLifetime), ("event_buffer", \.eventBuffer), ("default_min_ttl", \.defaultMinTTL),
-    ] }
+    /// Most unread events a subscriber may be allowed (`event_buffer`).
+    public static let maximumEventBuffer = 1_000_000
+
+    /// Every key of the `[broker]` table, the setting it controls and the values it accepts.
+    static var keys: [(String, WritableKeyPath<BrokerSettings, Double>, ClosedRange<Double>)] {
+        let day = 86_400.0
+        return [
+            ("refresh_fraction", \.refreshFraction, 0...0.9), ("refresh_jitter", \.refreshJitter, 0...0.5),
+            ("refresh_floor", \.refreshFloor, 0...day),
+            ("minimum_refresh_interval", \.minimumRefreshInterval, 0...day),
+            ("overdue_threshold", \.overdueThreshold, 0...day), ("overdue_spread", \.overdueSpread, 0...day),
+            ("backoff_base", \.backoffBase, 0...day), ("backoff_cap", \.backoffCap, 0...7 * day),
+            ("connect_timeout", \.connectTimeout, 0.001...3600), ("request_timeout", \.requestTimeout, 0.001...3600),
+            ("default_lifetime", \.defaultLifetime, 1...Bounds.maximumLifetime),
+            ("event_buffer", \.eventBuffer, 1...Double(maximumEventBuffer)),
+            ("default_min_ttl", \.defaultMinTTL, 0...Bounds.maximumLifetime),
+        ]
+    }
 
     /// Reads the file at `path`; a missing file gives the defaults and no accounts.
     public static func load(path: String) throws -> BrokerConfiguration {
@@ -43,27 +52,45 @@ public enum ConfigFile {
             throw ConfigError(description: "\(path): unknown table or key \"\(key)\" (known: [broker], [accounts.NAME])")
         }
         return BrokerConfiguration(
-            settings: try settings(table["broker"], path: path), accounts: try accounts(table["accounts"], path: path))
+            settings: try settings(table["broker"], path: path, text: text),
+            accounts: try accounts(table["accounts"], path: path))
     }
 
-    private static func settings(_ value: (any TOMLValueConvertible)?, path: String) throws -> BrokerSettings {
+    private static func settings(_ value: (any TOMLValueConvertible)?, path: String, text: String) throws
+        -> BrokerSettings
+    {
         var settings = BrokerSettings()
         guard let value else { return settings }
         guard let brokerTable = value.table else {
             throw ConfigError(description: "\(path): \"broker\" must be a table")
         }
         for key in brokerTable.keys {
-            guard let (_, setting) = keys.first(where: { $0.0 == key }) else {
+            guard let (_, setting, range) = keys.first(where: { $0.0 == key }) else {
                 throw ConfigError(
                     description: "\(path): unknown key broker.\(key) (known: \(keys.map(\.0).joined(separator: ", ")))")
             }
             let value = brokerTable[key]
-            guard let number = value?.double ?? value?.int.map(Double.init), number >= 0, number.isFinite else {
-                throw ConfigError(description: "\(path): broker.\(key) must be a number of zero or more")
+            guard let number = value?.double ?? value?.int.map(Double.init), range.contains(number) else {
+                let place = line(of: key, in: text).map { " line \($0)" } ?? ""
+                throw ConfigError(
+                    description: "\(path)\(place): broker.\(key) must be a number from \(range.lowerBound.formatted()) "
+                        + "to \(range.upperBound.formatted())")
             }
             settings[keyPath: setting] = number
         }
         return settings
+    }
+
+    /// The line (1-based) of the first `key = ...` in `text`, for messages (TOMLKit keeps no
+    /// positions for values).
+    static func line(of key: String, in text: String) -> Int? {
+        let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
+        let index = lines.firstIndex { line in
+            let trimmed = line.drop { $0 == " " || $0 == "\t" }
+            guard trimmed.hasPrefix(key) else { return false }
+            return trimmed.dropFirst(key.count).drop { $0 == " " || $0 == "\t" }.first == "="
+        }
+        return index.map { $0 + 1 }
     }
 
     /// Keys an `[accounts.NAME]` table may hold: provider settings only, never a secret.

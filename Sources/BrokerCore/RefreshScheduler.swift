@@ -1,3 +1,4 @@
+import BrokerProtocol
 import Foundation
 import ServiceLifecycle
 import Synchronization
@@ -33,7 +34,7 @@ public final class RefreshScheduler: Service {
             var pause = Self.maximumSleep
             if let next {
                 let seconds = max(0.01, next.timeIntervalSinceNow)
-                pause = min(pause, .milliseconds(Int64(seconds * 1000)))
+                pause = min(pause, .milliseconds(Bounds.milliseconds(seconds)))
             }
             try? await cancelWhenGracefulShutdown { [pause] in try await Task.sleep(for: pause) }
         }

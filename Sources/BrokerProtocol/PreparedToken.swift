@@ -17,7 +17,7 @@ public struct PreparedToken: Sendable {
     }
 
     /// Seconds of validity left at `now`, rounded down.
-    public func expiresIn(at now: Date) -> Int { Int(result.expiresAt.timeIntervalSince(now).rounded(.down)) }
+    public func expiresIn(at now: Date) -> Int { Bounds.wholeSeconds(result.expiresAt.timeIntervalSince(now)) }
 
     /// The complete success line for request `id`, newline included.
     public func line(id: RequestID?, now: Date) -> [UInt8] {

@@ -151,7 +151,9 @@ public struct RequestDispatcher: Sendable {
 
     private func minTTL(_ request: Request) throws(BrokerError) -> TimeInterval {
         let value = request.minTTL ?? broker.settings.defaultMinTTL
-        guard value >= 0, value.isFinite else { throw BrokerError(.badRequest, "\"min_ttl\" must be zero or more seconds") }
+        guard value >= 0, value <= Bounds.maximumLifetime else {
+            throw BrokerError(.badRequest, "\"min_ttl\" must be 0 to \(Int(Bounds.maximumLifetime)) seconds")
+        }
         return value
     }
 

@@ -1,5 +1,5 @@
+import BrokerProtocol
 import Foundation
-import NIOCore
 
 #if canImport(Glibc)
 import Glibc

@@ -304,7 +304,7 @@ enum StatusTable {
 
     static func duration(_ seconds: TimeInterval) -> String {
         if seconds <= 0 { return "expired" }
-        let whole = Int(seconds)
+        let whole = Bounds.wholeSeconds(seconds)
         if whole < 120 { return "\(whole)s" }
         if whole < 7200 { return "\(whole / 60)m" }
         if whole < 172800 { return "\(whole / 3600)h" }

@@ -74,14 +74,6 @@ import Testing
         #expect(failure.kind == .transient)
         #expect(!failure.message.contains("stderr-secret-marker"))
     }
-
-    @Test func stderrBecomesOneTruncatedPrintableLine() throws {
-        #expect(ExecRunner.logLine(Data()) == nil)
-        #expect(ExecRunner.logLine(Data(" \n\t ".utf8)) == nil)
-        #expect(ExecRunner.logLine(Data("first\nsecond\r\n\u{1b}[31mred\n".utf8)) == "first second [31mred")
-        let long = try #require(ExecRunner.logLine(Data(String(repeating: "x", count: 5000).utf8)))
-        #expect(long.count == 301)
-    }
 }
 
 /// The runner really runs commands: no shell, stdin closed, bounded in time and output, and

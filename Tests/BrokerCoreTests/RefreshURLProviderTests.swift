@@ -13,8 +13,8 @@ import Testing
         Grant, RefreshFailure
     > {
         RefreshURLProvider.interpret(
-            IdPReply(status: status, body: Data(body.utf8), retryAfter: retryAfter), now: Self.now,
-            defaultLifetime: 600)
+            IdPReply(status: status, body: Data(body.utf8), retryAfter: retryAfter),
+            from: URL(string: "https://idp.example/\(Self.secretPath)")!, now: Self.now, defaultLifetime: 600)
     }
 
     @Test func theSeedExampleYieldsTheTokenItsLifetimeAndTheNextURL() throws {

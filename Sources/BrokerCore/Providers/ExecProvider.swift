@@ -1,3 +1,5 @@
+import BrokerProtocol
+import CSpawn
 import Dispatch
 import Foundation
 import Logging
@@ -17,7 +19,8 @@ public struct ExecSettings: Codable, Sendable, Equatable {
 /// The command runs directly (no shell) with stdin on `/dev/null`, a timeout, and stdout capped at
 /// 1 MiB. Exit 0 with a usable token is success; exit 2, or `"error": "denied"` / `"invalid_grant"`,
 /// is a denial; anything else (another exit code, a signal, a timeout, bad JSON) is transient.
-/// Its stderr goes to the broker's log (one truncated line), never into a message for clients.
+/// Its stderr goes to the broker's log (one truncated line, the account's secrets and the tokens
+/// it printed redacted), never into a message for clients.
 struct ExecProvider: TokenProvider {
     let settings: ExecSettings
     let timeout: TimeInterval
@@ -26,7 +29,10 @@ struct ExecProvider: TokenProvider {
 
     func refresh(_ record: AccountRecord, now: Date) async -> Result<Grant, RefreshFailure> {
         let output = await ExecRunner.run(settings.command, timeout: timeout)
-        if let line = ExecRunner.logLine(output.stderr) {
+        // A helper tracing itself (`set -x`) prints the tokens it is about to hand over.
+        let printed = (try? JSONSerialization.jsonObject(with: output.stdout)) as? [String: Any]
+        let hidden = ["access_token", "id_token", "refresh_token"].map { printed?[$0] as? String }
+        if let line = record.outsideText(alsoHiding: hidden).clean(String(decoding: output.stderr, as: UTF8.self)) {
             logger.notice(
                 "exec provider wrote to stderr", metadata: ["account": "\(record.name)", "stderr": "\(line)"])
         }
@@ -42,12 +48,12 @@ struct ExecProvider: TokenProvider {
         -> Result<Grant, RefreshFailure>
     {
         let object = (try? JSONSerialization.jsonObject(with: output.stdout)) as? [String: Any]
-        let error = (object?["error"] as? String).map(FormEncoding.printable)
+        let error = object?["error"] as? String
         switch output.ending {
         case .launchFailed(let reason):
             return .failure(.transient("cannot start the command: \(reason)"))
         case .timedOut:
-            return .failure(.transient("the command did not finish within \(Int(timeout.rounded(.up))) s"))
+            return .failure(.transient("the command did not finish within \(Bounds.wholeSeconds(timeout.rounded(.up))) s"))
         case .outputTooLarge:
             return .failure(.transient("the command printed more than 1 MiB"))
         case .signalled(let signal):
@@ -67,10 +73,9 @@ struct ExecProvider: TokenProvider {
                 expiresAt = Timestamp.parse(text, defaultZone: TimeZone(identifier: "UTC")!)
                 if expiresAt == nil { return .failure(.transient("the command printed an unreadable expires_at")) }
             }
-            return .success(
-                Grant(
-                    token: AccessToken.issued(
-                        accessToken, in: object, now: now, expiresAt: expiresAt, defaultLifetime: defaultLifetime)))
+            return AccessToken.issued(
+                accessToken, in: object, now: now, expiresAt: expiresAt, defaultLifetime: defaultLifetime
+            ).map { Grant(token: $0) }
         }
     }
 }
@@ -102,8 +107,8 @@ struct ExecOutput: Sendable, Equatable {
 /// helper that leaves a background process behind would look alive until that process exits,
 /// and the refresh could not be bounded. Here the child also gets default signal dispositions
 /// and an empty signal mask (the broker ignores SIGPIPE and traps SIGTERM), a process group of
-/// its own, so a timeout stops its children too, and the broker's environment without the
-/// variables systemd meant for the broker alone.
+/// its own, so a timeout stops its children too, no descriptor but stdin, stdout and stderr,
+/// and the broker's environment without the variables systemd meant for the broker alone.
 enum ExecRunner {
     /// Largest stdout accepted.
     static let stdoutLimit = 1 << 20
@@ -146,7 +151,7 @@ enum ExecRunner {
         var output = ExecOutput(ending: .timedOut, pid: pid)
 
         let clock = ContinuousClock()
-        let deadline = clock.now + .milliseconds(Int64(max(0, timeout) * 1000))
+        let deadline = clock.now + .milliseconds(Bounds.milliseconds(max(0, timeout)))
         var status: Int32?
         var exitedAt: ContinuousClock.Instant?
         var streams = [(fd: stdoutPipe[0], open: true), (fd: stderrPipe[0], open: true)]
@@ -272,6 +277,9 @@ enum ExecRunner {
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
         posix_spawn_file_actions_adddup2(&actions, stdout, 1)
         posix_spawn_file_actions_adddup2(&actions, stderr, 2)
+        // Nothing else of the broker's: not its listening socket, client connections, IdP
+        // connections or event-loop descriptors, even ones not opened close-on-exec.
+        tokenbroker_spawn_close_from(&actions, 3)
 
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
@@ -296,14 +304,5 @@ enum ExecRunner {
             return .failure(SpawnError(description: "\(command[0]): \(String(cString: strerror(result)))"))
         }
         return .success(pid)
-    }
-
-    /// stderr as one printable line of at most 300 characters, or `nil` when there was none.
-    static func logLine(_ stderr: Data) -> String? {
-        let text = String(decoding: stderr, as: UTF8.self)
-        let flattened = text.unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7F ? " " : Character($0) }
-        let line = String(flattened).split(separator: " ", omittingEmptySubsequences: true).joined(separator: " ")
-        guard !line.isEmpty else { return nil }
-        return line.count > 300 ? String(line.prefix(300)) + "…" : line
     }
 }

@@ -1,4 +1,5 @@
 import AsyncHTTPClient
+import BrokerProtocol
 import Foundation
 import NIOCore
 import NIOHTTP1
@@ -23,8 +24,8 @@ public final class IdPClient: Sendable {
         var configuration = HTTPClient.Configuration(
             redirectConfiguration: .disallow,
             timeout: .init(
-                connect: .milliseconds(Int64(settings.connectTimeout * 1000)),
-                read: .milliseconds(Int64(settings.requestTimeout * 1000))))
+                connect: .milliseconds(Int64(Bounds.milliseconds(settings.connectTimeout))),
+                read: .milliseconds(Int64(Bounds.milliseconds(settings.requestTimeout)))))
         configuration.httpVersion = .http1Only
         client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
         requestTimeout = settings.requestTimeout
@@ -51,7 +52,7 @@ public final class IdPClient: Sendable {
         if let body { request.body = .bytes(ByteBuffer(string: body)) }
         do {
             let response = try await client.execute(
-                request, deadline: .now() + .milliseconds(Int64(requestTimeout * 1000)))
+                request, deadline: .now() + .milliseconds(Int64(Bounds.milliseconds(requestTimeout))))
             let bytes = try await response.body.collect(upTo: 1 << 20)
             return .success(
                 IdPReply(
@@ -83,30 +84,16 @@ public final class IdPClient: Sendable {
         return String(describing: type(of: error))
     }
 
+    /// `Retry-After` in seconds (RFC 9110 section 10.2.3: delay-seconds, or an HTTP-date), at
+    /// most `Bounds.maximumLifetime`; callers cut it further to `backoff_cap`. `nil` when unreadable.
     static func retryAfter(_ value: String) -> TimeInterval? {
-        if let seconds = TimeInterval(value.trimmingCharacters(in: .whitespaces)) { return max(0, seconds) }
+        let text = value.trimmingCharacters(in: .whitespaces)
+        if !text.isEmpty, text.utf8.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }) {
+            return Bounds.lifetime(Double(text) ?? .infinity) ?? Bounds.maximumLifetime
+        }
         let formatter = DateFormatter()
         formatter.locale = Locale(identifier: "en_US_POSIX")
         formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
-        return formatter.date(from: value).map { max(0, $0.timeIntervalSinceNow) }
-    }
-}
-
-/// HTTPS everywhere, except IdPs on the loopback interface (tests, local helpers).
-public enum EndpointPolicy {
-    public static func isAllowed(_ url: URL) -> Bool {
-        switch url.scheme?.lowercased() {
-        case "https": return url.host != nil
-        case "http": return isLoopback(url.host ?? "")
-        default: return false
-        }
-    }
-
-    /// `localhost`, `::1`, or an IPv4 literal in 127.0.0.0/8 (not a DNS name that merely starts with 127.).
-    static func isLoopback(_ host: String) -> Bool {
-        if host == "localhost" || host == "::1" || host == "[::1]" { return true }
-        let octets = host.split(separator: ".", omittingEmptySubsequences: false)
-        return octets.count == 4 && octets.first == "127"
-            && octets.allSatisfy { $0.count <= 3 && UInt8($0) != nil }
+        return formatter.date(from: text).flatMap { Bounds.lifetime(max(0, $0.timeIntervalSinceNow)) }
     }
 }

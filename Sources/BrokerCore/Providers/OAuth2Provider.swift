@@ -1,4 +1,5 @@
 import AsyncHTTPClient
+import BrokerProtocol
 import Foundation
 import NIOCore
 import NIOHTTP1
@@ -67,7 +68,7 @@ struct OAuth2Provider: TokenProvider {
             return .failure(
                 .transient("the revocation endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
         default:
-            let detail = code.map { " (\(FormEncoding.printable($0)))" } ?? ""
+            let detail = code.map { " (\($0))" } ?? ""
             return .failure(.denial("the revocation endpoint refused: HTTP \(reply.status)\(detail)"))
         }
     }
@@ -109,23 +110,20 @@ struct OAuth2Provider: TokenProvider {
             guard let object, let accessToken = object["access_token"] as? String, !accessToken.isEmpty else {
                 return .failure(.transient("the token endpoint answered \(reply.status) without a usable access_token"))
             }
-            let token = AccessToken.issued(accessToken, in: object, now: now, defaultLifetime: defaultLifetime)
-            let refreshExpiresAt = Self.seconds(object["refresh_expires_in"]).map { now.addingTimeInterval($0) }
-            return .success(
-                Grant(token: token, refreshToken: object["refresh_token"] as? String, refreshExpiresAt: refreshExpiresAt))
+            return AccessToken.issued(accessToken, in: object, now: now, defaultLifetime: defaultLifetime)
+                .flatMap { token in
+                    LifetimeField.read(object, "refresh_expires_in").map { refreshLifetime in
+                        Grant(
+                            token: token, refreshToken: object["refresh_token"] as? String,
+                            refreshExpiresAt: refreshLifetime.map { now.addingTimeInterval($0) })
+                    }
+                }
         case 400, 401:
-            let code = (object?["error"] as? String).map { " (\(FormEncoding.printable($0)))" } ?? ""
+            let code = (object?["error"] as? String).map { " (\($0))" } ?? ""
             return .failure(.denial("the token endpoint refused the refresh: HTTP \(reply.status)\(code)"))
         default:
             return .failure(.transient("the token endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
         }
-    }
-
-    /// A JSON number or numeric string of seconds (`expires_in` comes in both forms).
-    static func seconds(_ value: Any?) -> TimeInterval? {
-        if let number = value as? NSNumber { return number.doubleValue }
-        if let text = value as? String { return TimeInterval(text) }
-        return nil
     }
 }
 
@@ -142,7 +140,8 @@ enum FormEncoding {
         pairs.map { "\(escape($0.0))=\(escape($0.1))" }.joined(separator: "&")
     }
 
-    /// A short, printable form of an IdP-supplied code, safe for logs.
+    /// A short, printable form of a value a client sent, for an error message. (Text from an
+    /// IdP is cleaned by the broker instead, which also redacts the account's secrets.)
     static func printable(_ text: String) -> String {
         String(text.unicodeScalars.filter { $0.isASCII && $0.value >= 0x20 && $0.value < 0x7F }.prefix(64).map(Character.init))
     }

@@ -64,16 +64,19 @@ actor DiscoveryCache {
         if let stated = object["issuer"] as? String, stated.trimmingSuffix("/") != normalized(issuer) {
             return .failure(.transient("the discovery document of \(host) names a different issuer"))
         }
+        // Endpoints may live on other hosts than the issuer (Google's do), but never on plain
+        // http when the issuer is https.
         guard let text = object["token_endpoint"] as? String, let endpoint = URL(string: text),
-            EndpointPolicy.isAllowed(endpoint)
+            EndpointPolicy.isAllowed(endpoint, handedOverBy: issuer)
         else {
             return .failure(
                 .transient(
-                    "the discovery document of \(host) has no usable token_endpoint (https, or http on loopback)"))
+                    "the discovery document of \(host) has no usable token_endpoint (https, or http on loopback "
+                        + "for an http issuer; a port from 1 to 65535)"))
         }
         // An unusable revocation endpoint only means logout cannot revoke; refreshes still work.
         let revocation = (object["revocation_endpoint"] as? String).flatMap(URL.init(string:))
-            .flatMap { EndpointPolicy.isAllowed($0) ? $0 : nil }
+            .flatMap { EndpointPolicy.isAllowed($0, handedOverBy: issuer) ? $0 : nil }
         return .success(DiscoveredEndpoints(token: endpoint, revocation: revocation))
     }
 

@@ -38,15 +38,18 @@ struct RefreshURLProvider: TokenProvider {
         // A POST carries an empty body (Content-Length: 0); a GET carries none.
         let body: String? = settings.method == .post ? "" : nil
         return await http.send(method: method, url: url, headers: headers, body: body, target: "the refresh URL")
-            .flatMap { Self.interpret($0, now: now, defaultLifetime: defaultLifetime) }
+            .flatMap { Self.interpret($0, from: url, now: now, defaultLifetime: defaultLifetime) }
     }
 
     /// HTTP statuses that mean the refresh URL is dead or was never valid.
     static let denialStatuses: Set<Int> = [400, 401, 403, 404, 410]
 
-    /// Classifies a refresh URL's answer: `{"access_token", "expires_in", "refresh_url"}` on
-    /// success; a dead URL (400, 401, 403, 404, 410) is a denial; everything else is transient.
-    static func interpret(_ reply: IdPReply, now: Date, defaultLifetime: TimeInterval) -> Result<Grant, RefreshFailure>
+    /// Classifies the answer of the refresh URL `current`: `{"access_token", "expires_in",
+    /// "refresh_url"}` on success; a dead URL (400, 401, 403, 404, 410) is a denial; everything
+    /// else is transient. A next URL on another origin than `current` (scheme, host, port) is
+    /// refused as a denial: the credential never moves to a site it was not given for.
+    static func interpret(_ reply: IdPReply, from current: URL, now: Date, defaultLifetime: TimeInterval)
+        -> Result<Grant, RefreshFailure>
     {
         switch reply.status {
         case 200..<300:
@@ -60,8 +63,17 @@ struct RefreshURLProvider: TokenProvider {
             if let rotated, (rotated as? String)?.isEmpty != false {
                 return .failure(.transient("the refresh URL answered with a malformed refresh_url"))
             }
-            let token = AccessToken.issued(accessToken, in: object, now: now, defaultLifetime: defaultLifetime)
-            return .success(Grant(token: token, refreshURL: rotated as? String))
+            if let next = (rotated as? String).map({ URL(string: $0) }) {
+                guard let next, EndpointPolicy.isAllowed(next, handedOverBy: current), Origin(next) == Origin(current)
+                else {
+                    return .failure(
+                        .denial(
+                            "the refresh URL handed over a next refresh URL on another origin (scheme, host or port) "
+                                + "or not https; it was not followed. Push a new refresh URL with set_tokens"))
+                }
+            }
+            return AccessToken.issued(accessToken, in: object, now: now, defaultLifetime: defaultLifetime)
+                .map { Grant(token: $0, refreshURL: rotated as? String) }
         case let status where denialStatuses.contains(status):
             return .failure(.denial("the refresh URL was refused: HTTP \(status); push a new one with set_tokens"))
         default:

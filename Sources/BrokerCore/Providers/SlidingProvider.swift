@@ -1,3 +1,4 @@
+import BrokerProtocol
 import Foundation
 import NIOHTTP1
 
@@ -41,7 +42,7 @@ struct SlidingProvider: TokenProvider {
         -> Result<Grant, RefreshFailure>
     {
         let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any]
-        let reason = (object?["message"] as? String).map { ": " + FormEncoding.printable($0) } ?? ""
+        let reason = (object?["message"] as? String).map { ": " + $0 } ?? ""
         switch reply.status {
         case 500..<600, 429:
             return .failure(
@@ -79,8 +80,11 @@ struct SlidingProvider: TokenProvider {
         let rotated = (data["refreshToken"] as? String).flatMap { $0.isEmpty ? nil : $0 }
         let token = AccessToken(
             value: accessToken, type: data["tokenType"] as? String ?? "Bearer",
-            expiresAt: expiresAt ?? now.addingTimeInterval(defaultLifetime), obtainedAt: now)
-        return .success(Grant(token: token, refreshToken: rotated, refreshExpiresAt: refreshExpiresAt))
+            expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(defaultLifetime), around: now), obtainedAt: now)
+        return .success(
+            Grant(
+                token: token, refreshToken: rotated,
+                refreshExpiresAt: refreshExpiresAt.map { Bounds.date($0, around: now) }))
     }
 
     /// An optional timestamp field of the envelope's `data`: absent or null is `nil`; anything

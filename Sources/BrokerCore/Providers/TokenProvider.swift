@@ -1,3 +1,4 @@
+import BrokerProtocol
 import Foundation
 
 /// What a successful refresh yields.
@@ -27,7 +28,8 @@ public struct RefreshFailure: Error, Sendable, Equatable {
     }
 
     public var kind: Kind
-    /// Human text for `status` and logs; never contains a secret.
+    /// Human text for `status` and logs. It may quote the IdP; the broker cleans it (bounded,
+    /// printable, the account's secrets redacted) before it is stored, logged or sent.
     public var message: String
     /// The IdP's `Retry-After`, in seconds, when it sent one.
     public var retryAfter: TimeInterval?
@@ -44,13 +46,36 @@ public struct RefreshFailure: Error, Sendable, Equatable {
 extension AccessToken {
     /// The access token of a token response object, read the RFC 6749 section 5.1 way
     /// (`token_type`, `expires_in`, `id_token`, `scope`); `expiresAt` overrides `expires_in`.
+    /// A malformed `expires_in` is a transient failure; any lifetime is cut to `Bounds.maximumLifetime`.
     static func issued(
         _ value: String, in object: [String: Any], now: Date, expiresAt: Date? = nil, defaultLifetime: TimeInterval
-    ) -> AccessToken {
-        AccessToken(
-            value: value, type: object["token_type"] as? String ?? "Bearer",
-            expiresAt: expiresAt ?? now.addingTimeInterval(OAuth2Provider.seconds(object["expires_in"]) ?? defaultLifetime),
-            obtainedAt: now, idToken: object["id_token"] as? String, scope: object["scope"] as? String)
+    ) -> Result<AccessToken, RefreshFailure> {
+        LifetimeField.read(object, "expires_in").map { lifetime in
+            AccessToken(
+                value: value, type: object["token_type"] as? String ?? "Bearer",
+                expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(lifetime ?? defaultLifetime), around: now),
+                obtainedAt: now, idToken: object["id_token"] as? String, scope: object["scope"] as? String)
+        }
+    }
+}
+
+/// Lifetime fields of IdP and helper answers (`expires_in`, `refresh_expires_in`).
+enum LifetimeField {
+    /// Seconds from a JSON number or a numeric string (both forms occur); `nil` when absent or
+    /// null. Negative, non-finite or non-numeric values are a malformed (transient) answer;
+    /// longer lifetimes than `Bounds.maximumLifetime` are cut to it.
+    static func read(_ object: [String: Any], _ field: String) -> Result<TimeInterval?, RefreshFailure> {
+        let seconds: Double?
+        switch object[field] {
+        case nil, is NSNull: return .success(nil)
+        case let number as NSNumber: seconds = number.doubleValue
+        case let text as String: seconds = Double(text)
+        default: seconds = nil
+        }
+        guard let seconds, let lifetime = Bounds.lifetime(seconds) else {
+            return .failure(.transient("the answer has a malformed \(field) (not a number of seconds from 0 up)"))
+        }
+        return .success(lifetime)
     }
 }
 

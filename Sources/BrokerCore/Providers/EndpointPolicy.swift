@@ -1,0 +1,50 @@
+import Foundation
+
+/// Which IdP URLs the broker will call: https everywhere, plain http only for canonical
+/// loopback literals, and a port (when given) from 1 to 65535.
+public enum EndpointPolicy {
+    public static func isAllowed(_ url: URL) -> Bool {
+        guard let origin = Origin(url) else { return false }
+        return origin.scheme == "https" || isLoopback(origin.host)
+    }
+
+    /// Whether `url`, handed over by an IdP (a discovery document, a rotated refresh URL), may
+    /// replace a URL of `base`: allowed, and never from https down to http.
+    public static func isAllowed(_ url: URL, handedOverBy base: URL) -> Bool {
+        guard isAllowed(url) else { return false }
+        return url.scheme?.lowercased() == "https" || base.scheme?.lowercased() != "https"
+    }
+
+    /// `localhost`, `::1`, or a dotted-quad IPv4 literal in 127.0.0.0/8 written the canonical
+    /// way (no leading zeros, each part 0-255), which no resolver reads differently.
+    static func isLoopback(_ host: String) -> Bool {
+        if host == "localhost" || host == "::1" || host == "[::1]" { return true }
+        let parts = host.split(separator: ".", omittingEmptySubsequences: false)
+        return parts.count == 4 && parts.first == "127"
+            && parts.allSatisfy { part in
+                part.count <= 3 && part.utf8.allSatisfy { $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }
+                    && !(part.count > 1 && part.first == "0") && (Int(part) ?? 256) <= 255
+            }
+    }
+}
+
+/// Scheme, host and port of a URL (RFC 6454): a credential stays with the origin it was stored for.
+public struct Origin: Hashable, Sendable, CustomStringConvertible {
+    public var scheme: String
+    public var host: String
+    public var port: Int
+
+    /// `nil` unless `url` is http or https with a host and a port (given or default) from 1 to 65535.
+    public init?(_ url: URL) {
+        guard let scheme = url.scheme?.lowercased(), scheme == "https" || scheme == "http",
+            let host = url.host?.lowercased(), !host.isEmpty
+        else { return nil }
+        let port = url.port ?? (scheme == "https" ? 443 : 80)
+        guard (1...65535).contains(port) else { return nil }
+        self.scheme = scheme
+        self.host = host
+        self.port = port
+    }
+
+    public var description: String { "\(scheme)://\(host.contains(":") && !host.hasPrefix("[") ? "[\(host)]" : host):\(port)" }
+}

@@ -1,0 +1,338 @@
+import BrokerProtocol
+import Foundation
+import NIOHTTP1
+import Synchronization
+import TestIdP
+import Testing
+
+@testable import BrokerCore
+
+/// An IdP on 127.0.0.1 that answers whatever the test tells it to, and counts its calls.
+final class ScriptedIdP: Sendable {
+    private final class Script: Sendable {
+        let answer: Mutex<TestHTTPResponse>
+        let calls = Mutex(0)
+        init(_ answer: TestHTTPResponse) { self.answer = Mutex(answer) }
+    }
+
+    private let script: Script
+    private let server: TestHTTPServer
+
+    init(_ response: TestHTTPResponse) async throws {
+        let script = Script(response)
+        self.script = script
+        server = try await TestHTTPServer { _ in
+            script.calls.withLock { $0 += 1 }
+            return script.answer.withLock { $0 }
+        }
+    }
+
+    var url: String { server.baseURL + "/token" }
+    var baseURL: String { server.baseURL }
+    var callCount: Int { script.calls.withLock { $0 } }
+
+    func answer(_ response: TestHTTPResponse) { script.answer.withLock { $0 = response } }
+
+    func shutdown() async { await server.shutdown() }
+}
+
+/// A broker on a real vault whose IdP answers with hostile numbers and texts: nothing traps,
+/// the vault stays loadable, and nothing secret is reflected (issue 8, classes 1, 4 and 7).
+@Suite struct HostileAnswerTests {
+    static let refreshToken = "rt-hostile-6a0f1c2e-5d9b-4b1e-9a51-0c1d2e3f4a5b"
+    static let clientSecret = "cs-hostile-secret-77f1"
+
+    /// Runs `body` with a broker whose `api` account refreshes at `idp`.
+    private func withBroker(
+        idp: ScriptedIdP, settings: BrokerSettings = BrokerSettings(),
+        _ body: (Broker, TestClock, LogRecorder, TemporaryDirectory, IdPClient) async throws -> Void
+    ) async throws {
+        let directory = try TemporaryDirectory()
+        let http = IdPClient(settings: settings)
+        let clock = TestClock()
+        let logs = LogRecorder()
+        defer { directory.remove() }
+        do {
+            let broker = try Broker(
+                vault: Vault(path: directory.file("state/vault"), key: VaultKey.load(path: directory.file("key"), create: true)),
+                settings: settings, http: http, clock: clock, logger: logs.logger())
+            try await body(broker, clock, logs, directory, http)
+            await broker.drain()
+        } catch {
+            await http.shutdown()
+            throw error
+        }
+        await http.shutdown()
+    }
+
+    private func oauth2(_ endpoint: String) -> ProviderSpec {
+        ProviderSpec(
+            kind: "oauth2", tokenEndpoint: endpoint, clientID: "cli", clientSecret: Self.clientSecret,
+            clientAuth: "client_secret_post")
+    }
+
+    /// A second broker on a copy of the vault (a restart).
+    private func restart(_ directory: TemporaryDirectory, clock: TestClock, http: IdPClient) throws -> Broker {
+        let copy = directory.file("restart-\(UUID().uuidString)/vault")
+        try FileManager.default.createDirectory(
+            atPath: (copy as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        try FileManager.default.copyItem(atPath: directory.file("state/vault"), toPath: copy)
+        return try Broker(
+            vault: Vault(path: copy, key: VaultKey.load(path: directory.file("key"), create: false)),
+            settings: BrokerSettings(), http: http, clock: clock, logger: LogRecorder().logger())
+    }
+
+    @Test(arguments: ["1e17", "1e300", "\"1e300\"", "1.7976931348623157e308"])
+    func aHugeLifetimeIsCutToTenYearsAndSurvivesARestart(expiresIn: String) async throws {
+        let idp = try await ScriptedIdP(
+            TestHTTPResponse(
+                status: .ok,
+                body: #"{"access_token":"at-huge","expires_in":\#(expiresIn),"refresh_expires_in":1e300}"#))
+        try await withBroker(idp: idp) { broker, clock, _, directory, http in
+            _ = try await broker.add(
+                account: "api", provider: oauth2(idp.url), tokens: TokenSet(refreshToken: Self.refreshToken))
+            let token = try await broker.token(account: "api", minTTL: 30)
+            #expect(token.result.accessToken == "at-huge")
+            #expect(token.result.expiresAt == clock.now().addingTimeInterval(Bounds.maximumLifetime))
+            #expect(token.line(id: .integer(1), now: clock.now()).count > 0)
+            let status = try #require(try await broker.status(account: "api").first)
+            #expect(status.state == "valid")
+            let restarted = try restart(directory, clock: clock, http: http)
+            #expect(try await restarted.token(account: "api", minTTL: 30).result.accessToken == "at-huge")
+            #expect(try await restarted.status(account: nil).count == 1)
+        }
+        await idp.shutdown()
+    }
+
+    @Test(arguments: ["-5", "\"soon\"", "\"nan\"", "\"-inf\"", "true", "[1]"])
+    func aMalformedLifetimeIsATransientFailure(expiresIn: String) async throws {
+        let idp = try await ScriptedIdP(
+            TestHTTPResponse(status: .ok, body: #"{"access_token":"at-bad","expires_in":\#(expiresIn)}"#))
+        try await withBroker(idp: idp) { broker, _, _, _, _ in
+            _ = try await broker.add(
+                account: "api", provider: oauth2(idp.url), tokens: TokenSet(refreshToken: Self.refreshToken))
+            let error = await #expect(throws: BrokerError.self) { try await broker.token(account: "api", minTTL: 30) }
+            #expect(error?.code == .unavailable)
+            let status = try #require(try await broker.status(account: "api").first)
+            #expect(status.state != "needs_login", "a malformed answer keeps the credential")
+        }
+        await idp.shutdown()
+    }
+
+    @Test func aHugeRetryAfterIsCutToTheBackoffCap() async throws {
+        let idp = try await ScriptedIdP(
+            TestHTTPResponse(
+                status: .serviceUnavailable, body: "{}", headers: [("Retry-After", "1" + String(repeating: "0", count: 300))]))
+        var settings = BrokerSettings()
+        settings.backoffCap = 120
+        try await withBroker(idp: idp, settings: settings) { broker, _, _, _, _ in
+            _ = try await broker.add(
+                account: "api", provider: oauth2(idp.url), tokens: TokenSet(refreshToken: Self.refreshToken))
+            let error = await #expect(throws: BrokerError.self) { try await broker.token(account: "api", minTTL: 30) }
+            #expect(error?.retryAfterMs ?? .max <= 120_000)
+        }
+        await idp.shutdown()
+    }
+
+    @Test func aHugeRetryAfterOnARevocationIsCutToTheBackoffCap() async throws {
+        let idp = try await ScriptedIdP(
+            TestHTTPResponse(status: .serviceUnavailable, body: "{}", headers: [("Retry-After", "1e300")]))
+        try await withBroker(idp: idp) { broker, _, _, _, _ in
+            var provider = oauth2(idp.url)
+            provider.revocationEndpoint = idp.baseURL + "/revoke"
+            idp.answer(
+                TestHTTPResponse(
+                    status: .serviceUnavailable, body: "{}", headers: [("Retry-After", String(repeating: "9", count: 40))]))
+            _ = try await broker.add(
+                account: "api", provider: provider,
+                tokens: TokenSet(accessToken: "at", expiresIn: 3600, refreshToken: Self.refreshToken))
+            let error = await #expect(throws: BrokerError.self) { try await broker.logout(account: "api", force: false) }
+            #expect(error?.code == .unavailable)
+            #expect(error?.retryAfterMs ?? .max <= Int(BrokerSettings().backoffCap * 1000))
+        }
+        await idp.shutdown()
+    }
+
+    @Test func pushedNumbersOutOfRangeAreRefusedAndHugeOnesCut() async throws {
+        let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: "{}"))
+        try await withBroker(idp: idp) { broker, clock, _, _, _ in
+            for bad in [-Double.infinity, .infinity, .nan] {
+                let error = await #expect(throws: BrokerError.self) {
+                    try await broker.add(
+                        account: "s", provider: ProviderSpec(kind: "static"),
+                        tokens: TokenSet(accessToken: "at", expiresIn: bad))
+                }
+                #expect(error?.code == .badRequest)
+            }
+            _ = try await broker.add(
+                account: "old", provider: ProviderSpec(kind: "static"), tokens: TokenSet(accessToken: "at", expiresIn: -1e300))
+            #expect(try await broker.status(account: "old").first?.expiresAt == clock.now().addingTimeInterval(-Bounds.maximumLifetime))
+            var tokens = TokenSet(accessToken: "at", expiresIn: 1e300)
+            tokens.refreshExpiresIn = 1e300
+            _ = try await broker.add(account: "s", provider: ProviderSpec(kind: "static"), tokens: tokens)
+            let token = try await broker.token(account: "s", minTTL: 1e8)
+            #expect(token.result.expiresAt == clock.now().addingTimeInterval(Bounds.maximumLifetime))
+        }
+        await idp.shutdown()
+    }
+
+    /// A vault written before numbers were checked (dates near the limits of `Double`) still
+    /// loads, shows and serves.
+    @Test func aVaultHoldingHugeDatesStillLoads() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let key = try VaultKey.load(path: directory.file("key"), create: true)
+        var record = AccountRecord.sample("api")
+        record.token?.expiresAt = Date(timeIntervalSinceReferenceDate: 1e300)
+        record.token?.obtainedAt = Date(timeIntervalSinceReferenceDate: -1e300)
+        record.secrets.refreshExpiresAt = Date(timeIntervalSinceReferenceDate: 1.7e308)
+        record.lastRefreshAt = Date(timeIntervalSinceReferenceDate: -1.7e308)
+        do {
+            let vault = try Vault(path: directory.file("vault"), key: key)
+            try vault.save(VaultContents(accounts: [record]))
+        }
+        let clock = TestClock()
+        let http = IdPClient(settings: BrokerSettings())
+        defer { Task { await http.shutdown() } }
+        let broker = try Broker(
+            vault: Vault(path: directory.file("vault"), key: key), settings: BrokerSettings(), http: http,
+            clock: clock, logger: LogRecorder().logger())
+        let status = try #require(try await broker.status(account: "api").first)
+        #expect(status.expiresAt == clock.now().addingTimeInterval(Bounds.maximumLifetime))
+        let token = try await broker.token(account: "api", minTTL: 30)
+        #expect(token.expiresIn(at: clock.now()) == Int(Bounds.maximumLifetime))
+        _ = Wire.rfc3339(status.refreshExpiresAt ?? Date())
+        #expect(await broker.summary() == "1 account: 1 valid")
+    }
+
+    // MARK: Origins (class 4)
+
+    @Test func aRotatedRefreshURLOnAnotherOriginIsNotFollowed() async throws {
+        let elsewhere = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"stolen"}"#))
+        let idp = try await ScriptedIdP(
+            TestHTTPResponse(
+                status: .ok,
+                body: #"{"access_token":"at-1","expires_in":1,"refresh_url":"\#(elsewhere.baseURL)/next-secret"}"#))
+        try await withBroker(idp: idp) { broker, clock, logs, _, _ in
+            _ = try await broker.add(
+                account: "pph", provider: ProviderSpec(kind: "refresh_url"),
+                tokens: TokenSet(refreshURL: idp.baseURL + "/refresh/one-time-secret"))
+            let error = await #expect(throws: BrokerError.self) { try await broker.token(account: "pph", minTTL: 30) }
+            #expect(error?.code == .needsLogin)
+            let status = try #require(try await broker.status(account: "pph").first)
+            #expect(status.state == "needs_login")
+            #expect(status.lastError?.message.contains("another origin") == true)
+            clock.advance(by: 3600)
+            _ = await broker.runDueRefreshes()
+            try await Task.sleep(for: .milliseconds(100))
+            #expect(elsewhere.callCount == 0, "nothing was sent to the other origin")
+            #expect(!logs.all.joined().contains("next-secret"))
+            #expect(!logs.all.joined().contains("one-time-secret"))
+        }
+        await idp.shutdown()
+        await elsewhere.shutdown()
+    }
+
+    @Test func aConfigThatMovesACredentialElsewhereIsRefusedUntilLogout() async throws {
+        let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-1"}"#))
+        let other = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-2"}"#))
+        try await withBroker(idp: idp) { broker, _, _, _, _ in
+            var declared = ProviderSpec(kind: "oauth2", tokenEndpoint: idp.url, clientID: "cli", clientAuth: "none")
+            try await broker.configure(BrokerConfiguration(accounts: ["api": declared]))
+            _ = try await broker.setTokens(
+                account: "api", tokens: TokenSet(accessToken: "at-0", expiresIn: 3600, refreshToken: Self.refreshToken))
+
+            // Same origin, other path: allowed.
+            declared.tokenEndpoint = idp.baseURL + "/oauth/token"
+            try await broker.configure(BrokerConfiguration(accounts: ["api": declared]))
+
+            var moves: [ProviderSpec] = []
+            var elsewhere = declared
+            elsewhere.tokenEndpoint = other.url
+            moves.append(elsewhere)
+            var otherClient = declared
+            otherClient.clientID = "someone-else"
+            moves.append(otherClient)
+            var revocation = declared
+            revocation.revocationEndpoint = other.baseURL + "/revoke"
+            moves.append(revocation)
+            var sliding = ProviderSpec(kind: "sliding")
+            sliding.endpoint = idp.url
+            moves.append(sliding)
+            for move in moves {
+                let error = await #expect(throws: BrokerError.self) {
+                    try await broker.configure(BrokerConfiguration(accounts: ["api": move]))
+                }
+                #expect(error?.message.contains("accounts.api") == true)
+                #expect(error?.message.contains("logout") == true)
+            }
+            _ = try await broker.refreshNow(account: "api")
+            #expect(idp.callCount == 1 && other.callCount == 0)
+
+            _ = try await broker.logout(account: "api", force: true)
+            try await broker.configure(BrokerConfiguration(accounts: ["api": elsewhere]))
+            #expect(other.callCount == 0)
+        }
+        await idp.shutdown()
+        await other.shutdown()
+    }
+
+    // MARK: Reflected text (class 7)
+
+    @Test func anIdPMessageQuotingTheRefreshTokenIsRedactedEverywhere() async throws {
+        let idp = try await ScriptedIdP(
+            TestHTTPResponse(
+                status: .ok,
+                body: #"{"status":false,"message":"RefreshTokenMismatch \#(Self.refreshToken)\u001b[2J\r\nX"}"#))
+        try await withBroker(idp: idp) { broker, _, logs, _, _ in
+            let events = broker.events.subscribe(accounts: nil)
+            _ = try await broker.add(
+                account: "volt",
+                provider: {
+                    var spec = ProviderSpec(kind: "sliding")
+                    spec.endpoint = idp.url
+                    return spec
+                }(), tokens: TokenSet(refreshToken: Self.refreshToken))
+            let error = await #expect(throws: BrokerError.self) { try await broker.token(account: "volt", minTTL: 30) }
+            #expect(error?.code == .needsLogin)
+            let status = try #require(try await broker.status(account: "volt").first)
+            let message = try #require(status.lastError?.message)
+            #expect(message.contains("RefreshTokenMismatch [redacted]"))
+            #expect(!message.unicodeScalars.contains { $0.value < 0x20 })
+            var seen: [BrokerEvent] = []
+            for try await event in events {
+                seen.append(event)
+                if event.event == .needsLogin { break }
+            }
+            let texts = logs.all + seen.compactMap(\.message) + [message, error?.message ?? ""]
+            #expect(!texts.joined().contains(Self.refreshToken))
+            #expect(!texts.joined().contains("6a0f1c2e"), "not even a part cut by truncation")
+        }
+        await idp.shutdown()
+    }
+
+    @Test func aTracingExecHelpersStderrIsRedactedInTheLog() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let script = directory.file("helper.sh")
+        try """
+            #!/bin/sh
+            echo "+ printf {\\"access_token\\":\\"exec-issued-secret-91\\"}" >&2
+            printf '\\001\\033[31m' >&2
+            printf '{"access_token":"exec-issued-secret-91","expires_in":60}'
+            """.write(toFile: script, atomically: true, encoding: .utf8)
+        chmod(script, 0o755)
+        let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: "{}"))
+        try await withBroker(idp: idp) { broker, _, logs, _, _ in
+            var spec = ProviderSpec(kind: "exec")
+            spec.command = [script]
+            _ = try await broker.add(account: "ex", provider: spec, tokens: nil)
+            #expect(try await broker.token(account: "ex", minTTL: 30).result.accessToken == "exec-issued-secret-91")
+            let line = try #require(logs.all.first { $0.contains("wrote to stderr") })
+            #expect(line.contains("[redacted]"))
+            #expect(!logs.all.joined().contains("exec-issued-secret-91"))
+            #expect(!line.unicodeScalars.contains { $0.value < 0x20 || $0.value == 0x1B })
+        }
+        await idp.shutdown()
+    }
+}
