@@ -17,7 +17,8 @@ func fuzzTarget(_ name: String, _ dependencies: [Target.Dependency]) -> Target {
 }
 
 /// The project's fuzz targets. `Linked` points at the project's `Sources`, so the modules
-/// under test are compiled here a second time, with coverage, from the very same files.
+/// under test are compiled here a second time, with coverage, from the very same files; their
+/// dependencies mirror the project's `Package.swift`.
 let package = Package(
     name: "tokenbroker-fuzz",
     platforms: [.macOS(.v15)],
@@ -30,11 +31,12 @@ let package = Package(
     ],
     targets: [
         .systemLibrary(name: "CSodium", path: "Linked/CSodium", pkgConfig: "libsodium"),
+        .target(name: "CSpawn", path: "Linked/CSpawn"),
         .target(name: "BrokerProtocol", path: "Linked/BrokerProtocol", swiftSettings: instrumented),
         .target(
             name: "BrokerCore",
             dependencies: [
-                "BrokerProtocol", "CSodium",
+                "BrokerProtocol", "CSodium", "CSpawn",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

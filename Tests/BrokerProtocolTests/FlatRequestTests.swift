@@ -14,7 +14,7 @@ import Testing
         #"  { "op" : "token" , "account" : "api" , "id" : "abc" }  "#,
         "{\"op\":\"token\",\n\"account\":\"api\"\r}\r",
         #"{"id":-3,"op":"token","account":"a.b@c","min_ttl":0.5,"client":"x"}"#,
-        #"{"id":1.25,"op":"hello","extra":12}"#,
+        #"{"id":125,"op":"hello","extra":1.25}"#,
         #"{"op":"token","account":"ünïcode"}"#,
         #"{"op":"token","account":"a\"b\u00e9\ud83d\ude00","flag":true,"none":null}"#,
         #"{"id":-0,"op":"token","account":"api","min_ttl":-0}"#,
@@ -150,31 +150,45 @@ struct LineGenerator {
 
     init(seed: UInt64) { state = seed }
 
-    private static let keys = [
-        "id", "op", "account", "min_ttl", "client", "access_token", "force", "accounts", "x", "", "K", "\u{212A}",
-        #"\u006fp"#, #"op\n"#, "ID",
+    /// Keys, each with values of the type the decoder wants for it (unknown keys take any).
+    private static let fields: [(key: String, values: [String])] = [
+        ("id", [#""a""#, #""\u00e9""#, "0", "-0", "7", "-9223372036854775808", "9223372036854775807", "1.0", "1e2", "-0.0",
+            "9223372036854775808", "9007199254740993.0", "null"]),
+        ("op", [#""token""#, #""status""#, #""\u0074oken""#]),
+        ("account", [#""api""#, #""""#, #""a\"b""#, "\"e\u{301}\"", #""\ud83d\ude00""#, "\"\u{7F}\"", "null"]),
+        ("min_ttl", ["0", "-0", "60", "0.5", "1e2", "-1", "1e-400", "4.9406564584124654e-324", "1.7976931348623157e308",
+            "0.0", "0e5"]),
+        ("client", [#""x""#]), ("access_token", [#""at""#]), ("force", ["true"]), ("accounts", [#"["a"]"#, "[]"]),
+        ("x", ["[1,2]", #"{"a":1}"#, "{}", "false", "2.5e-3", "9007199254740993"]), ("", ["1"]), ("K", ["1"]),
+        ("\u{212A}", ["2"]), (#"\u006fp"#, [#""token""#]), (#"op\n"#, ["1"]), ("ID", ["1"]),
     ]
-    private static let values = [
-        #""token""#, #""status""#, #""api""#, #""""#, #""a\"b""#, #""\u00e9""#, "\"e\u{301}\"", #""\ud83d\ude00""#,
-        #""\ud800""#, "\"\u{7F}\"", "\"\u{01}\"", #""\q""#, "0", "-0", "1", "7", "60", "0.5", "1.0", "1e2", "1E2",
-        "-0.0", "1e400", "1e-400", "4.9406564584124654e-324", "9223372036854775807", "9223372036854775808",
-        "-9223372036854775808", "-9223372036854775809", "9007199254740993", "9007199254740993.0", ".5", "1.", "1e",
-        "-", "01", "01.5", "1.e5", "--1", "+1", "1e+5", "2.5e-3", "0x10", "Infinity", "NaN", "true", "false", "null",
-        "nul", "[]", "{}", "[1,2]", #"{"a":1}"#, #"{"a":1,"a":2}"#,
+    /// Text that is not JSON, or that Foundation's decoder reads leniently.
+    private static let oddValues = [
+        #""\ud800""#, "\"\u{01}\"", #""\q""#, "1e400", ".5", "1.", "1e", "-", "01", "01.5", "1.e5", "--1", "+1", "1e+",
+        "0x10", "Infinity", "NaN", "nul", #"{"a":1,"a":2}"#, "[1,]",
     ]
-    private static let spaces = ["", "", "", " ", "\t", "\n", "\r", "\u{0C}", "\u{A0}"]
+    private static let spaces = ["", "", "", " ", "\t", "\n", "\r"]
+    /// Whitespace to JSON's eye (space, tab, LF, CR) and now and then some that is not.
+    private mutating func space() -> String {
+        next() % 32 == 0 ? pick(["\u{0B}", "\u{0C}", "\u{A0}"]) : pick(Self.spaces)
+    }
     private static let noise = Array(#"{}[],:"\ 0-.e"#.utf8) + [0x00, 0x80, 0xC3, 0xFF]
 
     mutating func line() -> [UInt8] {
-        var text = pick(Self.spaces) + "{"
+        var text = space() + "{"
         for member in 0..<Int(next() % 6) {
-            if member > 0 { text += pick(Self.spaces) + "," }
-            text += pick(Self.spaces) + "\"" + pick(Self.keys) + "\"" + pick(Self.spaces) + ":" + pick(Self.spaces)
-            text += pick(Self.values)
+            if member > 0 { text += space() + "," }
+            let field = pick(Self.fields)
+            text += space() + "\"" + field.key + "\"" + space() + ":" + space()
+            switch next() % 8 {
+            case 0: text += pick(Self.oddValues)
+            case 1: text += pick(pick(Self.fields).values)
+            default: text += pick(field.values)
+            }
         }
-        text += pick(Self.spaces) + "}" + pick(Self.spaces)
+        text += space() + "}" + space()
         var bytes = Array(text.utf8)
-        if next() % 4 == 0, !bytes.isEmpty {
+        if next() % 5 == 0, !bytes.isEmpty {
             let position = Int(next() % UInt64(bytes.count))
             switch next() % 3 {
             case 0: bytes.remove(at: position)

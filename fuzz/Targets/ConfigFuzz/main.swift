@@ -12,7 +12,9 @@ let logger = Logger(label: "fuzz") { _ in SwiftLogNoOpLogHandler() }
 let vault = try! Vault(
     path: scratchDirectory("config") + "/vault", key: SecretKey(bytes: [UInt8](repeating: 7, count: Sodium.keyLength))!)
 
-runFuzzer { start, count in
+/// One input, as libFuzzer hands it over.
+@_cdecl("LLVMFuzzerTestOneInput")
+func fuzzOne(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
     let text = String(decoding: UnsafeBufferPointer(start: start, count: count), as: UTF8.self)
     guard let configuration = try? ConfigFile.parse(text, path: "fuzz.toml") else { return 0 }
     for spec in configuration.accounts.values { _ = try? AccountSpec.provider(spec) }
@@ -26,3 +28,5 @@ runFuzzer { start, count in
     closed.wait()
     return 0
 }
+
+runFuzzer(fuzzOne)

@@ -14,7 +14,8 @@ private func llvmFuzzerRunDriver(
 /// `callback` and exits with its status.
 ///
 /// A fuzz target starts libFuzzer from its own `main` because SwiftPM links every executable
-/// with its own entry point, so libFuzzer's `main` is never used.
+/// with its own entry point, so libFuzzer's `main` is never used. The target still names its
+/// callback `LLVMFuzzerTestOneInput` (`@_cdecl`), which libFuzzer's unused `main` refers to.
 public func runFuzzer(_ callback: FuzzCallback) -> Never {
     var argc = CommandLine.argc
     var argv = CommandLine.unsafeArgv

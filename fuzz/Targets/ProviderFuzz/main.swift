@@ -8,11 +8,14 @@ import FuzzSupport
 /// the next few the status, `Retry-After` and clock; the rest is the body.
 let now = Date(timeIntervalSince1970: 1_800_000_000)
 let issuer = URL(string: "https://idp.example/tenant")!
+let refreshURL = URL(string: "https://api.example/refresh/abc")!
 let planner = RefreshPlanner(settings: BrokerSettings())
 let zones = ["UTC", "Europe/Berlin", "America/St_Johns", "Pacific/Kiritimati"].map { TimeZone(identifier: $0)! }
 let statuses = [200, 200, 200, 201, 204, 299, 400, 401, 403, 404, 429, 500, 503, 0, 99, 600]
 
-runFuzzer { start, count in
+/// One input, as libFuzzer hands it over.
+@_cdecl("LLVMFuzzerTestOneInput")
+func fuzzOne(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
     var input = FuzzInput(start, count)
     let reader = input.byte() % 7
     let status = input.pick(statuses)
@@ -28,7 +31,7 @@ runFuzzer { start, count in
     let grant: Result<Grant, RefreshFailure>
     switch reader {
     case 0: grant = OAuth2Provider.interpret(reply, now: now, defaultLifetime: lifetime)
-    case 1: grant = RefreshURLProvider.interpret(reply, now: now, defaultLifetime: lifetime)
+    case 1: grant = RefreshURLProvider.interpret(reply, from: refreshURL, now: now, defaultLifetime: lifetime)
     case 2:
         grant = SlidingProvider.interpret(
             reply, now: now, timeZone: zones[status % zones.count], defaultLifetime: lifetime)
@@ -58,3 +61,5 @@ runFuzzer { start, count in
     }
     return 0
 }
+
+runFuzzer(fuzzOne)

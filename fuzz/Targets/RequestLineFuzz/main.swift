@@ -7,7 +7,9 @@ import FuzzSupport
 /// account and min_ttl. Traps on the first line the two paths read differently.
 let decoder = Wire.makeDecoder()
 
-runFuzzer { start, count in
+/// One input, as libFuzzer hands it over.
+@_cdecl("LLVMFuzzerTestOneInput")
+func fuzzOne(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
     let line = UnsafeRawBufferPointer(start: start, count: count)
     let problem = JSONLine.problem(in: line)
     guard let flat = FlatRequest.parse(line) else { return 0 }
@@ -19,3 +21,5 @@ runFuzzer { start, count in
     }
     return 0
 }
+
+runFuzzer(fuzzOne)

@@ -14,7 +14,9 @@ let vault = try! Vault(path: path, key: key)
 let http = IdPClient(settings: BrokerSettings())
 let logger = Logger(label: "fuzz") { _ in SwiftLogNoOpLogHandler() }
 
-runFuzzer { start, count in
+/// One input, as libFuzzer hands it over.
+@_cdecl("LLVMFuzzerTestOneInput")
+func fuzzOne(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
     var input = FuzzInput(start, count)
     let sealed = input.byte() % 2 == 1
     let body = input.rest()
@@ -38,3 +40,5 @@ runFuzzer { start, count in
     }
     return 0
 }
+
+runFuzzer(fuzzOne)
