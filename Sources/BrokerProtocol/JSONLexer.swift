@@ -60,9 +60,20 @@ struct JSONLexer {
     }
 
     /// A number literal: its text, and whether it is a plain integer (no fraction, no exponent).
+    /// Nothing is consumed when the next token is not a number.
     mutating func number() -> (text: String, isInteger: Bool)? {
-        guard let first = peek(), first == Byte.minus || Self.isDigit(first) else { return nil }
+        guard peek() != nil else { return nil }
         let start = index
+        guard let isInteger = numberGrammar() else {
+            index = start
+            return nil
+        }
+        return (String(decoding: bytes[start..<index], as: UTF8.self), isInteger)
+    }
+
+    /// Consumes `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`; whether it had neither
+    /// fraction nor exponent, `nil` when the grammar fails.
+    private mutating func numberGrammar() -> Bool? {
         _ = consume(Byte.minus)
         if !consume(UInt8(ascii: "0")) {
             guard digits() > 0 else { return nil }
@@ -77,7 +88,7 @@ struct JSONLexer {
             guard digits() > 0 else { return nil }
             isInteger = false
         }
-        return (String(decoding: bytes[start..<index], as: UTF8.self), isInteger)
+        return isInteger
     }
 
     /// One of the literals `true`, `false` and `null`.

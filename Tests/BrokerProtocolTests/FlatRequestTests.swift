@@ -64,7 +64,7 @@ import Testing
 
     /// Number forms that are not JSON (RFC 8259), in both number fields the scanner reads.
     @Test(arguments: [".5", "1.", "1e", "1E", "1e+", "-", "--1", "-.5", "01.5", "-01", "00", "1.e5", "+1", "0x10",
-        "1.5.5", "1e5e5", "1-2", "- 1", "Infinity", "-Infinity", "NaN", "1_000", "１"])
+        "1.5.5", "1e5e5", "1-2", "- 1", "Infinity", "-Infinity", "NaN", "1_000", "１", "-true", "-null", "1true"])
     func declinesNumbersOutsideTheJSONGrammar(number: String) {
         for line in [
             #"{"op":"token","account":"api","min_ttl":\#(number)}"#, #"{"id":\#(number),"op":"token","account":"api"}"#,
