@@ -248,11 +248,40 @@ private final class Connection: Sendable {
 
 /// Blocking Unix-socket primitives for the client.
 enum UnixSocket {
+    /// A socket connected to the broker at `path`, served by this user or root. Checked
+    /// (`SO_PEERCRED`) before a byte is sent: a socket another user planted or swapped in, to
+    /// collect the secrets brokerctl sends, is closed and refused.
     static func connect(_ path: String) throws -> Int32 {
         switch UnixSocketAddress.connect(path) {
-        case .success(let fd): return fd
+        case .success(let fd):
+            do {
+                try checkServer(fd, path: path)
+                return fd
+            } catch {
+                close(fd)
+                throw error
+            }
         case .failure(let error):
             throw ConnectionError(description: "the broker is not running at \(path) (\(error)); start it with brokerd")
+        }
+    }
+
+    /// Refuses a server that is neither this user nor root.
+    private static func checkServer(_ fd: Int32, path: String) throws {
+        // struct ucred { pid_t pid; uid_t uid; gid_t gid; }, which Glibc's overlay does not export.
+        var credentials = [UInt32](repeating: 0, count: 3)
+        var length = socklen_t(MemoryLayout<UInt32>.size * credentials.count)
+        guard getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0 else {
+            let reason = String(cString: strerror(errno))
+            throw ConnectionError(
+                description: "cannot tell who serves the socket \(path) (\(reason)); nothing was sent")
+        }
+        let server = credentials[1]
+        guard server == getuid() || server == 0 else {
+            throw ConnectionError(
+                description: "refusing the socket \(path): it is served by uid \(server), not by you (uid \(getuid())) "
+                    + "or root, so it is not your broker (another user may have planted it); nothing was sent. "
+                    + "Check who owns its directory, and TOKENBROKER_SOCKET and XDG_RUNTIME_DIR")
         }
     }
 

@@ -83,20 +83,20 @@ public struct AccountRecord: Codable, Sendable, Equatable {
     /// Declared in the config file (its provider settings come from there); `nil` in older vaults.
     public var declared: Bool?
 
-    /// This record with every date moved within `Bounds.maximumLifetime` of `now` and its last
-    /// error cleaned, so a vault written before numbers and texts were checked still loads,
+    /// This record with every date within `Bounds.representableDates` and its last error
+    /// cleaned, so a vault written before numbers and texts were checked still loads,
     /// schedules and shows nothing secret.
-    func sanitized(around now: Date) -> AccountRecord {
+    func sanitized() -> AccountRecord {
         var record = self
         if var token = record.token {
-            token.expiresAt = Bounds.date(token.expiresAt, around: now)
-            token.obtainedAt = Bounds.date(token.obtainedAt, around: now)
+            token.expiresAt = Bounds.date(token.expiresAt)
+            token.obtainedAt = Bounds.date(token.obtainedAt)
             record.token = token
         }
-        record.secrets.refreshExpiresAt = record.secrets.refreshExpiresAt.map { Bounds.date($0, around: now) }
-        record.lastRefreshAt = record.lastRefreshAt.map { Bounds.date($0, around: now) }
+        record.secrets.refreshExpiresAt = record.secrets.refreshExpiresAt.map { Bounds.date($0) }
+        record.lastRefreshAt = record.lastRefreshAt.map { Bounds.date($0) }
         if var error = record.lastError {
-            error.at = Bounds.date(error.at, around: now)
+            error.at = Bounds.date(error.at)
             error.message = outsideText().clean(error.message, or: "")
             record.lastError = error
         }
@@ -106,12 +106,14 @@ public struct AccountRecord: Codable, Sendable, Equatable {
 
 extension ProviderConfig {
     /// Why a stored credential may not move from `self` to `new`, or `nil` when it may: the
-    /// kind and client stay, and every origin the new settings would send it to is one the old
-    /// settings sent it to already (a discovered endpoint counts as its issuer's origin).
+    /// kind, client and issuer stay, and every origin the new settings would send it to is one
+    /// the old settings sent it to already. An issuer is kept whole, not just its origin: its
+    /// discovery document, wherever it names, decides where the credential goes.
     func credentialMove(to new: ProviderConfig) -> String? {
         guard kind == new.kind else { return "changes its kind from \(kind) to \(new.kind)" }
-        if case .oauth2(let old) = self, case .oauth2(let replacement) = new, old.clientID != replacement.clientID {
-            return "changes its client_id"
+        if case .oauth2(let old) = self, case .oauth2(let replacement) = new {
+            if old.clientID != replacement.clientID { return "changes its client_id" }
+            if old.issuer != replacement.issuer { return "changes its issuer (or switches issuer and token_endpoint)" }
         }
         let known = Set(credentialOrigins)
         if let moved = new.credentialOrigins.first(where: { !known.contains($0) }) {

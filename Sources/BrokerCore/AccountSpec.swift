@@ -132,15 +132,19 @@ enum AccountSpec {
         guard let value = tokens.accessToken else { return nil }
         guard !value.isEmpty else { throw BrokerError(.badRequest, "\"access_token\" is empty") }
         let lifetime = try tokens.expiresIn.map { seconds throws(BrokerError) in try pushedLifetime(seconds, "expires_in") }
-        let expiresAt = Bounds.date(tokens.expiresAt ?? now.addingTimeInterval(lifetime ?? defaultLifetime), around: now)
-        return AccessToken(
+        let expiresAt = Bounds.date(tokens.expiresAt ?? now.addingTimeInterval(lifetime ?? defaultLifetime))
+        let token = AccessToken(
             value: value, type: tokens.tokenType ?? "Bearer", expiresAt: expiresAt, obtainedAt: now,
             idToken: tokens.idToken, scope: tokens.scope, pushed: true)
+        if let field = token.unsafeField {
+            throw BrokerError(.badRequest, "\"\(field)\" must be printable ASCII (it goes into HTTP headers)")
+        }
+        return token
     }
 
     /// The refresh token's expiry a `tokens` object states, if any.
     static func refreshExpiry(_ tokens: TokenSet, now: Date) throws(BrokerError) -> Date? {
-        if let date = tokens.refreshExpiresAt { return Bounds.date(date, around: now) }
+        if let date = tokens.refreshExpiresAt { return Bounds.date(date) }
         guard let seconds = tokens.refreshExpiresIn else { return nil }
         return now.addingTimeInterval(try pushedLifetime(seconds, "refresh_expires_in"))
     }

@@ -72,7 +72,7 @@ public actor Broker {
             logger.notice("completed a vault save that a crash interrupted; no rotated credential was lost")
         }
         for stored in contents?.accounts ?? [] {
-            let record = stored.sanitized(around: now)
+            let record = stored.sanitized()
             entries[record.name] = Entry(
                 record: record, nextRefreshAt: Self.schedule(record, RefreshPlanner(settings: settings), now: now))
             if !record.needsLogin, record.loggedOut != true, let token = record.token {
@@ -307,6 +307,13 @@ public actor Broker {
                     record: AccountRecord(
                         name: name, provider: provider, secrets: AccountSecrets(), token: nil, needsLogin: false,
                         lastError: nil, lastRefreshAt: nil))
+            if entry.record.secrets.clientSecret != nil, entry.record.provider.credentialMove(to: provider) != nil {
+                // A logged-out account may move, but the client secret was issued for the old place.
+                entry.record.secrets.clientSecret = nil
+                logger.notice(
+                    "account moved to another IdP; its client secret was discarded (add the account again to set one)",
+                    metadata: ["account": "\(name)"])
+            }
             entry.record.provider = provider
             entry.record.declared = true
             if entry.inFlight == nil { entry.nextRefreshAt = Self.schedule(entry.record, planner, now: now) }

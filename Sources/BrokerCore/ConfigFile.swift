@@ -19,9 +19,9 @@ public enum ConfigFile {
         return [
             ("refresh_fraction", \.refreshFraction, 0...0.9), ("refresh_jitter", \.refreshJitter, 0...0.5),
             ("refresh_floor", \.refreshFloor, 0...day),
-            ("minimum_refresh_interval", \.minimumRefreshInterval, 0...day),
+            ("minimum_refresh_interval", \.minimumRefreshInterval, 0.1...day),
             ("overdue_threshold", \.overdueThreshold, 0...day), ("overdue_spread", \.overdueSpread, 0...day),
-            ("backoff_base", \.backoffBase, 0...day), ("backoff_cap", \.backoffCap, 0...7 * day),
+            ("backoff_base", \.backoffBase, 0.1...day), ("backoff_cap", \.backoffCap, 0.1...7 * day),
             ("connect_timeout", \.connectTimeout, 0.001...3600), ("request_timeout", \.requestTimeout, 0.001...3600),
             ("default_lifetime", \.defaultLifetime, 1...Bounds.maximumLifetime),
             ("event_buffer", \.eventBuffer, 1...Double(maximumEventBuffer)),
@@ -77,6 +77,11 @@ public enum ConfigFile {
                         + "to \(range.upperBound.formatted())")
             }
             settings[keyPath: setting] = number
+        }
+        // Beyond this an account would always be due, and refresh as fast as it is allowed to.
+        guard settings.refreshFraction + settings.refreshJitter <= 0.9 else {
+            let place = line(of: "refresh_jitter", in: text).map { " line \($0)" } ?? ""
+            throw ConfigError(description: "\(path)\(place): refresh_fraction + refresh_jitter must be at most 0.9")
         }
         return settings
     }

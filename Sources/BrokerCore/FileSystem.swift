@@ -1,32 +1,224 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// Small POSIX helpers for durable, private files.
-enum FileSystem {
-    /// Creates `path` and its parents with mode 0700 (existing directories are left as they are).
-    static func makeDirectory(_ path: String) throws {
-        do {
-            try FileManager.default.createDirectory(
-                atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        } catch {
-            throw VaultError("cannot create directory \(path): \(error.localizedDescription)")
+/// A file or directory brokerd cannot use or will not trust. The message names the path and
+/// says what fixes it (a `chmod`, another location); it never holds a secret.
+public struct FileAccessError: Error, CustomStringConvertible, Sendable {
+    public let description: String
+
+    init(_ description: String) { self.description = description }
+}
+
+/// POSIX helpers for brokerd's private files and directories. No symbolic link is followed
+/// to a state file, and nothing that another user could have written (or can read) is used.
+public enum FileSystem {
+    // MARK: Directories
+
+    /// Makes `path` a directory that only this user can change, creating it and its missing
+    /// parents with mode 0700. The path is walked from the root as the kernel would, one
+    /// `lstat` at a time: a symbolic link above the directory is followed (and the
+    /// directories it leads through are checked in turn), the directory itself must not be
+    /// one. The directory and every directory created here belong to this uid and are not
+    /// writable by group or others; every directory passed through on the way belongs to this
+    /// uid or root and no one else may write it, unless it is a root-owned sticky directory
+    /// such as /tmp. A directory that was already there is never chmod'ed. `role` names the
+    /// directory in messages ("socket directory"); `remedy` says what else the user can do.
+    public static func preparePrivateDirectory(_ path: String, role: String, remedy: String) throws {
+        let refuse = { (reason: String) in FileAccessError("refusing the \(role) \(path): \(reason)") }
+        var pending = components(of: absolute(path))
+        guard let last = pending.last, last != ".", last != ".." else {
+            throw refuse("it is not a plain directory path; \(remedy)")
+        }
+        var current = "/"
+        try checkPassedThrough(current, info: status(of: current, refuse: refuse), refuse: refuse, remedy: remedy)
+        var creating = false
+        var linksFollowed = 0
+        while let name = pending.popFirst() {
+            if name == "." { continue }
+            if name == ".." {
+                current = parent(of: current)
+                continue
+            }
+            let next = current == "/" ? "/" + name : current + "/" + name
+            let isTarget = pending.isEmpty
+            var info = stat()
+            if !creating, lstat(next, &info) != 0 {
+                guard errno == ENOENT else { throw refuse("cannot check \(next): \(errnoText())") }
+                creating = true
+            }
+            if creating || isTarget {
+                if creating, mkdir(next, 0o700) != 0, errno != EEXIST {
+                    throw FileAccessError("cannot create the \(role) \(next): \(errnoText())")
+                }
+                try checkOwnDirectory(next, called: isTarget ? "it" : next, refuse: refuse, remedy: remedy)
+            } else if info.st_mode & S_IFMT == S_IFLNK {
+                linksFollowed += 1
+                guard linksFollowed <= 40, let target = linkTarget(next) else {
+                    throw refuse("cannot follow the symbolic link \(next); \(remedy)")
+                }
+                if target.hasPrefix("/") { current = "/" }
+                pending = components(of: target) + pending
+                continue
+            } else {
+                try checkPassedThrough(next, info: info, refuse: refuse, remedy: remedy)
+            }
+            current = next
         }
     }
 
+    /// Checks a directory the walk to a private directory passes through: it belongs to this
+    /// uid or root and only its owner may write it, unless root owns it and it is sticky
+    /// (others cannot rename or delete what is ours there).
+    private static func checkPassedThrough(
+        _ path: String, info: stat, refuse: (String) -> FileAccessError, remedy: String
+    ) throws {
+        guard info.st_mode & S_IFMT == S_IFDIR else { throw refuse("\(path) is not a directory; \(remedy)") }
+        let trustedOwner = info.st_uid == getuid() || info.st_uid == 0
+        let sharedButSticky = info.st_uid == 0 && info.st_mode & S_ISVTX != 0
+        guard trustedOwner else {
+            throw refuse("\(path) above it belongs to uid \(info.st_uid), who could replace what is inside; \(remedy)")
+        }
+        guard info.st_mode & 0o022 == 0 || sharedButSticky else {
+            let fix = info.st_uid == getuid() ? "run: chmod go-w \(path), or " : ""
+            throw refuse(
+                "\(path) above it is writable by group or others (mode \(octal(info.st_mode))) and is not a "
+                    + "root-owned sticky directory like /tmp, so another user could replace what is inside; "
+                    + fix + remedy)
+        }
+    }
+
+    /// Checks the directory at `path` itself: not a link, this uid's, not writable by others.
+    /// `name` is how messages call it ("it" for the directory asked for).
+    private static func checkOwnDirectory(
+        _ path: String, called name: String, refuse: (String) -> FileAccessError, remedy: String
+    ) throws {
+        let info = try status(of: path, refuse: refuse)
+        switch info.st_mode & S_IFMT {
+        case S_IFDIR: break
+        case S_IFLNK: throw refuse("\(name) is a symbolic link, which brokerd does not follow here; \(remedy)")
+        default: throw refuse("\(name) is not a directory; \(remedy)")
+        }
+        guard info.st_uid == getuid() else {
+            throw refuse(
+                "\(name) belongs to uid \(info.st_uid), not to you (uid \(getuid())), so that user could "
+                    + "replace what is inside; remove it, or \(remedy)")
+        }
+        guard info.st_mode & 0o022 == 0 else {
+            throw refuse(
+                "\(name) is writable by group or others (mode \(octal(info.st_mode))); run: chmod go-w \(path), or "
+                    + remedy)
+        }
+    }
+
+    // MARK: Files
+
+    /// Opens `path` without following a symbolic link (`O_NOFOLLOW`, close-on-exec; created
+    /// with mode 0600 under `O_CREAT`) and checks what was opened (`fstat`): a regular file of
+    /// this uid that no one else may read or write, as ssh demands of a private key. `role`
+    /// names the file in messages ("vault key").
+    static func openPrivateFile(_ path: String, role: String, flags: Int32) throws -> Int32 {
+        guard let file = try openPrivateFileIfPresent(path, role: role, flags: flags) else {
+            throw FileAccessError("cannot open the \(role) \(path): \(String(cString: strerror(ENOENT)))")
+        }
+        return file.fd
+    }
+
+    /// The content of the private file at `path` (see `openPrivateFile`), as long as `fstat`
+    /// said it was; `nil` when it does not exist. The caller wipes it when it holds a secret.
+    static func readPrivateFile(_ path: String, role: String) throws -> Data? {
+        guard let (fd, size) = try openPrivateFileIfPresent(path, role: role, flags: O_RDONLY) else { return nil }
+        defer { close(fd) }
+        var bytes = Data(count: size)
+        var filled = 0
+        while filled < bytes.count {
+            let count = bytes.withUnsafeMutableBytes { read(fd, $0.baseAddress! + filled, $0.count - filled) }
+            if count == 0 { break }
+            if count < 0 {
+                if errno == EINTR { continue }
+                let reason = errnoText()
+                Sodium.wipe(&bytes)
+                throw FileAccessError("cannot read the \(role) \(path): \(reason)")
+            }
+            filled += count
+        }
+        bytes.count = filled
+        return bytes
+    }
+
+    /// Creates `path` afresh, mode 0600, for writing: a stale file or a planted link there is
+    /// removed first (not followed), and `O_EXCL` refuses whatever appears in between.
+    static func createPrivateFile(_ path: String, role: String) throws -> Int32 {
+        guard unlink(path) == 0 || errno == ENOENT else {
+            throw FileAccessError("cannot replace the \(role) \(path): \(errnoText())")
+        }
+        return try openPrivateFile(path, role: role, flags: O_WRONLY | O_CREAT | O_EXCL)
+    }
+
+    /// `openPrivateFile`, with the size `fstat` gave; `nil` when nothing is at `path`.
+    private static func openPrivateFileIfPresent(_ path: String, role: String, flags: Int32) throws -> (
+        fd: Int32, size: Int
+    )? {
+        let fd = open(path, flags | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            switch errno {
+            case ENOENT: return nil
+            case ELOOP:
+                throw FileAccessError(
+                    "refusing the \(role) \(path): it is a symbolic link, which brokerd does not follow; "
+                        + "put the file itself there")
+            default: throw FileAccessError("cannot open the \(role) \(path): \(errnoText())")
+            }
+        }
+        do {
+            return (fd, try checkPrivateFile(fd, path: path, role: role))
+        } catch {
+            close(fd)
+            throw error
+        }
+    }
+
+    /// Refuses an open file that is not a regular file of this uid, or that group or others
+    /// may read or write; the message names the file and the command that fixes it. Returns
+    /// the file's size.
+    private static func checkPrivateFile(_ fd: Int32, path: String, role: String) throws -> Int {
+        var info = stat()
+        guard fstat(fd, &info) == 0 else { throw FileAccessError("cannot check the \(role) \(path): \(errnoText())") }
+        guard info.st_mode & S_IFMT == S_IFREG else {
+            throw FileAccessError("refusing the \(role) \(path): it is not a regular file")
+        }
+        guard info.st_uid == getuid() else {
+            throw FileAccessError(
+                "refusing the \(role) \(path): it belongs to uid \(info.st_uid), not to you (uid \(getuid())); "
+                    + "brokerd uses only its own files: run (as root) chown \(getuid()) \(path)")
+        }
+        guard info.st_mode & 0o077 == 0 else {
+            throw FileAccessError(
+                "refusing the \(role) \(path): others can read or write it (mode \(octal(info.st_mode))), "
+                    + "so it is not private; run: chmod 600 \(path)")
+        }
+        return Int(info.st_size)
+    }
+
+    // MARK: Durable replacement
+
     /// Replaces `path` with `data` so that a crash leaves either the old or the new file:
-    /// `staging` written and fsync'd, renamed over `path`, then the directory fsync'd.
+    /// `staging` created afresh (see `createPrivateFile`), written and fsync'd, renamed over
+    /// `path`, then the directory fsync'd.
     static func writeAtomically(_ data: Data, to path: String, staging: String) throws {
-        let fd = open(staging, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw VaultError("cannot write \(staging): \(errnoText())") }
+        let fd = try createPrivateFile(staging, role: "staging file")
         let written = data.withUnsafeBytes { write(fd, $0.baseAddress, data.count) }
         guard written == data.count, fsync(fd) == 0 else {
             let reason = errnoText()
             close(fd)
             unlink(staging)
-            throw VaultError("cannot write \(staging): \(reason)")
+            throw FileAccessError("cannot write the staging file \(staging): \(reason)")
         }
         close(fd)
         do {
@@ -39,13 +231,9 @@ enum FileSystem {
 
     /// Makes a complete `staging` file durable and renames it over `path`.
     static func promote(_ staging: String, to path: String) throws {
-        let fd = open(staging, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0, fsync(fd) == 0 else {
-            let reason = errnoText()
-            if fd >= 0 { close(fd) }
-            throw VaultError("cannot sync \(staging): \(reason)")
-        }
-        close(fd)
+        let fd = try openPrivateFile(staging, role: "staging file", flags: O_RDONLY)
+        defer { close(fd) }
+        guard fsync(fd) == 0 else { throw FileAccessError("cannot sync the staging file \(staging): \(errnoText())") }
         try rename(staging, over: path)
     }
 
@@ -53,13 +241,55 @@ enum FileSystem {
     /// failed rename leaves `staging` in place.
     private static func rename(_ staging: String, over path: String) throws {
         guard Glibc.rename(staging, path) == 0 else {
-            throw VaultError("cannot replace \(path): \(errnoText())")
+            throw FileAccessError("cannot replace \(path): \(errnoText())")
         }
-        let directory = URL(fileURLWithPath: path).deletingLastPathComponent().path
+        let directory = parent(of: path)
         let directoryFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard directoryFD >= 0 else { throw VaultError("cannot open \(directory): \(errnoText())") }
+        guard directoryFD >= 0 else { throw FileAccessError("cannot open \(directory): \(errnoText())") }
         defer { close(directoryFD) }
-        guard fsync(directoryFD) == 0 else { throw VaultError("cannot sync \(directory): \(errnoText())") }
+        guard fsync(directoryFD) == 0 else { throw FileAccessError("cannot sync \(directory): \(errnoText())") }
+    }
+
+    // MARK: Paths
+
+    /// The directory holding `path` (`.` for a bare name).
+    public static func parent(of path: String) -> String {
+        guard let slash = path.lastIndex(of: "/") else { return "." }
+        return slash == path.startIndex ? "/" : String(path[..<slash])
+    }
+
+    /// `path` made absolute against the working directory.
+    private static func absolute(_ path: String) -> String {
+        if path.hasPrefix("/") { return path }
+        guard let cwd = getcwd(nil, 0) else { return path }
+        defer { free(cwd) }
+        return String(cString: cwd) + "/" + path
+    }
+
+    /// The names in `path`, in order (empty ones dropped).
+    private static func components(of path: String) -> ArraySlice<String> {
+        ArraySlice(path.split(separator: "/").map(String.init))
+    }
+
+    /// What the symbolic link at `path` points to; `nil` when it cannot be read.
+    private static func linkTarget(_ path: String) -> String? {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let count = readlink(path, &buffer, buffer.count - 1)
+        guard count > 0 else { return nil }
+        return String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    /// `lstat` of `path`, or the refusal saying why it cannot be checked.
+    private static func status(of path: String, refuse: (String) -> FileAccessError) throws -> stat {
+        var info = stat()
+        guard lstat(path, &info) == 0 else { throw refuse("cannot check \(path): \(errnoText())") }
+        return info
+    }
+
+    /// The permission bits of `mode` as `chmod` writes them, e.g. `0644`.
+    private static func octal(_ mode: mode_t) -> String {
+        let digits = String(mode & 0o7777, radix: 8)
+        return String(repeating: "0", count: max(0, 4 - digits.count)) + digits
     }
 
     static func errnoText() -> String { String(cString: strerror(errno)) }

@@ -24,7 +24,8 @@ struct RefreshPlanner: Sendable {
     /// Delay before retry number `failures` (1-based): full jitter over a capped exponential,
     /// never shorter than the IdP's `Retry-After`.
     func backoff(failures: Int, retryAfter: TimeInterval?) -> TimeInterval {
-        let ceiling = min(settings.backoffCap, settings.backoffBase * pow(2, Double(max(0, failures - 1))))
+        // The exponent stops at 2^40, so the product stays finite (no NaN from 0 * infinity).
+        let ceiling = min(settings.backoffCap, settings.backoffBase * pow(2, Double(min(max(0, failures - 1), 40))))
         let jittered = Double.random(in: 0...ceiling)
         return max(jittered, min(retryAfter ?? 0, settings.backoffCap))
     }

@@ -1,4 +1,12 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// The default locations of CONTRACT section 2, each overridable by an environment variable.
 public struct DefaultPaths: Sendable {
@@ -8,11 +16,14 @@ public struct DefaultPaths: Sendable {
         self.environment = environment
     }
 
-    /// `$TOKENBROKER_SOCKET`, else `$XDG_RUNTIME_DIR/tokenbroker/broker.sock`
-    /// (falling back to `/run/user/UID`, then `/tmp/tokenbroker-UID` when there is no runtime dir).
+    /// `$TOKENBROKER_SOCKET`, else `$XDG_RUNTIME_DIR/tokenbroker/broker.sock`. Without a
+    /// runtime dir: logind's `/run/user/UID` when it exists, else `tokenbroker/broker.sock` in
+    /// the user's own state directory (`$XDG_STATE_HOME`, `~/.local/state`), as gpg-agent falls
+    /// back to `~/.gnupg`: never a name under a shared directory such as /tmp, which another
+    /// user could create first.
     public var socket: String {
         if let path = nonEmpty("TOKENBROKER_SOCKET") { return path }
-        let runtime = nonEmpty("XDG_RUNTIME_DIR") ?? Self.fallbackRuntimeDirectory()
+        let runtime = nonEmpty("XDG_RUNTIME_DIR") ?? Self.loginRuntimeDirectory() ?? stateHome
         return runtime + "/tokenbroker/broker.sock"
     }
 
@@ -26,7 +37,7 @@ public struct DefaultPaths: Sendable {
     /// `$XDG_STATE_HOME/tokenbroker`.
     public var vault: String {
         nonEmpty("TOKENBROKER_VAULT")
-            ?? (nonEmpty("STATE_DIRECTORY") ?? (nonEmpty("XDG_STATE_HOME") ?? home + "/.local/state") + "/tokenbroker")
+            ?? (nonEmpty("STATE_DIRECTORY") ?? stateHome + "/tokenbroker")
             + "/vault"
     }
 
@@ -40,17 +51,18 @@ public struct DefaultPaths: Sendable {
 
     private var configDirectory: String { nonEmpty("CONFIGURATION_DIRECTORY") ?? configHome + "/tokenbroker" }
 
-    private var home: String { nonEmpty("HOME") ?? NSHomeDirectory() }
+    private var home: String { nonEmpty("HOME") ?? FileManager.default.homeDirectoryForCurrentUser.path }
     private var configHome: String { nonEmpty("XDG_CONFIG_HOME") ?? home + "/.config" }
+    private var stateHome: String { nonEmpty("XDG_STATE_HOME") ?? home + "/.local/state" }
 
     private func nonEmpty(_ name: String) -> String? {
         guard let value = environment[name], !value.isEmpty else { return nil }
         return value
     }
 
-    private static func fallbackRuntimeDirectory() -> String {
-        let uid = getuid()
-        let systemDirectory = "/run/user/\(uid)"
-        return FileManager.default.fileExists(atPath: systemDirectory) ? systemDirectory : "/tmp/tokenbroker-\(uid)"
+    /// `/run/user/UID`, which logind creates for the user under a root-owned `/run/user`, when it exists.
+    private static func loginRuntimeDirectory() -> String? {
+        let directory = "/run/user/\(getuid())"
+        return FileManager.default.fileExists(atPath: directory) ? directory : nil
     }
 }

@@ -1,5 +1,5 @@
+import BrokerCore
 import BrokerProtocol
-import Foundation
 
 #if canImport(Glibc)
 import Glibc
@@ -7,16 +7,22 @@ import Glibc
 
 /// The directory the broker's socket lives in, made ready before binding.
 enum SocketDirectory {
-    /// Creates the socket's directory (0700) and removes a stale socket file, refusing to
-    /// replace one that another broker is still answering on.
+    /// Makes the socket's directory one that no other user can change (see
+    /// `FileSystem.preparePrivateDirectory`: created 0700, nothing followed through a link,
+    /// nothing chmod'ed), so no one can swap the socket for an impostor's. Then removes a
+    /// stale socket, refusing to replace one another broker still answers on, or anything
+    /// that is not a socket.
     static func prepare(_ path: String) throws {
-        let directory = URL(fileURLWithPath: path).deletingLastPathComponent().path
-        try? FileManager.default.createDirectory(
-            atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        guard chmod(directory, 0o700) == 0 else {
-            throw ServerError(description: "cannot use the socket directory \(directory): \(String(cString: strerror(errno)))")
+        try FileSystem.preparePrivateDirectory(
+            FileSystem.parent(of: path), role: "socket directory",
+            remedy: "set XDG_RUNTIME_DIR, or TOKENBROKER_SOCKET (or --socket), to a path in a directory only you "
+                + "can write")
+        var info = stat()
+        guard lstat(path, &info) == 0 else { return }
+        guard info.st_mode & S_IFMT == S_IFSOCK else {
+            throw ServerError(
+                description: "\(path) exists and is not a socket; remove it or choose another socket path")
         }
-        guard FileManager.default.fileExists(atPath: path) else { return }
         if SocketProbe.isAnswering(path) {
             throw ServerError(description: "another broker is already listening on \(path)")
         }

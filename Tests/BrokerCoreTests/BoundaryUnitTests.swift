@@ -16,8 +16,10 @@ import Testing
         #expect(Bounds.lifetime(.greatestFiniteMagnitude) == Bounds.maximumLifetime)
         for bad in [-1, -0.001, .nan, .infinity, -.infinity] { #expect(Bounds.lifetime(bad) == nil) }
         #expect(Bounds.wholeSeconds(.nan) == 0)
-        #expect(Bounds.wholeSeconds(-1e300) == -Int(Bounds.maximumLifetime))
-        #expect(Bounds.milliseconds(1e300) == Int(Bounds.maximumLifetime) * 1000)
+        #expect(Bounds.wholeSeconds(-1e300) == -1_000_000_000_000)
+        #expect(Bounds.milliseconds(1e300) == 1_000_000_000_000_000)
+        #expect(Bounds.date(Date(timeIntervalSinceReferenceDate: .nan)) == Bounds.representableDates.lowerBound)
+        #expect(Bounds.date(Date(timeIntervalSinceReferenceDate: 1e300)) == Bounds.representableDates.upperBound)
         #expect(Bounds.count(1e300, in: 1...10) == 10 && Bounds.count(.nan, in: 1...10) == 1)
     }
 
@@ -78,6 +80,21 @@ import Testing
         #expect(DiscoveryCache.interpret(IdPReply(status: 200, body: Data(badPort.utf8)), issuer: https).failure != nil)
     }
 
+    @Test(arguments: [
+        "https://idp.example:99999/next", "https://idp.example:0/next", "http://idp.example/next",
+        "https://idp.example.evil/next", "https://idp.example:8443/next", "https://user@evil.example/next",
+    ])
+    func aRotatedRefreshURLStaysOnItsOrigin(next: String) throws {
+        let body = #"{"access_token":"a","refresh_url":"\#(next)"}"#
+        let current = try #require(URL(string: "https://idp.example/r/1"))
+        let failure = try #require(
+            RefreshURLProvider.interpret(
+                IdPReply(status: 200, body: Data(body.utf8)), from: current, now: Date(), defaultLifetime: 60
+            ).failure)
+        #expect(failure.kind == .denial)
+        #expect(!failure.message.contains(next))
+    }
+
     @Test func anAddWithAnOutOfRangePortIsRefused() {
         let spec = ProviderSpec(kind: "oauth2", tokenEndpoint: "https://idp.example:99999/t", clientID: "c")
         #expect(throws: BrokerError.self) { try AccountSpec.provider(spec) }
@@ -86,6 +103,7 @@ import Testing
     @Test(arguments: [
         ("connect_timeout = 1e300", 3), ("event_buffer = 1e300", 3), ("request_timeout = 0", 3),
         ("refresh_fraction = 1.5", 3), ("backoff_cap = nan", 3), ("default_lifetime = inf", 3),
+        ("backoff_base = 0", 3), ("refresh_fraction = 0.6\nrefresh_jitter = 0.4", 4),
     ])
     func outOfRangeSettingsAreRefusedByLine(line: String, number: Int) throws {
         let text = "# broker settings\n[broker]\n\(line)\n"

@@ -104,17 +104,18 @@ final class ScriptedIdP: Sendable {
         await idp.shutdown()
     }
 
-    @Test(arguments: ["-5", "\"soon\"", "\"nan\"", "\"-inf\"", "true", "[1]"])
+    @Test(arguments: ["-5", "\"soon\"", "\"nan\"", "\"-inf\"", "[1]", "-1e300"])
     func aMalformedLifetimeIsATransientFailure(expiresIn: String) async throws {
         let idp = try await ScriptedIdP(
             TestHTTPResponse(status: .ok, body: #"{"access_token":"at-bad","expires_in":\#(expiresIn)}"#))
         try await withBroker(idp: idp) { broker, _, _, _, _ in
             _ = try await broker.add(
                 account: "api", provider: oauth2(idp.url), tokens: TokenSet(refreshToken: Self.refreshToken))
-            let error = await #expect(throws: BrokerError.self) { try await broker.token(account: "api", minTTL: 30) }
+            let error = await #expect(throws: BrokerError.self) { try await broker.token(account: "api", minTTL: 0) }
             #expect(error?.code == .unavailable)
             let status = try #require(try await broker.status(account: "api").first)
             #expect(status.state != "needs_login", "a malformed answer keeps the credential")
+            #expect(status.lastError?.message.contains("malformed expires_in") == true)
         }
         await idp.shutdown()
     }
@@ -136,13 +137,11 @@ final class ScriptedIdP: Sendable {
 
     @Test func aHugeRetryAfterOnARevocationIsCutToTheBackoffCap() async throws {
         let idp = try await ScriptedIdP(
-            TestHTTPResponse(status: .serviceUnavailable, body: "{}", headers: [("Retry-After", "1e300")]))
+            TestHTTPResponse(
+                status: .serviceUnavailable, body: "{}", headers: [("Retry-After", String(repeating: "9", count: 40))]))
         try await withBroker(idp: idp) { broker, _, _, _, _ in
             var provider = oauth2(idp.url)
             provider.revocationEndpoint = idp.baseURL + "/revoke"
-            idp.answer(
-                TestHTTPResponse(
-                    status: .serviceUnavailable, body: "{}", headers: [("Retry-After", String(repeating: "9", count: 40))]))
             _ = try await broker.add(
                 account: "api", provider: provider,
                 tokens: TokenSet(accessToken: "at", expiresIn: 3600, refreshToken: Self.refreshToken))
@@ -166,7 +165,9 @@ final class ScriptedIdP: Sendable {
             }
             _ = try await broker.add(
                 account: "old", provider: ProviderSpec(kind: "static"), tokens: TokenSet(accessToken: "at", expiresIn: -1e300))
-            #expect(try await broker.status(account: "old").first?.expiresAt == clock.now().addingTimeInterval(-Bounds.maximumLifetime))
+            #expect(
+                try await broker.status(account: "old").first?.expiresAt
+                    == clock.now().addingTimeInterval(-Bounds.maximumLifetime))
             var tokens = TokenSet(accessToken: "at", expiresIn: 1e300)
             tokens.refreshExpiresIn = 1e300
             _ = try await broker.add(account: "s", provider: ProviderSpec(kind: "static"), tokens: tokens)
@@ -198,10 +199,10 @@ final class ScriptedIdP: Sendable {
             vault: Vault(path: directory.file("vault"), key: key), settings: BrokerSettings(), http: http,
             clock: clock, logger: LogRecorder().logger())
         let status = try #require(try await broker.status(account: "api").first)
-        #expect(status.expiresAt == clock.now().addingTimeInterval(Bounds.maximumLifetime))
+        #expect(status.expiresAt == Bounds.representableDates.upperBound)
         let token = try await broker.token(account: "api", minTTL: 30)
-        #expect(token.expiresIn(at: clock.now()) == Int(Bounds.maximumLifetime))
-        _ = Wire.rfc3339(status.refreshExpiresAt ?? Date())
+        #expect(token.expiresIn(at: clock.now()) == Int(Bounds.representableDates.upperBound.timeIntervalSince(clock.now())))
+        #expect(Wire.rfc3339(token.result.expiresAt) == "9999-12-31T23:59:59Z")
         #expect(await broker.summary() == "1 account: 1 valid")
     }
 
@@ -275,6 +276,65 @@ final class ScriptedIdP: Sendable {
         }
         await idp.shutdown()
         await other.shutdown()
+    }
+
+    @Test func anIssuerChangeOnTheSameOriginIsAMoveToo() async throws {
+        let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-1"}"#))
+        try await withBroker(idp: idp) { broker, _, _, _, _ in
+            let pinned = ProviderSpec(kind: "oauth2", tokenEndpoint: idp.url, clientID: "cli", clientAuth: "none")
+            try await broker.configure(BrokerConfiguration(accounts: ["api": pinned]))
+            _ = try await broker.setTokens(account: "api", tokens: TokenSet(refreshToken: Self.refreshToken))
+            var discovered = ProviderSpec(kind: "oauth2", clientID: "cli", clientAuth: "none")
+            discovered.issuer = idp.baseURL + "/attacker/raw/main"
+            let error = await #expect(throws: BrokerError.self) {
+                try await broker.configure(BrokerConfiguration(accounts: ["api": discovered]))
+            }
+            #expect(error?.message.contains("issuer") == true)
+        }
+        await idp.shutdown()
+    }
+
+    @Test func aLoggedOutAccountMovesWithoutItsClientSecret() async throws {
+        let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-1"}"#))
+        let other = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-2"}"#))
+        try await withBroker(idp: idp) { broker, _, _, directory, _ in
+            _ = try await broker.add(
+                account: "api", provider: oauth2(idp.url),
+                tokens: TokenSet(accessToken: "at-0", expiresIn: 3600, refreshToken: Self.refreshToken))
+            _ = try await broker.logout(account: "api", force: true)
+            var moved = oauth2(other.url)
+            moved.clientSecret = nil
+            moved.clientAuth = "none"
+            try await broker.configure(BrokerConfiguration(accounts: ["api": moved]))
+            let key = try VaultKey.load(path: directory.file("key"), create: false)
+            let copy = directory.file("copy/vault")
+            try FileManager.default.createDirectory(atPath: directory.file("copy"), withIntermediateDirectories: true)
+            try FileManager.default.copyItem(atPath: directory.file("state/vault"), toPath: copy)
+            let stored = try #require(try Vault(path: copy, key: key).load()?.accounts.first)
+            #expect(stored.secrets.clientSecret == nil, "the secret issued for the old IdP is gone")
+        }
+        await idp.shutdown()
+        await other.shutdown()
+    }
+
+    @Test(arguments: [
+        #"{"access_token":"at\r\nX-Injected: 1"}"#, #"{"access_token":"at","token_type":"Bearer\r\nX: 1"}"#,
+        #"{"access_token":"a t"}"#, #"{"access_token":"at","scope":"read\nwrite"}"#,
+        #"{"access_token":"at","id_token":"x\u0000y"}"#,
+    ])
+    func aTokenThatCannotGoIntoAHeaderIsMalformed(body: String) async throws {
+        let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: body))
+        try await withBroker(idp: idp) { broker, _, _, _, _ in
+            _ = try await broker.add(
+                account: "api", provider: oauth2(idp.url), tokens: TokenSet(refreshToken: Self.refreshToken))
+            let error = await #expect(throws: BrokerError.self) { try await broker.token(account: "api", minTTL: 0) }
+            #expect(error?.code == .unavailable)
+            let pushed = await #expect(throws: BrokerError.self) {
+                try await broker.setTokens(account: "api", tokens: TokenSet(accessToken: "a\r\nb"))
+            }
+            #expect(pushed?.code == .badRequest)
+        }
+        await idp.shutdown()
     }
 
     // MARK: Reflected text (class 7)

@@ -260,6 +260,7 @@ import Testing
         defer { directory.remove() }
         let keyPath = directory.file("key")
         try Data(repeating: 7, count: length).write(to: URL(fileURLWithPath: keyPath))
+        chmod(keyPath, 0o600)
         #expect(throws: VaultError.self) { try VaultKey.load(path: keyPath, create: true) }
         #expect(try Data(contentsOf: URL(fileURLWithPath: keyPath)) == Data(repeating: 7, count: length))
     }

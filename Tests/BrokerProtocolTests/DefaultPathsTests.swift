@@ -20,12 +20,18 @@ import Testing
         #expect(paths(["TOKENBROKER_SOCKET": ""]).socket == "/run/user/1000/tokenbroker/broker.sock")
     }
 
+    /// Issue 8, class 5: without a runtime dir the socket is never under /tmp, where another user
+    /// could create the directory first; it goes to logind's /run/user/UID or the user's own
+    /// state directory.
     @Test func socketWithoutARuntimeDirectory() {
-        let uid = getuid()
-        let expectedBase =
-            FileManager.default.fileExists(atPath: "/run/user/\(uid)") ? "/run/user/\(uid)" : "/tmp/tokenbroker-\(uid)"
-        #expect(paths(removing: ["XDG_RUNTIME_DIR"]).socket == expectedBase + "/tokenbroker/broker.sock")
-        #expect(paths(["XDG_RUNTIME_DIR": ""]).socket == expectedBase + "/tokenbroker/broker.sock")
+        let login = "/run/user/\(getuid())"
+        let hasLogin = FileManager.default.fileExists(atPath: login)
+        let withStateHome = (hasLogin ? login : "/state") + "/tokenbroker/broker.sock"
+        let withHomeOnly = (hasLogin ? login : "/home/u/.local/state") + "/tokenbroker/broker.sock"
+        #expect(paths(removing: ["XDG_RUNTIME_DIR"]).socket == withStateHome)
+        #expect(paths(["XDG_RUNTIME_DIR": ""]).socket == withStateHome)
+        #expect(paths(removing: ["XDG_RUNTIME_DIR", "XDG_STATE_HOME"]).socket == withHomeOnly)
+        #expect(!paths(removing: ["XDG_RUNTIME_DIR"]).socket.hasPrefix("/tmp/"))
     }
 
     @Test func config() {

@@ -34,15 +34,16 @@ public struct Origin: Hashable, Sendable, CustomStringConvertible {
     public var host: String
     public var port: Int
 
-    /// `nil` unless `url` is http or https with a host and a port (given or default) from 1 to 65535.
+    /// `nil` unless `url` is http or https with an ASCII host (IDNs in their punycode form) and a
+    /// port (given or default) from 1 to 65535. Only ASCII is lowercased, as resolvers do.
     public init?(_ url: URL) {
         guard let scheme = url.scheme?.lowercased(), scheme == "https" || scheme == "http",
-            let host = url.host?.lowercased(), !host.isEmpty
+            let host = url.host, !host.isEmpty, host.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F })
         else { return nil }
         let port = url.port ?? (scheme == "https" ? 443 : 80)
         guard (1...65535).contains(port) else { return nil }
         self.scheme = scheme
-        self.host = host
+        self.host = String(decoding: host.utf8.map { $0 >= 0x41 && $0 <= 0x5A ? $0 + 0x20 : $0 }, as: UTF8.self)
         self.port = port
     }
 

@@ -36,8 +36,14 @@ struct ExecProvider: TokenProvider {
             logger.notice(
                 "exec provider wrote to stderr", metadata: ["account": "\(record.name)", "stderr": "\(line)"])
         }
-        // Lifetimes count from the start of the run: a little early, never late.
+        // Lifetimes count from the start of the run: a little early, never late. An error it
+        // printed may quote the tokens it printed too.
         return Self.interpret(output, now: now, defaultLifetime: defaultLifetime, timeout: timeout)
+            .mapError { failure in
+                var cleaned = failure
+                cleaned.message = record.outsideText(alsoHiding: hidden).clean(failure.message, or: "the command failed")
+                return cleaned
+            }
     }
 
     /// Denials a command can state in its JSON instead of (or as well as) exiting with 2.
@@ -279,7 +285,9 @@ enum ExecRunner {
         posix_spawn_file_actions_adddup2(&actions, stderr, 2)
         // Nothing else of the broker's: not its listening socket, client connections, IdP
         // connections or event-loop descriptors, even ones not opened close-on-exec.
-        tokenbroker_spawn_close_from(&actions, 3)
+        guard tokenbroker_spawn_close_from(&actions, 3) == 0 else {
+            return .failure(SpawnError(description: "cannot arrange for the command's descriptors to be closed"))
+        }
 
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)

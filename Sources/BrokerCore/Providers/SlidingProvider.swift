@@ -80,11 +80,10 @@ struct SlidingProvider: TokenProvider {
         let rotated = (data["refreshToken"] as? String).flatMap { $0.isEmpty ? nil : $0 }
         let token = AccessToken(
             value: accessToken, type: data["tokenType"] as? String ?? "Bearer",
-            expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(defaultLifetime), around: now), obtainedAt: now)
-        return .success(
-            Grant(
-                token: token, refreshToken: rotated,
-                refreshExpiresAt: refreshExpiresAt.map { Bounds.date($0, around: now) }))
+            expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(defaultLifetime)), obtainedAt: now)
+        return token.checked().map {
+            Grant(token: $0, refreshToken: rotated, refreshExpiresAt: refreshExpiresAt.map { Bounds.date($0) })
+        }
     }
 
     /// An optional timestamp field of the envelope's `data`: absent or null is `nil`; anything

@@ -50,12 +50,34 @@ extension AccessToken {
     static func issued(
         _ value: String, in object: [String: Any], now: Date, expiresAt: Date? = nil, defaultLifetime: TimeInterval
     ) -> Result<AccessToken, RefreshFailure> {
-        LifetimeField.read(object, "expires_in").map { lifetime in
+        LifetimeField.read(object, "expires_in").flatMap { lifetime in
             AccessToken(
                 value: value, type: object["token_type"] as? String ?? "Bearer",
-                expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(lifetime ?? defaultLifetime), around: now),
-                obtainedAt: now, idToken: object["id_token"] as? String, scope: object["scope"] as? String)
+                expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(lifetime ?? defaultLifetime)),
+                obtainedAt: now, idToken: object["id_token"] as? String, scope: object["scope"] as? String
+            ).checked()
         }
+    }
+
+    /// This token, or a malformed-answer failure when a field could not go into an HTTP header
+    /// as clients use it (`Authorization: <type> <token>`).
+    func checked() -> Result<AccessToken, RefreshFailure> {
+        if let field = unsafeField {
+            return .failure(.transient("the answer has a malformed \(field) (not printable ASCII)"))
+        }
+        return .success(self)
+    }
+
+    /// The first field that is not header-safe: the token, its type and the ID token are visible
+    /// ASCII without spaces (RFC 6750 section 2.1 is stricter still); a scope is printable ASCII
+    /// without `"` or `\` (RFC 6749 section 3.3).
+    var unsafeField: String? {
+        let visible: (String) -> Bool = { !$0.isEmpty && $0.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F } }
+        if !visible(value) { return "access_token" }
+        if !visible(type) { return "token_type" }
+        if let idToken, !visible(idToken) { return "id_token" }
+        if let scope, !scope.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7F && $0 != 0x22 && $0 != 0x5C }) { return "scope" }
+        return nil
     }
 }
 

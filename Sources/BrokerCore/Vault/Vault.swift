@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import Synchronization
 
 #if canImport(Glibc)
@@ -30,14 +34,16 @@ public final class Vault: @unchecked Sendable {
     /// completed an interrupted save.
     private let state = Mutex<(sequence: UInt64, recovered: Bool)>((0, false))
 
-    /// Opens (without reading) the vault at `path`, creating its directory, and takes its lock.
+    /// Opens (without reading) the vault at `path`, creating its directory (see
+    /// `FileSystem.preparePrivateDirectory`), and takes its lock.
     public init(path: String, key: SecretKey) throws {
         self.path = path
         self.key = key
-        try FileSystem.makeDirectory(URL(fileURLWithPath: path).deletingLastPathComponent().path)
+        try FileSystem.preparePrivateDirectory(
+            FileSystem.parent(of: path), role: "vault directory",
+            remedy: "set TOKENBROKER_VAULT (or --vault) to a path in a directory only you can write")
         let lockPath = path + ".lock"
-        let fd = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw VaultError("cannot open \(lockPath): \(FileSystem.errnoText())") }
+        let fd = try FileSystem.openPrivateFile(lockPath, role: "vault lock", flags: O_RDWR | O_CREAT)
         guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
             close(fd)
             throw VaultError(
@@ -53,19 +59,18 @@ public final class Vault: @unchecked Sendable {
     /// modified vault is refused and the file is left untouched. A save that a crash cut off
     /// after writing its staging file but before the rename is completed here: the staging
     /// file is promoted when it authenticates and is the very next save after the vault's
-    /// state (see `save`). Any other staging file (torn, foreign, stale) is deleted.
+    /// state (see `save`). Any other staging file (torn, foreign, stale, not private, a link)
+    /// is deleted, never followed.
     public func load() throws -> VaultContents? {
         let current = try read(path)
         var chosen = current
         var recovered = false
-        if FileManager.default.fileExists(atPath: stagingPath) {
-            if let staged = try? read(stagingPath), staged.sequence == (current?.sequence ?? 0) + 1 {
-                try FileSystem.promote(stagingPath, to: path)
-                chosen = staged
-                recovered = true
-            } else {
-                unlink(stagingPath)
-            }
+        if let staged = try? read(stagingPath), staged.sequence == (current?.sequence ?? 0) + 1 {
+            try FileSystem.promote(stagingPath, to: path)
+            chosen = staged
+            recovered = true
+        } else {
+            unlink(stagingPath)
         }
         state.withLock { $0 = (chosen?.sequence ?? 0, recovered) }
         return chosen.map { VaultContents(accounts: $0.accounts) }
@@ -94,14 +99,10 @@ public final class Vault: @unchecked Sendable {
     /// Where `save` writes before renaming over the vault.
     var stagingPath: String { path + ".next" }
 
-    /// Reads, authenticates and decodes one vault file; `nil` when it does not exist.
+    /// Reads, authenticates and decodes one vault file; `nil` when it does not exist. The file
+    /// must be a private regular file of this user (see `FileSystem.openPrivateFile`).
     private func read(_ path: String) throws -> Stored? {
-        guard let file = FileManager.default.contents(atPath: path) else {
-            if FileManager.default.fileExists(atPath: path) {
-                throw VaultError("cannot read the vault \(path)")
-            }
-            return nil
-        }
+        guard let file = try FileSystem.readPrivateFile(path, role: "vault") else { return nil }
         let bytes = [UInt8](file)
         guard bytes.count >= Self.headerLength + Sodium.tagLength, Array(bytes.prefix(Self.magic.count)) == Self.magic
         else {

@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 #if canImport(Glibc)
 import Glibc
@@ -7,14 +11,13 @@ import Glibc
 /// Finds or creates the vault key file (CONTRACT section 2).
 public enum VaultKey {
     /// Reads the 32-byte key at `path`; when `create` is set and no file exists, makes one
-    /// with fresh random bytes, mode 0600, in a 0700 directory.
+    /// with fresh random bytes, mode 0600, in a private directory. Like ssh with a private
+    /// key, refuses a link, a file of another uid, or one that others can read or write
+    /// (systemd's `LoadCredential=` files are the user's own, mode 0400).
     public static func load(path: String, create: Bool) throws -> SecretKey {
-        if !FileManager.default.fileExists(atPath: path) {
+        guard var bytes = try FileSystem.readPrivateFile(path, role: "vault key") else {
             guard create else { throw VaultError("no vault key at \(path)") }
-            try generate(at: path)
-        }
-        guard var bytes = FileManager.default.contents(atPath: path) else {
-            throw VaultError("cannot read the vault key at \(path)")
+            return try generate(at: path)
         }
         defer { Sodium.wipe(&bytes) }
         guard bytes.count == Sodium.keyLength, let key = SecretKey(bytes: [UInt8](bytes)) else {
@@ -24,15 +27,19 @@ public enum VaultKey {
         return key
     }
 
-    private static func generate(at path: String) throws {
-        try FileSystem.makeDirectory(URL(fileURLWithPath: path).deletingLastPathComponent().path)
+    /// Writes a fresh random key to `path`, which must not exist yet, and returns it.
+    private static func generate(at path: String) throws -> SecretKey {
+        try FileSystem.preparePrivateDirectory(
+            FileSystem.parent(of: path), role: "vault key directory",
+            remedy: "set TOKENBROKER_KEY_FILE (or --key-file) to a path in a directory only you can write")
         var bytes = Sodium.randomBytes(Sodium.keyLength)
         defer { _ = bytes.withUnsafeMutableBytes { $0.initializeMemory(as: UInt8.self, repeating: 0) } }
-        let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw VaultError("cannot create the vault key at \(path): \(FileSystem.errnoText())") }
+        let fd = try FileSystem.openPrivateFile(path, role: "vault key", flags: O_WRONLY | O_CREAT | O_EXCL)
         defer { close(fd) }
         guard write(fd, bytes, bytes.count) == bytes.count, fsync(fd) == 0 else {
             throw VaultError("cannot write the vault key at \(path): \(FileSystem.errnoText())")
         }
+        guard let key = SecretKey(bytes: bytes) else { throw VaultError("cannot hold the vault key in locked memory") }
+        return key
     }
 }
