@@ -1,119 +1,96 @@
 /// A fast, allocation-light reader for the common request shape: one flat JSON object whose
-/// values are plain strings (no escapes) or numbers, such as
+/// values are strings, numbers or literals, such as
 /// `{"id":7,"op":"token","account":"api","min_ttl":60}`.
 ///
-/// It only gates the hot path: anything it does not understand (nested values, escapes,
-/// literals, malformed text) yields `nil`, and the caller falls back to the full decoder.
+/// It only gates the hot path, and never disagrees with the full path (`JSONLine.problem(in:)`
+/// then the decoder over `Request`): whatever it returns, the full path would read the same
+/// `id`, `op`, `account` and `min_ttl` from the same line. Anything it cannot vouch for yields
+/// `nil` and the full path decides: text outside RFC 8259, nested values, a repeated key, a
+/// field of `Request` it does not read, a value of the wrong type, an `id` number that is not
+/// a plain integer within 64 bits (the decoder turns `1.0` into `1` and `1e2` into `100`).
 public struct FlatRequest: Equatable, Sendable {
     public var id: RequestID?
     public var op: String?
     public var account: String?
     public var minTTL: Double?
 
-    /// Parses `bytes`; `nil` when the line is not a flat object of plain strings and numbers.
-    public static func parse(_ bytes: UnsafeRawBufferPointer) -> FlatRequest? {
-        var scanner = Scanner(bytes: bytes)
-        var request = FlatRequest()
-        guard scanner.skip(UInt8(ascii: "{")) else { return nil }
-        if scanner.skip(UInt8(ascii: "}")) { return scanner.atEnd ? request : nil }
-        repeat {
-            guard let key = scanner.plainString(), scanner.skip(UInt8(ascii: ":")) else { return nil }
-            if scanner.peek == UInt8(ascii: "\"") {
-                guard let value = scanner.plainString() else { return nil }
-                switch key {
-                case "id": request.id = .string(value)
-                case "op": request.op = value
-                case "account": request.account = value
-                case "min_ttl": return nil
-                default: break
-                }
-            } else {
-                guard let (number, integer) = scanner.number() else { return nil }
-                switch key {
-                case "id": request.id = integer.map { .integer($0) } ?? .number(number)
-                case "min_ttl": request.minTTL = number
-                case "op", "account": return nil
-                default: break
-                }
-            }
-        } while scanner.skip(UInt8(ascii: ","))
-        guard scanner.skip(UInt8(ascii: "}")), scanner.atEnd else { return nil }
-        return request
+    /// The fields the fast path reads, as the full path read them from `request`.
+    public init(_ request: Request) {
+        id = request.id
+        op = request.op
+        account = request.account
+        minTTL = request.minTTL
     }
 
-    private struct Scanner {
-        let bytes: UnsafeRawBufferPointer
-        var index = 0
+    private init() {}
 
-        var peek: UInt8? {
-            mutating get {
-                skipWhitespace()
-                return index < bytes.count ? bytes[index] : nil
-            }
+    /// Equal when no answer could tell them apart: the same id text (`-0.0` is not `0`), the
+    /// same strings and the same `min_ttl` bits.
+    public static func == (lhs: FlatRequest, rhs: FlatRequest) -> Bool {
+        lhs.id.map(JSONText.encode) == rhs.id.map(JSONText.encode) && lhs.op == rhs.op && lhs.account == rhs.account
+            && lhs.minTTL?.bitPattern == rhs.minTTL?.bitPattern
+    }
+
+    /// Lines with more members than this are left to the full path, which keeps the check
+    /// for repeated keys short.
+    static let maximumMembers = 16
+
+    /// Parses `bytes`; `nil` when the full path must decide.
+    public static func parse(_ bytes: UnsafeRawBufferPointer) -> FlatRequest? {
+        var lexer = JSONLexer(bytes)
+        var request = FlatRequest()
+        guard lexer.skip(JSONLexer.Byte.openBrace) else { return nil }
+        if !lexer.skip(JSONLexer.Byte.closeBrace) {
+            var keys: [String] = []
+            repeat {
+                guard keys.count < maximumMembers, let key = lexer.string(), !keys.contains(key),
+                    lexer.skip(JSONLexer.Byte.colon), let value = Value(&lexer), request.set(key, to: value)
+                else { return nil }
+                keys.append(key)
+            } while lexer.skip(JSONLexer.Byte.comma)
+            guard lexer.skip(JSONLexer.Byte.closeBrace) else { return nil }
         }
+        return lexer.atEnd() ? request : nil
+    }
 
-        var atEnd: Bool {
-            mutating get { peek == nil }
-        }
+    /// A member's value as the scanner reads it.
+    private enum Value {
+        case string(String)
+        case number(String, isInteger: Bool)
+        case literal
 
-        mutating func skipWhitespace() {
-            while index < bytes.count, bytes[index] == 0x20 || bytes[index] == 0x09 || bytes[index] == 0x0D {
-                index += 1
-            }
-        }
-
-        mutating func skip(_ byte: UInt8) -> Bool {
-            guard peek == byte else { return false }
-            index += 1
-            return true
-        }
-
-        /// A string with no escapes and no control characters.
-        mutating func plainString() -> String? {
-            guard skip(UInt8(ascii: "\"")) else { return nil }
-            let start = index
-            while index < bytes.count {
-                let byte = bytes[index]
-                if byte == UInt8(ascii: "\"") {
-                    index += 1
-                    return String(validating: bytes[start..<index - 1], as: UTF8.self)
-                }
-                if byte == UInt8(ascii: "\\") || byte < 0x20 { return nil }
-                index += 1
-            }
-            return nil
-        }
-
-        /// A JSON number; the second value is set when it is an integer that fits in 64 bits.
-        mutating func number() -> (Double, Int64?)? {
-            skipWhitespace()
-            let start = index
-            var integral = true
-            while index < bytes.count {
-                switch bytes[index] {
-                case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"): index += 1
-                case UInt8(ascii: "."), UInt8(ascii: "e"), UInt8(ascii: "E"), UInt8(ascii: "+"):
-                    integral = false
-                    index += 1
-                default:
-                    return Self.convert(bytes[start..<index], integral: integral)
-                }
-            }
-            return Self.convert(bytes[start..<index], integral: integral)
-        }
-
-        private static func convert(_ slice: Slice<UnsafeRawBufferPointer>, integral: Bool) -> (Double, Int64?)? {
-            guard !slice.isEmpty, slice.first != UInt8(ascii: "+"), let text = String(validating: slice, as: UTF8.self),
-                let value = Double(text), value.isFinite
-            else { return nil }
-            // JSON forbids leading zeros ("01", "-01"), which Double(_:) would accept.
-            let digits = slice.first == UInt8(ascii: "-") ? slice.dropFirst() : slice[...]
-            if digits.count > 1, digits.first == UInt8(ascii: "0"),
-                let next = digits.dropFirst().first, next >= UInt8(ascii: "0"), next <= UInt8(ascii: "9")
-            {
+        init?(_ lexer: inout JSONLexer) {
+            if lexer.peek() == JSONLexer.Byte.quote {
+                guard let text = lexer.string() else { return nil }
+                self = .string(text)
+            } else if let (text, isInteger) = lexer.number() {
+                self = .number(text, isInteger: isInteger)
+            } else if lexer.literal() {
+                self = .literal
+            } else {
                 return nil
             }
-            return (value, integral ? Int64(text) : nil)
         }
+    }
+
+    /// Stores `value` under `key` as the decoder would; `false` when the decoder must decide.
+    private mutating func set(_ key: String, to value: Value) -> Bool {
+        switch (Request.CodingKeys(stringValue: key), value) {
+        case (.id?, .string(let text)): id = .string(text)
+        case (.id?, .number(let text, isInteger: true)):
+            guard let integer = Int64(text) else { return false }
+            id = .integer(integer)
+        case (.op?, .string(let text)): op = text
+        case (.account?, .string(let text)): account = text
+        case (.minTTL?, .number(let text, let isInteger)):
+            // The decoder refuses a literal that only rounds to zero (`1e-400`), so the one zero
+            // taken here is a plain `0`.
+            guard let seconds = Double(text), seconds.isFinite, seconds != 0 || isInteger else { return false }
+            minTTL = seconds
+        case (.client?, .string), (.accessToken?, .string): break
+        case (nil, _): break  // The decoder ignores unknown fields too.
+        case (_?, _): return false
+        }
+        return true
     }
 }

@@ -24,23 +24,29 @@ public struct RequestDispatcher: Sendable {
 
     /// Parses `line` and answers at once whatever needs no waiting: cached tokens (through the
     /// flat-request fast path) and errors.
+    ///
+    /// The fast path answers only lines that the full path (`JSONLine`, then the decoder) reads
+    /// the same way, and holds them to the same checks, so a line gets one answer whichever
+    /// path takes it.
     public func decide(line: UnsafeRawBufferPointer, peer: PeerIdentity, decoder: JSONDecoder, now: Date) -> Decision {
-        if let flat = FlatRequest.parse(line), flat.op == "token", let account = flat.account {
-            let minTTL = flat.minTTL ?? broker.settings.defaultMinTTL
-            if minTTL >= 0, let token = broker.cache.token(for: account, minTTL: minTTL, now: now) {
-                return .immediate(token.line(id: flat.id, now: now))
+        if let flat = FlatRequest.parse(line), flat.op == Operation.token.rawValue {
+            let request = Request(id: flat.id, op: Operation.token.rawValue, account: flat.account, minTTL: flat.minTTL)
+            if let account = try? AccountField.required(request.account), let seconds = try? minTTL(request),
+                let token = broker.cache.token(for: account, minTTL: seconds, now: now)
+            {
+                return .immediate(token.line(id: request.id, now: now))
             }
         }
         let data = Data(line)
+        if let problem = JSONLine.problem(in: line) {
+            return .immediate(refusal(problem, data: data, decoder: decoder))
+        }
         let request: Request
         do {
             request = try decoder.decode(Request.self, from: data)
         } catch {
             let id = (try? decoder.decode(IDOnly.self, from: data))?.id
-            let message =
-                id == nil && (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] == nil
-                ? "each line must be one JSON object" : "a field has the wrong type"
-            return .immediate(errorLine(id: id, BrokerError(.badRequest, message)))
+            return .immediate(errorLine(id: id, BrokerError(.badRequest, "a field has the wrong type")))
         }
         guard let op = request.op else {
             return .immediate(errorLine(id: request.id, BrokerError(.badRequest, "the field \"op\" is required")))
@@ -61,6 +67,22 @@ public struct RequestDispatcher: Sendable {
             return .subscribe(ack: line, id: id, events: events)
         }
         return .deferred(request)
+    }
+
+    /// The answer to a line that `JSONLine` refused. It echoes the line's id unless the line
+    /// has none that is certain (not JSON, or `id` given twice).
+    private func refusal(_ problem: JSONLine.Problem, data: Data, decoder: JSONDecoder) -> [UInt8] {
+        switch problem {
+        case .malformed:
+            return errorLine(id: nil, BrokerError(.badRequest, "each line must be one JSON object"))
+        case .tooDeep:
+            return errorLine(
+                id: nil, BrokerError(.badRequest, "values nest deeper than \(JSONLine.maximumDepth) levels"))
+        case .duplicateKey(let path):
+            let id = path == ["id"] ? nil : (try? decoder.decode(IDOnly.self, from: data))?.id
+            let key = JSONText.quote(path.joined(separator: "."))
+            return errorLine(id: id, BrokerError(.badRequest, "the key \(key) appears more than once"))
+        }
     }
 
     /// One event line for a subscription.

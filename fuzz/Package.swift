@@ -1,0 +1,55 @@
+// swift-tools-version: 6.0
+import PackageDescription
+
+/// libFuzzer's coverage instrumentation, for the project's own modules and the fuzz targets
+/// only: the dependencies (NIO, AsyncHTTPClient, TOMLKit) build as usual.
+let instrumented: [SwiftSetting] = [
+    .unsafeFlags(["-sanitize=fuzzer", "-enable-testing"]),
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("MemberImportVisibility"),
+]
+
+/// A fuzz target: an executable that hands its inputs to libFuzzer's driver.
+func fuzzTarget(_ name: String, _ dependencies: [Target.Dependency]) -> Target {
+    .executableTarget(
+        name: name, dependencies: ["FuzzSupport"] + dependencies, path: "Targets/\(name)",
+        swiftSettings: instrumented, linkerSettings: [.unsafeFlags(["-sanitize=fuzzer"])])
+}
+
+/// The project's fuzz targets. `Linked` points at the project's `Sources`, so the modules
+/// under test are compiled here a second time, with coverage, from the very same files; their
+/// dependencies mirror the project's `Package.swift`.
+let package = Package(
+    name: "tokenbroker-fuzz",
+    platforms: [.macOS(.v15)],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/LebJe/TOMLKit", from: "0.6.0"),
+    ],
+    targets: [
+        .systemLibrary(name: "CSodium", path: "Linked/CSodium", pkgConfig: "libsodium"),
+        .target(name: "CSpawn", path: "Linked/CSpawn"),
+        .target(name: "BrokerProtocol", path: "Linked/BrokerProtocol", swiftSettings: instrumented),
+        .target(
+            name: "BrokerCore",
+            dependencies: [
+                "BrokerProtocol", "CSodium", "CSpawn",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "TOMLKit", package: "TOMLKit"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Linked/BrokerCore", swiftSettings: instrumented),
+        .target(name: "FuzzSupport", path: "Targets/FuzzSupport"),
+        fuzzTarget("RequestLineFuzz", ["BrokerProtocol"]),
+        fuzzTarget("ProviderFuzz", ["BrokerCore"]),
+        fuzzTarget("ConfigFuzz", ["BrokerCore"]),
+        fuzzTarget(
+            "VaultFuzz", ["BrokerCore", "CSodium", .product(name: "Logging", package: "swift-log")]),
+    ]
+)
