@@ -44,8 +44,8 @@ public enum ConfigFile {
     static func parse(_ text: String, path: String) throws -> BrokerConfiguration {
         if let line = TOMLPrecheck.firstForbiddenLine(text) {
             throw ConfigError(
-                description: "\(path) line \(line): a character TOML allows only inside a string or a comment "
-                    + "(keys are ASCII letters, digits, - and _; NUL is never allowed)")
+                description: "\(path) line \(line): not TOML here: a table header names a key first, keys are "
+                    + "ASCII letters, digits, - and _ (or quoted), other characters belong in strings or comments")
         }
         let table: TOMLTable
         do {

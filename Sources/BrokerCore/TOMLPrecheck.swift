@@ -1,59 +1,109 @@
-/// Checks what TOMLKit's parser (toml++) must not see: toml++ asserts (and so aborts the whole
-/// broker, at start or at `reload`) on some invalid input, such as a non-ASCII bare key
-/// (`[é]`). TOML allows characters beyond ASCII only inside strings and comments, so this
-/// refuses any other place, and NUL anywhere, before the parser runs.
+/// Checks what TOMLKit's parser (toml++) must not see. toml++ asserts, and so aborts the whole
+/// broker at start or at `reload`, when a table header does not start with a key (`[.a]`,
+/// `[=]`, `[é]`: found by fuzzing; SwiftPM builds it without `NDEBUG`). This refuses such a
+/// header, any character beyond ASCII outside strings and comments (TOML allows none there),
+/// and NUL anywhere, before the parser runs; everything else is left to the parser's errors.
 enum TOMLPrecheck {
-    /// The 1-based line of the first byte TOML forbids where it stands, or `nil` when there is none.
+    /// The 1-based line of the first thing refused, or `nil` when there is none.
     static func firstForbiddenLine(_ text: String) -> Int? {
-        let bytes = Array(text.utf8)
-        var line = 1
+        var scanner = Scanner(bytes: Array(text.utf8))
+        return scanner.firstForbiddenLine()
+    }
+
+    private struct Scanner {
+        let bytes: [UInt8]
         var index = 0
-        /// The delimiter of the string being read (`"`, `'`, `"""` or `'''`), if any.
-        var quote: [UInt8]?
-        var inComment = false
-        func starts(with delimiter: [UInt8]) -> Bool {
-            index + delimiter.count <= bytes.count && Array(bytes[index..<index + delimiter.count]) == delimiter
+        var line = 1
+        /// Only spaces and tabs so far on this line.
+        var atLineStart = true
+        /// Nesting of arrays and inline tables in a value; a `[` at a line start outside any
+        /// is a table header.
+        var depth = 0
+
+        mutating func firstForbiddenLine() -> Int? {
+            while index < bytes.count {
+                let byte = bytes[index]
+                if byte == 0 || byte >= 0x80 { return line }
+                switch byte {
+                case UInt8(ascii: "\n"):
+                    line += 1
+                    atLineStart = true
+                    index += 1
+                case UInt8(ascii: " "), UInt8(ascii: "\t"), UInt8(ascii: "\r"):
+                    index += 1
+                case UInt8(ascii: "#"):
+                    while index < bytes.count, bytes[index] != UInt8(ascii: "\n") {
+                        if bytes[index] == 0 { return line }
+                        index += 1
+                    }
+                case UInt8(ascii: "\""), UInt8(ascii: "'"):
+                    atLineStart = false
+                    if !skipString() { return line }
+                case UInt8(ascii: "[") where atLineStart && depth == 0:
+                    atLineStart = false
+                    if !headerStartsWithAKey() { return line }
+                case UInt8(ascii: "["), UInt8(ascii: "{"):
+                    atLineStart = false
+                    depth += 1
+                    index += 1
+                case UInt8(ascii: "]"), UInt8(ascii: "}"):
+                    atLineStart = false
+                    depth = max(0, depth - 1)
+                    index += 1
+                default:
+                    atLineStart = false
+                    index += 1
+                }
+            }
+            return nil
         }
-        while index < bytes.count {
+
+        /// At `[` or `[[`: whether spaces and then a bare-key character, a quote or `]` follow
+        /// (what toml++ checks itself). Leaves `index` at that character.
+        mutating func headerStartsWithAKey() -> Bool {
+            index += 1
+            if index < bytes.count, bytes[index] == UInt8(ascii: "[") { index += 1 }
+            while index < bytes.count, bytes[index] == UInt8(ascii: " ") || bytes[index] == UInt8(ascii: "\t") {
+                index += 1
+            }
+            guard index < bytes.count else { return true }  // the parser reports the end of the file
             let byte = bytes[index]
-            if byte == 0 { return line }
-            if byte == UInt8(ascii: "\n") {
-                line += 1
-                inComment = false
-                if let open = quote, open.count == 1 { quote = nil }  // a one-line string ends here (unterminated)
-                index += 1
-                continue
-            }
-            if inComment {
-                index += 1
-                continue
-            }
-            if let open = quote {
-                if open.first == UInt8(ascii: "\""), byte == UInt8(ascii: "\\") {
-                    index += 2  // an escape: the next byte is never the closing quote
-                    continue
-                }
-                if starts(with: open) {
-                    index += open.count
-                    quote = nil
-                    continue
-                }
-                index += 1
-                continue
-            }
-            if byte >= 0x80 { return line }
-            switch byte {
-            case UInt8(ascii: "#"):
-                inComment = true
-                index += 1
-            case UInt8(ascii: "\""), UInt8(ascii: "'"):
-                let triple = [byte, byte, byte]
-                quote = starts(with: triple) ? triple : [byte]
-                index += quote!.count
-            default:
-                index += 1
-            }
+            let bareKey =
+                (byte >= UInt8(ascii: "a") && byte <= UInt8(ascii: "z"))
+                || (byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z"))
+                || (byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9"))
+                || byte == UInt8(ascii: "-") || byte == UInt8(ascii: "_")
+            return bareKey || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "'") || byte == UInt8(ascii: "]")
         }
-        return nil
+
+        /// Skips a string (basic, literal, or either multi-line form), counting its lines;
+        /// `false` when it holds NUL. An unterminated one-line string ends at the line's end.
+        mutating func skipString() -> Bool {
+            let quote = bytes[index]
+            let triple = index + 2 < bytes.count && bytes[index + 1] == quote && bytes[index + 2] == quote
+            index += triple ? 3 : 1
+            while index < bytes.count {
+                let byte = bytes[index]
+                if byte == 0 { return false }
+                if byte == UInt8(ascii: "\n") {
+                    if !triple { return true }
+                    line += 1
+                } else if quote == UInt8(ascii: "\""), byte == UInt8(ascii: "\\") {
+                    index += 1  // an escaped character is never the closing quote
+                    if index < bytes.count, bytes[index] == UInt8(ascii: "\n") { line += 1 }
+                } else if byte == quote {
+                    if !triple {
+                        index += 1
+                        return true
+                    }
+                    if index + 2 < bytes.count, bytes[index + 1] == quote, bytes[index + 2] == quote {
+                        index += 3
+                        return true
+                    }
+                }
+                index += 1
+            }
+            return true
+        }
     }
 }

@@ -149,6 +149,8 @@ import Testing
     @Test(arguments: [
         ("[é]\n", 1), ("[broker]\n# fine: é\nrefresh_floor = 60\n[accounts.é]\n", 4), ("a = \"x\"\n\u{0}", 2),
         ("a = 'é' ]\nb = ü\n", 2), ("s = \"\"\"\né\n\"\"\"\n[ö]\n", 4), ("s = \"\\\"é\" é\n", 1),
+        ("[.a]\n", 1), ("x = 1\n  [=]\n", 2), ("[#]\n", 1), ("[[,a]]\n", 1), ("[ ~]\n", 1), ("[\n", 1),
+        ("c = [\n  [1],\n]\n[.b]\n", 4),
     ])
     func forbiddenBytesOutsideStringsAndComments(text: String, line: Int) throws {
         #expect(TOMLPrecheck.firstForbiddenLine(text) == line)
@@ -166,6 +168,11 @@ import Testing
             scope = \"\"\"
             é ü
             \"\"\"
+            command = [
+              "/bin/x", [ "nested" ],
+              { a = "é" },
+            ]
+            [[ "quoted" ]]
             """
         #expect(TOMLPrecheck.firstForbiddenLine(text) == nil)
     }
