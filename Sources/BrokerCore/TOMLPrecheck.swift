@@ -1,8 +1,10 @@
 /// Checks what TOMLKit's parser (toml++) must not see. toml++ asserts, and so aborts the whole
 /// broker at start or at `reload`, when a table header does not start with a key (`[.a]`,
-/// `[=]`, `[é]`: found by fuzzing; SwiftPM builds it without `NDEBUG`). This refuses such a
-/// header, any character beyond ASCII outside strings and comments (TOML allows none there),
-/// and NUL anywhere, before the parser runs; everything else is left to the parser's errors.
+/// `[=]`, `[é]`) or an array holds a `}` where a value belongs (`a = [}`): both found by
+/// fuzzing; SwiftPM builds it without `NDEBUG`. This refuses such a header, a bracket that
+/// closes what it did not open, any character beyond ASCII outside strings and comments (TOML
+/// allows none there), and NUL anywhere, before the parser runs; everything else is left to the
+/// parser's own errors.
 enum TOMLPrecheck {
     /// The 1-based line of the first thing refused, or `nil` when there is none.
     static func firstForbiddenLine(_ text: String) -> Int? {
@@ -16,9 +18,9 @@ enum TOMLPrecheck {
         var line = 1
         /// Only spaces and tabs so far on this line.
         var atLineStart = true
-        /// Nesting of arrays and inline tables in a value; a `[` at a line start outside any
-        /// is a table header.
-        var depth = 0
+        /// The arrays and inline tables open in a value (`[` or `{`); a `[` at a line start
+        /// outside any is a table header.
+        var open: [UInt8] = []
 
         mutating func firstForbiddenLine() -> Int? {
             while index < bytes.count {
@@ -39,16 +41,18 @@ enum TOMLPrecheck {
                 case UInt8(ascii: "\""), UInt8(ascii: "'"):
                     atLineStart = false
                     if !skipString() { return line }
-                case UInt8(ascii: "[") where atLineStart && depth == 0:
+                case UInt8(ascii: "[") where atLineStart && open.isEmpty:
                     atLineStart = false
                     if !headerStartsWithAKey() { return line }
                 case UInt8(ascii: "["), UInt8(ascii: "{"):
                     atLineStart = false
-                    depth += 1
+                    open.append(byte)
                     index += 1
                 case UInt8(ascii: "]"), UInt8(ascii: "}"):
+                    // With nothing open, a header's own `]` (the parser judges the rest).
                     atLineStart = false
-                    depth = max(0, depth - 1)
+                    let opener = byte == UInt8(ascii: "]") ? UInt8(ascii: "[") : UInt8(ascii: "{")
+                    if let innermost = open.popLast(), innermost != opener { return line }
                     index += 1
                 default:
                     atLineStart = false

@@ -150,7 +150,7 @@ import Testing
         ("[é]\n", 1), ("[broker]\n# fine: é\nrefresh_floor = 60\n[accounts.é]\n", 4), ("a = \"x\"\n\u{0}", 2),
         ("a = 'é' ]\nb = ü\n", 2), ("s = \"\"\"\né\n\"\"\"\n[ö]\n", 4), ("s = \"\\\"é\" é\n", 1),
         ("[.a]\n", 1), ("x = 1\n  [=]\n", 2), ("[#]\n", 1), ("[[,a]]\n", 1), ("[ ~]\n", 1), ("[\n", 1),
-        ("c = [\n  [1],\n]\n[.b]\n", 4),
+        ("c = [\n  [1],\n]\n[.b]\n", 4), ("and = [}}\n", 1), ("a = [1,\n }\n", 2), ("a = { b = [ 1 } ]\n", 1),
     ])
     func forbiddenBytesOutsideStringsAndComments(text: String, line: Int) throws {
         #expect(TOMLPrecheck.firstForbiddenLine(text) == line)
