@@ -224,23 +224,23 @@ public actor Broker {
         entries[name]?.nextRefreshAt = nil
 
         var revoked = false
-        switch await makeProvider(current.record.provider).revoke(current.record) {
+        let answer = await makeProvider(current.record.provider).revoke(current.record)
+        switch answer.mapError(current.record.outsideText().clean) {
         case .success(let revocation):
             revoked = revocation == .revoked
         case .failure(let failure) where !force:
-            let message = current.record.outsideText().clean(failure.message, or: "the IdP refused")
             entries[name]?.nextRefreshAt = due
-            logger.warning("logout refused: cannot revoke", metadata: ["account": "\(name)", "reason": "\(message)"])
-            let wait = failure.kind == .transient ? min(failure.retryAfter ?? settings.backoffBase, settings.backoffCap) : nil
+            logger.warning("logout refused: cannot revoke", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
+            let wait =
+                failure.kind == .transient ? min(failure.retryAfter ?? settings.backoffBase, settings.backoffCap) : nil
             throw BrokerError(
                 .unavailable,
-                "cannot revoke \(name) at the IdP (\(message)); nothing was discarded. "
+                "cannot revoke \(name) at the IdP (\(failure.message)); nothing was discarded. "
                     + (wait == nil ? "Check the account's settings, " : "Try again later, ")
                     + "or brokerctl logout \(name) --force to discard it without revoking",
                 retryAfterMs: wait.map(Bounds.milliseconds))
         case .failure(let failure):
-            let message = current.record.outsideText().clean(failure.message, or: "the IdP refused")
-            logger.warning("forced logout without revocation", metadata: ["account": "\(name)", "reason": "\(message)"])
+            logger.warning("forced logout without revocation", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
         }
 
         // Discarded in memory even if the vault cannot be saved: a revoked token must not be served.
@@ -279,17 +279,20 @@ public actor Broker {
     /// runtime account (nothing secret is ever deleted by editing a file).
     public func configure(_ configuration: BrokerConfiguration) throws(BrokerError) {
         var providers: [String: ProviderConfig] = [:]
+        /// Logged-out accounts the config moves elsewhere: their client secret stays behind.
+        var moved: Set<String> = []
         for (name, spec) in configuration.accounts {
             do throws(BrokerError) {
                 _ = try AccountSpec.validateName(name)
                 let provider = try AccountSpec.provider(spec).0
-                if let stored = entries[name]?.record, stored.holdsCredential,
-                    let move = stored.provider.credentialMove(to: provider)
-                {
-                    throw BrokerError(
-                        .badRequest,
-                        "the account holds credentials and this \(move); log it out first (brokerctl logout "
-                            + "\(name)) or remove it (brokerctl remove \(name))")
+                if let stored = entries[name]?.record, let move = stored.provider.credentialMove(to: provider) {
+                    guard !stored.holdsCredential else {
+                        throw BrokerError(
+                            .badRequest,
+                            "the account holds credentials and this \(move); log it out first (brokerctl logout "
+                                + "\(name)) or remove it (brokerctl remove \(name))")
+                    }
+                    moved.insert(name)
                 }
                 providers[name] = provider
             } catch {
@@ -307,7 +310,7 @@ public actor Broker {
                     record: AccountRecord(
                         name: name, provider: provider, secrets: AccountSecrets(), token: nil, needsLogin: false,
                         lastError: nil, lastRefreshAt: nil))
-            if entry.record.secrets.clientSecret != nil, entry.record.provider.credentialMove(to: provider) != nil {
+            if moved.contains(name), entry.record.secrets.clientSecret != nil {
                 // A logged-out account may move, but the client secret was issued for the old place.
                 entry.record.secrets.clientSecret = nil
                 logger.notice(
@@ -382,7 +385,9 @@ public actor Broker {
         guard let started = entries[name] else { return .failure(notFound(name)) }
         let provider = makeProvider(started.record.provider)
         let asked = ContinuousClock.now
+        // Whatever the IdP or helper wrote is cleaned here, once, before it is stored, logged or sent.
         let outcome = await provider.refresh(started.record, now: clock.now())
+            .mapError(started.record.outsideText().clean)
         let answered = ContinuousClock.now
         guard var entry = entries[name], entry.generation == started.generation, entry.inFlight?.serial == serial
         else {
@@ -431,38 +436,36 @@ public actor Broker {
                 ])
             return .success(())
         case .failure(let failure) where failure.kind == .denial:
-            let message = started.record.outsideText().clean(failure.message, or: "the IdP denied the refresh")
             entry.record.needsLogin = true
-            entry.record.lastError = AccountError(code: "needs_login", message: message, at: now)
+            entry.record.lastError = AccountError(code: "needs_login", message: failure.message, at: now)
             entry.nextRefreshAt = nil
             entries[name] = entry
             cache.publish(nil, for: name)
             try? persist(changing: name)
             events.publish(
-                BrokerEvent(event: .needsLogin, account: name, at: now, state: "needs_login", message: message))
-            logger.warning("refresh denied; needs login", metadata: ["account": "\(name)", "reason": "\(message)"])
+                BrokerEvent(event: .needsLogin, account: name, at: now, state: "needs_login", message: failure.message))
+            logger.warning("refresh denied; needs login", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
             return .failure(needsLogin(name))
         case .failure(let failure):
-            let message = started.record.outsideText().clean(failure.message, or: "the refresh failed")
             entry.failures += 1
             let delay = planner.backoff(failures: entry.failures, retryAfter: failure.retryAfter)
             entry.retryAt = now.addingTimeInterval(delay)
             entry.nextRefreshAt = entry.retryAt
-            entry.record.lastError = AccountError(code: "unavailable", message: message, at: now)
+            entry.record.lastError = AccountError(code: "unavailable", message: failure.message, at: now)
             entries[name] = entry
             if entry.failures == 1 {
                 events.publish(
                     BrokerEvent(
                         event: .refreshFailed, account: name, at: now, state: state(of: entry, now: now),
-                        message: message))
+                        message: failure.message))
             }
             logger.warning(
                 "refresh failed; will retry",
                 metadata: [
-                    "account": "\(name)", "reason": "\(message)",
+                    "account": "\(name)", "reason": "\(failure.message)",
                     "retry_in_s": "\(Bounds.wholeSeconds(delay.rounded(.up)))",
                 ])
-            return .failure(BrokerError(.unavailable, message, retryAfterMs: Bounds.milliseconds(delay)))
+            return .failure(BrokerError(.unavailable, failure.message, retryAfterMs: Bounds.milliseconds(delay)))
         }
     }
 

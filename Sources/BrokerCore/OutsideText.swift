@@ -40,6 +40,13 @@ struct OutsideText {
     /// `text` cleaned, or `fallback` when nothing printable is left.
     func clean(_ text: String, or fallback: String) -> String { clean(text) ?? fallback }
 
+    /// `failure` with its message cleaned.
+    func clean(_ failure: RefreshFailure) -> RefreshFailure {
+        var cleaned = failure
+        cleaned.message = clean(failure.message, or: "no reason given")
+        return cleaned
+    }
+
     private func redact(_ text: String) -> String {
         secrets.reduce(text) { $0.replacing($1, with: Self.placeholder) }
     }

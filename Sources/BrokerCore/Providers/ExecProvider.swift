@@ -39,11 +39,7 @@ struct ExecProvider: TokenProvider {
         // Lifetimes count from the start of the run: a little early, never late. An error it
         // printed may quote the tokens it printed too.
         return Self.interpret(output, now: now, defaultLifetime: defaultLifetime, timeout: timeout)
-            .mapError { failure in
-                var cleaned = failure
-                cleaned.message = record.outsideText(alsoHiding: hidden).clean(failure.message, or: "the command failed")
-                return cleaned
-            }
+            .mapError(record.outsideText(alsoHiding: hidden).clean)
     }
 
     /// Denials a command can state in its JSON instead of (or as well as) exiting with 2.
