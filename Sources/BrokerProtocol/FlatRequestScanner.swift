@@ -31,9 +31,9 @@ public struct FlatRequest: Equatable, Sendable {
             && lhs.minTTL?.bitPattern == rhs.minTTL?.bitPattern
     }
 
-    /// Lines with more members than this are left to the full path, which keeps the check
-    /// for repeated keys short.
-    static let maximumMembers = 16
+    /// Lines with more unknown members than this are left to the full path, which keeps the
+    /// check for their repeated keys short.
+    static let maximumUnknownMembers = 16
 
     /// Parses `bytes`; `nil` when the full path must decide.
     public static func parse(_ bytes: UnsafeRawBufferPointer) -> FlatRequest? {
@@ -41,12 +41,23 @@ public struct FlatRequest: Equatable, Sendable {
         var request = FlatRequest()
         guard lexer.skip(JSONLexer.Byte.openBrace) else { return nil }
         if !lexer.skip(JSONLexer.Byte.closeBrace) {
-            var keys: [String] = []
+            // One bit per field read, so the usual line finds a repeated key without allocating;
+            // the keys of unknown members (which the decoder ignores) are kept in a short list.
+            var seen: UInt8 = 0
+            var unknown: [String] = []
             repeat {
-                guard keys.count < maximumMembers, let key = lexer.string(), !keys.contains(key),
-                    lexer.skip(JSONLexer.Byte.colon), let value = Value(&lexer), request.set(key, to: value)
-                else { return nil }
-                keys.append(key)
+                guard let key = lexer.string(), lexer.skip(JSONLexer.Byte.colon), let value = Value(&lexer) else {
+                    return nil
+                }
+                if let field = Request.CodingKeys(stringValue: key) {
+                    guard let bit = Self.bit(of: field), seen & bit == 0, request.set(field, to: value) else {
+                        return nil
+                    }
+                    seen |= bit
+                } else {
+                    guard unknown.count < maximumUnknownMembers, !unknown.contains(key) else { return nil }
+                    unknown.append(key)
+                }
             } while lexer.skip(JSONLexer.Byte.comma)
             guard lexer.skip(JSONLexer.Byte.closeBrace) else { return nil }
         }
@@ -73,23 +84,35 @@ public struct FlatRequest: Equatable, Sendable {
         }
     }
 
-    /// Stores `value` under `key` as the decoder would; `false` when the decoder must decide.
-    private mutating func set(_ key: String, to value: Value) -> Bool {
-        switch (Request.CodingKeys(stringValue: key), value) {
-        case (.id?, .string(let text)): id = .string(text)
-        case (.id?, .number(let text, isInteger: true)):
+    /// The bit of a field the scanner reads; `nil` for the others, which the full path reads.
+    private static func bit(of field: Request.CodingKeys) -> UInt8? {
+        switch field {
+        case .id: return 1
+        case .op: return 2
+        case .account: return 4
+        case .minTTL: return 8
+        case .client: return 16
+        case .accessToken: return 32
+        default: return nil
+        }
+    }
+
+    /// Stores `value` under `field` as the decoder would; `false` when the decoder must decide.
+    private mutating func set(_ field: Request.CodingKeys, to value: Value) -> Bool {
+        switch (field, value) {
+        case (.id, .string(let text)): id = .string(text)
+        case (.id, .number(let text, isInteger: true)):
             guard let integer = Int64(text) else { return false }
             id = .integer(integer)
-        case (.op?, .string(let text)): op = text
-        case (.account?, .string(let text)): account = text
-        case (.minTTL?, .number(let text, let isInteger)):
+        case (.op, .string(let text)): op = text
+        case (.account, .string(let text)): account = text
+        case (.minTTL, .number(let text, let isInteger)):
             // The decoder refuses a literal that only rounds to zero (`1e-400`), so the one zero
             // taken here is a plain `0`.
             guard let seconds = Double(text), seconds.isFinite, seconds != 0 || isInteger else { return false }
             minTTL = seconds
-        case (.client?, .string), (.accessToken?, .string): break
-        case (nil, _): break  // The decoder ignores unknown fields too.
-        case (_?, _): return false
+        case (.client, .string), (.accessToken, .string): break
+        default: return false
         }
         return true
     }

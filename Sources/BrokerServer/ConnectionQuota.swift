@@ -61,15 +61,10 @@ final class ConnectionQuota: Sendable {
     /// Takes one request or subscription for `uid` if its limit allows.
     func reserve(_ kind: Kind, uid: UInt32) -> Bool {
         let limit = kind == .request ? limits.requestsPerUID : limits.subscriptionsPerUID
+        let count: WritableKeyPath<Holdings, Int> = kind == .request ? \.requests : \.subscriptions
         return state.withLock { state in
-            switch kind {
-            case .request:
-                guard state.byUID[uid, default: Holdings()].requests < limit else { return false }
-                state.byUID[uid, default: Holdings()].requests += 1
-            case .subscription:
-                guard state.byUID[uid, default: Holdings()].subscriptions < limit else { return false }
-                state.byUID[uid, default: Holdings()].subscriptions += 1
-            }
+            guard state.byUID[uid, default: Holdings()][keyPath: count] < limit else { return false }
+            state.byUID[uid, default: Holdings()][keyPath: count] += 1
             return true
         }
     }

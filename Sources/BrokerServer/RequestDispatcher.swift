@@ -29,18 +29,21 @@ public struct RequestDispatcher: Sendable {
     /// the same way, and holds them to the same checks, so a line gets one answer whichever
     /// path takes it.
     public func decide(line: UnsafeRawBufferPointer, peer: PeerIdentity, decoder: JSONDecoder, now: Date) -> Decision {
-        if let flat = FlatRequest.parse(line), flat.op == Operation.token.rawValue {
-            let request = Request(id: flat.id, op: Operation.token.rawValue, account: flat.account, minTTL: flat.minTTL)
-            if let account = try? AccountField.required(request.account), let seconds = try? minTTL(request),
+        let flat = FlatRequest.parse(line)
+        if let flat, flat.op == Operation.token.rawValue {
+            if let account = try? AccountField.required(flat.account), let seconds = try? minTTL(flat.minTTL),
                 let token = broker.cache.token(for: account, minTTL: seconds, now: now)
             {
-                return .immediate(token.line(id: request.id, now: now))
+                return .immediate(token.line(id: flat.id, now: now))
             }
+            // The scanner read every field a token request has, as the decoder would: no second read.
+            return .deferred(Request(id: flat.id, op: Operation.token.rawValue, account: flat.account, minTTL: flat.minTTL))
+        }
+        // A line the scanner read is well-formed JSON with no repeated key.
+        if flat == nil, let problem = JSONLine.problem(in: line) {
+            return .immediate(refusal(problem, line: line, decoder: decoder))
         }
         let data = Data(line)
-        if let problem = JSONLine.problem(in: line) {
-            return .immediate(refusal(problem, data: data, decoder: decoder))
-        }
         let request: Request
         do {
             request = try decoder.decode(Request.self, from: data)
@@ -71,7 +74,7 @@ public struct RequestDispatcher: Sendable {
 
     /// The answer to a line that `JSONLine` refused. It echoes the line's id unless the line
     /// has none that is certain (not JSON, or `id` given twice).
-    private func refusal(_ problem: JSONLine.Problem, data: Data, decoder: JSONDecoder) -> [UInt8] {
+    private func refusal(_ problem: JSONLine.Problem, line: UnsafeRawBufferPointer, decoder: JSONDecoder) -> [UInt8] {
         switch problem {
         case .malformed:
             return errorLine(id: nil, BrokerError(.badRequest, "each line must be one JSON object"))
@@ -79,7 +82,7 @@ public struct RequestDispatcher: Sendable {
             return errorLine(
                 id: nil, BrokerError(.badRequest, "values nest deeper than \(JSONLine.maximumDepth) levels"))
         case .duplicateKey(let path):
-            let id = path == ["id"] ? nil : (try? decoder.decode(IDOnly.self, from: data))?.id
+            let id = path == ["id"] ? nil : (try? decoder.decode(IDOnly.self, from: Data(line)))?.id
             let key = JSONText.quote(path.joined(separator: "."))
             return errorLine(id: id, BrokerError(.badRequest, "the key \(key) appears more than once"))
         }
@@ -106,7 +109,7 @@ public struct RequestDispatcher: Sendable {
                 return try success(request, hello, encoder)
             case .token:
                 let token = try await broker.token(
-                    account: try AccountField.required(request.account), minTTL: minTTL(request))
+                    account: try AccountField.required(request.account), minTTL: minTTL(request.minTTL))
                 return token.line(id: request.id, now: broker.clock.now())
             case .reject:
                 guard let accessToken = request.accessToken else {
@@ -114,7 +117,7 @@ public struct RequestDispatcher: Sendable {
                 }
                 let token = try await broker.reject(
                     account: try AccountField.required(request.account), accessToken: accessToken,
-                    minTTL: minTTL(request))
+                    minTTL: minTTL(request.minTTL))
                 return token.line(id: request.id, now: broker.clock.now())
             case .status:
                 return try success(request, StatusResult(accounts: try await broker.status(account: request.account)), encoder)
@@ -149,8 +152,8 @@ public struct RequestDispatcher: Sendable {
         Array(Wire.errorLine(id: id, error: error, encoder: Wire.makeEncoder()))
     }
 
-    private func minTTL(_ request: Request) throws(BrokerError) -> TimeInterval {
-        let value = request.minTTL ?? broker.settings.defaultMinTTL
+    private func minTTL(_ requested: Double?) throws(BrokerError) -> TimeInterval {
+        let value = requested ?? broker.settings.defaultMinTTL
         guard value >= 0, value <= Bounds.maximumLifetime else {
             throw BrokerError(.badRequest, "\"min_ttl\" must be 0 to \(Int(Bounds.maximumLifetime)) seconds")
         }
