@@ -19,8 +19,9 @@ public struct TokenRefused: Error, Sendable {
 /// A connection to brokerd: one persistent Unix socket with pipelining, so any number of
 /// tasks may share it and ask concurrently. Uses only the protocol module and the toolchain.
 ///
-/// The broker closes connections that stay idle for minutes; the next call then connects again
-/// (once), so a long-lived program needs no reconnect logic of its own.
+/// The broker closes connections that stay idle for minutes; a call made after that connects
+/// again, so a long-lived program needs no reconnect logic of its own. (A call that crosses the
+/// close itself still fails with `ConnectionError`; it is not sent twice.)
 public final class BrokerClient: Sendable {
     private let socketPath: String
     /// The current connection, and whether `close()` was called (then nothing reconnects).
@@ -45,11 +46,17 @@ public final class BrokerClient: Sendable {
     /// The connection to send on: a new one when the broker closed the last (e.g. for idleness)
     /// before this call, unless `close()` was called.
     private func liveConnection() throws -> Connection {
-        try state.withLock { state in
-            if state.connection.hasEnded, !state.closed {
-                state.connection = try Connection(socketPath: socketPath)
+        let (current, reconnect) = state.withLock { ($0.connection, $0.connection.hasEnded && !$0.closed) }
+        guard reconnect else { return current }
+        // Connected outside the lock, so a slow connect holds up no other caller.
+        let fresh = try Connection(socketPath: socketPath)
+        return state.withLock { state in
+            guard state.connection === current, !state.closed else {
+                fresh.close()
+                return state.connection
             }
-            return state.connection
+            state.connection = fresh
+            return fresh
         }
     }
 
@@ -293,15 +300,11 @@ enum UnixSocket {
 
     /// Refuses a server that is neither this user nor root.
     private static func checkServer(_ fd: Int32, path: String) throws {
-        // struct ucred { pid_t pid; uid_t uid; gid_t gid; }, which Glibc's overlay does not export.
-        var credentials = [UInt32](repeating: 0, count: 3)
-        var length = socklen_t(MemoryLayout<UInt32>.size * credentials.count)
-        guard getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0 else {
+        guard let server = PeerCredentials(socket: fd)?.uid else {
             let reason = String(cString: strerror(errno))
             throw ConnectionError(
                 description: "cannot tell who serves the socket \(path) (\(reason)); nothing was sent")
         }
-        let server = credentials[1]
         guard server == getuid() || server == 0 else {
             throw ConnectionError(
                 description: "refusing the socket \(path): it is served by uid \(server), not by you (uid \(getuid())) "

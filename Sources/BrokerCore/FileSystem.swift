@@ -63,6 +63,12 @@ public enum FileSystem {
                 guard linksFollowed <= 40, let target = linkTarget(next) else {
                     throw refuse("cannot follow the symbolic link \(next); \(remedy)")
                 }
+                // In a sticky directory another user may own a link and repoint it after this walk.
+                guard info.st_uid == getuid() || info.st_uid == 0 else {
+                    throw refuse(
+                        "the symbolic link \(next) belongs to uid \(info.st_uid), so that user could repoint it; "
+                            + remedy)
+                }
                 if target.hasPrefix("/") { current = "/" }
                 pending = components(of: target) + pending
                 continue

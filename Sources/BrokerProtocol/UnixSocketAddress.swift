@@ -36,3 +36,25 @@ public struct SocketError: Error, CustomStringConvertible, Sendable {
 
     public var description: String { reason }
 }
+
+/// The kernel's `struct ucred` (pid, uid, gid), which Swift's Glibc module does not export.
+public struct PeerCredentials: Sendable {
+    public var pid: Int32
+    public var uid: UInt32
+    public var gid: UInt32
+
+    /// Who is at the other end of the connected Unix socket `fd` (`SO_PEERCRED`); `nil` when
+    /// the kernel does not say.
+    public init?(socket fd: Int32) {
+        var credentials = PeerCredentials(pid: 0, uid: 0, gid: 0)
+        var length = socklen_t(MemoryLayout<PeerCredentials>.size)
+        guard getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0 else { return nil }
+        self = credentials
+    }
+
+    private init(pid: Int32, uid: UInt32, gid: UInt32) {
+        self.pid = pid
+        self.uid = uid
+        self.gid = gid
+    }
+}

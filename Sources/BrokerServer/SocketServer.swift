@@ -184,9 +184,3 @@ final class RefusingHandler: ChannelInboundHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
 }
 
-/// The kernel's `struct ucred` (pid, uid, gid), which Swift's Glibc module does not export.
-struct PeerCredentials: Sendable {
-    var pid: Int32
-    var uid: UInt32
-    var gid: UInt32
-}
