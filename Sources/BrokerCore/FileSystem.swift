@@ -32,7 +32,7 @@ public enum FileSystem {
     /// directory in messages ("socket directory"); `remedy` says what else the user can do.
     public static func preparePrivateDirectory(_ path: String, role: String, remedy: String) throws {
         let refuse = { (reason: String) in FileAccessError("refusing the \(role) \(path): \(reason)") }
-        var pending = components(of: absolute(path))
+        var pending = components(of: try absolute(path))
         guard let last = pending.last, last != ".", last != ".." else {
             throw refuse("it is not a plain directory path; \(remedy)")
         }
@@ -265,9 +265,11 @@ public enum FileSystem {
     }
 
     /// `path` made absolute against the working directory.
-    private static func absolute(_ path: String) -> String {
+    private static func absolute(_ path: String) throws -> String {
         if path.hasPrefix("/") { return path }
-        guard let cwd = getcwd(nil, 0) else { return path }
+        guard let cwd = getcwd(nil, 0) else {
+            throw FileAccessError("cannot tell where the relative path \(path) lies: \(errnoText())")
+        }
         defer { free(cwd) }
         return String(cString: cwd) + "/" + path
     }

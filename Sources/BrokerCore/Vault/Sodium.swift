@@ -59,11 +59,17 @@ public final class SecretKey: @unchecked Sendable {
     private let pointer: UnsafeMutableRawPointer
 
     /// Copies `bytes` into guarded memory; the caller should wipe its own copy.
-    init?(bytes: [UInt8]) {
-        guard Sodium.ready, bytes.count == Sodium.keyLength,
-            let memory = sodium_malloc(Sodium.keyLength)
-        else { return nil }
-        memory.copyMemory(from: bytes, byteCount: bytes.count)
+    init?(bytes: some ContiguousBytes) {
+        guard Sodium.ready, let memory = sodium_malloc(Sodium.keyLength) else { return nil }
+        let copied = bytes.withUnsafeBytes { raw in
+            guard raw.count == Sodium.keyLength, let base = raw.baseAddress else { return false }
+            memory.copyMemory(from: base, byteCount: raw.count)
+            return true
+        }
+        guard copied else {
+            sodium_free(memory)
+            return nil
+        }
         sodium_mprotect_readonly(memory)
         pointer = memory
     }

@@ -20,7 +20,7 @@ public enum VaultKey {
             return try generate(at: path)
         }
         defer { Sodium.wipe(&bytes) }
-        guard bytes.count == Sodium.keyLength, let key = SecretKey(bytes: [UInt8](bytes)) else {
+        guard bytes.count == Sodium.keyLength, let key = SecretKey(bytes: bytes) else {
             throw VaultError(
                 "the vault key at \(path) is \(bytes.count) bytes; a key is exactly \(Sodium.keyLength) bytes")
         }
