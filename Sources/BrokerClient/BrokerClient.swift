@@ -258,7 +258,10 @@ private final class Connection: Sendable {
         }
         // A failure line for a subscription's id (its refusal, or a final `busy`) ends it.
         let (continuation, subscription) = state.withLock { state in
-            (state.pending.removeValue(forKey: id), head.ok == false ? state.subscriptions.removeValue(forKey: id) : nil)
+            (
+                state.pending.removeValue(forKey: id),
+                head.ok == false ? state.subscriptions.removeValue(forKey: id) : nil
+            )
         }
         continuation?.resume(returning: line)
         subscription?.finish(throwing: head.error?.brokerError ?? BrokerError(.internal, "subscription ended"))

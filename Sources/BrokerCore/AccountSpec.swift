@@ -131,7 +131,9 @@ enum AccountSpec {
     {
         guard let value = tokens.accessToken else { return nil }
         guard !value.isEmpty else { throw BrokerError(.badRequest, "\"access_token\" is empty") }
-        let lifetime = try tokens.expiresIn.map { seconds throws(BrokerError) in try pushedLifetime(seconds, "expires_in") }
+        let lifetime = try tokens.expiresIn.map { seconds throws(BrokerError) in
+            try pushedLifetime(seconds, "expires_in")
+        }
         let expiresAt = Bounds.date(tokens.expiresAt ?? now.addingTimeInterval(lifetime ?? defaultLifetime))
         let token = AccessToken(
             value: value, type: tokens.tokenType ?? "Bearer", expiresAt: expiresAt, obtainedAt: now,

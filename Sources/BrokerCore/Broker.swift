@@ -125,7 +125,9 @@ public actor Broker {
         for entry in entries.values { counts[state(of: entry, now: now), default: 0] += 1 }
         let noun = entries.count == 1 ? "account" : "accounts"
         guard !counts.isEmpty else { return "0 accounts" }
-        let parts = counts.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key.replacingOccurrences(of: "_", with: " "))" }
+        let parts = counts.sorted { $0.key < $1.key }.map {
+            "\($0.value) \($0.key.replacingOccurrences(of: "_", with: " "))"
+        }
         return "\(entries.count) \(noun): " + parts.joined(separator: ", ")
     }
 
@@ -230,7 +232,8 @@ public actor Broker {
             revoked = revocation == .revoked
         case .failure(let failure) where !force:
             entries[name]?.nextRefreshAt = due
-            logger.warning("logout refused: cannot revoke", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
+            logger.warning(
+                "logout refused: cannot revoke", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
             let wait =
                 failure.kind == .transient ? min(failure.retryAfter ?? settings.backoffBase, settings.backoffCap) : nil
             throw BrokerError(
@@ -240,7 +243,8 @@ public actor Broker {
                     + "or brokerctl logout \(name) --force to discard it without revoking",
                 retryAfterMs: wait.map(Bounds.milliseconds))
         case .failure(let failure):
-            logger.warning("forced logout without revocation", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
+            logger.warning(
+                "forced logout without revocation", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
         }
 
         // Discarded in memory even if the vault cannot be saved: a revoked token must not be served.
@@ -324,7 +328,8 @@ public actor Broker {
         }
         for (name, entry) in entries where entry.record.declared == true && providers[name] == nil {
             entries[name]?.record.declared = false
-            logger.notice("account no longer declared in the config; kept as a runtime account", metadata: ["account": "\(name)"])
+            logger.notice(
+                "account no longer declared in the config; kept as a runtime account", metadata: ["account": "\(name)"])
         }
         // Usually nothing stored changed (a start with the same file): no vault write then.
         if entries.mapValues(\.record) != stored { try persist(changing: "") }
@@ -424,7 +429,8 @@ public actor Broker {
             }
             cache.publish(Self.prepare(name, grant.token), for: name)
             events.publish(
-                BrokerEvent(event: .refreshed, account: name, at: now, state: "valid", expiresAt: grant.token.expiresAt))
+                BrokerEvent(event: .refreshed, account: name, at: now, state: "valid", expiresAt: grant.token.expiresAt)
+            )
             // How long the IdP took, and how long a rotated credential then existed only in
             // memory (the IdP's answer to the fsync).
             logger.info(
@@ -444,7 +450,8 @@ public actor Broker {
             try? persist(changing: name)
             events.publish(
                 BrokerEvent(event: .needsLogin, account: name, at: now, state: "needs_login", message: failure.message))
-            logger.warning("refresh denied; needs login", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
+            logger.warning(
+                "refresh denied; needs login", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
             return .failure(needsLogin(name))
         case .failure(let failure):
             entry.failures += 1
@@ -471,7 +478,9 @@ public actor Broker {
 
     /// A refresh overtaken by `set_tokens` still consumed the refresh token it presented; if the
     /// account still holds that now-dead token, the rotated one replaces it (and is saved).
-    private func keepRotatedCredential(_ name: String, presented: AccountSecrets, outcome: Result<Grant, RefreshFailure>) {
+    private func keepRotatedCredential(
+        _ name: String, presented: AccountSecrets, outcome: Result<Grant, RefreshFailure>
+    ) {
         guard case .success(let grant) = outcome, let current = entries[name]?.record.secrets else { return }
         var changed = false
         if let rotated = grant.refreshToken, current.refreshToken == presented.refreshToken {
@@ -515,7 +524,8 @@ public actor Broker {
         let name = entry.record.name
         try checkCredentialUsable(entry)
         if case .static = entry.record.provider {
-            throw BrokerError(.needsLogin, "\(name) is a static account with no token valid long enough; push one with set_tokens")
+            throw BrokerError(
+                .needsLogin, "\(name) is a static account with no token valid long enough; push one with set_tokens")
         }
         if entry.inFlight == nil, let retryAt = entry.retryAt, retryAt > clock.now() {
             let wait = Bounds.milliseconds(retryAt.timeIntervalSince(clock.now()))
@@ -544,7 +554,8 @@ public actor Broker {
     /// while the current token is not yet due for refresh (a refresh could not help).
     private func checkLifetime(_ entry: Entry, covers minTTL: TimeInterval) throws(BrokerError) {
         guard let token = entry.record.token, token.pushed != true, token.expiresAt > clock.now(),
-            let due = entry.nextRefreshAt, due > clock.now(), token.expiresAt.timeIntervalSince(token.obtainedAt) < minTTL
+            let due = entry.nextRefreshAt, due > clock.now(),
+            token.expiresAt.timeIntervalSince(token.obtainedAt) < minTTL
         else { return }
         let lifetime = Bounds.wholeSeconds(token.expiresAt.timeIntervalSince(token.obtainedAt))
         throw BrokerError(
@@ -620,6 +631,7 @@ public actor Broker {
     }
 
     private func needsLogin(_ name: String) -> BrokerError {
-        BrokerError(.needsLogin, "the IdP denied the refresh for \(name); push new tokens with brokerctl set-tokens \(name)")
+        BrokerError(
+            .needsLogin, "the IdP denied the refresh for \(name); push new tokens with brokerctl set-tokens \(name)")
     }
 }

@@ -54,7 +54,8 @@ public enum ConfigFile {
             throw ConfigError(description: "\(path) line \(error.source.begin.line): \(error.description)")
         }
         for key in table.keys where key != "broker" && key != "accounts" {
-            throw ConfigError(description: "\(path): unknown table or key \"\(key)\" (known: [broker], [accounts.NAME])")
+            throw ConfigError(
+                description: "\(path): unknown table or key \"\(key)\" (known: [broker], [accounts.NAME])")
         }
         return BrokerConfiguration(
             settings: try settings(table["broker"], path: path, text: text),

@@ -32,7 +32,8 @@ struct OutsideText {
             default: flattened.append(scalar)
             }
         }
-        let line = redact(String(flattened)).split(separator: " ", omittingEmptySubsequences: true).joined(separator: " ")
+        let line = redact(String(flattened)).split(separator: " ", omittingEmptySubsequences: true).joined(
+            separator: " ")
         guard !line.isEmpty else { return nil }
         return line.count > Self.limit ? String(line.prefix(Self.limit)) + "…" : line
     }

@@ -9,8 +9,10 @@ public struct PreparedToken: Sendable {
 
     public init(_ result: TokenResult) {
         self.result = result
-        var text = "\"account\":\(JSONText.quote(result.account)),\"access_token\":\(JSONText.quote(result.accessToken))"
-        text += ",\"token_type\":\(JSONText.quote(result.tokenType)),\"expires_at\":\"\(Wire.rfc3339(result.expiresAt))\""
+        var text =
+            "\"account\":\(JSONText.quote(result.account)),\"access_token\":\(JSONText.quote(result.accessToken))"
+        text +=
+            ",\"token_type\":\(JSONText.quote(result.tokenType)),\"expires_at\":\"\(Wire.rfc3339(result.expiresAt))\""
         if let idToken = result.idToken { text += ",\"id_token\":\(JSONText.quote(idToken))" }
         if let scope = result.scope { text += ",\"scope\":\(JSONText.quote(scope))" }
         fields = Array(text.utf8)
@@ -47,7 +49,8 @@ public enum JSONText {
             case "\r": out += "\\r"
             case "\t": out += "\\t"
             case _ where scalar.value < 0x20:
-                out += "\\u" + String(repeating: "0", count: 4 - String(scalar.value, radix: 16).count)
+                out +=
+                    "\\u" + String(repeating: "0", count: 4 - String(scalar.value, radix: 16).count)
                     + String(scalar.value, radix: 16)
             default: out.unicodeScalars.append(scalar)
             }

@@ -31,8 +31,9 @@ public enum Wire {
 
     /// Formats a date as RFC 3339 in UTC with whole seconds, e.g. `2026-11-23T08:30:00Z`.
     public static func rfc3339(_ date: Date) -> String {
-        date.formatted(.iso8601.year().month().day().dateSeparator(.dash).time(includingFractionalSeconds: false)
-            .timeSeparator(.colon).timeZone(separator: .omitted))
+        date.formatted(
+            .iso8601.year().month().day().dateSeparator(.dash).time(includingFractionalSeconds: false)
+                .timeSeparator(.colon).timeZone(separator: .omitted))
     }
 
     /// Parses an RFC 3339 timestamp, with or without fractional seconds.
@@ -53,7 +54,8 @@ public enum Wire {
     /// One failure line: `{"id":…,"ok":false,"error":{…}}` plus the newline.
     public static func errorLine(id: RequestID?, error: BrokerError, encoder: JSONEncoder) -> Data {
         let body = ErrorBody(code: error.code.rawValue, message: error.message, retryAfterMs: error.retryAfterMs)
-        var data = (try? encoder.encode(Envelope(id: id ?? .null, ok: false, body: body)))
+        var data =
+            (try? encoder.encode(Envelope(id: id ?? .null, ok: false, body: body)))
             ?? Data(#"{"id":null,"ok":false,"error":{"code":"internal","message":"encoding failed"}}"#.utf8)
         data.append(0x0A)
         return data

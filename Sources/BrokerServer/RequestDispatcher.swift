@@ -37,7 +37,8 @@ public struct RequestDispatcher: Sendable {
                 return .immediate(token.line(id: flat.id, now: now))
             }
             // The scanner read every field a token request has, as the decoder would: no second read.
-            return .deferred(Request(id: flat.id, op: Operation.token.rawValue, account: flat.account, minTTL: flat.minTTL))
+            return .deferred(
+                Request(id: flat.id, op: Operation.token.rawValue, account: flat.account, minTTL: flat.minTTL))
         }
         // A line the scanner read is well-formed JSON with no repeated key.
         if flat == nil, let problem = JSONLine.problem(in: line) {
@@ -55,7 +56,10 @@ public struct RequestDispatcher: Sendable {
             return .immediate(errorLine(id: request.id, BrokerError(.badRequest, "the field \"op\" is required")))
         }
         guard let operation = Operation(rawValue: op) else {
-            return .immediate(errorLine(id: request.id, BrokerError(.unknownOp, "unknown op \"\(JSONText.quote(op).dropFirst().dropLast())\"")))
+            return .immediate(
+                errorLine(
+                    id: request.id,
+                    BrokerError(.unknownOp, "unknown op \"\(JSONText.quote(op).dropFirst().dropLast())\"")))
         }
         if operation.isOwnerOnly, !policy.isAdmin(peer) {
             return .immediate(
@@ -65,7 +69,8 @@ public struct RequestDispatcher: Sendable {
             let id = request.id ?? .null
             let events = broker.events.subscribe(accounts: request.accounts)
             let ack = SubscribeResult(accounts: request.accounts, buffer: broker.events.bufferLimit)
-            let line = (try? success(request, ack, Wire.makeEncoder()))
+            let line =
+                (try? success(request, ack, Wire.makeEncoder()))
                 ?? errorLine(id: request.id, BrokerError(.internal, "the broker could not encode its answer"))
             return .subscribe(ack: line, id: id, events: events)
         }
@@ -120,13 +125,16 @@ public struct RequestDispatcher: Sendable {
                     minTTL: minTTL(request.minTTL))
                 return token.line(id: request.id, now: broker.clock.now())
             case .status:
-                return try success(request, StatusResult(accounts: try await broker.status(account: request.account)), encoder)
+                return try success(
+                    request, StatusResult(accounts: try await broker.status(account: request.account)), encoder)
             case .add:
                 return try success(
-                    request, try await broker.add(account: request.account, provider: request.provider, tokens: request.tokens),
+                    request,
+                    try await broker.add(account: request.account, provider: request.provider, tokens: request.tokens),
                     encoder)
             case .setTokens:
-                return try success(request, try await broker.setTokens(account: request.account, tokens: request.tokens), encoder)
+                return try success(
+                    request, try await broker.setTokens(account: request.account, tokens: request.tokens), encoder)
             case .remove:
                 return try success(request, try await broker.remove(account: request.account), encoder)
             case .refresh:

@@ -183,4 +183,3 @@ final class RefusingHandler: ChannelInboundHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
 }
-

@@ -12,7 +12,8 @@ struct Brokerctl: AsyncParsableCommand {
             Exit codes: 0 ok, 1 other error, 3 broker not running, 4 not found, 5 needs login,
             6 unavailable, 7 forbidden, 8 locked.
             """,
-        subcommands: [Status.self, Token.self, Watch.self, Add.self, SetTokens.self, Remove.self, Refresh.self, Logout.self,
+        subcommands: [
+            Status.self, Token.self, Watch.self, Add.self, SetTokens.self, Remove.self, Refresh.self, Logout.self,
             Reload.self,
         ])
 }
@@ -99,7 +100,9 @@ struct Status: AsyncParsableCommand {
 
 struct Token: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Print an access token (only the token), e.g. for curl -H \"Authorization: Bearer $(brokerctl token api)\".")
+        abstract:
+            "Print an access token (only the token), e.g. for curl -H \"Authorization: Bearer $(brokerctl token api)\"."
+    )
 
     @OptionGroup var options: GlobalOptions
     @Argument(help: "Account name.") var account: String
@@ -135,7 +138,8 @@ struct EmptyResult: Encodable {}
 /// How `watch` prints an event.
 enum EventText {
     static func human(_ event: BrokerEvent) -> String {
-        var text = "\(Wire.rfc3339(event.at))  \(event.event.rawValue.padding(toLength: 14, withPad: " ", startingAt: 0))  \(event.account)"
+        var text =
+            "\(Wire.rfc3339(event.at))  \(event.event.rawValue.padding(toLength: 14, withPad: " ", startingAt: 0))  \(event.account)"
         if let expiresAt = event.expiresAt { text += "  expires \(Wire.rfc3339(expiresAt))" }
         if let message = event.message { text += "  \(message)" }
         return text

@@ -23,7 +23,8 @@ struct Brokerd: AsyncParsableCommand {
     @Option(help: "Vault file (default: $XDG_STATE_HOME/tokenbroker/vault).")
     var vault: String?
 
-    @Option(help: "Vault key file (default: $CREDENTIALS_DIRECTORY/vault-key or $XDG_CONFIG_HOME/tokenbroker/vault.key).")
+    @Option(
+        help: "Vault key file (default: $CREDENTIALS_DIRECTORY/vault-key or $XDG_CONFIG_HOME/tokenbroker/vault.key).")
     var keyFile: String?
 
     func run() async throws {

@@ -5,7 +5,7 @@ import Testing
 @testable import BrokerCore
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Numbers, URLs, texts and descriptors at the broker's boundary (issue 8, classes 1, 2, 4, 7).
@@ -111,7 +111,8 @@ import Testing
     ])
     func outOfRangeSettingsAreRefusedByLine(line: String, number: Int) throws {
         let text = "# broker settings\n[broker]\n\(line)\n"
-        let error = try #require(#expect(throws: ConfigError.self) { try ConfigFile.parse(text, path: "/c/broker.toml") })
+        let error = try #require(
+            #expect(throws: ConfigError.self) { try ConfigFile.parse(text, path: "/c/broker.toml") })
         #expect(error.description.contains("/c/broker.toml line \(number)"), "\(error)")
     }
 
@@ -136,7 +137,8 @@ import Testing
         let leaked = open("/dev/null", O_RDONLY)  // deliberately without O_CLOEXEC
         #expect(leaked > 2)
         defer { close(leaked) }
-        let lister = "import os\nfds = sorted(int(f) for f in os.listdir('/proc/self/fd'))\n"
+        let lister =
+            "import os\nfds = sorted(int(f) for f in os.listdir('/proc/self/fd'))\n"
             + "print(' '.join(str(f) for f in fds if f > 2 and os.path.exists('/proc/self/fd/%d' % f)))"
         let output = ExecRunner.runBlocking(["/usr/bin/python3", "-c", lister], timeout: 10)
         #expect(output.ending == .exited(0))

@@ -4,7 +4,7 @@ import Testing
 @testable import BrokerCore
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// How an `exec` command's run is classified: exit code, JSON and the way it ended.

@@ -48,7 +48,8 @@ import Testing
                 path: directory.file("vault"), key: VaultKey.load(path: directory.file("key"), create: true))
             broker = try Broker(vault: vault, settings: settings, http: http, clock: clock, logger: Logger(label: "t"))
             events = broker.events.subscribe(accounts: nil)
-            var provider = ProviderSpec(kind: "oauth2", tokenEndpoint: endpoint ?? idp.tokenEndpoint, clientID: idp.clientID)
+            var provider = ProviderSpec(
+                kind: "oauth2", tokenEndpoint: endpoint ?? idp.tokenEndpoint, clientID: idp.clientID)
             switch revocation {
             case .none: break
             case .configured: provider.revocationEndpoint = idp.revocationEndpoint
@@ -137,10 +138,14 @@ import Testing
             #expect(state == "needs_login")
             #expect(times.count == 1, "a denial is final: no retries")
             // Nothing is served for a denied account, neither while the old token is valid nor after.
-            let refused = await #expect(throws: BrokerError.self) { try await rig.broker.token(account: "api", minTTL: 30) }
+            let refused = await #expect(throws: BrokerError.self) {
+                try await rig.broker.token(account: "api", minTTL: 30)
+            }
             #expect(refused?.code == .needsLogin)
             rig.clock.advance(by: 1200)
-            let expired = await #expect(throws: BrokerError.self) { try await rig.broker.token(account: "api", minTTL: 0) }
+            let expired = await #expect(throws: BrokerError.self) {
+                try await rig.broker.token(account: "api", minTTL: 0)
+            }
             #expect(expired?.code == .needsLogin)
             #expect(calls() == times.count, "no IdP call after the denial")
         } else {
@@ -149,7 +154,8 @@ import Testing
             let served = try await rig.broker.token(account: "api", minTTL: 30)
             #expect(served.result.accessToken == "at-old")
             if fault != .connectionRefused {
-                #expect(times.count >= 3 && times.count <= 30, "retries in 2 minutes (240 without backoff): \(times.count)")
+                #expect(
+                    times.count >= 3 && times.count <= 30, "retries in 2 minutes (240 without backoff): \(times.count)")
                 let gaps = zip(times.dropFirst(), times).map { $0.timeIntervalSince($1) }
                 #expect(gaps.allSatisfy { $0 <= Self.settings.backoffCap + 1 })
                 if fault == .rateLimited {
@@ -195,7 +201,8 @@ import Testing
         defer { Task { await rig.shutdown() } }
         let other = try await OAuth2TestIdP(initialRefreshToken: "rt-other", lifetime: 3600)
         _ = try await rig.broker.add(
-            account: "other", provider: ProviderSpec(kind: "oauth2", tokenEndpoint: other.tokenEndpoint, clientID: other.clientID),
+            account: "other",
+            provider: ProviderSpec(kind: "oauth2", tokenEndpoint: other.tokenEndpoint, clientID: other.clientID),
             tokens: TokenSet(refreshToken: "rt-other"))
         await rig.broker.drain()
         _ = try await rig.broker.setTokens(

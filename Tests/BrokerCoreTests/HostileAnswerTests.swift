@@ -54,7 +54,8 @@ final class ScriptedIdP: Sendable {
         defer { directory.remove() }
         do {
             let broker = try Broker(
-                vault: Vault(path: directory.file("state/vault"), key: VaultKey.load(path: directory.file("key"), create: true)),
+                vault: Vault(
+                    path: directory.file("state/vault"), key: VaultKey.load(path: directory.file("key"), create: true)),
                 settings: settings, http: http, clock: clock, logger: logs.logger())
             try await body(broker, clock, logs, directory, http)
             await broker.drain()
@@ -123,7 +124,8 @@ final class ScriptedIdP: Sendable {
     @Test func aHugeRetryAfterIsCutToTheBackoffCap() async throws {
         let idp = try await ScriptedIdP(
             TestHTTPResponse(
-                status: .serviceUnavailable, body: "{}", headers: [("Retry-After", "1" + String(repeating: "0", count: 300))]))
+                status: .serviceUnavailable, body: "{}",
+                headers: [("Retry-After", "1" + String(repeating: "0", count: 300))]))
         var settings = BrokerSettings()
         settings.backoffCap = 120
         try await withBroker(idp: idp, settings: settings) { broker, _, _, _, _ in
@@ -145,7 +147,9 @@ final class ScriptedIdP: Sendable {
             _ = try await broker.add(
                 account: "api", provider: provider,
                 tokens: TokenSet(accessToken: "at", expiresIn: 3600, refreshToken: Self.refreshToken))
-            let error = await #expect(throws: BrokerError.self) { try await broker.logout(account: "api", force: false) }
+            let error = await #expect(throws: BrokerError.self) {
+                try await broker.logout(account: "api", force: false)
+            }
             #expect(error?.code == .unavailable)
             #expect(error?.retryAfterMs ?? .max <= Int(BrokerSettings().backoffCap * 1000))
         }
@@ -164,7 +168,8 @@ final class ScriptedIdP: Sendable {
                 #expect(error?.code == .badRequest)
             }
             _ = try await broker.add(
-                account: "old", provider: ProviderSpec(kind: "static"), tokens: TokenSet(accessToken: "at", expiresIn: -1e300))
+                account: "old", provider: ProviderSpec(kind: "static"),
+                tokens: TokenSet(accessToken: "at", expiresIn: -1e300))
             #expect(
                 try await broker.status(account: "old").first?.expiresAt
                     == clock.now().addingTimeInterval(-Bounds.maximumLifetime))
@@ -201,7 +206,9 @@ final class ScriptedIdP: Sendable {
         let status = try #require(try await broker.status(account: "api").first)
         #expect(status.expiresAt == Bounds.representableDates.upperBound)
         let token = try await broker.token(account: "api", minTTL: 30)
-        #expect(token.expiresIn(at: clock.now()) == Int(Bounds.representableDates.upperBound.timeIntervalSince(clock.now())))
+        #expect(
+            token.expiresIn(at: clock.now()) == Int(Bounds.representableDates.upperBound.timeIntervalSince(clock.now()))
+        )
         #expect(Wire.rfc3339(token.result.expiresAt) == "9999-12-31T23:59:59Z")
         #expect(await broker.summary() == "1 account: 1 valid")
     }
@@ -376,11 +383,11 @@ final class ScriptedIdP: Sendable {
         defer { directory.remove() }
         let script = directory.file("helper.sh")
         try """
-            #!/bin/sh
-            echo "+ printf {\\"access_token\\":\\"exec-issued-secret-91\\"}" >&2
-            printf '\\001\\033[31m' >&2
-            printf '{"access_token":"exec-issued-secret-91","expires_in":60}'
-            """.write(toFile: script, atomically: true, encoding: .utf8)
+        #!/bin/sh
+        echo "+ printf {\\"access_token\\":\\"exec-issued-secret-91\\"}" >&2
+        printf '\\001\\033[31m' >&2
+        printf '{"access_token":"exec-issued-secret-91","expires_in":60}'
+        """.write(toFile: script, atomically: true, encoding: .utf8)
         chmod(script, 0o755)
         let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: "{}"))
         try await withBroker(idp: idp) { broker, _, logs, _, _ in

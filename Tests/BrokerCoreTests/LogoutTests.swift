@@ -67,7 +67,9 @@ import Testing
         defer { Task { await rig.shutdown() } }
         rig.idp.setBehavior(.status(503, retryAfter: 20))
 
-        let refused = await #expect(throws: BrokerError.self) { try await rig.broker.logout(account: "api", force: false) }
+        let refused = await #expect(throws: BrokerError.self) {
+            try await rig.broker.logout(account: "api", force: false)
+        }
         #expect(refused?.code == .unavailable)
         #expect(refused?.retryAfterMs == 20_000)
         #expect(refused?.message.contains("--force") == true)
@@ -91,7 +93,9 @@ import Testing
         let rig = try await Rig(settings: FaultInjectionTests.settings, revocation: .configured)
         defer { Task { await rig.shutdown() } }
         rig.idp.setBehavior(.status(401, retryAfter: nil))
-        let refused = await #expect(throws: BrokerError.self) { try await rig.broker.logout(account: "api", force: false) }
+        let refused = await #expect(throws: BrokerError.self) {
+            try await rig.broker.logout(account: "api", force: false)
+        }
         #expect(refused?.code == .unavailable)
         #expect(refused?.retryAfterMs == nil, "retrying will not help")
         #expect(try await rig.state() == "valid")
@@ -109,7 +113,8 @@ import Testing
         for change in ["set_tokens", "remove", "logout", "refresh"] {
             let refused = await #expect(throws: BrokerError.self, "\(change)") {
                 switch change {
-                case "set_tokens": _ = try await rig.broker.setTokens(account: "api", tokens: TokenSet(refreshToken: "rt-x"))
+                case "set_tokens":
+                    _ = try await rig.broker.setTokens(account: "api", tokens: TokenSet(refreshToken: "rt-x"))
                 case "remove": _ = try await rig.broker.remove(account: "api")
                 case "logout": _ = try await rig.broker.logout(account: "api", force: true)
                 default: _ = try await rig.broker.refreshNow(account: "api")
@@ -129,12 +134,15 @@ import Testing
         let rig = try await Rig(settings: FaultInjectionTests.settings)
         defer { Task { await rig.shutdown() } }
         _ = try await rig.broker.add(
-            account: "pushed", provider: ProviderSpec(kind: "static"), tokens: TokenSet(accessToken: "st", expiresIn: 600))
+            account: "pushed", provider: ProviderSpec(kind: "static"),
+            tokens: TokenSet(accessToken: "st", expiresIn: 600))
         #expect(try await rig.broker.logout(account: "api", force: false).revoked == false)
         #expect(try await rig.broker.logout(account: "pushed", force: false).revoked == false)
         #expect(rig.idp.revocations.isEmpty && rig.idp.callCount == 0)
         #expect(try await rig.broker.status(account: nil).map(\.state) == ["logged_out", "logged_out"])
-        let unknown = await #expect(throws: BrokerError.self) { try await rig.broker.logout(account: "nobody", force: false) }
+        let unknown = await #expect(throws: BrokerError.self) {
+            try await rig.broker.logout(account: "nobody", force: false)
+        }
         #expect(unknown?.code == .notFound)
     }
 
@@ -144,7 +152,8 @@ import Testing
         defer { Task { await rig.shutdown() } }
         _ = try await rig.broker.logout(account: "api", force: false)
         let restarted = try Broker(
-            vault: try Self.copyOfVault(rig), settings: FaultInjectionTests.settings, http: rig.http, clock: rig.clock, logger: Logger(label: "t"))
+            vault: try Self.copyOfVault(rig), settings: FaultInjectionTests.settings, http: rig.http, clock: rig.clock,
+            logger: Logger(label: "t"))
         #expect(try await restarted.status(account: "api")[0].state == "logged_out")
         #expect(await restarted.runDueRefreshes() == nil, "nothing scheduled")
     }

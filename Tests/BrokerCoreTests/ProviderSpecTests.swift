@@ -163,10 +163,14 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
 
     @Test func aDocumentMayNameARevocationEndpoint() throws {
         let issuer = URL(string: "https://login.example")!
-        let body = #"{"issuer":"https://login.example","token_endpoint":"https://login.example/t","revocation_endpoint":"https://login.example/r"}"#
-        #expect(try DiscoveryCache.interpret(reply(200, body), issuer: issuer).get().revocation == URL(string: "https://login.example/r"))
+        let body =
+            #"{"issuer":"https://login.example","token_endpoint":"https://login.example/t","revocation_endpoint":"https://login.example/r"}"#
+        #expect(
+            try DiscoveryCache.interpret(reply(200, body), issuer: issuer).get().revocation
+                == URL(string: "https://login.example/r"))
         // A plain-http revocation endpoint is ignored, not fatal: refreshes still work.
-        let insecure = #"{"issuer":"https://login.example","token_endpoint":"https://login.example/t","revocation_endpoint":"http://login.example/r"}"#
+        let insecure =
+            #"{"issuer":"https://login.example","token_endpoint":"https://login.example/t","revocation_endpoint":"http://login.example/r"}"#
         let endpoints = try DiscoveryCache.interpret(reply(200, insecure), issuer: issuer).get()
         #expect(endpoints.revocation == nil)
         #expect(endpoints.token == URL(string: "https://login.example/t"))

@@ -63,8 +63,10 @@ import Testing
     }
 
     /// Number forms that are not JSON (RFC 8259), in both number fields the scanner reads.
-    @Test(arguments: [".5", "1.", "1e", "1E", "1e+", "-", "--1", "-.5", "01.5", "-01", "00", "1.e5", "+1", "0x10",
-        "1.5.5", "1e5e5", "1-2", "- 1", "Infinity", "-Infinity", "NaN", "1_000", "１", "-true", "-null", "1true"])
+    @Test(arguments: [
+        ".5", "1.", "1e", "1E", "1e+", "-", "--1", "-.5", "01.5", "-01", "00", "1.e5", "+1", "0x10",
+        "1.5.5", "1e5e5", "1-2", "- 1", "Infinity", "-Infinity", "NaN", "1_000", "１", "-true", "-null", "1true",
+    ])
     func declinesNumbersOutsideTheJSONGrammar(number: String) {
         for line in [
             #"{"op":"token","account":"api","min_ttl":\#(number)}"#, #"{"id":\#(number),"op":"token","account":"api"}"#,
@@ -152,12 +154,23 @@ struct LineGenerator {
 
     /// Keys, each with values of the type the decoder wants for it (unknown keys take any).
     private static let fields: [(key: String, values: [String])] = [
-        ("id", [#""a""#, #""\u00e9""#, "0", "-0", "7", "-9223372036854775808", "9223372036854775807", "1.0", "1e2", "-0.0",
-            "9223372036854775808", "9007199254740993.0", "null"]),
+        (
+            "id",
+            [
+                #""a""#, #""\u00e9""#, "0", "-0", "7", "-9223372036854775808", "9223372036854775807", "1.0", "1e2",
+                "-0.0",
+                "9223372036854775808", "9007199254740993.0", "null",
+            ]
+        ),
         ("op", [#""token""#, #""status""#, #""\u0074oken""#]),
         ("account", [#""api""#, #""""#, #""a\"b""#, "\"e\u{301}\"", #""\ud83d\ude00""#, "\"\u{7F}\"", "null"]),
-        ("min_ttl", ["0", "-0", "60", "0.5", "1e2", "-1", "1e-400", "4.9406564584124654e-324", "1.7976931348623157e308",
-            "0.0", "0e5"]),
+        (
+            "min_ttl",
+            [
+                "0", "-0", "60", "0.5", "1e2", "-1", "1e-400", "4.9406564584124654e-324", "1.7976931348623157e308",
+                "0.0", "0e5",
+            ]
+        ),
         ("client", [#""x""#]), ("access_token", [#""at""#]), ("force", ["true"]), ("accounts", [#"["a"]"#, "[]"]),
         ("x", ["[1,2]", #"{"a":1}"#, "{}", "false", "2.5e-3", "9007199254740993"]), ("", ["1"]), ("K", ["1"]),
         ("\u{212A}", ["2"]), (#"\u006fp"#, [#""token""#]), (#"op\n"#, ["1"]), ("ID", ["1"]),

@@ -7,7 +7,7 @@ import Testing
 @testable import BrokerSystemd
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// A service manager's notification socket: an AF_UNIX datagram socket bound in a temp dir.

@@ -41,10 +41,11 @@ final class BrokerProcess: @unchecked Sendable {
         environment["XDG_RUNTIME_DIR"] = root.appendingPathComponent("run").path
         environment["XDG_CONFIG_HOME"] = root.appendingPathComponent("config").path
         environment["XDG_STATE_HOME"] = root.appendingPathComponent("state").path
-        for name in ["TOKENBROKER_SOCKET", "TOKENBROKER_CONFIG", "TOKENBROKER_VAULT", "TOKENBROKER_KEY_FILE",
+        for name in [
+            "TOKENBROKER_SOCKET", "TOKENBROKER_CONFIG", "TOKENBROKER_VAULT", "TOKENBROKER_KEY_FILE",
             "CREDENTIALS_DIRECTORY", "STATE_DIRECTORY", "CONFIGURATION_DIRECTORY", "NOTIFY_SOCKET", "LISTEN_FDS",
-            "LISTEN_PID", "WATCHDOG_USEC", "WATCHDOG_PID"]
-        {
+            "LISTEN_PID", "WATCHDOG_USEC", "WATCHDOG_PID",
+        ] {
             environment[name] = nil
         }
         return environment
@@ -127,7 +128,9 @@ final class BrokerProcess: @unchecked Sendable {
     }
 
     /// Runs brokerctl against this broker; returns exit status, stdout and stderr.
-    func brokerctl(_ arguments: [String], stdin: String? = nil) throws -> (status: Int32, stdout: String, stderr: String) {
+    func brokerctl(_ arguments: [String], stdin: String? = nil) throws -> (
+        status: Int32, stdout: String, stderr: String
+    ) {
         let process = Process()
         process.executableURL = Self.binary("brokerctl")
         process.arguments = arguments

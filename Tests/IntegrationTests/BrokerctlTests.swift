@@ -14,7 +14,8 @@ import Testing
         try await broker.start()
         defer { broker.stop() }
         let added = try broker.brokerctl(
-            ["add", "api", "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"tok-123","expires_in":600}"#)
+            ["add", "api", "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"tok-123","expires_in":600}"#
+        )
         #expect(added.status == 0, "\(added.stderr)")
 
         let token = try broker.brokerctl(["token", "api"])
@@ -42,8 +43,10 @@ import Testing
         let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-ctl", lifetime: 3600)
         idp.setBehavior(.status(503, retryAfter: 30))
         let oauth = try broker.brokerctl(
-            ["add", "flaky", "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id", idp.clientID,
-             "--client-auth", "client_secret_post", "--secrets", "-"],
+            [
+                "add", "flaky", "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id", idp.clientID,
+                "--client-auth", "client_secret_post", "--secrets", "-",
+            ],
             stdin: #"{"refresh_token":"rt-ctl","client_secret":"\#(idp.clientSecret)"}"#)
         #expect(oauth.status == 0, "\(oauth.stderr)")
         #expect(await eventually { idp.callCount >= 1 })
@@ -69,8 +72,10 @@ import Testing
         let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-out", lifetime: 3600)
         for name in ["up", "down"] {
             let added = try broker.brokerctl(
-                ["add", name, "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id", idp.clientID,
-                 "--revocation-endpoint", idp.revocationEndpoint, "--secrets", "-"],
+                [
+                    "add", name, "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id", idp.clientID,
+                    "--revocation-endpoint", idp.revocationEndpoint, "--secrets", "-",
+                ],
                 stdin: #"{"refresh_token":"rt-out","access_token":"at-\#(name)","expires_in":3600}"#)
             #expect(added.status == 0, "\(added.stderr)")
         }

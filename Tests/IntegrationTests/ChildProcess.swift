@@ -18,7 +18,9 @@ struct ChildProcess {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
-        if let input { posix_spawn_file_actions_adddup2(&actions, input, 0) } else {
+        if let input {
+            posix_spawn_file_actions_adddup2(&actions, input, 0)
+        } else {
             posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
         }
         if let output {

@@ -43,7 +43,8 @@ import Testing
         let reused = idps.reduce(0) { $0 + $1.rejectedReuse }
         let windows = Self.figures("saved_after_us", in: broker.log)
         let roundTrips = Self.figures("idp_us", in: broker.log)
-        let completedSaves = broker.log.components(separatedBy: "completed a vault save that a crash interrupted").count - 1
+        let completedSaves =
+            broker.log.components(separatedBy: "completed a vault save that a crash interrupted").count - 1
         print(
             "crash test: \(Self.kills) SIGKILLs, \(refreshes) refreshes, \(needsLogin) of \(Self.accounts) accounts in needs_login, "
                 + "\(reused) reused refresh tokens, \(completedSaves) interrupted saves completed at restart; "

@@ -64,7 +64,8 @@ import Glibc
         let client = try broker.client()
         defer { client.close() }
         _ = try await client.add(
-            account: "other", provider: ProviderSpec(kind: "static"), tokens: TokenSet(accessToken: "fine", expiresIn: 600))
+            account: "other", provider: ProviderSpec(kind: "static"),
+            tokens: TokenSet(accessToken: "fine", expiresIn: 600))
         _ = try await client.add(
             account: "slow",
             provider: ProviderSpec(kind: "oauth2", tokenEndpoint: idp.tokenEndpoint, clientID: idp.clientID),

@@ -21,7 +21,8 @@ import Testing
         #expect(raw.readObject()?["ok"] as? Bool == true)
 
         _ = try await owner.add(
-            account: "ev", provider: ProviderSpec(kind: "oauth2", tokenEndpoint: idp.tokenEndpoint, clientID: idp.clientID),
+            account: "ev",
+            provider: ProviderSpec(kind: "oauth2", tokenEndpoint: idp.tokenEndpoint, clientID: idp.clientID),
             tokens: TokenSet(refreshToken: "rt-ev"))
         _ = try await owner.token(account: "ev")
         idp.setBehavior(.status(500, retryAfter: nil))

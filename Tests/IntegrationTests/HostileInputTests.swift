@@ -21,9 +21,12 @@ import Testing
             let answer = try #require(raw.readObject(), "no answer for min_ttl \(minTTL)")
             #expect(answer.errorCode == "bad_request", "min_ttl \(minTTL)")
         }
-        raw.send(#"{"id":10,"op":"set_tokens","account":"steady","tokens":{"access_token":"t","expires_in":-1e300}}"# + "\n")
+        raw.send(
+            #"{"id":10,"op":"set_tokens","account":"steady","tokens":{"access_token":"t","expires_in":-1e300}}"# + "\n")
         #expect(raw.readObject()?["ok"] as? Bool == true, "a negative lifetime is an expired token")
-        raw.send(#"{"id":11,"op":"set_tokens","account":"steady","tokens":{"access_token":"long","expires_in":1e300}}"# + "\n")
+        raw.send(
+            #"{"id":11,"op":"set_tokens","account":"steady","tokens":{"access_token":"long","expires_in":1e300}}"#
+                + "\n")
         #expect(raw.readObject()?["ok"] as? Bool == true)
         #expect(try await client.token(account: "steady", minTTL: 1e8).accessToken == "long")
         #expect(try await client.status(account: "steady").first?.state == "valid")
@@ -51,7 +54,8 @@ import Testing
         defer { broker.stop() }
         let client = try broker.client()
         defer { client.close() }
-        let lister = "import os, json\nfds = sorted(int(f) for f in os.listdir('/proc/self/fd'))\n"
+        let lister =
+            "import os, json\nfds = sorted(int(f) for f in os.listdir('/proc/self/fd'))\n"
             + "extra = [f for f in fds if f > 2 and os.path.exists('/proc/self/fd/%d' % f)]\n"
             + "print(json.dumps({'access_token': 'fds:' + ','.join(map(str, extra)), 'expires_in': 1}))"
         var spec = ProviderSpec(kind: "exec")

@@ -5,7 +5,7 @@ import TestIdP
 import Testing
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// The provider kinds beyond plain `oauth2`, end to end: real brokerd, real socket, and a real

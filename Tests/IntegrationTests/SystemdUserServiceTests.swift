@@ -19,7 +19,10 @@ struct SystemdUserServiceTests {
         defer { manager.shutdown() }
         let result = try manager.run(
             "/usr/bin/systemd-analyze",
-            ["--user", "verify"] + ["tokenbroker.socket", "tokenbroker.service"].map { manager.unitDirectory.appendingPathComponent($0).path })
+            ["--user", "verify"]
+                + ["tokenbroker.socket", "tokenbroker.service"].map {
+                    manager.unitDirectory.appendingPathComponent($0).path
+                })
         #expect(result.status == 0, "\(result.output)")
         #expect(result.output.trimmingCharacters(in: .whitespacesAndNewlines).isEmpty, "\(result.output)")
     }
@@ -32,7 +35,8 @@ struct SystemdUserServiceTests {
 
         // The first brokerctl call starts the service through the socket.
         let added = try manager.brokerctl(
-            ["add", "api", "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"sd-token","expires_in":3600}"#)
+            ["add", "api", "--kind", "static", "--secrets", "-"],
+            stdin: #"{"access_token":"sd-token","expires_in":3600}"#)
         #expect(added.status == 0, "\(added.output)")
         let token = try manager.brokerctl(["token", "api"])
         #expect(token.output == "sd-token\n")
@@ -173,9 +177,10 @@ final class UserManager: @unchecked Sendable {
 
     init(start: Bool) throws {
         let fileManager = FileManager.default
-        for directory in [runtime, unitDirectory.appendingPathComponent("tokenbroker.service.d"),
-            home.appendingPathComponent(".local/bin")]
-        {
+        for directory in [
+            runtime, unitDirectory.appendingPathComponent("tokenbroker.service.d"),
+            home.appendingPathComponent(".local/bin"),
+        ] {
             try fileManager.createDirectory(at: directory, withIntermediateDirectories: true)
         }
         chmod(runtime.path, 0o700)
@@ -235,9 +240,10 @@ final class UserManager: @unchecked Sendable {
         environment["TOKENBROKER_SOCKET"] = runtime.appendingPathComponent("tokenbroker/broker.sock").path
         // The host key that `systemd-creds` and the manager seal and open credentials with.
         environment["SYSTEMD_CREDENTIAL_SECRET"] = root.appendingPathComponent("credential.secret").path
-        for name in ["DBUS_SESSION_BUS_ADDRESS", "NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "TOKENBROKER_CONFIG",
-            "TOKENBROKER_VAULT", "TOKENBROKER_KEY_FILE", "CREDENTIALS_DIRECTORY"]
-        {
+        for name in [
+            "DBUS_SESSION_BUS_ADDRESS", "NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "TOKENBROKER_CONFIG",
+            "TOKENBROKER_VAULT", "TOKENBROKER_KEY_FILE", "CREDENTIALS_DIRECTORY",
+        ] {
             environment[name] = nil
         }
         return environment

@@ -82,9 +82,12 @@ public final class OAuth2TestIdP: Sendable {
             }
             let client = Self.client(FormBody.parse(request.body), authorization: request.header("Authorization"))
             if request.path == "/revoke" {
-                return Self.revoke(FormBody.parse(request.body), client: client, state: state, clientID: clientID, clientSecret: secret)
+                return Self.revoke(
+                    FormBody.parse(request.body), client: client, state: state, clientID: clientID, clientSecret: secret
+                )
             }
-            return Self.answer(FormBody.parse(request.body), client: client, state: state, clientID: clientID, clientSecret: secret)
+            return Self.answer(
+                FormBody.parse(request.body), client: client, state: state, clientID: clientID, clientSecret: secret)
         }
     }
 
@@ -139,7 +142,9 @@ public final class OAuth2TestIdP: Sendable {
     /// The client id and secret a request presents, in the form or as HTTP Basic.
     fileprivate static func client(_ form: [String: String], authorization: String?) -> (id: String?, secret: String?) {
         if let authorization, authorization.hasPrefix("Basic "),
-            let decoded = Data(base64Encoded: String(authorization.dropFirst(6))).map({ String(decoding: $0, as: UTF8.self) }),
+            let decoded = Data(base64Encoded: String(authorization.dropFirst(6))).map({
+                String(decoding: $0, as: UTF8.self)
+            }),
             let colon = decoded.firstIndex(of: ":")
         {
             return (
@@ -156,12 +161,15 @@ public final class OAuth2TestIdP: Sendable {
         clientSecret: String
     ) -> Answer {
         state.withLock { state in
-            state.revocations.append(Revocation(token: form["token"], hint: form["token_type_hint"], clientID: client.id))
+            state.revocations.append(
+                Revocation(token: form["token"], hint: form["token_type_hint"], clientID: client.id))
             if let fault = state.behavior.response(errorBody: #"{"error":"temporarily_unavailable"}"#) { return fault }
             guard client.id == clientID, client.secret == nil || client.secret == clientSecret else {
                 return Answer(status: .unauthorized, body: #"{"error":"invalid_client"}"#)
             }
-            guard let token = form["token"] else { return Answer(status: .badRequest, body: #"{"error":"invalid_request"}"#) }
+            guard let token = form["token"] else {
+                return Answer(status: .badRequest, body: #"{"error":"invalid_request"}"#)
+            }
             if token == state.currentRefreshToken { state.currentRefreshToken = "revoked-\(randomSuffix())" }
             return Answer(status: .ok, body: "", delay: state.delay)
         }
@@ -175,7 +183,9 @@ public final class OAuth2TestIdP: Sendable {
         let presentedSecret = client.secret
         return state.withLock { state in
             state.calls.append(
-                Call(refreshToken: form["refresh_token"], clientID: presentedID, clientSecret: presentedSecret, at: Date()))
+                Call(
+                    refreshToken: form["refresh_token"], clientID: presentedID, clientSecret: presentedSecret,
+                    at: Date()))
             let delay = state.delay
             switch state.behavior {
             case .hang:
@@ -197,7 +207,9 @@ public final class OAuth2TestIdP: Sendable {
             }
             guard form["refresh_token"] == state.currentRefreshToken else {
                 state.rejectedReuse += 1
-                return Answer(status: .badRequest, body: #"{"error":"invalid_grant","error_description":"refresh token is not valid"}"#, delay: delay)
+                return Answer(
+                    status: .badRequest,
+                    body: #"{"error":"invalid_grant","error_description":"refresh token is not valid"}"#, delay: delay)
             }
             state.serial += 1
             let access = "at-\(state.serial)-\(UInt32.random(in: 0...UInt32.max))"
@@ -205,7 +217,8 @@ public final class OAuth2TestIdP: Sendable {
             state.currentRefreshToken = refresh
             state.issuedAccessTokens.append(access)
             state.issuedRefreshTokens.append(refresh)
-            let body = #"{"access_token":"\#(access)","token_type":"Bearer","expires_in":\#(state.lifetime),"refresh_token":"\#(refresh)"}"#
+            let body =
+                #"{"access_token":"\#(access)","token_type":"Bearer","expires_in":\#(state.lifetime),"refresh_token":"\#(refresh)"}"#
             return Answer(status: .ok, body: body, delay: delay)
         }
     }

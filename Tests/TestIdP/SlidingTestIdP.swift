@@ -102,7 +102,11 @@ public final class SlidingTestIdP: Sendable {
         let now = Date()
         return state.withLock { state in
             state.calls.append(Call(refreshToken: presented, method: request.method.rawValue, at: now))
-            if let fault = state.behavior.response(errorBody: #"{"status":false,"message":"ServiceUnavailable","data":null}"#) { return fault }
+            if let fault = state.behavior.response(
+                errorBody: #"{"status":false,"message":"ServiceUnavailable","data":null}"#)
+            {
+                return fault
+            }
             guard request.method == .POST, request.path == "/api/Auth/RefreshToken" else {
                 return TestHTTPResponse(status: .notFound, body: #"{"status":false,"message":"NotFound","data":null}"#)
             }

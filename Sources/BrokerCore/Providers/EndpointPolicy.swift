@@ -47,5 +47,7 @@ public struct Origin: Hashable, Sendable, CustomStringConvertible {
         self.port = port
     }
 
-    public var description: String { "\(scheme)://\(host.contains(":") && !host.hasPrefix("[") ? "[\(host)]" : host):\(port)" }
+    public var description: String {
+        "\(scheme)://\(host.contains(":") && !host.hasPrefix("[") ? "[\(host)]" : host):\(port)"
+    }
 }

@@ -5,7 +5,7 @@ import Foundation
 import Logging
 
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #endif
 
 /// Settings of an `exec` account.
@@ -55,7 +55,8 @@ struct ExecProvider: TokenProvider {
         case .launchFailed(let reason):
             return .failure(.transient("cannot start the command: \(reason)"))
         case .timedOut:
-            return .failure(.transient("the command did not finish within \(Bounds.wholeSeconds(timeout.rounded(.up))) s"))
+            return .failure(
+                .transient("the command did not finish within \(Bounds.wholeSeconds(timeout.rounded(.up))) s"))
         case .outputTooLarge:
             return .failure(.transient("the command printed more than 1 MiB"))
         case .signalled(let signal):

@@ -49,7 +49,8 @@ struct OAuth2Provider: TokenProvider {
         guard let endpoint else { return .success(.unsupported) }
         var form = [("token", credential.token), ("token_type_hint", credential.hint)]
         let headers = authenticate(&form, secret: record.secrets.clientSecret)
-        return await http.post(endpoint, headers: headers, body: FormEncoding.encode(form)).flatMap(Self.interpretRevocation)
+        return await http.post(endpoint, headers: headers, body: FormEncoding.encode(form)).flatMap(
+            Self.interpretRevocation)
     }
 
     /// Classifies a revocation endpoint's answer (RFC 7009 section 2.2). Only 2xx is a
@@ -103,7 +104,8 @@ struct OAuth2Provider: TokenProvider {
     }
 
     /// Classifies a token endpoint's answer (RFC 6749 sections 5.1 and 5.2).
-    static func interpret(_ reply: IdPReply, now: Date, defaultLifetime: TimeInterval) -> Result<Grant, RefreshFailure> {
+    static func interpret(_ reply: IdPReply, now: Date, defaultLifetime: TimeInterval) -> Result<Grant, RefreshFailure>
+    {
         let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any]
         switch reply.status {
         case 200..<300:
@@ -122,7 +124,8 @@ struct OAuth2Provider: TokenProvider {
             let code = (object?["error"] as? String).map { " (\($0))" } ?? ""
             return .failure(.denial("the token endpoint refused the refresh: HTTP \(reply.status)\(code)"))
         default:
-            return .failure(.transient("the token endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
+            return .failure(
+                .transient("the token endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
         }
     }
 }
@@ -143,6 +146,8 @@ enum FormEncoding {
     /// A short, printable form of a value a client sent, for an error message. (Text from an
     /// IdP is cleaned by the broker instead, which also redacts the account's secrets.)
     static func printable(_ text: String) -> String {
-        String(text.unicodeScalars.filter { $0.isASCII && $0.value >= 0x20 && $0.value < 0x7F }.prefix(64).map(Character.init))
+        String(
+            text.unicodeScalars.filter { $0.isASCII && $0.value >= 0x20 && $0.value < 0x7F }.prefix(64).map(
+                Character.init))
     }
 }

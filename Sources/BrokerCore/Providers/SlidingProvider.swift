@@ -72,7 +72,8 @@ struct SlidingProvider: TokenProvider {
         let expiresAt: Date?
         let refreshExpiresAt: Date?
         switch (
-            timestamp(data, "accessTokenExpiresAt", zone: timeZone), timestamp(data, "refreshTokenExpiresAt", zone: timeZone)
+            timestamp(data, "accessTokenExpiresAt", zone: timeZone),
+            timestamp(data, "refreshTokenExpiresAt", zone: timeZone)
         ) {
         case (.success(let access), .success(let refresh)): (expiresAt, refreshExpiresAt) = (access, refresh)
         case (.failure(let failure), _), (_, .failure(let failure)): return .failure(failure)
@@ -88,7 +89,9 @@ struct SlidingProvider: TokenProvider {
 
     /// An optional timestamp field of the envelope's `data`: absent or null is `nil`; anything
     /// but a readable string is a malformed (transient) answer.
-    private static func timestamp(_ data: [String: Any], _ field: String, zone: TimeZone) -> Result<Date?, RefreshFailure> {
+    private static func timestamp(_ data: [String: Any], _ field: String, zone: TimeZone) -> Result<
+        Date?, RefreshFailure
+    > {
         switch data[field] {
         case nil, is NSNull: return .success(nil)
         case let text as String:

@@ -10,7 +10,9 @@ public struct Grant: Sendable, Equatable {
     /// A rotated refresh URL (`refresh_url` accounts); `nil` when unchanged.
     public var refreshURL: String?
 
-    public init(token: AccessToken, refreshToken: String? = nil, refreshExpiresAt: Date? = nil, refreshURL: String? = nil) {
+    public init(
+        token: AccessToken, refreshToken: String? = nil, refreshExpiresAt: Date? = nil, refreshURL: String? = nil
+    ) {
         self.token = token
         self.refreshToken = refreshToken
         self.refreshExpiresAt = refreshExpiresAt

@@ -111,14 +111,18 @@ public final class Vault: @unchecked Sendable {
         let version = UInt16(bytes[8]) << 8 | UInt16(bytes[9])
         guard version == Self.formatVersion else {
             throw VaultError(
-                "the vault \(path) has format version \(version); this brokerd reads version \(Self.formatVersion); it was left untouched")
+                "the vault \(path) has format version \(version); this brokerd reads version \(Self.formatVersion); it was left untouched"
+            )
         }
         let header = Array(bytes.prefix(Self.headerLength))
         let nonce = Array(header.suffix(Sodium.nonceLength))
-        guard var plaintext = Sodium.open(Array(bytes.dropFirst(Self.headerLength)), associatedData: header, nonce: nonce, key: key)
+        guard
+            var plaintext = Sodium.open(
+                Array(bytes.dropFirst(Self.headerLength)), associatedData: header, nonce: nonce, key: key)
         else {
             throw VaultError(
-                "the vault \(path) cannot be decrypted: the key is wrong or the file was modified; it was left untouched")
+                "the vault \(path) cannot be decrypted: the key is wrong or the file was modified; it was left untouched"
+            )
         }
         defer { Sodium.wipe(&plaintext) }
         do {

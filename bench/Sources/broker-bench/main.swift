@@ -62,18 +62,27 @@ print("clients  server  p50 (us)  p99 (us)  req/s")
 for clients in concurrencies {
     for (name, result) in [("echo", echoResults[clients]!), ("broker", brokerResults[clients]!)] {
         print(
-            String(format: "%7d  %-6@  %8.1f  %8.1f  %7.0f", clients, name as NSString, result.p50, result.p99, result.perSecond))
+            String(
+                format: "%7d  %-6@  %8.1f  %8.1f  %7.0f", clients, name as NSString, result.p50, result.p99,
+                result.perSecond))
     }
 }
 let one = (brokerResults[1]!, echoResults[1]!)
-print(String(format: "at 1 client: p50 %.2fx and p99 %.2fx the echo floor (targets 1.3x, 2x); at 64 clients: %.0f req/s (target 100000)",
-    one.0.p50 / one.1.p50, one.0.p99 / one.1.p99, brokerResults[64]!.perSecond))
+print(
+    String(
+        format:
+            "at 1 client: p50 %.2fx and p99 %.2fx the echo floor (targets 1.3x, 2x); at 64 clients: %.0f req/s (target 100000)",
+        one.0.p50 / one.1.p50, one.0.p99 / one.1.p99, brokerResults[64]!.perSecond))
 
 // 3. From a refused token to the first waiting client holding a fresh one (one shared refresh).
 let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-bench", lifetime: 3600)
-try broker.addOAuth2Account(name: "fresh", endpoint: idp.tokenEndpoint, clientID: idp.clientID, refreshToken: "rt-bench")
+try broker.addOAuth2Account(
+    name: "fresh", endpoint: idp.tokenEndpoint, clientID: idp.clientID, refreshToken: "rt-bench")
 for (label, measure) in [
-    ("expired token", { try broker.expiredLatency(account: "fresh", clients: $0, refreshToken: idp.issuedRefreshTokens.last!) }),
+    (
+        "expired token",
+        { try broker.expiredLatency(account: "fresh", clients: $0, refreshToken: idp.issuedRefreshTokens.last!) }
+    ),
     ("refused token", { try broker.rejectLatency(account: "fresh", clients: $0) }),
 ] as [(String, (Int) throws -> (Double, Double))] {
     for waiting in [1, 1000] {
@@ -86,7 +95,12 @@ for (label, measure) in [
         }
         firsts.sort()
         lasts.sort()
-        print(label + String(format: " -> fresh token, %4d waiting clients: first client %.2f ms, last client %.2f ms (median of 5; IdP on loopback)", waiting, firsts[2] * 1000, lasts[2] * 1000))
+        print(
+            label
+                + String(
+                    format:
+                        " -> fresh token, %4d waiting clients: first client %.2f ms, last client %.2f ms (median of 5; IdP on loopback)",
+                    waiting, firsts[2] * 1000, lasts[2] * 1000))
     }
 }
 print("IdP calls for those \(5 * 4) refreshes: \(idp.callCount - 1)")
@@ -103,7 +117,10 @@ for _ in 0..<5 {
     child.stop()
 }
 startups.sort()
-print(String(format: "start to READY=1 with 1000 accounts: median %.1f ms, best %.1f ms (target < 100)", startups[2] * 1000, startups[0] * 1000))
+print(
+    String(
+        format: "start to READY=1 with 1000 accounts: median %.1f ms, best %.1f ms (target < 100)", startups[2] * 1000,
+        startups[0] * 1000))
 
 /// Latency figures of one load run.
 struct LoadResult {
@@ -183,11 +200,14 @@ struct BrokerUnderTest {
         defer { close(fd) }
         var buffer = [UInt8](repeating: 0, count: 65536)
         for index in range {
-            let line = #"{"id":\#(index),"op":"add","account":"bench-\#(index)","provider":{"kind":"static"},"tokens":{"access_token":"bench-token-\#(index)-\#(String(repeating: "x", count: 800))","expires_in":86400}}"# + "\n"
+            let line =
+                #"{"id":\#(index),"op":"add","account":"bench-\#(index)","provider":{"kind":"static"},"tokens":{"access_token":"bench-token-\#(index)-\#(String(repeating: "x", count: 800))","expires_in":86400}}"#
+                + "\n"
             _ = Array(line.utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
             let count = recv(fd, &buffer, buffer.count, 0)
             guard count > 0, String(decoding: buffer[0..<count], as: UTF8.self).contains("\"ok\":true") else {
-                throw BenchError("adding account \(index) failed: \(String(decoding: buffer[0..<max(0, count)], as: UTF8.self))")
+                throw BenchError(
+                    "adding account \(index) failed: \(String(decoding: buffer[0..<max(0, count)], as: UTF8.self))")
             }
         }
     }
@@ -196,7 +216,8 @@ struct BrokerUnderTest {
     func addOAuth2Account(name: String, endpoint: String, clientID: String, refreshToken: String) throws {
         let fd = try Socket.connect(socketPath)
         defer { close(fd) }
-        let add = #"{"id":1,"op":"add","account":"\#(name)","provider":{"kind":"oauth2","token_endpoint":"\#(endpoint)","client_id":"\#(clientID)"},"tokens":{"refresh_token":"\#(refreshToken)"}}"#
+        let add =
+            #"{"id":1,"op":"add","account":"\#(name)","provider":{"kind":"oauth2","token_endpoint":"\#(endpoint)","client_id":"\#(clientID)"},"tokens":{"refresh_token":"\#(refreshToken)"}}"#
         let token = #"{"id":2,"op":"token","account":"\#(name)"}"#
         for line in [add, token] {
             guard Socket.exchange(fd, line).contains("\"ok\":true") else { throw BenchError("cannot set up \(name)") }
@@ -230,7 +251,8 @@ struct BrokerUnderTest {
         let start = Monotonic.now()
         let pushed = Socket.exchange(
             admin,
-            #"{"id":0,"op":"set_tokens","account":"\#(account)","tokens":{"access_token":"expired","expires_at":"2000-01-01T00:00:00Z","refresh_token":"\#(refreshToken)"}}"#)
+            #"{"id":0,"op":"set_tokens","account":"\#(account)","tokens":{"access_token":"expired","expires_at":"2000-01-01T00:00:00Z","refresh_token":"\#(refreshToken)"}}"#
+        )
         guard pushed.contains(#""ok":true"#) else { throw BenchError("set_tokens failed: \(pushed)") }
         let request = #"{"id":1,"op":"token","account":"\#(account)","min_ttl":60}"#
         return try freshTokenLatency(request: request, start: start, on: descriptors)
@@ -238,9 +260,13 @@ struct BrokerUnderTest {
 
     /// Sends `request` on every one of `descriptors` and returns the seconds from `start` until
     /// the first and the last successful answer.
-    private func freshTokenLatency(request text: String, start: Double, on descriptors: [Int32]) throws -> (Double, Double) {
+    private func freshTokenLatency(request text: String, start: Double, on descriptors: [Int32]) throws -> (
+        Double, Double
+    ) {
         let request = Array((text + "\n").utf8)
-        for fd in descriptors { _ = request.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } }
+        for fd in descriptors {
+            _ = request.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        }
         var first = Double.infinity
         var last = 0.0
         var buffer = [UInt8](repeating: 0, count: 4096)
@@ -344,7 +370,9 @@ enum Socket {
     }
 
     static func connect(_ path: String) throws -> Int32 {
-        guard case .success(let fd) = UnixSocketAddress.connect(path) else { throw BenchError("cannot connect to \(path)") }
+        guard case .success(let fd) = UnixSocketAddress.connect(path) else {
+            throw BenchError("cannot connect to \(path)")
+        }
         return fd
     }
 
