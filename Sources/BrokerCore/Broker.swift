@@ -6,36 +6,6 @@ import Synchronization
 /// The broker engine: owns every account, decides and runs refreshes (one at a time per
 /// account), keeps the vault in step, and publishes servable tokens to `cache`.
 public actor Broker {
-    /// One account and what the engine tracks about it beyond the vault record.
-    private struct Entry {
-        var record: AccountRecord
-        var nextRefreshAt: Date?
-        /// Transient failures since the last success.
-        var failures = 0
-        /// Until then, `token` fails fast instead of calling a failing IdP again.
-        var retryAt: Date?
-        /// The one refresh under way (single flight) and its serial number.
-        var inFlight: (serial: Int, task: Task<Result<Void, BrokerError>, Never>)?
-        /// Bumped when tokens are replaced, so a refresh started before that is discarded.
-        var generation = 0
-        /// Set when an overdue refresh was pushed back to spread a backlog; it runs when next due.
-        var spreadOverdue = false
-        /// Set while `logout` revokes the credential: no refresh may rotate it meanwhile.
-        var loggingOut = false
-
-        /// Starts the account's lifecycle over (new tokens, or none after a logout): no denial,
-        /// no error, no backoff, and any refresh under way is abandoned.
-        mutating func restart(loggedOut: Bool) {
-            record.needsLogin = false
-            record.loggedOut = loggedOut ? true : nil
-            record.lastError = nil
-            failures = 0
-            retryAt = nil
-            generation += 1
-            inFlight = nil
-        }
-    }
-
     /// Tokens ready to serve, readable without entering the actor.
     public nonisolated let cache = TokenCache()
     /// Account events for `subscribe` connections.
@@ -51,7 +21,10 @@ public actor Broker {
     private let http: IdPClient
     private let logger: Logger
     private var planner: RefreshPlanner { RefreshPlanner(settings: settings) }
-    private var entries: [String: Entry] = [:]
+    /// Every account's lifecycle; the actor runs the effects its transitions return.
+    private var accounts: [String: AccountMachine] = [:]
+    /// The task of each refresh under way, by account, with the serial its machine knows it by.
+    private var refreshTasks: [String: (serial: Int, task: Task<Result<Void, BrokerError>, Never>)] = [:]
     private var refreshSerial = 0
 
     /// Loads every account from `vault` (refusing a wrong key or tampered file) and schedules it.
@@ -72,11 +45,11 @@ public actor Broker {
             logger.notice("completed a vault save that a crash interrupted; no rotated credential was lost")
         }
         for stored in contents?.accounts ?? [] {
-            let record = stored.sanitized()
-            entries[record.name] = Entry(
-                record: record, nextRefreshAt: Self.schedule(record, RefreshPlanner(settings: settings), now: now))
-            if !record.needsLogin, record.loggedOut != true, let token = record.token {
-                cache.publish(Self.prepare(record.name, token), for: record.name)
+            let machine = AccountMachine(
+                record: stored.sanitized(), planner: RefreshPlanner(settings: settings), now: now)
+            accounts[machine.record.name] = machine
+            if let token = machine.servableToken {
+                cache.publish(Self.prepare(machine.record.name, token), for: machine.record.name)
             }
         }
     }
@@ -86,9 +59,9 @@ public actor Broker {
     /// A token valid for `minTTL` seconds, refreshing (once, shared) when the cached one falls short.
     public func token(account name: String, minTTL: TimeInterval) async throws(BrokerError) -> PreparedToken {
         if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return token }
-        let entry = try self.entry(name)
-        try checkRefreshable(entry)
-        try checkLifetime(entry, covers: minTTL)
+        let machine = try self.machine(name)
+        try checkRefreshable(machine)
+        try checkLifetime(machine, covers: minTTL)
         let outcome = await refreshShared(name)
         if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return token }
         if case .failure(let error) = outcome { throw error }
@@ -101,11 +74,11 @@ public actor Broker {
     public func reject(account name: String, accessToken: String, minTTL: TimeInterval) async throws(BrokerError)
         -> PreparedToken
     {
-        let entry = try self.entry(name)
-        guard entry.record.token?.value == accessToken else {
+        let machine = try self.machine(name)
+        guard machine.record.token?.value == accessToken else {
             return try await token(account: name, minTTL: minTTL)
         }
-        try checkRefreshable(entry)
+        try checkRefreshable(machine)
         let outcome = await refreshShared(name)
         if case .failure(let error) = outcome { throw error }
         return try await token(account: name, minTTL: minTTL)
@@ -114,21 +87,21 @@ public actor Broker {
     /// Status of one account, or of all of them sorted by name.
     public func status(account name: String?) throws(BrokerError) -> [AccountStatus] {
         let now = clock.now()
-        if let name { return [describe(try entry(name), now: now)] }
-        return entries.keys.sorted().map { describe(entries[$0]!, now: now) }
+        if let name { return [describe(try machine(name), now: now)] }
+        return accounts.keys.sorted().compactMap { accounts[$0].map { describe($0, now: now) } }
     }
 
     /// A one-line summary such as "5 accounts: 4 valid, 1 needs login" (systemd `STATUS=`).
     public func summary() -> String {
         let now = clock.now()
         var counts: [String: Int] = [:]
-        for entry in entries.values { counts[state(of: entry, now: now), default: 0] += 1 }
-        let noun = entries.count == 1 ? "account" : "accounts"
+        for machine in accounts.values { counts[machine.state(now: now).rawValue, default: 0] += 1 }
+        let noun = accounts.count == 1 ? "account" : "accounts"
         guard !counts.isEmpty else { return "0 accounts" }
         let parts = counts.sorted { $0.key < $1.key }.map {
             "\($0.value) \($0.key.replacingOccurrences(of: "_", with: " "))"
         }
-        return "\(entries.count) \(noun): " + parts.joined(separator: ", ")
+        return "\(accounts.count) \(noun): " + parts.joined(separator: ", ")
     }
 
     // MARK: Owner operations
@@ -138,7 +111,7 @@ public actor Broker {
         -> AccountResult
     {
         let name = try AccountSpec.validateName(account)
-        guard entries[name] == nil else {
+        guard accounts[name] == nil else {
             throw BrokerError(.badRequest, "an account named \(name) exists; remove it first or use set_tokens")
         }
         let (provider, clientSecret) = try AccountSpec.provider(spec)
@@ -147,11 +120,12 @@ public actor Broker {
             name: name, provider: provider, secrets: AccountSecrets(clientSecret: clientSecret), token: nil,
             needsLogin: false, lastError: nil, lastRefreshAt: nil)
         if let tokens { try apply(tokens, to: &record, now: now) }
-        entries[name] = Entry(record: record, nextRefreshAt: Self.schedule(record, planner, now: now))
-        try persist(changing: name)
+        var machine = AccountMachine(record: record, planner: planner, now: now)
+        let effects = machine.tokensReplaced(by: record, planner: planner, now: now)
+        accounts[name] = machine
+        try run(effects, for: name)
         logger.info("account added", metadata: ["account": "\(name)", "provider": "\(provider.kind)"])
-        publishAndKick(name)
-        let state = state(of: entries[name]!, now: clock.now())
+        let state = try self.machine(name).state(now: clock.now()).rawValue
         events.publish(BrokerEvent(event: .added, account: name, at: now, state: state))
         return AccountResult(account: name, state: state)
     }
@@ -159,31 +133,30 @@ public actor Broker {
     /// Replaces an account's tokens; clears `needs_login` and any backoff.
     public func setTokens(account: String?, tokens: TokenSet?) throws(BrokerError) -> AccountResult {
         let name = try AccountSpec.validateName(account)
-        var entry = try self.entry(name)
+        var machine = try self.machine(name)
         guard let tokens, tokens.accessToken != nil || tokens.refreshToken != nil || tokens.refreshURL != nil else {
             throw BrokerError(.badRequest, "\"tokens\" needs an access_token, a refresh_token or a refresh_url")
         }
-        try checkNotLoggingOut(entry)
+        try checkNotLoggingOut(machine)
         let now = clock.now()
-        try apply(tokens, to: &entry.record, now: now)
-        entry.restart(loggedOut: false)
-        entry.nextRefreshAt = Self.schedule(entry.record, planner, now: now)
-        entries[name] = entry
-        try persist(changing: name)
+        var record = machine.record
+        try apply(tokens, to: &record, now: now)
+        let effects = machine.tokensReplaced(by: record, planner: planner, now: now)
+        accounts[name] = machine
+        try run(effects, for: name)
         logger.info("tokens replaced", metadata: ["account": "\(name)"])
-        publishAndKick(name)
-        return AccountResult(account: name, state: state(of: entries[name]!, now: clock.now()))
+        return AccountResult(account: name, state: try self.machine(name).state(now: clock.now()).rawValue)
     }
 
     /// Deletes an account and its secrets.
     public func remove(account: String?) throws(BrokerError) -> AccountResult {
         let name = try AccountSpec.validateName(account)
-        try checkNotLoggingOut(try entry(name))
-        guard let removed = entries.removeValue(forKey: name) else { throw notFound(name) }
+        try checkNotLoggingOut(try machine(name))
+        guard let removed = accounts.removeValue(forKey: name) else { throw notFound(name) }
         do {
             try persist(changing: name)
         } catch {
-            entries[name] = removed
+            accounts[name] = removed
             throw error
         }
         cache.publish(nil, for: name)
@@ -195,15 +168,13 @@ public actor Broker {
     /// Refreshes now, ignoring the schedule (joins a refresh already under way).
     public func refreshNow(account: String?) async throws(BrokerError) -> AccountResult {
         let name = try AccountSpec.validateName(account)
-        var entry = try self.entry(name)
-        if case .static = entry.record.provider {
+        let machine = try self.machine(name)
+        guard machine.refreshesOnItsOwn else {
             throw BrokerError(.badRequest, "\(name) is a static account; push new tokens with set_tokens")
         }
-        try checkCredentialUsable(entry)
-        entry.retryAt = nil
-        entries[name] = entry
+        try checkCredentialUsable(machine)
         if case .failure(let error) = await refreshShared(name) { throw error }
-        return AccountResult(account: name, state: state(of: try self.entry(name), now: clock.now()))
+        return AccountResult(account: name, state: try self.machine(name).state(now: clock.now()).rawValue)
     }
 
     /// Logs an account out: revokes its credential at the IdP where the provider can, then
@@ -212,26 +183,23 @@ public actor Broker {
     /// be reached, unless `force`, so a credential is never left alive at the IdP by accident.
     public func logout(account: String?, force: Bool) async throws(BrokerError) -> LogoutResult {
         let name = try AccountSpec.validateName(account)
-        let entry = try self.entry(name)
-        if entry.record.loggedOut == true { return LogoutResult(account: name, state: "logged_out", revoked: false) }
-        try checkNotLoggingOut(entry)
-        // While set, nothing else may change or refresh the account: `set_tokens` and `remove`
-        // are refused, and no refresh starts, so the entry after each await is this one.
-        entries[name]?.loggingOut = true
-        defer { entries[name]?.loggingOut = false }
+        var machine = try self.machine(name)
+        try checkNotLoggingOut(machine)
+        // From here, nothing else may change or refresh the account: `set_tokens` and `remove`
+        // are refused, and no refresh starts, so the record after each await is this one.
+        guard machine.beginLogout() else { return LogoutResult(account: name, state: "logged_out", revoked: false) }
+        accounts[name] = machine
         // A refresh under way may rotate the credential: revoke the one it leaves behind.
-        _ = await entry.inFlight?.task.value
-        guard let current = entries[name] else { throw notFound(name) }
-        let due = current.nextRefreshAt
-        entries[name]?.nextRefreshAt = nil
+        _ = await refreshTasks[name]?.task.value
+        let current = try self.machine(name).record
 
         var revoked = false
-        let answer = await makeProvider(current.record.provider).revoke(current.record)
-        switch answer.mapError(current.record.outsideText().clean) {
+        let answer = await makeProvider(current.provider).revoke(current)
+        switch answer.mapError(current.outsideText().clean) {
         case .success(let revocation):
             revoked = revocation == .revoked
         case .failure(let failure) where !force:
-            entries[name]?.nextRefreshAt = due
+            accounts[name]?.logoutRefused()
             logger.warning(
                 "logout refused: cannot revoke", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
             let wait =
@@ -248,14 +216,8 @@ public actor Broker {
         }
 
         // Discarded in memory even if the vault cannot be saved: a revoked token must not be served.
-        entries[name]?.record.secrets = AccountSecrets(clientSecret: current.record.secrets.clientSecret)
-        entries[name]?.record.token = nil
-        entries[name]?.restart(loggedOut: true)
-        entries[name]?.nextRefreshAt = nil
-        cache.publish(nil, for: name)
-        try persist(changing: name)
-        let now = clock.now()
-        events.publish(BrokerEvent(event: .loggedOut, account: name, at: now, state: "logged_out"))
+        guard let effects = accounts[name]?.loggedOut() else { throw notFound(name) }
+        try run(effects, for: name)
         logger.info("logged out", metadata: ["account": "\(name)", "revoked": "\(revoked)"])
         return LogoutResult(account: name, state: "logged_out", revoked: revoked)
     }
@@ -266,7 +228,7 @@ public actor Broker {
     /// number of accounts afterwards.
     @discardableResult
     public func reloadConfiguration() throws(BrokerError) -> Int {
-        guard let configPath else { return entries.count }
+        guard let configPath else { return accounts.count }
         let configuration: BrokerConfiguration
         do {
             configuration = try ConfigFile.load(path: configPath)
@@ -275,7 +237,7 @@ public actor Broker {
             throw BrokerError(.badRequest, "config not reloaded: \(error)")
         }
         try configure(configuration)
-        return entries.count
+        return accounts.count
     }
 
     /// Applies settings and declared accounts. Declared accounts get their provider settings
@@ -289,7 +251,7 @@ public actor Broker {
             do throws(BrokerError) {
                 _ = try AccountSpec.validateName(name)
                 let provider = try AccountSpec.provider(spec).0
-                if let stored = entries[name]?.record, let move = stored.provider.credentialMove(to: provider) {
+                if let stored = accounts[name]?.record, let move = stored.provider.credentialMove(to: provider) {
                     guard !stored.holdsCredential else {
                         throw BrokerError(
                             .badRequest,
@@ -306,33 +268,32 @@ public actor Broker {
         }
         settingsBox.withLock { $0 = configuration.settings }
         let now = clock.now()
-        let stored = entries.mapValues(\.record)
+        let stored = accounts.mapValues(\.record)
         for (name, provider) in providers {
-            var entry =
-                entries[name]
-                ?? Entry(
+            var machine =
+                accounts[name]
+                ?? AccountMachine(
                     record: AccountRecord(
                         name: name, provider: provider, secrets: AccountSecrets(), token: nil, needsLogin: false,
-                        lastError: nil, lastRefreshAt: nil))
-            if moved.contains(name), entry.record.secrets.clientSecret != nil {
-                // A logged-out account may move, but the client secret was issued for the old place.
-                entry.record.secrets.clientSecret = nil
+                        lastError: nil, lastRefreshAt: nil),
+                    planner: planner, now: now)
+            // A logged-out account may move, but the client secret was issued for the old place.
+            let dropClientSecret = moved.contains(name) && machine.record.secrets.clientSecret != nil
+            if dropClientSecret {
                 logger.notice(
                     "account moved to another IdP; its client secret was discarded (add the account again to set one)",
                     metadata: ["account": "\(name)"])
             }
-            entry.record.provider = provider
-            entry.record.declared = true
-            if entry.inFlight == nil { entry.nextRefreshAt = Self.schedule(entry.record, planner, now: now) }
-            entries[name] = entry
+            machine.declared(provider: provider, dropClientSecret: dropClientSecret, planner: planner, now: now)
+            accounts[name] = machine
         }
-        for (name, entry) in entries where entry.record.declared == true && providers[name] == nil {
-            entries[name]?.record.declared = false
+        for (name, machine) in accounts where machine.record.declared == true && providers[name] == nil {
+            accounts[name]?.undeclared()
             logger.notice(
                 "account no longer declared in the config; kept as a runtime account", metadata: ["account": "\(name)"])
         }
         // Usually nothing stored changed (a start with the same file): no vault write then.
-        if entries.mapValues(\.record) != stored { try persist(changing: "") }
+        if accounts.mapValues(\.record) != stored { try persist(changing: "") }
         logger.info("configuration applied", metadata: ["declared_accounts": "\(providers.count)"])
     }
 
@@ -344,18 +305,14 @@ public actor Broker {
     /// that needs such an account's token meanwhile gets an on-demand refresh.
     public func runDueRefreshes() -> Date? {
         let now = clock.now()
+        let settings = settings
         var next: Date?
-        for (name, entry) in entries {
-            guard var due = entry.nextRefreshAt, !entry.loggingOut else { continue }
-            if entry.inFlight == nil, !entry.spreadOverdue, now.timeIntervalSince(due) > settings.overdueThreshold {
-                due = now.addingTimeInterval(Double.random(in: 0...settings.overdueSpread))
-                entries[name]?.nextRefreshAt = due
-                entries[name]?.spreadOverdue = true
-            }
-            if due <= now {
-                if entry.inFlight == nil { _ = startRefresh(name) }
-            } else {
-                next = min(next ?? due, due)
+        for name in accounts.keys {
+            let spread = Double.random(in: 0...settings.overdueSpread)
+            switch accounts[name]?.due(now: now, overdueThreshold: settings.overdueThreshold, spread: spread) {
+            case .refreshNow: _ = startRefresh(name)
+            case .at(let due): next = min(next ?? due, due)
+            case .nothing, nil: break
             }
         }
         return next
@@ -363,74 +320,68 @@ public actor Broker {
 
     /// Waits for refreshes under way, so their vault writes complete before exit.
     public func drain() async {
-        for entry in entries.values {
-            _ = await entry.inFlight?.task.value
+        for running in refreshTasks.values {
+            _ = await running.task.value
         }
     }
 
     // MARK: Refresh machinery
 
+    /// Refreshes `name`, or joins the refresh under way (single flight).
     private func refreshShared(_ name: String) async -> Result<Void, BrokerError> {
-        guard let entry = entries[name] else { return .failure(notFound(name)) }
-        let task = entry.inFlight?.task ?? startRefresh(name)
-        return await task.value
+        guard accounts[name] != nil else { return .failure(notFound(name)) }
+        return await startRefresh(name).value
     }
 
+    /// Starts a refresh of `name` and returns its task; joins the one under way, if any.
     private func startRefresh(_ name: String) -> Task<Result<Void, BrokerError>, Never> {
+        if let serial = accounts[name]?.refreshSerial, let running = refreshTasks[name], running.serial == serial {
+            return running.task
+        }
         refreshSerial += 1
         let serial = refreshSerial
+        guard accounts[name]?.beginRefresh(serial: serial) == true else {
+            let refusal = BrokerError(.unavailable, "\(name) cannot be refreshed now; try again", retryAfterMs: 0)
+            return Task { .failure(refusal) }
+        }
         let task = Task { await self.performRefresh(name, serial: serial) }
-        entries[name]?.inFlight = (serial, task)
-        entries[name]?.nextRefreshAt = nil
-        entries[name]?.spreadOverdue = false
+        refreshTasks[name] = (serial, task)
         return task
     }
 
     private func performRefresh(_ name: String, serial: Int) async -> Result<Void, BrokerError> {
-        guard let started = entries[name] else { return .failure(notFound(name)) }
-        let provider = makeProvider(started.record.provider)
+        defer { if refreshTasks[name]?.serial == serial { refreshTasks[name] = nil } }
+        guard let started = accounts[name]?.record else { return .failure(notFound(name)) }
+        let provider = makeProvider(started.provider)
         let asked = ContinuousClock.now
         // Whatever the IdP or helper wrote is cleaned here, once, before it is stored, logged or sent.
-        let outcome = await provider.refresh(started.record, now: clock.now())
-            .mapError(started.record.outsideText().clean)
+        let outcome = await provider.refresh(started, now: clock.now()).mapError(started.outsideText().clean)
         let answered = ContinuousClock.now
-        guard var entry = entries[name], entry.generation == started.generation, entry.inFlight?.serial == serial
-        else {
-            keepRotatedCredential(name, presented: started.record.secrets, outcome: outcome)
-            return .failure(BrokerError(.unavailable, "\(name) changed during the refresh; try again", retryAfterMs: 0))
-        }
-        entry.inFlight = nil
         let now = clock.now()
+        guard accounts[name] != nil else { return .failure(changedDuringRefresh(name)) }
+        let result: AccountMachine.RefreshResult
+        var delay: TimeInterval = 0
         switch outcome {
         case .success(let grant):
-            entry.record.token = grant.token
-            if let refreshToken = grant.refreshToken {
-                // A rotated refresh token carries its own expiry (or none); the old one's no longer applies.
-                entry.record.secrets.refreshToken = refreshToken
-                entry.record.secrets.refreshExpiresAt = grant.refreshExpiresAt
-            } else if let refreshExpiresAt = grant.refreshExpiresAt {
-                entry.record.secrets.refreshExpiresAt = refreshExpiresAt
-            }
-            if let refreshURL = grant.refreshURL { entry.record.secrets.refreshURL = refreshURL }
-            entry.record.lastRefreshAt = now
-            entry.record.lastError = nil
-            entry.failures = 0
-            entry.retryAt = nil
-            // Never sooner than the minimum interval, so an IdP issuing already-expired tokens
-            // is not called in a loop.
-            entry.nextRefreshAt = Self.schedule(entry.record, planner, now: now)
-                .map { max($0, now.addingTimeInterval(settings.minimumRefreshInterval)) }
-            entries[name] = entry
+            result = accounts[name]!.refreshSucceeded(
+                serial: serial, presented: started.secrets, grant: grant, planner: planner, now: now)
+        case .failure(let failure) where failure.kind == .denial:
+            result = accounts[name]!.refreshDenied(serial: serial, message: failure.message, now: now)
+        case .failure(let failure):
+            delay = planner.backoff(failures: accounts[name]!.failures + 1, retryAfter: failure.retryAfter)
+            result = accounts[name]!.refreshFailed(serial: serial, message: failure.message, delay: delay, now: now)
+        }
+        switch (result, outcome) {
+        case (.overtaken(let effects), _):
+            try? run(effects, for: name)
+            return .failure(changedDuringRefresh(name))
+        case (.applied(let effects), .success(let grant)):
             do {
-                try persist(changing: name)
+                try run(effects, for: name)
             } catch {
-                entries[name]?.nextRefreshAt = now.addingTimeInterval(settings.backoffBase)
+                accounts[name]?.saveFailed(planner: planner, now: now)
                 return .failure(error)
             }
-            cache.publish(Self.prepare(name, grant.token), for: name)
-            events.publish(
-                BrokerEvent(event: .refreshed, account: name, at: now, state: "valid", expiresAt: grant.token.expiresAt)
-            )
             // How long the IdP took, and how long a rotated credential then existed only in
             // memory (the IdP's answer to the fsync).
             logger.info(
@@ -441,31 +392,13 @@ public actor Broker {
                     "saved_after_us": "\(Self.microseconds(answered.duration(to: .now)))",
                 ])
             return .success(())
-        case .failure(let failure) where failure.kind == .denial:
-            entry.record.needsLogin = true
-            entry.record.lastError = AccountError(code: "needs_login", message: failure.message, at: now)
-            entry.nextRefreshAt = nil
-            entries[name] = entry
-            cache.publish(nil, for: name)
-            try? persist(changing: name)
-            events.publish(
-                BrokerEvent(event: .needsLogin, account: name, at: now, state: "needs_login", message: failure.message))
+        case (.applied(let effects), .failure(let failure)) where failure.kind == .denial:
+            try? run(effects, for: name)
             logger.warning(
                 "refresh denied; needs login", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
             return .failure(needsLogin(name))
-        case .failure(let failure):
-            entry.failures += 1
-            let delay = planner.backoff(failures: entry.failures, retryAfter: failure.retryAfter)
-            entry.retryAt = now.addingTimeInterval(delay)
-            entry.nextRefreshAt = entry.retryAt
-            entry.record.lastError = AccountError(code: "unavailable", message: failure.message, at: now)
-            entries[name] = entry
-            if entry.failures == 1 {
-                events.publish(
-                    BrokerEvent(
-                        event: .refreshFailed, account: name, at: now, state: state(of: entry, now: now),
-                        message: failure.message))
-            }
+        case (.applied(let effects), .failure(let failure)):
+            try? run(effects, for: name)
             logger.warning(
                 "refresh failed; will retry",
                 metadata: [
@@ -474,25 +407,6 @@ public actor Broker {
                 ])
             return .failure(BrokerError(.unavailable, failure.message, retryAfterMs: Bounds.milliseconds(delay)))
         }
-    }
-
-    /// A refresh overtaken by `set_tokens` still consumed the refresh token it presented; if the
-    /// account still holds that now-dead token, the rotated one replaces it (and is saved).
-    private func keepRotatedCredential(
-        _ name: String, presented: AccountSecrets, outcome: Result<Grant, RefreshFailure>
-    ) {
-        guard case .success(let grant) = outcome, let current = entries[name]?.record.secrets else { return }
-        var changed = false
-        if let rotated = grant.refreshToken, current.refreshToken == presented.refreshToken {
-            entries[name]?.record.secrets.refreshToken = rotated
-            entries[name]?.record.secrets.refreshExpiresAt = grant.refreshExpiresAt
-            changed = true
-        }
-        if let rotated = grant.refreshURL, current.refreshURL == presented.refreshURL {
-            entries[name]?.record.secrets.refreshURL = rotated
-            changed = true
-        }
-        if changed { try? persist(changing: name) }
     }
 
     private func makeProvider(_ config: ProviderConfig) -> any TokenProvider {
@@ -514,47 +428,47 @@ public actor Broker {
 
     // MARK: Helpers
 
-    private func entry(_ name: String) throws(BrokerError) -> Entry {
-        guard let entry = entries[name] else { throw notFound(name) }
-        return entry
+    private func machine(_ name: String) throws(BrokerError) -> AccountMachine {
+        guard let machine = accounts[name] else { throw notFound(name) }
+        return machine
     }
 
     /// Fails fast for accounts that cannot be refreshed now, instead of calling the IdP.
-    private func checkRefreshable(_ entry: Entry) throws(BrokerError) {
-        let name = entry.record.name
-        try checkCredentialUsable(entry)
-        if case .static = entry.record.provider {
+    private func checkRefreshable(_ machine: AccountMachine) throws(BrokerError) {
+        let name = machine.record.name
+        try checkCredentialUsable(machine)
+        guard machine.refreshesOnItsOwn else {
             throw BrokerError(
                 .needsLogin, "\(name) is a static account with no token valid long enough; push one with set_tokens")
         }
-        if entry.inFlight == nil, let retryAt = entry.retryAt, retryAt > clock.now() {
-            let wait = Bounds.milliseconds(retryAt.timeIntervalSince(clock.now()))
+        if let wait = machine.backoffWait(now: clock.now()) {
             throw BrokerError(
-                .unavailable, entry.record.lastError?.message ?? "the IdP is failing; retrying", retryAfterMs: wait)
+                .unavailable, machine.record.lastError?.message ?? "the IdP is failing; retrying",
+                retryAfterMs: Bounds.milliseconds(wait))
         }
     }
 
     /// Refuses accounts whose credential was denied, discarded, or is being revoked.
-    private func checkCredentialUsable(_ entry: Entry) throws(BrokerError) {
-        let name = entry.record.name
-        if entry.record.loggedOut == true {
+    private func checkCredentialUsable(_ machine: AccountMachine) throws(BrokerError) {
+        let name = machine.record.name
+        switch machine.refusal {
+        case .loggedOut:
             throw BrokerError(.needsLogin, "\(name) is logged out; push new tokens with brokerctl set-tokens \(name)")
+        case .denied: throw needsLogin(name)
+        case .loggingOut: throw loggingOut(name)
+        case nil: break
         }
-        if entry.record.needsLogin { throw needsLogin(name) }
-        try checkNotLoggingOut(entry)
     }
 
-    private func checkNotLoggingOut(_ entry: Entry) throws(BrokerError) {
-        if entry.loggingOut {
-            throw BrokerError(.unavailable, "\(entry.record.name) is being logged out", retryAfterMs: 1000)
-        }
+    private func checkNotLoggingOut(_ machine: AccountMachine) throws(BrokerError) {
+        if machine.isLoggingOut { throw loggingOut(machine.record.name) }
     }
 
     /// Refuses, without calling the IdP, a `minTTL` longer than the lifetime the IdP grants,
     /// while the current token is not yet due for refresh (a refresh could not help).
-    private func checkLifetime(_ entry: Entry, covers minTTL: TimeInterval) throws(BrokerError) {
-        guard let token = entry.record.token, token.pushed != true, token.expiresAt > clock.now(),
-            let due = entry.nextRefreshAt, due > clock.now(),
+    private func checkLifetime(_ machine: AccountMachine, covers minTTL: TimeInterval) throws(BrokerError) {
+        guard let token = machine.record.token, token.pushed != true, token.expiresAt > clock.now(),
+            let due = machine.nextRefreshAt, due > clock.now(),
             token.expiresAt.timeIntervalSince(token.obtainedAt) < minTTL
         else { return }
         let lifetime = Bounds.wholeSeconds(token.expiresAt.timeIntervalSince(token.obtainedAt))
@@ -574,27 +488,35 @@ public actor Broker {
         if let refreshURL = tokens.refreshURL { record.secrets.refreshURL = refreshURL }
     }
 
+    /// Runs a transition's effects in order; a failed save stops the rest and is thrown.
+    private func run(_ effects: [AccountMachine.Effect], for name: String) throws(BrokerError) {
+        for effect in effects {
+            switch effect {
+            case .persist:
+                try persist(changing: name)
+            case .publish(let token):
+                cache.publish(token.map { Self.prepare(name, $0) }, for: name)
+            case .emit(let kind, let message):
+                guard let machine = accounts[name] else { continue }
+                let now = clock.now()
+                events.publish(
+                    BrokerEvent(
+                        event: kind, account: name, at: now, state: machine.state(now: now).rawValue, message: message,
+                        expiresAt: kind == .refreshed ? machine.record.token?.expiresAt : nil))
+            case .refresh:
+                _ = startRefresh(name)
+            }
+        }
+    }
+
     private func persist(changing name: String) throws(BrokerError) {
-        let records = entries.keys.sorted().map { entries[$0]!.record }
+        let records = accounts.keys.sorted().compactMap { accounts[$0]?.record }
         do {
             try vault.save(VaultContents(accounts: records))
         } catch {
             logger.error("cannot save the vault", metadata: ["account": "\(name)", "reason": "\(error)"])
             throw BrokerError(.internal, "the broker cannot save its vault; see its log")
         }
-    }
-
-    private func publishAndKick(_ name: String) {
-        guard let entry = entries[name] else { return }
-        let token = entry.record.needsLogin ? nil : entry.record.token
-        cache.publish(token.map { Self.prepare(name, $0) }, for: name)
-        if let due = entry.nextRefreshAt, due <= clock.now(), entry.inFlight == nil { _ = startRefresh(name) }
-    }
-
-    private static func schedule(_ record: AccountRecord, _ planner: RefreshPlanner, now: Date) -> Date? {
-        if record.needsLogin || record.loggedOut == true { return nil }
-        if case .static = record.provider { return nil }
-        return planner.nextRefresh(token: record.token, refreshExpiresAt: record.secrets.refreshExpiresAt, now: now)
     }
 
     private static func microseconds(_ duration: Duration) -> Int64 {
@@ -608,26 +530,24 @@ public actor Broker {
                 expiresIn: 0, idToken: token.idToken, scope: token.scope))
     }
 
-    private func state(of entry: Entry, now: Date) -> String {
-        if entry.record.loggedOut == true { return "logged_out" }
-        if entry.record.needsLogin { return "needs_login" }
-        if entry.inFlight != nil { return "refreshing" }
-        let valid = (entry.record.token?.expiresAt ?? .distantPast) > now
-        if case .static = entry.record.provider { return valid ? "valid" : "needs_login" }
-        if valid { return entry.failures > 0 ? "stale" : "valid" }
-        return entry.failures > 0 ? "unavailable" : "refreshing"
-    }
-
-    private func describe(_ entry: Entry, now: Date) -> AccountStatus {
+    private func describe(_ machine: AccountMachine, now: Date) -> AccountStatus {
         AccountStatus(
-            account: entry.record.name, provider: entry.record.provider.kind, state: state(of: entry, now: now),
-            expiresAt: entry.record.token?.expiresAt, refreshExpiresAt: entry.record.secrets.refreshExpiresAt,
-            nextRefreshAt: entry.nextRefreshAt, lastRefreshAt: entry.record.lastRefreshAt,
-            lastError: entry.record.lastError)
+            account: machine.record.name, provider: machine.record.provider.kind,
+            state: machine.state(now: now).rawValue, expiresAt: machine.record.token?.expiresAt,
+            refreshExpiresAt: machine.record.secrets.refreshExpiresAt, nextRefreshAt: machine.nextRefreshAt,
+            lastRefreshAt: machine.record.lastRefreshAt, lastError: machine.record.lastError)
     }
 
     private func notFound(_ name: String) -> BrokerError {
         BrokerError(.notFound, "no account named \(name); list them with brokerctl status")
+    }
+
+    private func loggingOut(_ name: String) -> BrokerError {
+        BrokerError(.unavailable, "\(name) is being logged out", retryAfterMs: 1000)
+    }
+
+    private func changedDuringRefresh(_ name: String) -> BrokerError {
+        BrokerError(.unavailable, "\(name) changed during the refresh; try again", retryAfterMs: 0)
     }
 
     private func needsLogin(_ name: String) -> BrokerError {

@@ -1,0 +1,354 @@
+import BrokerProtocol
+
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// One account's lifecycle as a value: its vault record, its phase and its next refresh.
+///
+/// Every transition is a mutating function that returns the effects the engine must run, in
+/// order (`Broker` runs them; the machine does no I/O, reads no clock and starts no task), in
+/// the style of async-http-client's `HTTPConnectionPool.StateMachine`. A refresh is known by
+/// the serial the engine gave it: a result whose serial is not the one under way (because
+/// new tokens or a logout overtook it) changes nothing but a rotated credential.
+struct AccountMachine: Sendable {
+    /// Where the account is in its lifecycle.
+    enum Phase: Equatable, Sendable {
+        /// Serving its token, if any, and waiting for `nextRefreshAt`.
+        case idle
+        /// A refresh is under way.
+        case refreshing(serial: Int)
+        /// Transient failures: until `until`, a token request fails fast instead of calling the IdP.
+        case backingOff(until: Date)
+        /// The IdP refused the credential; only new tokens bring the account back.
+        case denied
+        /// `logout` is revoking the credential; nothing else may change it meanwhile.
+        /// `refreshing` is a refresh that started before and that the logout waits for.
+        case loggingOut(refreshing: Int?)
+        /// Every token was discarded; only new tokens bring the account back.
+        case loggedOut
+    }
+
+    /// What the engine does after a transition, in the order given. A failed `persist` stops
+    /// the effects after it.
+    enum Effect: Equatable, Sendable {
+        /// Write the record to the vault, durably.
+        case persist
+        /// Serve this token from the cache (`nil`: serve none).
+        case publish(AccessToken?)
+        /// Tell subscribers.
+        case emit(BrokerEvent.Kind, message: String? = nil)
+        /// Start a refresh now.
+        case refresh
+    }
+
+    /// Why the account's credential cannot be used now.
+    enum Refusal: Equatable, Sendable {
+        case loggedOut, denied, loggingOut
+    }
+
+    /// How a refresh's result was taken.
+    enum RefreshResult: Equatable, Sendable {
+        /// The result is the account's new state.
+        case applied([Effect])
+        /// New tokens or a logout overtook the refresh; only a credential it rotated was kept.
+        case overtaken([Effect])
+    }
+
+    /// What is due when the scheduler looks at the account.
+    enum Due: Equatable, Sendable {
+        case refreshNow
+        case at(Date)
+        case nothing
+    }
+
+    private(set) var record: AccountRecord
+    private(set) var phase: Phase
+    /// When the next scheduled refresh starts; `nil` when none is scheduled.
+    private(set) var nextRefreshAt: Date?
+    /// Transient failures since the last success.
+    private(set) var failures = 0
+    /// Set when an overdue refresh was pushed back to spread a backlog; it runs when next due.
+    private var spreadOverdue = false
+    /// The phase and schedule a running logout replaced, restored if the logout is refused.
+    private var beforeLogout: (phase: Phase, nextRefreshAt: Date?)?
+
+    /// The machine of a record loaded from the vault or just created.
+    init(record: AccountRecord, planner: RefreshPlanner, now: Date) {
+        self.record = record
+        if record.loggedOut == true {
+            phase = .loggedOut
+        } else if record.needsLogin {
+            phase = .denied
+        } else {
+            phase = .idle
+        }
+        nextRefreshAt = Self.schedule(record, planner, now: now)
+    }
+
+    // MARK: Questions
+
+    /// Whether the provider refreshes on its own (a `static` account only serves pushed tokens).
+    var refreshesOnItsOwn: Bool {
+        if case .static = record.provider { return false }
+        return true
+    }
+
+    /// The serial of the refresh under way, if any (also while a logout waits for it).
+    var refreshSerial: Int? {
+        switch phase {
+        case .refreshing(let serial): return serial
+        case .loggingOut(let serial): return serial
+        case .idle, .backingOff, .denied, .loggedOut: return nil
+        }
+    }
+
+    /// The token to serve, if the account may serve one.
+    var servableToken: AccessToken? {
+        record.needsLogin || record.loggedOut == true ? nil : record.token
+    }
+
+    /// Whether a logout is running.
+    var isLoggingOut: Bool {
+        if case .loggingOut = phase { return true }
+        return false
+    }
+
+    /// Why the credential cannot be used, or `nil` when it can.
+    var refusal: Refusal? {
+        if record.loggedOut == true { return .loggedOut }
+        if record.needsLogin { return .denied }
+        return isLoggingOut ? .loggingOut : nil
+    }
+
+    /// How long a token request must wait for the backoff to end, or `nil` when it need not.
+    func backoffWait(now: Date) -> TimeInterval? {
+        guard case .backingOff(let until) = phase, until > now else { return nil }
+        return until.timeIntervalSince(now)
+    }
+
+    /// The state `status` shows.
+    func state(now: Date) -> AccountState {
+        if record.loggedOut == true { return .loggedOut }
+        if record.needsLogin { return .needsLogin }
+        if refreshSerial != nil { return .refreshing }
+        let valid = (record.token?.expiresAt ?? .distantPast) > now
+        if !refreshesOnItsOwn { return valid ? .valid : .needsLogin }
+        if valid { return failures > 0 ? .stale : .valid }
+        return failures > 0 ? .unavailable : .refreshing
+    }
+
+    // MARK: Tokens pushed by a person
+
+    /// New tokens (from `add` or `set_tokens`) start the lifecycle over: no denial, no error,
+    /// no backoff, and a refresh under way is abandoned. Not allowed while logging out.
+    mutating func tokensReplaced(by updated: AccountRecord, planner: RefreshPlanner, now: Date) -> [Effect] {
+        precondition(!isLoggingOut, "tokens are not replaced while logging out")
+        record = updated
+        record.needsLogin = false
+        record.loggedOut = nil
+        record.lastError = nil
+        failures = 0
+        phase = .idle
+        spreadOverdue = false
+        nextRefreshAt = Self.schedule(record, planner, now: now)
+        return [.persist, .publish(servableToken)] + (nextRefreshAt.map { $0 <= now } == true ? [.refresh] : [])
+    }
+
+    // MARK: Refreshes
+
+    /// Starts refresh `serial`, from `idle` or `backingOff`; `false` in any other phase.
+    mutating func beginRefresh(serial: Int) -> Bool {
+        switch phase {
+        case .idle, .backingOff:
+            phase = .refreshing(serial: serial)
+            nextRefreshAt = nil
+            spreadOverdue = false
+            return true
+        case .refreshing, .denied, .loggingOut, .loggedOut:
+            return false
+        }
+    }
+
+    /// Refresh `serial` got `grant`. The rotated credential is kept even when the refresh was
+    /// overtaken, as long as the account still holds the credential the refresh presented
+    /// (`presented`), since presenting it consumed it.
+    mutating func refreshSucceeded(
+        serial: Int, presented: AccountSecrets, grant: Grant, planner: RefreshPlanner, now: Date
+    ) -> RefreshResult {
+        guard refreshSerial == serial else { return .overtaken(keepRotated(grant, presented: presented)) }
+        record.token = grant.token
+        if let refreshToken = grant.refreshToken {
+            // A rotated refresh token carries its own expiry (or none); the old one's no longer applies.
+            record.secrets.refreshToken = refreshToken
+            record.secrets.refreshExpiresAt = grant.refreshExpiresAt
+        } else if let refreshExpiresAt = grant.refreshExpiresAt {
+            record.secrets.refreshExpiresAt = refreshExpiresAt
+        }
+        if let refreshURL = grant.refreshURL { record.secrets.refreshURL = refreshURL }
+        record.lastRefreshAt = now
+        record.lastError = nil
+        failures = 0
+        // Never sooner than the minimum interval, so an IdP issuing already-expired tokens is
+        // not called in a loop.
+        let next = Self.schedule(record, planner, now: now)
+            .map { max($0, now.addingTimeInterval(planner.settings.minimumRefreshInterval)) }
+        settle(.idle, nextRefreshAt: next)
+        return .applied([.persist, .publish(grant.token), .emit(.refreshed)])
+    }
+
+    /// The vault could not save what refresh `serial` brought: try again after `backoffBase`.
+    mutating func saveFailed(planner: RefreshPlanner, now: Date) {
+        let retry = now.addingTimeInterval(planner.settings.backoffBase)
+        if beforeLogout != nil {
+            beforeLogout?.nextRefreshAt = retry
+        } else {
+            nextRefreshAt = retry
+        }
+    }
+
+    /// The IdP refused the credential refresh `serial` presented: stop until new tokens arrive.
+    mutating func refreshDenied(serial: Int, message: String, now: Date) -> RefreshResult {
+        guard refreshSerial == serial else { return .overtaken([]) }
+        record.needsLogin = true
+        record.lastError = AccountError(code: "needs_login", message: message, at: now)
+        settle(.denied, nextRefreshAt: nil)
+        return .applied([.publish(nil), .emit(.needsLogin, message: message), .persist])
+    }
+
+    /// Refresh `serial` failed for a reason that may pass: back off for `delay` seconds.
+    mutating func refreshFailed(serial: Int, message: String, delay: TimeInterval, now: Date) -> RefreshResult {
+        guard refreshSerial == serial else { return .overtaken([]) }
+        failures += 1
+        record.lastError = AccountError(code: "unavailable", message: message, at: now)
+        let until = now.addingTimeInterval(delay)
+        settle(.backingOff(until: until), nextRefreshAt: until)
+        return .applied(failures == 1 ? [.emit(.refreshFailed, message: message)] : [])
+    }
+
+    /// Whether the scheduler should start a refresh now, and otherwise when to look again.
+    /// A refresh found more than `overdueThreshold` seconds late (the machine slept, or the
+    /// wall clock jumped) is moved `spread` seconds ahead once, so a backlog does not hit the
+    /// IdPs in one instant.
+    mutating func due(now: Date, overdueThreshold: TimeInterval, spread: TimeInterval) -> Due {
+        guard var due = nextRefreshAt else { return .nothing }
+        switch phase {
+        case .idle, .backingOff: break
+        case .refreshing, .denied, .loggingOut, .loggedOut: return .nothing
+        }
+        if !spreadOverdue, now.timeIntervalSince(due) > overdueThreshold {
+            due = now.addingTimeInterval(spread)
+            nextRefreshAt = due
+            spreadOverdue = true
+        }
+        return due <= now ? .refreshNow : .at(due)
+    }
+
+    // MARK: Logout
+
+    /// Starts a logout; `false` when the account is already logged out. Not allowed while
+    /// another logout runs. From here until `logoutRefused` or `loggedOut`, no refresh starts;
+    /// one already under way still completes (`refreshSerial`), and the logout revokes what
+    /// it leaves behind.
+    mutating func beginLogout() -> Bool {
+        precondition(!isLoggingOut, "one logout at a time")
+        if phase == .loggedOut { return false }
+        // A refresh under way settles the phase to return to when it completes.
+        beforeLogout = (refreshSerial == nil ? phase : .idle, nextRefreshAt)
+        phase = .loggingOut(refreshing: refreshSerial)
+        nextRefreshAt = nil
+        return true
+    }
+
+    /// The IdP would not revoke: everything stays as it was before the logout.
+    mutating func logoutRefused() {
+        guard let before = beforeLogout else { return }
+        phase = before.phase
+        nextRefreshAt = before.nextRefreshAt
+        beforeLogout = nil
+    }
+
+    /// The credential was revoked (or the logout forced): every token and refresh credential
+    /// is discarded; the settings and the client secret stay.
+    mutating func loggedOut() -> [Effect] {
+        record.secrets = AccountSecrets(clientSecret: record.secrets.clientSecret)
+        record.token = nil
+        record.needsLogin = false
+        record.loggedOut = true
+        record.lastError = nil
+        failures = 0
+        phase = .loggedOut
+        nextRefreshAt = nil
+        beforeLogout = nil
+        spreadOverdue = false
+        // Withdrawn before the save: a revoked token is not served even if the save fails.
+        return [.publish(nil), .persist, .emit(.loggedOut)]
+    }
+
+    // MARK: Configuration
+
+    /// The config file (re)declares the account with `provider`. `dropClientSecret` when a
+    /// logged-out account moves to another IdP, which did not issue its client secret.
+    mutating func declared(provider: ProviderConfig, dropClientSecret: Bool, planner: RefreshPlanner, now: Date) {
+        if dropClientSecret { record.secrets.clientSecret = nil }
+        record.provider = provider
+        record.declared = true
+        switch phase {
+        case .idle, .backingOff, .denied, .loggedOut:
+            nextRefreshAt = Self.schedule(record, planner, now: now)
+        case .refreshing, .loggingOut:
+            break
+        }
+    }
+
+    /// The config file no longer declares the account: it stays, as a runtime account.
+    mutating func undeclared() {
+        record.declared = false
+    }
+
+    // MARK: Helpers
+
+    /// Enters `phase` after a refresh, or records it as the phase to return to when a logout
+    /// that waited for the refresh is refused.
+    private mutating func settle(_ phase: Phase, nextRefreshAt: Date?) {
+        if case .loggingOut = self.phase {
+            self.phase = .loggingOut(refreshing: nil)
+            beforeLogout = (phase, nextRefreshAt)
+        } else {
+            self.phase = phase
+            self.nextRefreshAt = nextRefreshAt
+        }
+    }
+
+    /// A refresh overtaken by new tokens still consumed the credential it presented; if the
+    /// account still holds that now-dead credential, the rotated one replaces it.
+    private mutating func keepRotated(_ grant: Grant, presented: AccountSecrets) -> [Effect] {
+        var changed = false
+        if let rotated = grant.refreshToken, record.secrets.refreshToken == presented.refreshToken {
+            record.secrets.refreshToken = rotated
+            record.secrets.refreshExpiresAt = grant.refreshExpiresAt
+            changed = true
+        }
+        if let rotated = grant.refreshURL, record.secrets.refreshURL == presented.refreshURL {
+            record.secrets.refreshURL = rotated
+            changed = true
+        }
+        return changed ? [.persist] : []
+    }
+
+    /// When `record` refreshes next on its own; `nil` when it does not.
+    private static func schedule(_ record: AccountRecord, _ planner: RefreshPlanner, now: Date) -> Date? {
+        if record.needsLogin || record.loggedOut == true { return nil }
+        if case .static = record.provider { return nil }
+        return planner.nextRefresh(token: record.token, refreshExpiresAt: record.secrets.refreshExpiresAt, now: now)
+    }
+}
+
+/// The state of an account as `status` reports it.
+public enum AccountState: String, Sendable, CaseIterable {
+    case valid, refreshing, stale, unavailable
+    case needsLogin = "needs_login"
+    case loggedOut = "logged_out"
+}

@@ -1,0 +1,345 @@
+import BrokerProtocol
+import FoundationEssentials
+import Testing
+
+@testable import BrokerCore
+
+/// The account state machine on its own: no actor, clock, IdP or disk. Times are plain dates
+/// and the planner has no jitter, so every schedule is exact.
+@Suite struct AccountMachineTests {
+    let start = Date(timeIntervalSince1970: 1_800_000_000)
+    let planner: RefreshPlanner = {
+        var settings = BrokerSettings()
+        settings.refreshJitter = 0
+        return RefreshPlanner(settings: settings)
+    }()
+
+    func token(_ value: String, at now: Date, lifetime: TimeInterval = 3600) -> AccessToken {
+        AccessToken(value: value, type: "Bearer", expiresAt: now.addingTimeInterval(lifetime), obtainedAt: now)
+    }
+
+    func record(provider: ProviderConfig? = nil, token: AccessToken? = nil) -> AccountRecord {
+        let oauth2 = ProviderConfig.oauth2(
+            OAuth2Settings(
+                tokenEndpoint: URL(string: "https://idp.example/token"), clientID: "cli", clientAuth: .none))
+        return AccountRecord(
+            name: "api", provider: provider ?? oauth2, secrets: AccountSecrets(refreshToken: "rt-1"), token: token,
+            needsLogin: false, lastError: nil, lastRefreshAt: nil)
+    }
+
+    func machine(token: AccessToken? = nil) -> AccountMachine {
+        AccountMachine(record: record(token: token ?? self.token("at-1", at: start)), planner: planner, now: start)
+    }
+
+    func grant(_ value: String, rotated: String?, at now: Date) -> Grant {
+        Grant(token: token(value, at: now), refreshToken: rotated)
+    }
+
+    // MARK: Start
+
+    @Test func aLoadedRecordStartsInThePhaseItsFlagsSay() {
+        var denied = record(token: token("at", at: start))
+        denied.needsLogin = true
+        var loggedOut = record()
+        loggedOut.loggedOut = true
+        #expect(AccountMachine(record: record(), planner: planner, now: start).phase == .idle)
+        #expect(AccountMachine(record: denied, planner: planner, now: start).phase == .denied)
+        #expect(AccountMachine(record: denied, planner: planner, now: start).nextRefreshAt == nil)
+        #expect(AccountMachine(record: loggedOut, planner: planner, now: start).phase == .loggedOut)
+    }
+
+    @Test func aValidTokenIsRefreshedWhenAQuarterOfItsLifetimeRemains() {
+        let machine = machine()
+        #expect(machine.nextRefreshAt == start.addingTimeInterval(2700))
+        #expect(machine.state(now: start) == .valid)
+        #expect(machine.servableToken?.value == "at-1")
+    }
+
+    @Test func aStaticAccountNeverRefreshesAndNeedsLoginOnceItsTokenExpires() {
+        let machine = AccountMachine(
+            record: record(provider: .static, token: token("pushed", at: start)), planner: planner, now: start)
+        #expect(!machine.refreshesOnItsOwn)
+        #expect(machine.nextRefreshAt == nil)
+        #expect(machine.state(now: start) == .valid)
+        #expect(machine.state(now: start.addingTimeInterval(3601)) == .needsLogin)
+    }
+
+    // MARK: Refreshes
+
+    @Test func aSuccessfulRefreshSavesBeforeItServesAndSchedulesTheNext() {
+        var machine = machine()
+        let answer1 = machine.beginRefresh(serial: 1)
+        #expect(answer1)
+        #expect(machine.phase == .refreshing(serial: 1))
+        #expect(machine.nextRefreshAt == nil)
+        #expect(machine.state(now: start) == .refreshing)
+        let answer2 = machine.beginRefresh(serial: 2)
+        #expect(!answer2)
+
+        let now = start.addingTimeInterval(2700)
+        let result = machine.refreshSucceeded(
+            serial: 1, presented: machine.record.secrets, grant: grant("at-2", rotated: "rt-2", at: now),
+            planner: planner, now: now)
+        #expect(result == .applied([.persist, .publish(token("at-2", at: now)), .emit(.refreshed)]))
+        #expect(machine.phase == .idle)
+        #expect(machine.record.secrets.refreshToken == "rt-2")
+        #expect(machine.record.lastRefreshAt == now)
+        #expect(machine.nextRefreshAt == now.addingTimeInterval(2700))
+    }
+
+    @Test func aRefreshIsNeverScheduledSoonerThanTheMinimumInterval() {
+        var machine = machine()
+        _ = machine.beginRefresh(serial: 1)
+        let expired = Grant(token: token("at-2", at: start, lifetime: 0))
+        _ = machine.refreshSucceeded(
+            serial: 1, presented: machine.record.secrets, grant: expired, planner: planner, now: start)
+        #expect(machine.nextRefreshAt == start.addingTimeInterval(planner.settings.minimumRefreshInterval))
+    }
+
+    @Test func transientFailuresBackOffAndOnlyTheFirstIsAnnounced() {
+        var machine = machine()
+        _ = machine.beginRefresh(serial: 1)
+        let first = machine.refreshFailed(serial: 1, message: "timed out", delay: 4, now: start)
+        #expect(first == .applied([.emit(.refreshFailed, message: "timed out")]))
+        #expect(machine.phase == .backingOff(until: start.addingTimeInterval(4)))
+        #expect(machine.nextRefreshAt == start.addingTimeInterval(4))
+        #expect(machine.backoffWait(now: start.addingTimeInterval(1)) == 3)
+        #expect(machine.backoffWait(now: start.addingTimeInterval(5)) == nil)
+        #expect(machine.state(now: start) == .stale)
+        #expect(machine.state(now: start.addingTimeInterval(4000)) == .unavailable)
+
+        let answer3 = machine.beginRefresh(serial: 2)
+        #expect(answer3)
+        let answer4 = machine.refreshFailed(serial: 2, message: "timed out", delay: 8, now: start)
+        #expect(answer4 == .applied([]))
+        #expect(machine.failures == 2)
+
+        let answer5 = machine.beginRefresh(serial: 3)
+        #expect(answer5)
+        let now = start.addingTimeInterval(10)
+        _ = machine.refreshSucceeded(
+            serial: 3, presented: machine.record.secrets, grant: grant("at-2", rotated: nil, at: now),
+            planner: planner, now: now)
+        #expect(machine.failures == 0)
+        #expect(machine.record.lastError == nil)
+        #expect(machine.state(now: now) == .valid)
+    }
+
+    @Test func aDenialDuringBackoffStopsEveryRefreshUntilNewTokens() {
+        var machine = machine()
+        _ = machine.beginRefresh(serial: 1)
+        _ = machine.refreshFailed(serial: 1, message: "503", delay: 2, now: start)
+        _ = machine.beginRefresh(serial: 2)
+        let denial = machine.refreshDenied(serial: 2, message: "invalid_grant", now: start)
+        #expect(denial == .applied([.publish(nil), .emit(.needsLogin, message: "invalid_grant"), .persist]))
+        #expect(machine.phase == .denied)
+        #expect(machine.nextRefreshAt == nil)
+        #expect(machine.refusal == .denied)
+        #expect(machine.servableToken == nil)
+        #expect(machine.state(now: start) == .needsLogin)
+        let answer6 = machine.beginRefresh(serial: 3)
+        #expect(!answer6)
+        let answer7 = machine.due(now: start.addingTimeInterval(9999), overdueThreshold: 5, spread: 0)
+        #expect(answer7 == .nothing)
+
+        var pushed = machine.record
+        pushed.token = token("at-new", at: start)
+        let effects = machine.tokensReplaced(by: pushed, planner: planner, now: start)
+        #expect(effects == [.persist, .publish(token("at-new", at: start))])
+        #expect(machine.phase == .idle)
+        #expect(machine.refusal == nil)
+        #expect(machine.failures == 0)
+        #expect(machine.record.lastError == nil)
+    }
+
+    @Test func aRefreshOvertakenByNewTokensKeepsOnlyTheCredentialItConsumed() {
+        var machine = machine()
+        _ = machine.beginRefresh(serial: 1)
+        let presented = machine.record.secrets
+
+        // set_tokens pushes an access token only: the refresh token the refresh presented stays.
+        var pushed = machine.record
+        pushed.token = token("at-pushed", at: start)
+        _ = machine.tokensReplaced(by: pushed, planner: planner, now: start)
+        #expect(machine.phase == .idle)
+        let late = machine.refreshSucceeded(
+            serial: 1, presented: presented, grant: grant("at-late", rotated: "rt-2", at: start), planner: planner,
+            now: start)
+        #expect(late == .overtaken([.persist]))
+        #expect(machine.record.secrets.refreshToken == "rt-2")
+        #expect(machine.record.token?.value == "at-pushed")
+        #expect(machine.phase == .idle)
+
+        // A newly pushed refresh token is not replaced by what an older refresh rotated.
+        _ = machine.beginRefresh(serial: 2)
+        var replaced = machine.record
+        replaced.secrets.refreshToken = "rt-pushed"
+        _ = machine.tokensReplaced(by: replaced, planner: planner, now: start)
+        let stale = machine.refreshSucceeded(
+            serial: 2, presented: presented, grant: grant("at-x", rotated: "rt-3", at: start), planner: planner,
+            now: start)
+        #expect(stale == .overtaken([]))
+        #expect(machine.record.secrets.refreshToken == "rt-pushed")
+        let answer8 = machine.refreshDenied(serial: 2, message: "late", now: start)
+        #expect(answer8 == .overtaken([]))
+        let answer9 = machine.refreshFailed(serial: 2, message: "late", delay: 1, now: start)
+        #expect(answer9 == .overtaken([]))
+        #expect(machine.phase == .idle)
+    }
+
+    @Test func newTokensThatAreAlreadyDueAskForARefresh() {
+        var machine = machine()
+        var pushed = machine.record
+        let expired = token("expired", at: start.addingTimeInterval(-100), lifetime: 50)
+        pushed.token = expired
+        let effects = machine.tokensReplaced(by: pushed, planner: planner, now: start)
+        #expect(effects == [.persist, .publish(expired), .refresh])
+    }
+
+    @Test func aFailedSaveRetriesAfterTheBackoffBase() {
+        var machine = machine()
+        _ = machine.beginRefresh(serial: 1)
+        _ = machine.refreshSucceeded(
+            serial: 1, presented: machine.record.secrets, grant: grant("at-2", rotated: "rt-2", at: start),
+            planner: planner, now: start)
+        machine.saveFailed(planner: planner, now: start)
+        #expect(machine.nextRefreshAt == start.addingTimeInterval(planner.settings.backoffBase))
+    }
+
+    // MARK: Schedule and clock
+
+    @Test func theSchedulerStartsWhatIsDueAndWaitsForTheRest() {
+        var machine = machine()
+        let due = start.addingTimeInterval(2700)
+        let answer10 = machine.due(now: start, overdueThreshold: 5, spread: 10)
+        #expect(answer10 == .at(due))
+        let answer11 = machine.due(now: due, overdueThreshold: 5, spread: 10)
+        #expect(answer11 == .refreshNow)
+        _ = machine.beginRefresh(serial: 1)
+        let answer12 = machine.due(now: due, overdueThreshold: 5, spread: 10)
+        #expect(answer12 == .nothing)
+    }
+
+    @Test func aClockJumpPastTheScheduleSpreadsTheRefreshOnce() {
+        var machine = machine()
+        let afterJump = start.addingTimeInterval(3 * 3600)
+        let answer13 = machine.due(now: afterJump, overdueThreshold: 5, spread: 7)
+        #expect(answer13 == .at(afterJump.addingTimeInterval(7)))
+        #expect(machine.nextRefreshAt == afterJump.addingTimeInterval(7))
+        // Still late when next looked at (the clock jumped again): it runs now, it is not pushed back twice.
+        let later = afterJump.addingTimeInterval(60)
+        let answer14 = machine.due(now: later, overdueThreshold: 5, spread: 7)
+        #expect(answer14 == .refreshNow)
+        let answer15 = machine.beginRefresh(serial: 1)
+        #expect(answer15)
+        _ = machine.refreshSucceeded(
+            serial: 1, presented: machine.record.secrets, grant: grant("at-2", rotated: nil, at: later),
+            planner: planner, now: later)
+        // A new schedule can be spread again.
+        let jumpAgain = later.addingTimeInterval(5 * 3600)
+        let answer16 = machine.due(now: jumpAgain, overdueThreshold: 5, spread: 3)
+        #expect(answer16 == .at(jumpAgain.addingTimeInterval(3)))
+    }
+
+    @Test func aClockJumpBackwardsKeepsTheScheduleAndTheToken() {
+        let machine = machine()
+        let before = start.addingTimeInterval(-3600)
+        #expect(machine.state(now: before) == .valid)
+        var copy = machine
+        #expect(copy.due(now: before, overdueThreshold: 5, spread: 10) == .at(start.addingTimeInterval(2700)))
+    }
+
+    // MARK: Logout
+
+    @Test func aLogoutDiscardsEveryCredentialButTheClientSecret() {
+        var record = record(token: token("at-1", at: start))
+        record.secrets.clientSecret = "cs"
+        var machine = AccountMachine(record: record, planner: planner, now: start)
+        let answer17 = machine.beginLogout()
+        #expect(answer17)
+        #expect(machine.refusal == .loggingOut)
+        #expect(machine.nextRefreshAt == nil)
+        let answer18 = machine.beginRefresh(serial: 1)
+        #expect(!answer18)
+        let answer19 = machine.due(now: start.addingTimeInterval(9999), overdueThreshold: 5, spread: 0)
+        #expect(answer19 == .nothing)
+
+        let answer20 = machine.loggedOut()
+        #expect(answer20 == [.publish(nil), .persist, .emit(.loggedOut)])
+        #expect(machine.phase == .loggedOut)
+        #expect(machine.record.secrets == AccountSecrets(clientSecret: "cs"))
+        #expect(machine.record.token == nil)
+        #expect(machine.refusal == .loggedOut)
+        #expect(machine.state(now: start) == .loggedOut)
+        let answer21 = machine.beginLogout()
+        #expect(!answer21)
+    }
+
+    @Test func aRefusedLogoutLeavesTheAccountAsItWas() {
+        var machine = machine()
+        _ = machine.beginRefresh(serial: 1)
+        _ = machine.refreshFailed(serial: 1, message: "503", delay: 30, now: start)
+        let phase = machine.phase
+        let next = machine.nextRefreshAt
+        let answer22 = machine.beginLogout()
+        #expect(answer22)
+        machine.logoutRefused()
+        #expect(machine.phase == phase)
+        #expect(machine.nextRefreshAt == next)
+        #expect(machine.refusal == nil)
+    }
+
+    @Test func aLogoutDuringARefreshWaitsForItAndRevokesWhatItRotated() {
+        var machine = machine()
+        _ = machine.beginRefresh(serial: 1)
+        let answer23 = machine.beginLogout()
+        #expect(answer23)
+        #expect(machine.refreshSerial == 1)
+        #expect(machine.state(now: start) == .refreshing)
+
+        let result = machine.refreshSucceeded(
+            serial: 1, presented: machine.record.secrets, grant: grant("at-2", rotated: "rt-2", at: start),
+            planner: planner, now: start)
+        #expect(result == .applied([.persist, .publish(token("at-2", at: start)), .emit(.refreshed)]))
+        // Still logging out, with the rotated credential there to be revoked; nothing scheduled.
+        #expect(machine.phase == .loggingOut(refreshing: nil))
+        #expect(machine.record.secrets.refreshToken == "rt-2")
+        #expect(machine.nextRefreshAt == nil)
+
+        // Refused: the refresh's outcome becomes the account's state.
+        machine.logoutRefused()
+        #expect(machine.phase == .idle)
+        #expect(machine.nextRefreshAt == start.addingTimeInterval(2700))
+    }
+
+    @Test func aDenialWhileALogoutWaitsIsKeptIfTheLogoutIsRefused() {
+        var machine = machine()
+        _ = machine.beginRefresh(serial: 1)
+        _ = machine.beginLogout()
+        _ = machine.refreshDenied(serial: 1, message: "invalid_grant", now: start)
+        #expect(machine.phase == .loggingOut(refreshing: nil))
+        machine.logoutRefused()
+        #expect(machine.phase == .denied)
+        #expect(machine.refusal == .denied)
+    }
+
+    // MARK: Configuration
+
+    @Test func aReloadReschedulesUnlessARefreshIsUnderWay() {
+        var machine = machine()
+        let sliding = ProviderConfig.sliding(
+            SlidingSettings(endpoint: URL(string: "https://idp.example/keepalive")!, timeZone: "UTC"))
+        let later = start.addingTimeInterval(100)
+        machine.declared(provider: sliding, dropClientSecret: false, planner: planner, now: later)
+        #expect(machine.record.provider == sliding)
+        #expect(machine.record.declared == true)
+        #expect(machine.nextRefreshAt == start.addingTimeInterval(2700))
+
+        _ = machine.beginRefresh(serial: 1)
+        machine.declared(provider: .static, dropClientSecret: true, planner: planner, now: later)
+        #expect(machine.nextRefreshAt == nil)
+        #expect(machine.phase == .refreshing(serial: 1))
+        machine.undeclared()
+        #expect(machine.record.declared == false)
+    }
+}
