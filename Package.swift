@@ -90,20 +90,24 @@ let package = Package(
             ],
             swiftSettings: upcoming
         ),
+        // What every test target and the bench share: test IdPs, the broker harnesses, raw
+        // connections and child processes.
         .target(
-            name: "TestIdP",
+            name: "TestSupport",
             dependencies: [
+                "BrokerClient", "BrokerCore", "BrokerProtocol",
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ],
-            path: "Tests/TestIdP",
+            path: "Tests/TestSupport",
             swiftSettings: upcoming
         ),
         .executableTarget(
             name: "broker-bench",
             dependencies: [
-                "BrokerProtocol", "TestIdP",
+                "BrokerProtocol", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
@@ -114,7 +118,7 @@ let package = Package(
         .testTarget(
             name: "BrokerCoreTests",
             dependencies: [
-                "BrokerCore", "TestIdP",
+                "BrokerCore", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
@@ -123,7 +127,7 @@ let package = Package(
         .testTarget(name: "BrokerSystemdTests", dependencies: ["BrokerSystemd"], swiftSettings: upcoming),
         .testTarget(
             name: "IntegrationTests",
-            dependencies: ["BrokerClient", "BrokerProtocol", "TestIdP", "brokerd", "brokerctl"],
+            dependencies: ["BrokerClient", "BrokerProtocol", "TestSupport", "brokerd", "brokerctl"],
             exclude: ["Fixtures"],
             swiftSettings: upcoming
         ),

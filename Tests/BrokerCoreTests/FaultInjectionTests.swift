@@ -3,7 +3,7 @@ import Foundation
 import Logging
 import NIOCore
 import NIOPosix
-import TestIdP
+import TestSupport
 import Testing
 
 @testable import BrokerCore

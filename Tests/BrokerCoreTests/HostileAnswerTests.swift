@@ -2,7 +2,7 @@ import BrokerProtocol
 import Foundation
 import NIOHTTP1
 import Synchronization
-import TestIdP
+import TestSupport
 import Testing
 
 @testable import BrokerCore

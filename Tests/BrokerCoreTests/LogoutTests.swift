@@ -1,7 +1,7 @@
 import BrokerProtocol
 import Foundation
 import Logging
-import TestIdP
+import TestSupport
 import Testing
 
 @testable import BrokerCore

@@ -1,6 +1,7 @@
 import BrokerClient
 import BrokerProtocol
 import Foundation
+import TestSupport
 import Testing
 
 /// Hostile or broken input on the socket gets the right error or a closed connection, and a

@@ -1,6 +1,6 @@
 import BrokerProtocol
 import Foundation
-import TestIdP
+import TestSupport
 import Testing
 
 /// brokerctl as scripts use it: tokens on stdout only, secrets from stdin, distinct exit codes.

@@ -1,7 +1,7 @@
 import BrokerClient
 import BrokerProtocol
 import Foundation
-import TestIdP
+import TestSupport
 import Testing
 
 /// BrokerClient's `withToken`: one reject-and-retry on a refused token, never more.

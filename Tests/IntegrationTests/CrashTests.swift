@@ -1,7 +1,7 @@
 import BrokerClient
 import BrokerProtocol
 import Foundation
-import TestIdP
+import TestSupport
 import Testing
 
 /// brokerd killed with SIGKILL at random moments while it rotates one-time refresh tokens:

@@ -1,7 +1,7 @@
 import BrokerClient
 import BrokerProtocol
 import Foundation
-import TestIdP
+import TestSupport
 import Testing
 
 /// `subscribe`: each change once, never a token; a subscriber that stops reading is dropped.

@@ -1,6 +1,7 @@
 import BrokerClient
 import BrokerProtocol
 import Foundation
+import TestSupport
 import Testing
 
 /// The real brokerd against hostile numbers on its socket and a helper looking for its

@@ -1,7 +1,7 @@
 import BrokerClient
 import BrokerProtocol
 import Foundation
-import TestIdP
+import TestSupport
 import Testing
 
 /// An `oauth2` account end to end: real brokerd, real socket, real HTTP to a rotating IdP.

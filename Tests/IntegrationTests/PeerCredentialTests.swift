@@ -1,5 +1,5 @@
 import Foundation
-import TestIdP
+import TestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -21,23 +21,13 @@ import Glibc
         }
         chmod(broker.socketPath, 0o666)
 
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
-        process.arguments = [
-            "--reuid=65534", "--regid=65534", "--clear-groups", BrokerProcess.binary("brokerctl").path,
-            "status", "--socket", broker.socketPath,
-        ]
-        let errors = Pipe()
-        process.standardError = errors
-        process.standardOutput = Pipe()
-        try process.run()
-        let pid = process.processIdentifier
-        DispatchQueue.global().asyncAfter(deadline: .now() + 60) { [process] in
-            if process.isRunning { kill(pid, SIGKILL) }
-        }
-        let message = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 7, "\(message)")
+        let (status, _, message) = try ChildProcess.capture(
+            "/usr/bin/setpriv",
+            [
+                "--reuid=65534", "--regid=65534", "--clear-groups", BrokerProcess.binary("brokerctl").path,
+                "status", "--socket", broker.socketPath,
+            ], environment: broker.environment)
+        #expect(status == 7, "\(message)")
         #expect(message.contains("serves only uid 0"))
         #expect(await eventually { broker.log.contains("refused a connection from another user") })
     }

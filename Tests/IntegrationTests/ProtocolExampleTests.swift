@@ -1,5 +1,5 @@
 import Foundation
-import TestIdP
+import TestSupport
 import Testing
 
 /// Replays every exchange in `protocol/examples/` against a real broker, so the published

@@ -1,7 +1,7 @@
 import BrokerClient
 import BrokerProtocol
 import Foundation
-import TestIdP
+import TestSupport
 import Testing
 
 /// `reject`: concurrent rejects of the current token share one refresh; a stale reject makes none.

@@ -1,6 +1,7 @@
 import BrokerClient
 import BrokerProtocol
 import Foundation
+import TestSupport
 import Testing
 
 /// A line gets one answer, whichever of the broker's two readers takes it (issue 8, class 9):

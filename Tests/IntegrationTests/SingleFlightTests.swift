@@ -1,7 +1,7 @@
 import BrokerClient
 import BrokerProtocol
 import Foundation
-import TestIdP
+import TestSupport
 import Testing
 
 /// Many callers waiting on an expired account share one IdP call.

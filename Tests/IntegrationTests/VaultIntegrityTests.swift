@@ -1,6 +1,7 @@
 import BrokerClient
 import BrokerProtocol
 import Foundation
+import TestSupport
 import Testing
 
 /// A tampered vault or a wrong key stops brokerd with a clear message and touches nothing.

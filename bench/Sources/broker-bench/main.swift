@@ -2,7 +2,7 @@ import BrokerProtocol
 import Foundation
 import NIOCore
 import NIOPosix
-import TestIdP
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc

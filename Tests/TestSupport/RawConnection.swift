@@ -6,11 +6,11 @@ import Glibc
 #endif
 
 /// A bare Unix-socket connection for sending arbitrary bytes, well-formed or not.
-final class RawConnection {
-    let descriptor: Int32
+public final class RawConnection {
+    public let descriptor: Int32
     private var buffer = [UInt8]()
 
-    init(path: String) throws {
+    public init(path: String) throws {
         descriptor = try Self.connect(path)
     }
 
@@ -27,7 +27,7 @@ final class RawConnection {
 
     /// Writes all bytes; returns false if the peer has gone away.
     @discardableResult
-    func send(_ bytes: [UInt8]) -> Bool {
+    public func send(_ bytes: [UInt8]) -> Bool {
         var offset = 0
         while offset < bytes.count {
             let written = bytes[offset...].withUnsafeBytes {
@@ -40,16 +40,16 @@ final class RawConnection {
     }
 
     @discardableResult
-    func send(_ text: String) -> Bool { send(Array(text.utf8)) }
+    public func send(_ text: String) -> Bool { send(Array(text.utf8)) }
 
     /// The next line as a JSON object, or nil when the connection closed (or timed out).
-    func readObject() -> [String: Any]? {
+    public func readObject() -> [String: Any]? {
         guard let line = readLine() else { return nil }
         return (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any]
     }
 
     /// The next line's bytes, or nil at end of stream.
-    func readLine() -> [UInt8]? {
+    public func readLine() -> [UInt8]? {
         while true {
             if let newline = buffer.firstIndex(of: 0x0A) {
                 let line = Array(buffer[..<newline])
@@ -64,13 +64,13 @@ final class RawConnection {
     }
 
     /// Whether the broker has closed this connection (reads end of stream).
-    func isClosedByPeer() -> Bool {
+    public func isClosedByPeer() -> Bool {
         while readLine() != nil {}
         return true
     }
 
     /// Whether something (a line or the end) arrives within `seconds`.
-    func hasData(within seconds: Double) -> Bool {
+    public func hasData(within seconds: Double) -> Bool {
         guard buffer.isEmpty else { return true }
         var poller = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
         return poll(&poller, 1, Int32(seconds * 1000)) > 0
@@ -78,7 +78,7 @@ final class RawConnection {
 
     /// Waits up to `seconds` for the broker to close the connection, discarding what it sends
     /// meanwhile; false if it is still open then.
-    func waitForClose(seconds: Double) -> Bool {
+    public func waitForClose(seconds: Double) -> Bool {
         let deadline = Date().addingTimeInterval(seconds)
         var chunk = [UInt8](repeating: 0, count: 65536)
         while Date() < deadline {
@@ -92,7 +92,7 @@ final class RawConnection {
 
     /// Writes as much of `bytes` as the broker takes within `seconds` of a stall; returns how
     /// many bytes were written.
-    func sendUntilStalled(_ bytes: [UInt8], seconds: Int) -> Int {
+    public func sendUntilStalled(_ bytes: [UInt8], seconds: Int) -> Int {
         var timeout = timeval(tv_sec: seconds, tv_usec: 0)
         setsockopt(descriptor, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         var offset = 0
@@ -109,5 +109,5 @@ final class RawConnection {
 
 extension Dictionary where Key == String, Value == Any {
     /// `error.code` of a failure line.
-    var errorCode: String? { (self["error"] as? [String: Any])?["code"] as? String }
+    public var errorCode: String? { (self["error"] as? [String: Any])?["code"] as? String }
 }

@@ -1,0 +1,170 @@
+import FoundationEssentials
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A child started with posix_spawn and reaped with waitpid. Foundation's `Process` on Linux
+/// learns of a child's exit through a descriptor that grandchildren inherit, so a command that
+/// talks to a service manager can look alive forever; this does not. Every child must be
+/// waited for (`wait`, or `hasExited` until it says so): PID 1 here does not reap orphans.
+public final class ChildProcess: Sendable {
+    public let pid: pid_t
+    /// The exit status once reaped (128 + signal when killed).
+    private let status = Mutex<Int32?>(nil)
+
+    private init(pid: pid_t) { self.pid = pid }
+
+    /// Starts `path` with `arguments` and exactly `environment`. Standard input comes from
+    /// `input` (or /dev/null); standard output goes to `output` and standard error to `errors`
+    /// (default: where standard output goes; /dev/null when neither is given).
+    public static func spawn(
+        _ path: String, _ arguments: [String], environment: [String: String], input: Int32? = nil,
+        output: Int32? = nil, errors: Int32? = nil
+    ) throws -> ChildProcess {
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        if let input {
+            posix_spawn_file_actions_adddup2(&actions, input, 0)
+        } else {
+            posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        }
+        for (target, source) in [(Int32(1), output), (2, errors ?? output)] {
+            if let source {
+                posix_spawn_file_actions_adddup2(&actions, source, target)
+            } else {
+                posix_spawn_file_actions_addopen(&actions, target, "/dev/null", O_WRONLY, 0)
+            }
+        }
+        let argv = ([path] + arguments).map { strdup($0) } + [nil]
+        let envp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer { (argv + envp).forEach { free($0) } }
+        var pid: pid_t = 0
+        let result = posix_spawn(&pid, path, &actions, nil, argv, envp)
+        guard result == 0 else { throw HarnessError("cannot start \(path): \(String(cString: strerror(result)))") }
+        return ChildProcess(pid: pid)
+    }
+
+    /// Runs a command to completion (killed after `timeout` seconds); returns its status, its
+    /// standard output and its standard error.
+    public static func capture(
+        _ path: String, _ arguments: [String], environment: [String: String], stdin: String? = nil,
+        timeout: TimeInterval = 60
+    ) throws -> (status: Int32, stdout: String, stderr: String) {
+        let input = try Pipe()
+        let output = try Pipe()
+        let errors = try Pipe()
+        let child = try spawn(
+            path, arguments, environment: environment, input: input.reading, output: output.writing,
+            errors: errors.writing)
+        input.closeReading()
+        output.closeWriting()
+        errors.closeWriting()
+        if let stdin { _ = Array(stdin.utf8).withUnsafeBytes { write(input.writing, $0.baseAddress, $0.count) } }
+        input.closeWriting()
+        let (out, err, timedOut) = readAll(output.reading, errors.reading, timeout: timeout)
+        output.closeReading()
+        errors.closeReading()
+        if timedOut { kill(child.pid, SIGKILL) }
+        return (child.wait(), String(decoding: out, as: UTF8.self), String(decoding: err, as: UTF8.self))
+    }
+
+    /// Runs a command to completion (killed after `timeout` seconds); returns its status and
+    /// its standard output and error together.
+    public static func run(
+        _ path: String, _ arguments: [String], environment: [String: String], stdin: String? = nil,
+        timeout: TimeInterval = 60
+    ) throws -> (status: Int32, output: String) {
+        let input = try Pipe()
+        let output = try Pipe()
+        let child = try spawn(path, arguments, environment: environment, input: input.reading, output: output.writing)
+        input.closeReading()
+        output.closeWriting()
+        if let stdin { _ = Array(stdin.utf8).withUnsafeBytes { write(input.writing, $0.baseAddress, $0.count) } }
+        input.closeWriting()
+        let (out, _, timedOut) = readAll(output.reading, nil, timeout: timeout)
+        output.closeReading()
+        if timedOut { kill(child.pid, SIGKILL) }
+        return (child.wait(), String(decoding: out, as: UTF8.self))
+    }
+
+    /// Waits for the child and returns its exit status (128 + signal when killed).
+    @discardableResult
+    public func wait() -> Int32 {
+        status.withLock { status in
+            if let status { return status }
+            var raw: Int32 = 0
+            while waitpid(pid, &raw, 0) < 0, errno == EINTR {}
+            status = Self.decode(raw)
+            return status!
+        }
+    }
+
+    /// Whether the child has exited (reaping it if so; `wait` then returns its status).
+    public func hasExited() -> Bool {
+        status.withLock { status in
+            if status != nil { return true }
+            var raw: Int32 = 0
+            guard waitpid(pid, &raw, WNOHANG) == pid else { return false }
+            status = Self.decode(raw)
+            return true
+        }
+    }
+
+    private static func decode(_ raw: Int32) -> Int32 {
+        let signal = raw & 0x7F
+        return signal == 0 ? (raw >> 8) & 0xFF : 128 + signal
+    }
+
+    /// Reads two descriptors to their ends, or until `timeout`; says whether it timed out.
+    private static func readAll(_ first: Int32, _ second: Int32?, timeout: TimeInterval) -> (
+        [UInt8], [UInt8], Bool
+    ) {
+        let deadline = ContinuousClock.now + .milliseconds(Int64(timeout * 1000))
+        var collected: [[UInt8]] = [[], []]
+        var open = [first, second ?? -1]
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while open.contains(where: { $0 >= 0 }) {
+            guard ContinuousClock.now < deadline else { return (collected[0], collected[1], true) }
+            var pollers = open.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
+            guard poll(&pollers, nfds_t(pollers.count), 200) > 0 else { continue }
+            for index in pollers.indices where pollers[index].fd >= 0 && pollers[index].revents != 0 {
+                let count = read(pollers[index].fd, &buffer, buffer.count)
+                if count > 0 {
+                    collected[index] += buffer[0..<count]
+                } else {
+                    open[index] = -1
+                }
+            }
+        }
+        return (collected[0], collected[1], false)
+    }
+}
+
+/// A close-on-exec pipe whose ends are closed once.
+private final class Pipe {
+    private var ends: [Int32] = [-1, -1]
+
+    init() throws {
+        guard pipe(&ends) == 0 else { throw HarnessError("pipe failed: errno \(errno)") }
+        for end in ends { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
+    }
+
+    var reading: Int32 { ends[0] }
+    var writing: Int32 { ends[1] }
+
+    func closeReading() { close(index: 0) }
+    func closeWriting() { close(index: 1) }
+
+    private func close(index: Int) {
+        if ends[index] >= 0 { Glibc.close(ends[index]) }
+        ends[index] = -1
+    }
+
+    deinit {
+        closeReading()
+        closeWriting()
+    }
+}
