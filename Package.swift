@@ -124,6 +124,16 @@ let package = Package(
             ],
             swiftSettings: upcoming
         ),
+        .testTarget(
+            name: "BrokerServerTests",
+            dependencies: [
+                "BrokerServer", "BrokerCore", "BrokerProtocol", "TestSupport",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+            ],
+            swiftSettings: upcoming
+        ),
         .testTarget(name: "BrokerSystemdTests", dependencies: ["BrokerSystemd"], swiftSettings: upcoming),
         .testTarget(
             name: "IntegrationTests",

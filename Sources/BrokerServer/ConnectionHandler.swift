@@ -87,7 +87,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     func channelActive(context: ChannelHandlerContext) {
-        lastActivity = .now()
+        lastActivity = context.eventLoop.now
         rearmTimer(context: context)
         context.fireChannelActive()
     }
@@ -108,7 +108,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard case .open = state else { return }
         framer.append(unwrapInboundIn(data))
-        lastActivity = .now()
+        lastActivity = context.eventLoop.now
         takeLines(context: context)
     }
 
@@ -153,7 +153,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
                 return
             }
             guard let line else {
-                if !framer.isEmpty, partialLineSince == nil { partialLineSince = .now() }
+                if !framer.isEmpty, partialLineSince == nil { partialLineSince = context.eventLoop.now }
                 break
             }
             partialLineSince = nil
@@ -247,7 +247,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
             if case .closed = state { return }
             requests -= 1
             quota.releaseRequest(uid: peer.uid)
-            lastActivity = .now()
+            lastActivity = context.eventLoop.now
             switch state {
             case .draining where requests == 0:
                 closeAfterFlush(context: context)
@@ -291,7 +291,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         }
         promise?.succeed()
         guard case .open = state else { return }
-        state = .draining(deadline: .now() + limits.drainTimeout)
+        state = .draining(deadline: context.eventLoop.now + limits.drainTimeout)
         if requests == 0 {
             closeAfterFlush(context: context)
         } else {
@@ -314,7 +314,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     /// Closes once everything written so far has reached the socket, or after `drainTimeout`
     /// if the peer does not read it. Received bytes are let go of at once.
     private func closeAfterFlush(context: ChannelHandlerContext) {
-        state = .closing(deadline: .now() + limits.drainTimeout)
+        state = .closing(deadline: context.eventLoop.now + limits.drainTimeout)
         framer = LineFramer()
         quota.giveBack(bytes: budgetDrawn)
         budgetDrawn = 0
@@ -361,7 +361,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     private func timerFired(context: ChannelHandlerContext) {
         guard let deadline = nextDeadline() else { return }
-        guard deadline <= .now() else { return rearmTimer(context: context) }
+        guard deadline <= context.eventLoop.now else { return rearmTimer(context: context) }
         switch state {
         case .closed:
             return
