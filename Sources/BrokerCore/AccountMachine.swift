@@ -147,12 +147,7 @@ struct AccountMachine: Sendable {
     mutating func tokensReplaced(by updated: AccountRecord, planner: RefreshPlanner, now: Date) -> [Effect] {
         precondition(!isLoggingOut, "tokens are not replaced while logging out")
         record = updated
-        record.needsLogin = false
-        record.loggedOut = nil
-        record.lastError = nil
-        failures = 0
-        phase = .idle
-        spreadOverdue = false
+        startOver(in: .idle)
         nextRefreshAt = Self.schedule(record, planner, now: now)
         return [.persist, .publish(servableToken)] + (nextRefreshAt.map { $0 <= now } == true ? [.refresh] : [])
     }
@@ -275,14 +270,8 @@ struct AccountMachine: Sendable {
     mutating func loggedOut() -> [Effect] {
         record.secrets = AccountSecrets(clientSecret: record.secrets.clientSecret)
         record.token = nil
-        record.needsLogin = false
-        record.loggedOut = true
-        record.lastError = nil
-        failures = 0
-        phase = .loggedOut
+        startOver(in: .loggedOut)
         nextRefreshAt = nil
-        beforeLogout = nil
-        spreadOverdue = false
         // Withdrawn before the save: a revoked token is not served even if the save fails.
         return [.publish(nil), .persist, .emit(.loggedOut)]
     }
@@ -309,6 +298,18 @@ struct AccountMachine: Sendable {
     }
 
     // MARK: Helpers
+
+    /// Begins the lifecycle again in `phase` (`idle` with new tokens, `loggedOut` with none):
+    /// no denial, no error, no backoff, no logout under way, and any refresh abandoned.
+    private mutating func startOver(in phase: Phase) {
+        record.needsLogin = false
+        record.loggedOut = phase == .loggedOut ? true : nil
+        record.lastError = nil
+        failures = 0
+        spreadOverdue = false
+        beforeLogout = nil
+        self.phase = phase
+    }
 
     /// Enters `phase` after a refresh, or records it as the phase to return to when a logout
     /// that waited for the refresh is refused.
