@@ -52,6 +52,8 @@ public actor Broker {
     private let logger: Logger
     private var planner: RefreshPlanner { RefreshPlanner(settings: settings) }
     private var entries: [String: Entry] = [:]
+    /// Accounts changed in memory whose last save failed: the next save writes them too.
+    private var unsaved: Set<String> = []
     private var refreshSerial = 0
 
     /// Loads every account from `vault` (refusing a wrong key or tampered file) and schedules it.
@@ -70,6 +72,9 @@ public actor Broker {
         let contents = try vault.load()
         if vault.recoveredInterruptedSave {
             logger.notice("completed a vault save that a crash interrupted; no rotated credential was lost")
+        }
+        if let version = vault.convertedFormatVersion {
+            logger.notice("converted the vault from format \(version); brokerd versions before it cannot read it")
         }
         for stored in contents?.accounts ?? [] {
             let record = stored.sanitized()
@@ -148,7 +153,7 @@ public actor Broker {
             needsLogin: false, lastError: nil, lastRefreshAt: nil)
         if let tokens { try apply(tokens, to: &record, now: now) }
         entries[name] = Entry(record: record, nextRefreshAt: Self.schedule(record, planner, now: now))
-        try persist(changing: name)
+        try persist(changing: [name])
         logger.info("account added", metadata: ["account": "\(name)", "provider": "\(provider.kind)"])
         publishAndKick(name)
         let state = state(of: entries[name]!, now: clock.now())
@@ -169,7 +174,7 @@ public actor Broker {
         entry.restart(loggedOut: false)
         entry.nextRefreshAt = Self.schedule(entry.record, planner, now: now)
         entries[name] = entry
-        try persist(changing: name)
+        try persist(changing: [name])
         logger.info("tokens replaced", metadata: ["account": "\(name)"])
         publishAndKick(name)
         return AccountResult(account: name, state: state(of: entries[name]!, now: clock.now()))
@@ -181,7 +186,7 @@ public actor Broker {
         try checkNotLoggingOut(try entry(name))
         guard let removed = entries.removeValue(forKey: name) else { throw notFound(name) }
         do {
-            try persist(changing: name)
+            try persist(changing: [name])
         } catch {
             entries[name] = removed
             throw error
@@ -253,7 +258,7 @@ public actor Broker {
         entries[name]?.restart(loggedOut: true)
         entries[name]?.nextRefreshAt = nil
         cache.publish(nil, for: name)
-        try persist(changing: name)
+        try persist(changing: [name])
         let now = clock.now()
         events.publish(BrokerEvent(event: .loggedOut, account: name, at: now, state: "logged_out"))
         logger.info("logged out", metadata: ["account": "\(name)", "revoked": "\(revoked)"])
@@ -332,7 +337,8 @@ public actor Broker {
                 "account no longer declared in the config; kept as a runtime account", metadata: ["account": "\(name)"])
         }
         // Usually nothing stored changed (a start with the same file): no vault write then.
-        if entries.mapValues(\.record) != stored { try persist(changing: "") }
+        let changed = entries.filter { stored[$0.key] != $0.value.record }.keys
+        if !changed.isEmpty { try persist(changing: changed) }
         logger.info("configuration applied", metadata: ["declared_accounts": "\(providers.count)"])
     }
 
@@ -422,7 +428,7 @@ public actor Broker {
                 .map { max($0, now.addingTimeInterval(settings.minimumRefreshInterval)) }
             entries[name] = entry
             do {
-                try persist(changing: name)
+                try persist(changing: [name])
             } catch {
                 entries[name]?.nextRefreshAt = now.addingTimeInterval(settings.backoffBase)
                 return .failure(error)
@@ -447,7 +453,7 @@ public actor Broker {
             entry.nextRefreshAt = nil
             entries[name] = entry
             cache.publish(nil, for: name)
-            try? persist(changing: name)
+            try? persist(changing: [name])
             events.publish(
                 BrokerEvent(event: .needsLogin, account: name, at: now, state: "needs_login", message: failure.message))
             logger.warning(
@@ -492,7 +498,7 @@ public actor Broker {
             entries[name]?.record.secrets.refreshURL = rotated
             changed = true
         }
-        if changed { try? persist(changing: name) }
+        if changed { try? persist(changing: [name]) }
     }
 
     private func makeProvider(_ config: ProviderConfig) -> any TokenProvider {
@@ -574,12 +580,18 @@ public actor Broker {
         if let refreshURL = tokens.refreshURL { record.secrets.refreshURL = refreshURL }
     }
 
-    private func persist(changing name: String) throws(BrokerError) {
-        let records = entries.keys.sorted().map { entries[$0]!.record }
+    /// Saves the accounts `names` as they are now (a name no longer here is removed), with any
+    /// whose earlier save failed.
+    private func persist(changing names: some Collection<String>) throws(BrokerError) {
+        unsaved.formUnion(names)
+        let changed = unsaved.sorted().compactMap { entries[$0]?.record }
+        let removed = unsaved.sorted().filter { entries[$0] == nil }
         do {
-            try vault.save(VaultContents(accounts: records))
+            try vault.save(changed: changed, removed: removed)
+            unsaved = []
         } catch {
-            logger.error("cannot save the vault", metadata: ["account": "\(name)", "reason": "\(error)"])
+            let accounts = names.count == 1 ? "\(names.first!)" : "\(names.count) accounts"
+            logger.error("cannot save the vault", metadata: ["account": "\(accounts)", "reason": "\(error)"])
             throw BrokerError(.internal, "the broker cannot save its vault; see its log")
         }
     }

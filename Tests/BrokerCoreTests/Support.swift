@@ -21,6 +21,15 @@ struct TemporaryDirectory: Sendable {
     func remove() { try? FileManager.default.removeItem(atPath: path) }
 }
 
+/// Copies the vault at `source` to `destination` as a restarted broker would find it: its
+/// snapshot and, when there is one, its log.
+func copyVault(from source: String, to destination: String) throws {
+    try FileManager.default.copyItem(atPath: source, toPath: destination)
+    if FileManager.default.fileExists(atPath: source + ".log") {
+        try FileManager.default.copyItem(atPath: source + ".log", toPath: destination + ".log")
+    }
+}
+
 /// Wall-clock time that only moves when a test says so.
 final class TestClock: WallClock {
     private let current: Mutex<Date>
