@@ -103,7 +103,7 @@ let package = Package(
         .executableTarget(
             name: "broker-bench",
             dependencies: [
-                "BrokerProtocol", "TestIdP",
+                "BrokerProtocol", "BrokerCore", "TestIdP",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],

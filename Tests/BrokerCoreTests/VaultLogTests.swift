@@ -339,6 +339,14 @@ import Testing
     /// Whole records moved about: none of these logs is one the vault wrote.
     enum Splice: CaseIterable, Sendable {
         case swapped, repeatedAtTheEnd, middleDropped, fromTheLogBefore, fromAnotherVaultWithTheSameKey
+
+        /// What the refusal says: a record out of sequence, or one bound to another log.
+        var reason: String {
+            switch self {
+            case .swapped, .repeatedAtTheEnd, .middleDropped: return "(moved or repeated)"
+            case .fromTheLogBefore, .fromAnotherVaultWithTheSameKey: return "cannot be decrypted at record 1"
+            }
+        }
     }
 
     @Test(arguments: Splice.allCases)
@@ -376,6 +384,7 @@ import Testing
         try rig.place(snapshot: snapshot, log: tampered)
 
         let error = #expect(throws: VaultError.self) { try rig.load() }
+        #expect(error?.description.contains(splice.reason) == true)
         #expect(error?.description.contains("left untouched") == true)
         #expect(rig.bytes(rig.logPath) == tampered && rig.bytes(rig.path) == snapshot)
     }

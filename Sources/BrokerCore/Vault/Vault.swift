@@ -126,14 +126,7 @@ public final class Vault: @unchecked Sendable {
                 state.loaded = true
                 return nil
             }
-            let log = try FileSystem.openAndReadPrivateFile(logPath, role: "vault log", flags: O_RDWR | O_APPEND)
-            let reading: VaultLog.Reading?
-            do {
-                reading = try log.map { try VaultLog.read([UInt8]($0.content), continuing: snapshot, path: logPath, key: key) }
-            } catch {
-                if let fd = log?.fd { close(fd) }
-                throw error
-            }
+            let log = try readLog(continuing: snapshot)
 
             // Everything is read and authenticated: settle what a crash left behind.
             if promoting == true {
@@ -144,15 +137,15 @@ public final class Vault: @unchecked Sendable {
             }
             state.snapshot = (snapshot.generation, snapshot.nonce, snapshot.length)
             state.accounts = Dictionary(snapshot.accounts.map { ($0.name, $0) }) { $1 }
-            if case .changes(let changes, let header, let tail)? = reading, let fd = log?.fd, !changes.isEmpty {
+            if let log, case .changes(let changes, let header, let tail) = log.reading, !changes.isEmpty {
                 for change in changes { change.apply(to: &state.accounts) }
-                state.log = (fd, header, tail)
-                if tail.length < log?.content.count ?? 0 {
-                    try FileSystem.truncateDurably(fd, to: tail.length, role: "vault log", path: logPath)
+                state.log = (log.fd, header, tail)
+                if tail.length < log.length {
+                    try FileSystem.truncateDurably(log.fd, to: tail.length, role: "vault log", path: logPath)
                 }
-            } else if let fd = log?.fd {
+            } else if let log {
                 // Superseded, or holding nothing saved: the snapshot has all there is.
-                close(fd)
+                close(log.fd)
                 unlink(logPath)
             }
             if snapshot.version != VaultSnapshot.formatVersion {
@@ -173,13 +166,13 @@ public final class Vault: @unchecked Sendable {
             guard state.loaded else { throw VaultError("the vault \(path) was not loaded before a change to it") }
             guard !changed.isEmpty || !removed.isEmpty else { return }
             let change = VaultChange(changed: changed, removed: removed)
-            var accounts = state.accounts
-            change.apply(to: &accounts)
             if state.needsSnapshot {
+                var accounts = state.accounts
+                change.apply(to: &accounts)
                 try writeSnapshot(accounts, &state)
             } else {
                 try append(change, &state)
-                state.accounts = accounts
+                change.apply(to: &state.accounts)
             }
         }
     }
@@ -198,6 +191,25 @@ public final class Vault: @unchecked Sendable {
     private func readSnapshot(_ path: String) throws -> VaultSnapshot? {
         guard let file = try FileSystem.readPrivateFile(path, role: "vault") else { return nil }
         return try VaultSnapshot.open([UInt8](file), path: path, key: key)
+    }
+
+    /// The log, open for appending, its length and what it holds beside `snapshot`; `nil` when
+    /// there is none. Nothing is changed.
+    private func readLog(continuing snapshot: VaultSnapshot) throws -> (
+        fd: Int32, length: Int, reading: VaultLog.Reading
+    )? {
+        guard
+            let (fd, content) = try FileSystem.openAndReadPrivateFile(
+                logPath, role: "vault log", flags: O_RDWR | O_APPEND)
+        else { return nil }
+        do {
+            return (
+                fd, content.count, try VaultLog.read([UInt8](content), continuing: snapshot, path: logPath, key: key)
+            )
+        } catch {
+            close(fd)
+            throw error
+        }
     }
 
     /// Writes `accounts` as the next snapshot and drops the log, which it replaces. Once the

@@ -141,7 +141,9 @@ enum VaultLog {
             let ciphertext = Array(bytes[(start + recordPrefixLength)..<end])
             let associatedData = header + lengthAndSequence(length, sequence) + tail.previousTag
             guard var plaintext = Sodium.open(ciphertext, associatedData: associatedData, nonce: nonce, key: key)
-            else { throw refuse("cannot be decrypted at record \(sequence): the key is wrong or the file was modified") }
+            else {
+                throw refuse("cannot be decrypted at record \(sequence): the key is wrong or the file was modified")
+            }
             defer { Sodium.wipe(&plaintext) }
             guard let change = try? JSONDecoder().decode(VaultChange.self, from: plaintext) else {
                 throw refuse("decrypted but record \(sequence) is not understood")
