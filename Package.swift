@@ -107,7 +107,7 @@ let package = Package(
         .executableTarget(
             name: "broker-bench",
             dependencies: [
-                "BrokerProtocol", "TestSupport",
+                "BrokerProtocol", "BrokerCore", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],

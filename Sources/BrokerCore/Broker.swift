@@ -25,6 +25,8 @@ public actor Broker {
     private var accounts: [String: AccountMachine] = [:]
     /// The task of each refresh under way, by account, with the serial its machine knows it by.
     private var refreshTasks: [String: (serial: Int, task: Task<Result<Void, BrokerError>, Never>)] = [:]
+    /// Accounts changed in memory whose last save failed: the next save writes them too.
+    private var unsaved: Set<String> = []
     private var refreshSerial = 0
 
     /// Loads every account from `vault` (refusing a wrong key or tampered file) and schedules it.
@@ -43,6 +45,9 @@ public actor Broker {
         let contents = try vault.load()
         if vault.recoveredInterruptedSave {
             logger.notice("completed a vault save that a crash interrupted; no rotated credential was lost")
+        }
+        if let version = vault.convertedFormatVersion {
+            logger.notice("converted the vault from format \(version); brokerd versions before it cannot read it")
         }
         for stored in contents?.accounts ?? [] {
             let machine = AccountMachine(
@@ -154,7 +159,7 @@ public actor Broker {
         try checkNotLoggingOut(try machine(name))
         guard let removed = accounts.removeValue(forKey: name) else { throw notFound(name) }
         do {
-            try persist(changing: name)
+            try persist(changing: [name])
         } catch {
             accounts[name] = removed
             throw error
@@ -293,7 +298,8 @@ public actor Broker {
                 "account no longer declared in the config; kept as a runtime account", metadata: ["account": "\(name)"])
         }
         // Usually nothing stored changed (a start with the same file): no vault write then.
-        if accounts.mapValues(\.record) != stored { try persist(changing: "") }
+        let changed = accounts.filter { stored[$0.key] != $0.value.record }.keys
+        if !changed.isEmpty { try persist(changing: changed) }
         logger.info("configuration applied", metadata: ["declared_accounts": "\(providers.count)"])
     }
 
@@ -493,7 +499,7 @@ public actor Broker {
         for effect in effects {
             switch effect {
             case .persist:
-                try persist(changing: name)
+                try persist(changing: [name])
             case .publish(let token):
                 cache.publish(token.map { Self.prepare(name, $0) }, for: name)
             case .emit(let kind, let message):
@@ -509,12 +515,18 @@ public actor Broker {
         }
     }
 
-    private func persist(changing name: String) throws(BrokerError) {
-        let records = accounts.keys.sorted().compactMap { accounts[$0]?.record }
+    /// Saves the accounts `names` as they are now (a name no longer here is removed), with any
+    /// whose earlier save failed.
+    private func persist(changing names: some Collection<String>) throws(BrokerError) {
+        unsaved.formUnion(names)
+        let changed = unsaved.sorted().compactMap { accounts[$0]?.record }
+        let removed = unsaved.sorted().filter { accounts[$0] == nil }
         do {
-            try vault.save(VaultContents(accounts: records))
+            try vault.save(changed: changed, removed: removed)
+            unsaved = []
         } catch {
-            logger.error("cannot save the vault", metadata: ["account": "\(name)", "reason": "\(error)"])
+            let accounts = names.count == 1 ? "\(names.first!)" : "\(names.count) accounts"
+            logger.error("cannot save the vault", metadata: ["account": "\(accounts)", "reason": "\(error)"])
             throw BrokerError(.internal, "the broker cannot save its vault; see its log")
         }
     }

@@ -139,32 +139,43 @@ public enum FileSystem {
     /// The content of the private file at `path` (see `openPrivateFile`), as long as `fstat`
     /// said it was; `nil` when it does not exist. The caller wipes it when it holds a secret.
     static func readPrivateFile(_ path: String, role: String) throws -> Data? {
-        guard let (fd, size) = try openPrivateFileIfPresent(path, role: role, flags: O_RDONLY) else { return nil }
-        defer { close(fd) }
+        guard let (fd, content) = try openAndReadPrivateFile(path, role: role, flags: O_RDONLY) else { return nil }
+        close(fd)
+        return content
+    }
+
+    /// Opens the private file at `path` with `flags` (see `openPrivateFile`) and reads it whole;
+    /// `nil` when it does not exist. The caller closes the descriptor.
+    static func openAndReadPrivateFile(_ path: String, role: String, flags: Int32) throws -> (
+        fd: Int32, content: Data
+    )? {
+        guard let (fd, size) = try openPrivateFileIfPresent(path, role: role, flags: flags) else { return nil }
         var bytes = Data(count: size)
         var filled = 0
         while filled < bytes.count {
-            let count = bytes.withUnsafeMutableBytes { read(fd, $0.baseAddress! + filled, $0.count - filled) }
+            let count = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress! + filled, $0.count - filled, filled) }
             if count == 0 { break }
             if count < 0 {
                 if errno == EINTR { continue }
                 let reason = errnoText()
                 Sodium.wipe(&bytes)
+                close(fd)
                 throw FileAccessError("cannot read the \(role) \(path): \(reason)")
             }
             filled += count
         }
         bytes.count = filled
-        return bytes
+        return (fd, bytes)
     }
 
     /// Creates `path` afresh, mode 0600, for writing: a stale file or a planted link there is
     /// removed first (not followed), and `O_EXCL` refuses whatever appears in between.
-    static func createPrivateFile(_ path: String, role: String) throws -> Int32 {
+    /// `flags` are added to `O_WRONLY | O_CREAT | O_EXCL` (`O_APPEND`, say).
+    static func createPrivateFile(_ path: String, role: String, flags: Int32 = 0) throws -> Int32 {
         guard unlink(path) == 0 || errno == ENOENT else {
             throw FileAccessError("cannot replace the \(role) \(path): \(errnoText())")
         }
-        return try openPrivateFile(path, role: role, flags: O_WRONLY | O_CREAT | O_EXCL)
+        return try openPrivateFile(path, role: role, flags: O_WRONLY | O_CREAT | O_EXCL | flags)
     }
 
     /// `openPrivateFile`, with the size `fstat` gave; `nil` when nothing is at `path`.
@@ -212,48 +223,75 @@ public enum FileSystem {
         return Int(info.st_size)
     }
 
-    // MARK: Durable replacement
+    // MARK: Durable writes
 
-    /// Replaces `path` with `data` so that a crash leaves either the old or the new file:
-    /// `staging` created afresh (see `createPrivateFile`), written and fsync'd, renamed over
-    /// `path`, then the directory fsync'd.
-    static func writeAtomically(_ data: Data, to path: String, staging: String) throws {
+    /// Writes `data` to a fresh `staging` file (see `createPrivateFile`) and fsyncs it, so it
+    /// can then be renamed over the file it replaces (`replace`); a failed write removes it.
+    static func writeStagingFile(_ data: Data, at staging: String) throws {
         let fd = try createPrivateFile(staging, role: "staging file")
-        let written = data.withUnsafeBytes { write(fd, $0.baseAddress, data.count) }
-        guard written == data.count, fsync(fd) == 0 else {
-            let reason = errnoText()
-            close(fd)
-            unlink(staging)
-            throw FileAccessError("cannot write the staging file \(staging): \(reason)")
-        }
-        close(fd)
+        defer { close(fd) }
         do {
-            try rename(staging, over: path)
+            try writeAll(data, to: fd, role: "staging file", path: staging)
+            guard fsync(fd) == 0 else {
+                throw FileAccessError("cannot write the staging file \(staging): \(errnoText())")
+            }
         } catch {
             unlink(staging)
             throw error
         }
     }
 
-    /// Makes a complete `staging` file durable and renames it over `path`.
+    /// Makes a complete `staging` file durable and renames it over `path`, durably.
     static func promote(_ staging: String, to path: String) throws {
         let fd = try openPrivateFile(staging, role: "staging file", flags: O_RDONLY)
         defer { close(fd) }
         guard fsync(fd) == 0 else { throw FileAccessError("cannot sync the staging file \(staging): \(errnoText())") }
-        try rename(staging, over: path)
+        try replace(path, with: staging)
+        try syncDirectory(of: path)
     }
 
-    /// Renames `staging` over `path` and fsyncs the directory, so the rename is durable. A
-    /// failed rename leaves `staging` in place.
-    private static func rename(_ staging: String, over path: String) throws {
+    /// Renames `staging` over `path`; a failed rename leaves `staging` in place. The rename is
+    /// durable once `syncDirectory(of: path)` returns.
+    static func replace(_ path: String, with staging: String) throws {
         guard Glibc.rename(staging, path) == 0 else {
             throw FileAccessError("cannot replace \(path): \(errnoText())")
         }
+    }
+
+    /// Fsyncs the directory holding `path`, so that names created, renamed or removed there last.
+    static func syncDirectory(of path: String) throws {
         let directory = parent(of: path)
         let directoryFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard directoryFD >= 0 else { throw FileAccessError("cannot open \(directory): \(errnoText())") }
         defer { close(directoryFD) }
         guard fsync(directoryFD) == 0 else { throw FileAccessError("cannot sync \(directory): \(errnoText())") }
+    }
+
+    /// Appends `bytes` to the file open at `fd` (opened with `O_APPEND`) and waits until they
+    /// are on disk (`fdatasync`).
+    static func appendDurably(_ bytes: [UInt8], to fd: Int32, role: String, path: String) throws {
+        try writeAll(bytes, to: fd, role: role, path: path)
+        guard fdatasync(fd) == 0 else { throw FileAccessError("cannot sync the \(role) \(path): \(errnoText())") }
+    }
+
+    /// Cuts the file open at `fd` to `length` bytes, durably.
+    static func truncateDurably(_ fd: Int32, to length: Int, role: String, path: String) throws {
+        guard ftruncate(fd, off_t(length)) == 0, fsync(fd) == 0 else {
+            throw FileAccessError("cannot shorten the \(role) \(path): \(errnoText())")
+        }
+    }
+
+    /// Writes every byte of `bytes` at `fd`'s position, retrying after a signal or a short write.
+    private static func writeAll(_ bytes: some ContiguousBytes, to fd: Int32, role: String, path: String) throws {
+        try bytes.withUnsafeBytes { buffer in
+            var offset = 0
+            while offset < buffer.count {
+                let written = write(fd, buffer.baseAddress! + offset, buffer.count - offset)
+                if written < 0, errno == EINTR { continue }
+                guard written > 0 else { throw FileAccessError("cannot write the \(role) \(path): \(errnoText())") }
+                offset += written
+            }
+        }
     }
 
     // MARK: Paths

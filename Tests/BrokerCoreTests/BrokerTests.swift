@@ -76,7 +76,7 @@ struct BrokerHarness {
     func vaultCopy() throws -> VaultContents? {
         let copy = directory.file("copy-\(UUID().uuidString)/vault")
         let reader = try Vault(path: copy, key: VaultKey.load(path: keyPath, create: false))
-        try FileManager.default.copyItem(atPath: vaultPath, toPath: copy)
+        try copyVault(from: vaultPath, to: copy)
         return try reader.load()
     }
 }
@@ -124,7 +124,7 @@ struct BrokerHarness {
             let copy = h.directory.file("restart/vault")
             try FileManager.default.createDirectory(
                 atPath: h.directory.file("restart"), withIntermediateDirectories: true)
-            try FileManager.default.copyItem(atPath: h.vaultPath, toPath: copy)
+            try copyVault(from: h.vaultPath, to: copy)
             let restarted = try Broker(
                 vault: Vault(path: copy, key: VaultKey.load(path: h.keyPath, create: false)),
                 settings: BrokerSettings(),

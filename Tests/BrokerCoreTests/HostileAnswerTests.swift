@@ -77,7 +77,7 @@ final class ScriptedIdP: Sendable {
         let copy = directory.file("restart-\(UUID().uuidString)/vault")
         try FileManager.default.createDirectory(
             atPath: (copy as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-        try FileManager.default.copyItem(atPath: directory.file("state/vault"), toPath: copy)
+        try copyVault(from: directory.file("state/vault"), to: copy)
         return try Broker(
             vault: Vault(path: copy, key: VaultKey.load(path: directory.file("key"), create: false)),
             settings: BrokerSettings(), http: http, clock: clock, logger: LogRecorder().logger())
@@ -316,7 +316,7 @@ final class ScriptedIdP: Sendable {
             let key = try VaultKey.load(path: directory.file("key"), create: false)
             let copy = directory.file("copy/vault")
             try FileManager.default.createDirectory(atPath: directory.file("copy"), withIntermediateDirectories: true)
-            try FileManager.default.copyItem(atPath: directory.file("state/vault"), toPath: copy)
+            try copyVault(from: directory.file("state/vault"), to: copy)
             let stored = try #require(try Vault(path: copy, key: key).load()?.accounts.first)
             #expect(stored.secrets.clientSecret == nil, "the secret issued for the old IdP is gone")
         }

@@ -15,7 +15,7 @@ import Testing
     /// A copy of the vault as it is on disk now (the broker holds the original's lock).
     static func copyOfVault(_ rig: Rig) throws -> Vault {
         let copy = rig.directory.file("vault-copy-\(UUID().uuidString)")
-        try FileManager.default.copyItem(atPath: rig.directory.file("vault"), toPath: copy)
+        try copyVault(from: rig.directory.file("vault"), to: copy)
         return try Vault(path: copy, key: VaultKey.load(path: rig.directory.file("key"), create: false))
     }
 

@@ -61,7 +61,7 @@ import Testing
         case magic, version, nonceFirst, nonceLast, ciphertextFirst, ciphertextMiddle, tagFirst, tagLast
 
         func offset(fileLength: Int) -> Int {
-            let header = Vault.headerLength
+            let header = VaultSnapshot.headerLength
             let tag = Sodium.tagLength
             switch self {
             case .magic: return 3
@@ -107,7 +107,9 @@ import Testing
             path: directory.file("vault"), key: VaultKey.load(path: directory.file("key"), create: true))
         try vault.save(contents())
         let bytes = try Data(contentsOf: URL(fileURLWithPath: vault.path))
-        for length in [0, 7, Vault.headerLength, Vault.headerLength + Sodium.tagLength, bytes.count - 1] {
+        for length in [
+            0, 7, VaultSnapshot.headerLength, VaultSnapshot.headerLength + Sodium.tagLength, bytes.count - 1,
+        ] {
             let truncated = bytes.prefix(length)
             try truncated.write(to: URL(fileURLWithPath: vault.path))
             #expect(throws: VaultError.self, "length \(length)") { try vault.load() }

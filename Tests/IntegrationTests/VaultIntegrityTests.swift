@@ -33,6 +33,30 @@ import Testing
         #expect(!broker.log.contains("kept-token"))
     }
 
+    /// Offsets into a log of two records: its magic, the generation, the snapshot it continues,
+    /// the first record's length and nonce, the last record's ciphertext and tag.
+    @Test(arguments: [0, 17, 30, 83, 110, -20, -1])
+    func flippedByteInTheLogIsRefusedAndLeftUntouched(offset: Int) async throws {
+        let broker = try await brokerWithVault()
+        try await broker.start()
+        let client = try broker.client()
+        for token in ["second-token", "third-token"] {
+            _ = try await client.setTokens(account: "kept", tokens: TokenSet(accessToken: token, expiresIn: 3600))
+        }
+        client.close()
+        #expect(broker.stop() == 0)
+        let snapshot = try #require(FileManager.default.contents(atPath: broker.vaultPath))
+        var log = try #require(FileManager.default.contents(atPath: broker.vaultPath + ".log"))
+        log[offset >= 0 ? offset : log.count + offset] ^= 0x01
+        try log.write(to: URL(fileURLWithPath: broker.vaultPath + ".log"))
+
+        #expect(try broker.runExpectingExit() != 0)
+        #expect(FileManager.default.contents(atPath: broker.vaultPath + ".log") == log)
+        #expect(FileManager.default.contents(atPath: broker.vaultPath) == snapshot)
+        #expect(broker.log.contains("left untouched"))
+        #expect(!broker.log.contains("third-token"))
+    }
+
     @Test func wrongKeyIsRefusedAndVaultLeftUntouched() async throws {
         let broker = try await brokerWithVault()
         let before = try #require(FileManager.default.contents(atPath: broker.vaultPath))

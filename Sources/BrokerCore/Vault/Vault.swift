@@ -16,23 +16,54 @@ public struct VaultError: Error, CustomStringConvertible, Sendable {
     init(_ description: String) { self.description = description }
 }
 
-/// The encrypted file holding every account and secret.
+/// The encrypted files holding every account and secret: a snapshot of every account
+/// (`VaultSnapshot`, at `path`) and a log of the changes saved since (`VaultLog`, at
+/// `logPath`), so a save writes what changed, not every account.
 ///
-/// Layout: an 8-byte magic, a 2-byte big-endian format version and a 24-byte nonce form the
-/// header; the rest is XChaCha20-Poly1305 ciphertext of the JSON state, with the header as
-/// associated data. Opening a vault takes an exclusive lock, so a second broker on the same
-/// vault refuses to start instead of burning one-time refresh tokens.
+/// A save appends one sealed record to the log and waits for `fdatasync`; once the log has
+/// grown as large as the snapshot, the next save writes a new snapshot instead (staging file,
+/// fsync, rename, fsync of the directory), which starts the log afresh. A crash at any
+/// instant loses nothing a save returned for: `load` reads the snapshot, completes a staged
+/// one, replays the log and drops only a record that a crash cut short. Opening a vault takes
+/// an exclusive lock, so a second broker on the same vault refuses to start instead of burning
+/// one-time refresh tokens.
 public final class Vault: @unchecked Sendable {
-    static let magic = Array("TKBVAULT".utf8)
-    static let formatVersion: UInt16 = 1
-    static let headerLength = magic.count + 2 + Sodium.nonceLength
+    /// Below this, a log never triggers a new snapshot (a small vault is not rewritten every few saves).
+    static let minimumCompactionLength = 64 * 1024
 
     public let path: String
     private let key: SecretKey
     private let lockDescriptor: Int32
-    /// The sequence number of the last state read or written, and whether the last `load`
-    /// completed an interrupted save.
-    private let state = Mutex<(sequence: UInt64, recovered: Bool)>((0, false))
+    private let state = Mutex(State())
+
+    /// What the vault knows of its files.
+    private struct State {
+        /// Every account, by name, as the files hold it.
+        var accounts: [String: AccountRecord] = [:]
+        /// Set once the accounts are those of the files (by `load` or a whole `save`).
+        var loaded = false
+        /// The generation, header nonce and size of the snapshot at `path`, if there is one.
+        var snapshot: (generation: UInt64, nonce: [UInt8], length: Int)?
+        /// The log continuing that snapshot, open for appending; `nil` until its first record.
+        var log: (fd: Int32, header: [UInt8], tail: VaultLog.Tail)?
+        /// Set when an append failed, leaving the log's end unknown: the next save writes a snapshot.
+        var logUnusable = false
+        /// Whether the last `load` completed an interrupted save.
+        var recovered = false
+        /// The format the last `load` converted, if it did.
+        var convertedVersion: UInt16?
+
+        /// Whether the next save writes a whole snapshot instead of appending to the log.
+        var needsSnapshot: Bool {
+            guard let snapshot, !logUnusable else { return true }
+            return (log?.tail.length ?? 0) >= max(snapshot.length, Vault.minimumCompactionLength)
+        }
+
+        mutating func closeLog() {
+            if let fd = log?.fd { close(fd) }
+            log = nil
+        }
+    }
 
     /// Opens (without reading) the vault at `path`, creating its directory (see
     /// `FileSystem.preparePrivateDirectory`), and takes its lock.
@@ -53,90 +84,181 @@ public final class Vault: @unchecked Sendable {
         lockDescriptor = fd
     }
 
-    deinit { close(lockDescriptor) }
-
-    /// Reads and decrypts the vault; `nil` when no vault file exists yet. A wrong key or a
-    /// modified vault is refused and the file is left untouched. A save that a crash cut off
-    /// after writing its staging file but before the rename is completed here: the staging
-    /// file is promoted when it authenticates and is the very next save after the vault's
-    /// state (see `save`). Any other staging file (torn, foreign, stale, not private, a link)
-    /// is deleted, never followed.
-    public func load() throws -> VaultContents? {
-        let current = try read(path)
-        var chosen = current
-        var recovered = false
-        if let staged = try? read(stagingPath), staged.sequence == (current?.sequence ?? 0) + 1 {
-            try FileSystem.promote(stagingPath, to: path)
-            chosen = staged
-            recovered = true
-        } else {
-            unlink(stagingPath)
-        }
-        state.withLock { $0 = (chosen?.sequence ?? 0, recovered) }
-        return chosen.map { VaultContents(accounts: $0.accounts) }
+    deinit {
+        state.withLock { $0.closeLog() }
+        close(lockDescriptor)
     }
+
+    /// Where a new snapshot is written before it is renamed over `path`.
+    var stagingPath: String { path + ".next" }
+    /// Where the changes since the snapshot are appended.
+    var logPath: String { path + ".log" }
 
     /// Whether the last `load` completed a save that a crash had interrupted.
     public var recoveredInterruptedSave: Bool { state.withLock { $0.recovered } }
 
-    /// Encrypts `contents` under a fresh nonce and replaces the vault atomically and durably:
-    /// staging file, fsync, rename, fsync of the directory. Once the staging file is written,
-    /// a killed broker loses nothing: `load` promotes it.
+    /// The format version the last `load` found and rewrote in today's format, if it did.
+    public var convertedFormatVersion: UInt16? { state.withLock { $0.convertedVersion } }
+
+    /// Reads and decrypts the vault: the snapshot, then every change in the log; `nil` when no
+    /// vault exists yet. A wrong key or a modified file is refused and every file is left
+    /// untouched. What a crash left behind is settled here, after everything was read: a
+    /// staging file that authenticates and is the very next snapshot is promoted (any other
+    /// staging file, torn, foreign, stale, not private or a link, is deleted, never followed);
+    /// a log that a newer snapshot replaced is deleted; a record cut short at the end of the log
+    /// is cut away. A vault in format 1 (one file) is rewritten in today's format.
+    public func load() throws -> VaultContents? {
+        try state.withLock { state in
+            state.closeLog()
+            state = State()
+            let current = try readSnapshot(path)
+            let staged = try? readSnapshot(stagingPath)
+            let promoting = staged.map {
+                $0.generation == (current?.generation ?? 0) + 1 && $0.version >= (current?.version ?? 0)
+            }
+            guard let snapshot = promoting == true ? staged : current else {
+                guard try FileSystem.readPrivateFile(logPath, role: "vault log") == nil else {
+                    throw VaultError(
+                        "the vault log \(logPath) is there but not the vault \(path) it continues; it was left untouched "
+                            + "(remove it to start with an empty vault)")
+                }
+                unlink(stagingPath)
+                state.loaded = true
+                return nil
+            }
+            let log = try readLog(continuing: snapshot)
+
+            // Everything is read and authenticated: settle what a crash left behind.
+            if promoting == true {
+                try FileSystem.promote(stagingPath, to: path)
+                state.recovered = true
+            } else {
+                unlink(stagingPath)
+            }
+            state.snapshot = (snapshot.generation, snapshot.nonce, snapshot.length)
+            state.accounts = Dictionary(snapshot.accounts.map { ($0.name, $0) }) { $1 }
+            if let log, case .changes(let changes, let header, let tail) = log.reading, !changes.isEmpty {
+                for change in changes { change.apply(to: &state.accounts) }
+                state.log = (log.fd, header, tail)
+                if tail.length < log.length {
+                    try FileSystem.truncateDurably(log.fd, to: tail.length, role: "vault log", path: logPath)
+                }
+            } else if let log {
+                // Superseded, or holding nothing saved: the snapshot has all there is.
+                close(log.fd)
+                unlink(logPath)
+            }
+            if snapshot.version != VaultSnapshot.formatVersion {
+                try writeSnapshot(state.accounts, &state)
+                state.convertedVersion = snapshot.version
+            }
+            state.loaded = true
+            return VaultContents(accounts: state.accounts.values.sorted { $0.name < $1.name })
+        }
+    }
+
+    /// Saves a change to some accounts, durably before it returns: `changed` are written whole
+    /// and `removed` deleted, all or nothing. The cost grows with the change, not with the
+    /// vault: one record appended to the log (or, when the log has grown as large as the
+    /// snapshot, a new snapshot). The vault must have been loaded first.
+    public func save(changed: [AccountRecord], removed: [String]) throws {
+        try state.withLock { state in
+            guard state.loaded else { throw VaultError("the vault \(path) was not loaded before a change to it") }
+            guard !changed.isEmpty || !removed.isEmpty else { return }
+            let change = VaultChange(changed: changed, removed: removed)
+            if state.needsSnapshot {
+                var accounts = state.accounts
+                change.apply(to: &accounts)
+                try writeSnapshot(accounts, &state)
+            } else {
+                try append(change, &state)
+                change.apply(to: &state.accounts)
+            }
+        }
+    }
+
+    /// Replaces every account with `contents`: a new snapshot, written atomically and durably
+    /// (staging file, fsync, rename, fsync of the directory), with an empty log.
     public func save(_ contents: VaultContents) throws {
-        let sequence = state.withLock { $0.sequence } + 1
-        var plaintext = try JSONEncoder().encode(Stored(sequence: sequence, accounts: contents.accounts))
-        defer { Sodium.wipe(&plaintext) }
-        var header = Self.magic
-        header += [UInt8(Self.formatVersion >> 8), UInt8(Self.formatVersion & 0xFF)]
-        let nonce = Sodium.randomBytes(Sodium.nonceLength)
-        header += nonce
-        var file = Data(header)
-        file.append(Sodium.seal(plaintext, associatedData: header, nonce: nonce, key: key))
-        try FileSystem.writeAtomically(file, to: path, staging: stagingPath)
-        state.withLock { $0.sequence = sequence }
+        try state.withLock { state in
+            try writeSnapshot(Dictionary(contents.accounts.map { ($0.name, $0) }) { $1 }, &state)
+            state.loaded = true
+        }
     }
 
-    /// Where `save` writes before renaming over the vault.
-    var stagingPath: String { path + ".next" }
-
-    /// Reads, authenticates and decodes one vault file; `nil` when it does not exist. The file
-    /// must be a private regular file of this user (see `FileSystem.openPrivateFile`).
-    private func read(_ path: String) throws -> Stored? {
+    /// Reads, authenticates and decodes one snapshot file; `nil` when it does not exist. The
+    /// file must be a private regular file of this user (see `FileSystem.openPrivateFile`).
+    private func readSnapshot(_ path: String) throws -> VaultSnapshot? {
         guard let file = try FileSystem.readPrivateFile(path, role: "vault") else { return nil }
-        let bytes = [UInt8](file)
-        guard bytes.count >= Self.headerLength + Sodium.tagLength, Array(bytes.prefix(Self.magic.count)) == Self.magic
-        else {
-            throw VaultError("\(path) is not a tokenbroker vault (bad header); it was left untouched")
-        }
-        let version = UInt16(bytes[8]) << 8 | UInt16(bytes[9])
-        guard version == Self.formatVersion else {
-            throw VaultError(
-                "the vault \(path) has format version \(version); this brokerd reads version \(Self.formatVersion); it was left untouched"
-            )
-        }
-        let header = Array(bytes.prefix(Self.headerLength))
-        let nonce = Array(header.suffix(Sodium.nonceLength))
+        return try VaultSnapshot.open([UInt8](file), path: path, key: key)
+    }
+
+    /// The log, open for appending, its length and what it holds beside `snapshot`; `nil` when
+    /// there is none. Nothing is changed.
+    private func readLog(continuing snapshot: VaultSnapshot) throws -> (
+        fd: Int32, length: Int, reading: VaultLog.Reading
+    )? {
         guard
-            var plaintext = Sodium.open(
-                Array(bytes.dropFirst(Self.headerLength)), associatedData: header, nonce: nonce, key: key)
-        else {
-            throw VaultError(
-                "the vault \(path) cannot be decrypted: the key is wrong or the file was modified; it was left untouched"
-            )
-        }
-        defer { Sodium.wipe(&plaintext) }
+            let (fd, content) = try FileSystem.openAndReadPrivateFile(
+                logPath, role: "vault log", flags: O_RDWR | O_APPEND)
+        else { return nil }
         do {
-            return try JSONDecoder().decode(Stored.self, from: plaintext)
+            return (
+                fd, content.count, try VaultLog.read([UInt8](content), continuing: snapshot, path: logPath, key: key)
+            )
         } catch {
-            throw VaultError("the vault \(path) decrypted but its contents are not understood")
+            close(fd)
+            throw error
         }
     }
 
-    /// The plaintext of a vault file. `sequence` grows with every save (absent in vaults
-    /// written before it existed), so a staged file can be told apart from an older one.
-    private struct Stored: Codable {
-        var sequence: UInt64?
-        var accounts: [AccountRecord]
+    /// Writes `accounts` as the next snapshot and drops the log, which it replaces. Once the
+    /// rename is done, `state` follows the files even if a later step fails.
+    private func writeSnapshot(_ accounts: [String: AccountRecord], _ state: inout State) throws {
+        let generation = (state.snapshot?.generation ?? 0) + 1
+        let (file, nonce) = try VaultSnapshot.seal(
+            accounts.values.sorted { $0.name < $1.name }, generation: generation, key: key)
+        try FileSystem.writeStagingFile(file, at: stagingPath)
+        do {
+            try FileSystem.replace(path, with: stagingPath)
+        } catch {
+            unlink(stagingPath)
+            throw error
+        }
+        state.closeLog()
+        state.logUnusable = false
+        state.snapshot = (generation, nonce, file.count)
+        state.accounts = accounts
+        try FileSystem.syncDirectory(of: path)
+        // Only now that the new snapshot is durable: until then the old log may be needed.
+        unlink(logPath)
+    }
+
+    /// Appends `change` to the log, creating the log with its first record; durable on return.
+    /// A failure leaves the log's end unknown, so the next save writes a snapshot instead.
+    private func append(_ change: VaultChange, _ state: inout State) throws {
+        guard let snapshot = state.snapshot else { preconditionFailure("a log continues a snapshot") }
+        do {
+            if let log = state.log {
+                let (record, tail) = try VaultLog.seal(change, header: log.header, after: log.tail, key: key)
+                try FileSystem.appendDurably(record, to: log.fd, role: "vault log", path: logPath)
+                state.log?.tail = tail
+            } else {
+                let (header, start) = VaultLog.header(
+                    generation: snapshot.generation, snapshotNonce: snapshot.nonce, key: key)
+                let (record, tail) = try VaultLog.seal(change, header: header, after: start, key: key)
+                let fd = try FileSystem.createPrivateFile(logPath, role: "vault log", flags: O_APPEND)
+                state.log = (fd, header, start)
+                // The header and first record in one write, then the new name made durable.
+                try FileSystem.appendDurably(header + record, to: fd, role: "vault log", path: logPath)
+                try FileSystem.syncDirectory(of: logPath)
+                state.log?.tail = tail
+            }
+        } catch {
+            state.closeLog()
+            state.logUnusable = true
+            throw error
+        }
     }
 }
 

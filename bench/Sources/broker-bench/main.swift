@@ -10,8 +10,10 @@ import Glibc
 
 // broker-bench: latency and throughput of cached `token` requests over the broker's socket,
 // side by side with a minimal echo server on the same kind of socket, plus memory and
-// start-up time with 1,000 accounts. `broker-bench flood` measures the same requests while
-// one process floods the broker (Flood.swift). Run it through bench/run (release build).
+// start-up time with 1,000 accounts, and durable saves with 1,000 accounts (VaultSave.swift).
+// `broker-bench flood` measures the same requests while one process floods the broker
+// (Flood.swift); `broker-bench vault-save` measures the saves alone. Run it through bench/run
+// (release build).
 
 let arguments = CommandLine.arguments
 if arguments.count >= 3, arguments[1] == "echo-server" {
@@ -25,9 +27,15 @@ if arguments.count >= 3, arguments[1] == "flood" {
     try Flood.run(brokerd: arguments[2], seconds: arguments.count >= 4 ? Double(arguments[3]) ?? 3 : 3)
     exit(0)
 }
+if arguments.count >= 2, arguments[1] == "vault-save" {
+    let directory = "/tmp/tb-vault-save-\(getpid())"
+    defer { try? FileManager.default.removeItem(atPath: directory) }
+    try VaultSaveBench.run(directory: directory)
+    exit(0)
+}
 guard arguments.count >= 2 else {
     FileHandle.standardError.write(
-        Data("usage: broker-bench [flood] PATH-TO-BROKERD [SECONDS-PER-RUN]\n".utf8))
+        Data("usage: broker-bench [flood] PATH-TO-BROKERD [SECONDS-PER-RUN] | broker-bench vault-save\n".utf8))
     exit(2)
 }
 let brokerd = arguments[1]
@@ -121,6 +129,12 @@ print(
     String(
         format: "start to READY=1 with 1000 accounts: median %.1f ms, best %.1f ms (target < 100)", startups[2] * 1000,
         startups[0] * 1000))
+
+// 5. Durable saves with 1,000 accounts: as a client sees them, then the vault's two kinds side by side.
+let saving = try broker.start()
+try VaultSaveBench.setTokens(on: broker, accounts: 1000)
+saving.stop()
+try VaultSaveBench.run(directory: workspace + "/vault-save")
 
 /// Latency figures of one load run.
 struct LoadResult {

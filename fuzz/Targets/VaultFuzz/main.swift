@@ -2,12 +2,15 @@
 import BrokerProtocol
 import FoundationEssentials
 import FuzzSupport
+import Glibc
 import Logging
 
 /// The vault loader, then what a starting broker does with what it loaded (schedule every
-/// account, serve its token). The first byte picks the input's form: a whole vault file as
-/// it lies on disk (header, nonce, ciphertext), or the decrypted JSON, which is sealed here
-/// under the fixed key so that the decoder of `AccountRecord` and everything after it is reached.
+/// account, serve its token). The first byte picks the input's form: 0, a whole snapshot file
+/// as it lies on disk (header, nonce, ciphertext); 1, the decrypted JSON of a snapshot, sealed
+/// here under the fixed key so that the decoder of `AccountRecord` and everything after it is
+/// reached; 2, the records of a log (lengths, sequence numbers, nonces, ciphertexts, a torn
+/// end) after a valid header, beside an empty snapshot.
 let key = SecretKey(bytes: [UInt8](repeating: 7, count: Sodium.keyLength))!
 let path = scratchDirectory("vault") + "/vault"
 let vault = try! Vault(path: path, key: key)
@@ -18,19 +21,28 @@ let logger = Logger(label: "fuzz") { _ in SwiftLogNoOpLogHandler() }
 @_cdecl("LLVMFuzzerTestOneInput")
 func fuzzOne(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
     var input = FuzzInput(start, count)
-    let sealed = input.byte() % 2 == 1
+    let form = input.byte() % 3
     let body = input.rest()
-    var file: Data
-    if sealed {
-        var header = Vault.magic + [UInt8(Vault.formatVersion >> 8), UInt8(Vault.formatVersion & 0xFF)]
+    unlink(vault.logPath)
+    switch form {
+    case 0:
+        write(Data(body), to: path)
+    case 1:
+        var header = VaultSnapshot.magic
+        header.append(bigEndian: VaultSnapshot.formatVersion)
         let nonce = [UInt8](repeating: 1, count: Sodium.nonceLength)
         header += nonce
-        file = Data(header)
+        var file = Data(header)
         file.append(Sodium.seal(Data(body), associatedData: header, nonce: nonce, key: key))
-    } else {
-        file = Data(body)
+        write(file, to: path)
+    default:
+        guard (try? vault.save(VaultContents(accounts: []))) != nil,
+            let snapshot = try? Data(contentsOf: URL(fileURLWithPath: path))
+        else { fatalError("cannot write \(path)") }
+        let nonce = [UInt8](snapshot.prefix(VaultSnapshot.headerLength).suffix(Sodium.nonceLength))
+        let header = VaultLog.header(generation: 1, snapshotNonce: nonce, key: key).bytes
+        write(Data(header + body), to: vault.logPath)
     }
-    guard (try? file.write(to: URL(fileURLWithPath: path))) != nil else { fatalError("cannot write \(path)") }
     guard let contents = try? vault.load(),
         let broker = try? Broker(vault: vault, settings: BrokerSettings(), http: http, logger: logger)
     else { return 0 }
@@ -39,6 +51,12 @@ func fuzzOne(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
         _ = broker.cache.token(for: record.name, minTTL: 0, now: now)?.line(id: .integer(1), now: now)
     }
     return 0
+}
+
+/// Writes `data` to `file` as the vault's own (private) file.
+func write(_ data: Data, to file: String) {
+    guard (try? data.write(to: URL(fileURLWithPath: file))) != nil else { fatalError("cannot write \(file)") }
+    chmod(file, 0o600)
 }
 
 runFuzzer(fuzzOne)
