@@ -9,7 +9,12 @@ public actor Broker {
     /// One account and what the engine tracks about it beyond the vault record.
     private struct Entry {
         var record: AccountRecord
+        /// Obtains the account's tokens; built from `record.provider` and the engine's settings.
+        var provider: any TokenProvider
         var nextRefreshAt: Date?
+        /// When the provider is next asked whether its source changed (kinds that watch one);
+        /// `nil`: at the next pass.
+        var nextPollAt: Date?
         /// Transient failures since the last success.
         var failures = 0
         /// Until then, `token` fails fast instead of calling a failing IdP again.
@@ -71,10 +76,10 @@ public actor Broker {
         if vault.recoveredInterruptedSave {
             logger.notice("completed a vault save that a crash interrupted; no rotated credential was lost")
         }
+        let context = ProviderContext(http: http, settings: settings, logger: logger)
         for stored in contents?.accounts ?? [] {
             let record = stored.sanitized()
-            entries[record.name] = Entry(
-                record: record, nextRefreshAt: Self.schedule(record, RefreshPlanner(settings: settings), now: now))
+            entries[record.name] = Self.makeEntry(record, context, now: now)
             if !record.needsLogin, record.loggedOut != true, let token = record.token {
                 cache.publish(Self.prepare(record.name, token), for: record.name)
             }
@@ -92,8 +97,10 @@ public actor Broker {
         let outcome = await refreshShared(name)
         if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return token }
         if case .failure(let error) = outcome { throw error }
+        let source =
+            entry.record.provider.renewal.watchesSource ? "the \(entry.record.provider.kind) holds" : "the IdP issued"
         throw BrokerError(
-            .unavailable, "the IdP issued a token valid for less than min_ttl (\(Bounds.wholeSeconds(minTTL)) s)")
+            .unavailable, "\(source) a token valid for less than min_ttl (\(Bounds.wholeSeconds(minTTL)) s)")
     }
 
     /// Handles a token a resource server refused: refreshes once if it is still current,
@@ -147,7 +154,7 @@ public actor Broker {
             name: name, provider: provider, secrets: AccountSecrets(clientSecret: clientSecret), token: nil,
             needsLogin: false, lastError: nil, lastRefreshAt: nil)
         if let tokens { try apply(tokens, to: &record, now: now) }
-        entries[name] = Entry(record: record, nextRefreshAt: Self.schedule(record, planner, now: now))
+        entries[name] = Self.makeEntry(record, providerContext, now: now)
         try persist(changing: name)
         logger.info("account added", metadata: ["account": "\(name)", "provider": "\(provider.kind)"])
         publishAndKick(name)
@@ -196,8 +203,9 @@ public actor Broker {
     public func refreshNow(account: String?) async throws(BrokerError) -> AccountResult {
         let name = try AccountSpec.validateName(account)
         var entry = try self.entry(name)
-        if case .static = entry.record.provider {
-            throw BrokerError(.badRequest, "\(name) is a static account; push new tokens with set_tokens")
+        if entry.record.provider.renewal == .pushedOnly {
+            throw BrokerError(
+                .badRequest, "\(name) is a \(entry.record.provider.kind) account; push new tokens with set_tokens")
         }
         try checkCredentialUsable(entry)
         entry.retryAt = nil
@@ -226,7 +234,7 @@ public actor Broker {
         entries[name]?.nextRefreshAt = nil
 
         var revoked = false
-        let answer = await makeProvider(current.record.provider).revoke(current.record)
+        let answer = await current.provider.revoke(current.record)
         switch answer.mapError(current.record.outsideText().clean) {
         case .success(let revocation):
             revoked = revocation == .revoked
@@ -310,10 +318,10 @@ public actor Broker {
         for (name, provider) in providers {
             var entry =
                 entries[name]
-                ?? Entry(
-                    record: AccountRecord(
+                ?? Self.makeEntry(
+                    AccountRecord(
                         name: name, provider: provider, secrets: AccountSecrets(), token: nil, needsLogin: false,
-                        lastError: nil, lastRefreshAt: nil))
+                        lastError: nil, lastRefreshAt: nil), providerContext, now: now)
             if moved.contains(name), entry.record.secrets.clientSecret != nil {
                 // A logged-out account may move, but the client secret was issued for the old place.
                 entry.record.secrets.clientSecret = nil
@@ -331,6 +339,12 @@ public actor Broker {
             logger.notice(
                 "account no longer declared in the config; kept as a runtime account", metadata: ["account": "\(name)"])
         }
+        // New settings, or a declared account's new provider settings: every provider is built
+        // afresh (a refresh under way finishes with the provider it started with).
+        for (name, entry) in entries {
+            entries[name]?.provider = entry.record.provider.makeProvider(providerContext)
+            entries[name]?.nextPollAt = nil
+        }
         // Usually nothing stored changed (a start with the same file): no vault write then.
         if entries.mapValues(\.record) != stored { try persist(changing: "") }
         logger.info("configuration applied", metadata: ["declared_accounts": "\(providers.count)"])
@@ -345,8 +359,9 @@ public actor Broker {
     public func runDueRefreshes() -> Date? {
         let now = clock.now()
         var next: Date?
-        for (name, entry) in entries {
-            guard var due = entry.nextRefreshAt, !entry.loggingOut else { continue }
+        for name in entries.keys {
+            if let poll = pollSource(name, now: now) { next = min(next ?? poll, poll) }
+            guard let entry = entries[name], var due = entry.nextRefreshAt, !entry.loggingOut else { continue }
             if entry.inFlight == nil, !entry.spreadOverdue, now.timeIntervalSince(due) > settings.overdueThreshold {
                 due = now.addingTimeInterval(Double.random(in: 0...settings.overdueSpread))
                 entries[name]?.nextRefreshAt = due
@@ -358,6 +373,19 @@ public actor Broker {
                 next = min(next ?? due, due)
             }
         }
+        return next
+    }
+
+    /// Asks the provider of an account that watches its source whether the source changed, once
+    /// every poll interval, and starts a refresh when it did. Returns when to ask next.
+    private func pollSource(_ name: String, now: Date) -> Date? {
+        guard let entry = entries[name], case .watches(let interval) = entry.record.provider.renewal,
+            !entry.record.needsLogin, entry.record.loggedOut != true, !entry.loggingOut
+        else { return nil }
+        if let due = entry.nextPollAt, due > now { return due }
+        let next = now.addingTimeInterval(interval)
+        entries[name]?.nextPollAt = next
+        if entry.inFlight == nil, entry.provider.sourceChanged() { _ = startRefresh(name) }
         return next
     }
 
@@ -388,10 +416,9 @@ public actor Broker {
 
     private func performRefresh(_ name: String, serial: Int) async -> Result<Void, BrokerError> {
         guard let started = entries[name] else { return .failure(notFound(name)) }
-        let provider = makeProvider(started.record.provider)
         let asked = ContinuousClock.now
         // Whatever the IdP or helper wrote is cleaned here, once, before it is stored, logged or sent.
-        let outcome = await provider.refresh(started.record, now: clock.now())
+        let outcome = await started.provider.refresh(started.record, now: clock.now())
             .mapError(started.record.outsideText().clean)
         let answered = ContinuousClock.now
         guard var entry = entries[name], entry.generation == started.generation, entry.inFlight?.serial == serial
@@ -402,6 +429,13 @@ public actor Broker {
         entry.inFlight = nil
         let now = clock.now()
         switch outcome {
+        case .success(let grant)
+        where entry.record.provider.renewal.watchesSource && entry.failures == 0 && entry.record.token == grant.token:
+            // A watched source still holding the token already served: nothing to save or announce.
+            entry.nextRefreshAt = Self.schedule(entry.record, planner, now: now)
+                .map { max($0, now.addingTimeInterval(settings.minimumRefreshInterval)) }
+            entries[name] = entry
+            return .success(())
         case .success(let grant):
             entry.record.token = grant.token
             if let refreshToken = grant.refreshToken {
@@ -495,24 +529,19 @@ public actor Broker {
         if changed { try? persist(changing: name) }
     }
 
-    private func makeProvider(_ config: ProviderConfig) -> any TokenProvider {
-        switch config {
-        case .oauth2(let settings):
-            return OAuth2Provider(settings: settings, http: http, defaultLifetime: self.settings.defaultLifetime)
-        case .refreshURL(let settings):
-            return RefreshURLProvider(settings: settings, http: http, defaultLifetime: self.settings.defaultLifetime)
-        case .sliding(let settings):
-            return SlidingProvider(settings: settings, http: http, defaultLifetime: self.settings.defaultLifetime)
-        case .exec(let settings):
-            return ExecProvider(
-                settings: settings, timeout: self.settings.requestTimeout,
-                defaultLifetime: self.settings.defaultLifetime, logger: logger)
-        case .static:
-            return StaticProvider()
-        }
+    // MARK: Helpers
+
+    /// What providers are built with, under the current settings.
+    private var providerContext: ProviderContext {
+        ProviderContext(http: http, settings: settings, logger: logger)
     }
 
-    // MARK: Helpers
+    /// A new entry for `record`, with its provider and its first refresh scheduled.
+    private static func makeEntry(_ record: AccountRecord, _ context: ProviderContext, now: Date) -> Entry {
+        Entry(
+            record: record, provider: record.provider.makeProvider(context),
+            nextRefreshAt: schedule(record, RefreshPlanner(settings: context.settings), now: now))
+    }
 
     private func entry(_ name: String) throws(BrokerError) -> Entry {
         guard let entry = entries[name] else { throw notFound(name) }
@@ -523,9 +552,11 @@ public actor Broker {
     private func checkRefreshable(_ entry: Entry) throws(BrokerError) {
         let name = entry.record.name
         try checkCredentialUsable(entry)
-        if case .static = entry.record.provider {
+        if entry.record.provider.renewal == .pushedOnly {
             throw BrokerError(
-                .needsLogin, "\(name) is a static account with no token valid long enough; push one with set_tokens")
+                .needsLogin,
+                "\(name) is a \(entry.record.provider.kind) account with no token valid long enough; push one with "
+                    + "set_tokens")
         }
         if entry.inFlight == nil, let retryAt = entry.retryAt, retryAt > clock.now() {
             let wait = Bounds.milliseconds(retryAt.timeIntervalSince(clock.now()))
@@ -553,7 +584,8 @@ public actor Broker {
     /// Refuses, without calling the IdP, a `minTTL` longer than the lifetime the IdP grants,
     /// while the current token is not yet due for refresh (a refresh could not help).
     private func checkLifetime(_ entry: Entry, covers minTTL: TimeInterval) throws(BrokerError) {
-        guard let token = entry.record.token, token.pushed != true, token.expiresAt > clock.now(),
+        guard entry.record.provider.renewal == .refreshes, let token = entry.record.token, token.pushed != true,
+            token.expiresAt > clock.now(),
             let due = entry.nextRefreshAt, due > clock.now(),
             token.expiresAt.timeIntervalSince(token.obtainedAt) < minTTL
         else { return }
@@ -591,10 +623,16 @@ public actor Broker {
         if let due = entry.nextRefreshAt, due <= clock.now(), entry.inFlight == nil { _ = startRefresh(name) }
     }
 
+    /// When the account refreshes next: before expiry for kinds that refresh, at expiry for
+    /// kinds that watch a source (their polls catch a renewed token sooner), never for pushed tokens.
     private static func schedule(_ record: AccountRecord, _ planner: RefreshPlanner, now: Date) -> Date? {
         if record.needsLogin || record.loggedOut == true { return nil }
-        if case .static = record.provider { return nil }
-        return planner.nextRefresh(token: record.token, refreshExpiresAt: record.secrets.refreshExpiresAt, now: now)
+        switch record.provider.renewal {
+        case .pushedOnly: return nil
+        case .refreshes:
+            return planner.nextRefresh(token: record.token, refreshExpiresAt: record.secrets.refreshExpiresAt, now: now)
+        case .watches: return max(record.token?.expiresAt ?? now, now)
+        }
     }
 
     private static func microseconds(_ duration: Duration) -> Int64 {
@@ -613,7 +651,7 @@ public actor Broker {
         if entry.record.needsLogin { return "needs_login" }
         if entry.inFlight != nil { return "refreshing" }
         let valid = (entry.record.token?.expiresAt ?? .distantPast) > now
-        if case .static = entry.record.provider { return valid ? "valid" : "needs_login" }
+        if entry.record.provider.renewal == .pushedOnly { return valid ? "valid" : "needs_login" }
         if valid { return entry.failures > 0 ? "stale" : "valid" }
         return entry.failures > 0 ? "unavailable" : "refreshing"
     }

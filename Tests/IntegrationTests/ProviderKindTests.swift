@@ -22,7 +22,7 @@ import Glibc
         let client = try broker.client()
         defer { client.close() }
         var provider = ProviderSpec(kind: "refresh_url")
-        provider.method = method
+        provider["method"] = .string(method)
         _ = try await client.add(account: "pph", provider: provider, tokens: TokenSet(refreshURL: idp.initialURL))
 
         // Initial refresh: the account had only its refresh URL.
@@ -87,8 +87,8 @@ import Glibc
         let client = try broker.client()
         defer { client.close() }
         var provider = ProviderSpec(kind: "sliding")
-        provider.endpoint = idp.endpoint
-        provider.timezone = "Asia/Tokyo"
+        provider["endpoint"] = .string(idp.endpoint)
+        provider["timezone"] = "Asia/Tokyo"
         _ = try await client.add(account: "volt", provider: provider, tokens: TokenSet(refreshToken: initial))
 
         let first = try await client.token(account: "volt", minTTL: 1)
@@ -144,8 +144,8 @@ import Glibc
             initialRefreshToken: initial, accessLifetime: 3600, refreshLifetime: 10, timeZone: "America/Sao_Paulo")
         let client = try broker.client()
         var provider = ProviderSpec(kind: "sliding")
-        provider.endpoint = idp.endpoint
-        provider.timezone = "America/Sao_Paulo"
+        provider["endpoint"] = .string(idp.endpoint)
+        provider["timezone"] = "America/Sao_Paulo"
         var tokens = TokenSet(accessToken: "sl-pushed", expiresIn: 3600, refreshToken: initial)
         tokens.refreshExpiresAt = idp.initialRefreshExpiresAt
         _ = try await client.add(account: "volt", provider: provider, tokens: tokens)
@@ -183,7 +183,7 @@ import Glibc
         let client = try broker.client()
         defer { client.close() }
         var provider = ProviderSpec(kind: "exec")
-        provider.command = [helper.script, helper.directory, "two words", "$HOME;echo pwned", "*"]
+        provider["command"] = [.string(helper.script), .string(helper.directory), "two words", "$HOME;echo pwned", "*"]
         _ = try await client.add(account: "cred", provider: provider)
 
         let first = try await client.token(account: "cred", minTTL: 1)
@@ -237,7 +237,7 @@ import Glibc
         let client = try broker.client()
         defer { client.close() }
         var provider = ProviderSpec(kind: "exec")
-        provider.command = [helper.script, helper.directory]
+        provider["command"] = [.string(helper.script), .string(helper.directory)]
         _ = try await client.add(account: "cred", provider: provider)
         let served = try await client.token(account: "cred", minTTL: 60)
 
@@ -279,7 +279,9 @@ import Glibc
         defer { broker.stop() }
         let client = try broker.client()
         _ = try await client.add(
-            account: "oidc", provider: ProviderSpec(kind: "oauth2", issuer: idp.issuer, clientID: idp.clientID),
+            account: "oidc",
+            provider: ProviderSpec(
+                kind: "oauth2", ["issuer": .string(idp.issuer), "client_id": .string(idp.clientID)]),
             tokens: TokenSet(refreshToken: refreshToken))
         let first = try await client.token(account: "oidc", minTTL: 1)
         #expect(idp.issuedAccessTokens.contains(first.accessToken))
@@ -302,6 +304,70 @@ import Glibc
         #expect(idp.issuedAccessTokens.contains(try await restarted.token(account: "oidc", minTTL: 1).accessToken))
         #expect(idp.rejectedReuse == 0)
         await idp.shutdown()
+    }
+
+    // MARK: file
+
+    /// A token file another program keeps: added with brokerctl or declared in the config,
+    /// served, re-read when rewritten, refused (last good token still served) when others could
+    /// write it, and never copied into the log.
+    @Test func fileAccountsServeATokenFileAndFollowItsRewrites() async throws {
+        let broker = try BrokerProcess()
+        let tokens = broker.root.appendingPathComponent("home/tokens")
+        try FileManager.default.createDirectory(at: tokens, withIntermediateDirectories: true)
+        chmod(tokens.path, 0o700)
+        let path = tokens.appendingPathComponent("api.json").path
+        let declaredPath = tokens.appendingPathComponent("declared.json").path
+        let marker = UInt32.random(in: 0...UInt32.max)
+        /// Replaces a token file the way a careful cron job does: a new file renamed over it.
+        func write(_ token: String, to file: String) throws {
+            let staging = file + ".new"
+            try Data(#"{"access_token":"\#(token)","expires_in":3600,"token_type":"Bearer"}"#.utf8)
+                .write(to: URL(fileURLWithPath: staging))
+            chmod(staging, 0o600)
+            #expect(rename(staging, file) == 0)
+        }
+        try write("at-file-1-\(marker)", to: path)
+        try write("at-declared-\(marker)", to: declaredPath)
+        try broker.writeConfig("[accounts.declared]\nkind = \"file\"\npath = \"\(declaredPath)\"\n")
+        try await broker.start()
+        defer { broker.stop() }
+        let client = try broker.client()
+        defer { client.close() }
+
+        let added = try broker.brokerctl(["add", "cron", "--kind", "file", "--path", path])
+        #expect(added.status == 0, "\(added.stderr)")
+        #expect(try broker.brokerctl(["token", "cron"]).stdout == "at-file-1-\(marker)\n")
+        #expect(try await client.token(account: "declared").accessToken == "at-declared-\(marker)")
+        let status = try #require(try await client.status(account: "cron").first)
+        #expect(status.provider == "file" && status.state == "valid")
+
+        // Rewritten: the broker's poll picks the new token up, no client needs to ask.
+        try write("at-file-2-\(marker)", to: path)
+        #expect(try await eventually { try await client.token(account: "cron").accessToken == "at-file-2-\(marker)" })
+
+        // Writable by others: refused with a message naming the file; the last good token stays.
+        chmod(path, 0o666)
+        #expect(
+            try await eventually {
+                try await client.status(account: "cron").first?.lastError?.message.contains(path) == true
+            })
+        #expect(try await client.status(account: "cron").first?.state == "stale")
+        #expect(try await client.token(account: "cron").accessToken == "at-file-2-\(marker)")
+
+        // Fixed: served and valid again.
+        try write("at-file-3-\(marker)", to: path)
+        #expect(try await eventually { try await client.token(account: "cron").accessToken == "at-file-3-\(marker)" })
+        #expect(try await client.status(account: "cron").first?.state == "valid")
+
+        let relative = try broker.brokerctl(["add", "bad", "--kind", "file", "--path", "tokens/api.json"])
+        #expect(relative.status == 1)
+        #expect(relative.stderr.contains("absolute"))
+
+        client.close()
+        #expect(broker.stop() == 0)
+        #expect(!broker.log.contains("at-file-"), "a file's token in the broker's log")
+        #expect(!broker.log.contains("at-declared-"))
     }
 
     // MARK: brokerctl
