@@ -308,9 +308,9 @@ import Glibc
 
     // MARK: file
 
-    /// A token file another program keeps: added with brokerctl or declared in the config,
-    /// served, re-read when rewritten, refused (last good token still served) when others could
-    /// write it, and never copied into the log.
+    /// A token file another program keeps: added at runtime or declared in the config, served,
+    /// re-read when rewritten, refused (last good token still served) when others could write
+    /// it, and never copied into the log. (`brokerctlAddsEveryKind` adds one with brokerctl.)
     @Test func fileAccountsServeATokenFileAndFollowItsRewrites() async throws {
         let broker = try BrokerProcess()
         let tokens = broker.root.appendingPathComponent("home/tokens")
@@ -335,9 +335,8 @@ import Glibc
         let client = try broker.client()
         defer { client.close() }
 
-        let added = try broker.brokerctl(["add", "cron", "--kind", "file", "--path", path])
-        #expect(added.status == 0, "\(added.stderr)")
-        #expect(try broker.brokerctl(["token", "cron"]).stdout == "at-file-1-\(marker)\n")
+        _ = try await client.add(account: "cron", provider: ProviderSpec(kind: "file", ["path": .string(path)]))
+        #expect(try await client.token(account: "cron").accessToken == "at-file-1-\(marker)")
         #expect(try await client.token(account: "declared").accessToken == "at-declared-\(marker)")
         let status = try #require(try await client.status(account: "cron").first)
         #expect(status.provider == "file" && status.state == "valid")
@@ -360,10 +359,6 @@ import Glibc
         #expect(try await eventually { try await client.token(account: "cron").accessToken == "at-file-3-\(marker)" })
         #expect(try await client.status(account: "cron").first?.state == "valid")
 
-        let relative = try broker.brokerctl(["add", "bad", "--kind", "file", "--path", "tokens/api.json"])
-        #expect(relative.status == 1)
-        #expect(relative.stderr.contains("absolute"))
-
         client.close()
         #expect(broker.stop() == 0)
         #expect(!broker.log.contains("at-file-"), "a file's token in the broker's log")
@@ -380,6 +375,9 @@ import Glibc
         let broker = try BrokerProcess()
         let helper = try Helper(in: broker.root)
         helper.set("lifetime", "3600")
+        let tokenFile = broker.root.appendingPathComponent("home/token.json").path
+        try Data(#"{"access_token":"at-file-ctl","expires_in":3600}"#.utf8).write(to: URL(fileURLWithPath: tokenFile))
+        chmod(tokenFile, 0o600)
         try await broker.start()
         defer { broker.stop() }
 
@@ -405,6 +403,7 @@ import Glibc
                     "--secrets", "-",
                 ],
                 stdin: #"{"refresh_token":"rt-ctl"}"#),
+            try broker.brokerctl(["add", "nightly", "--kind", "file", "--path", tokenFile]),
         ]
         for result in added { #expect(result.status == 0, "\(result.stderr)") }
 
@@ -415,9 +414,10 @@ import Glibc
         #expect(helper.calls.first?.arguments == "--not-an-option")
         #expect(try broker.brokerctl(["token", "oidc"]).stdout == (oauthIdP.issuedAccessTokens.first ?? "?") + "\n")
         #expect(oauthIdP.discoveryCount == 1)
+        #expect(try broker.brokerctl(["token", "nightly"]).stdout == "at-file-ctl\n")
 
         let status = try broker.brokerctl(["status"])
-        for kind in ["refresh_url", "sliding", "exec", "oauth2"] { #expect(status.stdout.contains(kind)) }
+        for kind in ["refresh_url", "sliding", "exec", "oauth2", "file"] { #expect(status.stdout.contains(kind)) }
 
         let relative = try broker.brokerctl(["add", "bad", "--kind", "exec", "--command", "get-token"])
         #expect(relative.status == 1)
@@ -425,6 +425,9 @@ import Glibc
         let noEndpoint = try broker.brokerctl(["add", "bad", "--kind", "sliding"])
         #expect(noEndpoint.status == 1)
         #expect(noEndpoint.stderr.contains("endpoint"))
+        let relativePath = try broker.brokerctl(["add", "bad", "--kind", "file", "--path", "token.json"])
+        #expect(relativePath.status == 1)
+        #expect(relativePath.stderr.contains("absolute"))
 
         await urlIdP.shutdown()
         await slidingIdP.shutdown()

@@ -2,6 +2,10 @@ import BrokerProtocol
 import Foundation
 import Synchronization
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Settings of a `file` account.
 public struct FileSettings: Codable, Sendable, Equatable {
     /// The token file, an absolute path.
