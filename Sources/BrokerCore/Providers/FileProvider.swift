@@ -18,7 +18,7 @@ extension FileSettings: ProviderSettings {
     /// Polled every 2 seconds: a `stat` of the file and of its directory.
     static let renewal = Renewal.watches(pollInterval: 2)
 
-    /// An absolute path of at most `PATH_MAX` bytes, without NUL, naming a file (not ending in `/`).
+    /// An absolute path shorter than `PATH_MAX` bytes, without NUL, naming a file (not ending in `/`).
     init(checking fields: ProviderFields) throws(BrokerError) {
         guard let path = try fields.text("path"), !path.isEmpty else {
             throw BrokerError(.badRequest, "a file provider needs \"path\", the token file")
