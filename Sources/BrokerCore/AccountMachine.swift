@@ -72,6 +72,9 @@ struct AccountMachine: Sendable {
     private(set) var failures = 0
     /// Set when an overdue refresh was pushed back to spread a backlog; it runs when next due.
     private var spreadOverdue = false
+    /// When the provider of a kind that watches its source is next asked whether it changed;
+    /// `nil`: at the next pass.
+    private var nextPollAt: Date?
     /// The phase and schedule a running logout replaced, restored if the logout is refused.
     private var beforeLogout: (phase: Phase, nextRefreshAt: Date?)?
 
@@ -90,11 +93,8 @@ struct AccountMachine: Sendable {
 
     // MARK: Questions
 
-    /// Whether the provider refreshes on its own (a `static` account only serves pushed tokens).
-    var refreshesOnItsOwn: Bool {
-        if case .static = record.provider { return false }
-        return true
-    }
+    /// Whether the provider obtains tokens itself (a `static` account only serves pushed ones).
+    var refreshesOnItsOwn: Bool { record.provider.renewal != .pushedOnly }
 
     /// The serial of the refresh under way, if any (also while a logout waits for it).
     var refreshSerial: Int? {
@@ -174,6 +174,11 @@ struct AccountMachine: Sendable {
         serial: Int, presented: AccountSecrets, grant: Grant, planner: RefreshPlanner, now: Date
     ) -> RefreshResult {
         guard refreshSerial == serial else { return .overtaken(keepRotated(grant, presented: presented)) }
+        if record.provider.renewal.watchesSource, failures == 0, record.token == grant.token {
+            // A watched source still holds the token already served: nothing to save or announce.
+            settle(.idle, nextRefreshAt: Self.next(after: record, planner, now: now))
+            return .applied([])
+        }
         record.token = grant.token
         if let refreshToken = grant.refreshToken {
             // A rotated refresh token carries its own expiry (or none); the old one's no longer applies.
@@ -186,11 +191,7 @@ struct AccountMachine: Sendable {
         record.lastRefreshAt = now
         record.lastError = nil
         failures = 0
-        // Never sooner than the minimum interval, so an IdP issuing already-expired tokens is
-        // not called in a loop.
-        let next = Self.schedule(record, planner, now: now)
-            .map { max($0, now.addingTimeInterval(planner.settings.minimumRefreshInterval)) }
-        settle(.idle, nextRefreshAt: next)
+        settle(.idle, nextRefreshAt: Self.next(after: record, planner, now: now))
         return .applied([.persist, .publish(grant.token), .emit(.refreshed)])
     }
 
@@ -239,6 +240,22 @@ struct AccountMachine: Sendable {
             spreadOverdue = true
         }
         return due <= now ? .refreshNow : .at(due)
+    }
+
+    /// For a kind that watches its source: whether to ask the provider now if the source
+    /// changed (once every poll interval, not while a refresh runs or the credential is
+    /// refused), and when to look again. `nil` for other kinds and refused credentials.
+    mutating func poll(now: Date) -> (askNow: Bool, next: Date)? {
+        guard case .watches(let interval) = record.provider.renewal, refusal == nil else { return nil }
+        if let due = nextPollAt, due > now { return (false, due) }
+        let next = now.addingTimeInterval(interval)
+        nextPollAt = next
+        return (refreshSerial == nil, next)
+    }
+
+    /// Polls again at the next pass (the provider was rebuilt, and knows nothing yet).
+    mutating func restartPolling() {
+        nextPollAt = nil
     }
 
     // MARK: Logout
@@ -339,11 +356,25 @@ struct AccountMachine: Sendable {
         return changed ? [.persist] : []
     }
 
-    /// When `record` refreshes next on its own; `nil` when it does not.
+    /// When `record` refreshes next on its own: before expiry for kinds that refresh, at expiry
+    /// for kinds that watch a source (their polls catch a renewed token sooner), never for
+    /// pushed tokens or a credential that cannot be used.
     private static func schedule(_ record: AccountRecord, _ planner: RefreshPlanner, now: Date) -> Date? {
         if record.needsLogin || record.loggedOut == true { return nil }
-        if case .static = record.provider { return nil }
-        return planner.nextRefresh(token: record.token, refreshExpiresAt: record.secrets.refreshExpiresAt, now: now)
+        switch record.provider.renewal {
+        case .pushedOnly: return nil
+        case .refreshes:
+            return planner.nextRefresh(token: record.token, refreshExpiresAt: record.secrets.refreshExpiresAt, now: now)
+        case .watches: return max(record.token?.expiresAt ?? now, now)
+        }
+    }
+
+    /// The schedule after a refresh: never sooner than the minimum interval, so an IdP issuing
+    /// already-expired tokens is not called in a loop.
+    private static func next(after record: AccountRecord, _ planner: RefreshPlanner, now: Date) -> Date? {
+        schedule(record, planner, now: now).map {
+            max($0, now.addingTimeInterval(planner.settings.minimumRefreshInterval))
+        }
     }
 }
 

@@ -1,47 +1,6 @@
 import BrokerProtocol
 import Foundation
 
-/// How an account is refreshed: validated provider settings (no secrets).
-public enum ProviderConfig: Codable, Sendable, Equatable {
-    case oauth2(OAuth2Settings)
-    case refreshURL(RefreshURLSettings)
-    case sliding(SlidingSettings)
-    case exec(ExecSettings)
-    case `static`
-
-    /// The provider's kind as the protocol names it.
-    public var kind: String {
-        switch self {
-        case .oauth2: return "oauth2"
-        case .refreshURL: return "refresh_url"
-        case .sliding: return "sliding"
-        case .exec: return "exec"
-        case .static: return "static"
-        }
-    }
-}
-
-/// Settings of an `oauth2` account (RFC 6749 section 6 refresh grant).
-public struct OAuth2Settings: Codable, Sendable, Equatable {
-    /// How the client authenticates at the token endpoint.
-    public enum ClientAuth: String, Codable, Sendable {
-        case clientSecretBasic = "client_secret_basic"
-        case clientSecretPost = "client_secret_post"
-        case none
-    }
-
-    /// Where refresh grants go; `nil` when it is discovered from `issuer`.
-    public var tokenEndpoint: URL?
-    public var clientID: String
-    public var clientAuth: ClientAuth
-    public var scope: String?
-    /// An OIDC issuer whose discovery document names the token endpoint (used when
-    /// `tokenEndpoint` is `nil`).
-    public var issuer: URL? = nil
-    /// Where `logout` revokes the refresh token (RFC 7009); discovered from `issuer` when `nil`.
-    public var revocationEndpoint: URL? = nil
-}
-
 /// The current access token of an account.
 public struct AccessToken: Codable, Sendable, Equatable {
     public var value: String
@@ -101,37 +60,6 @@ public struct AccountRecord: Codable, Sendable, Equatable {
             record.lastError = error
         }
         return record
-    }
-}
-
-extension ProviderConfig {
-    /// Why a stored credential may not move from `self` to `new`, or `nil` when it may: the
-    /// kind, client and issuer stay, and every origin the new settings would send it to is one
-    /// the old settings sent it to already. An issuer is kept whole, not just its origin: its
-    /// discovery document, wherever it names, decides where the credential goes.
-    func credentialMove(to new: ProviderConfig) -> String? {
-        guard kind == new.kind else { return "changes its kind from \(kind) to \(new.kind)" }
-        if case .oauth2(let old) = self, case .oauth2(let replacement) = new {
-            if old.clientID != replacement.clientID { return "changes its client_id" }
-            if old.issuer != replacement.issuer { return "changes its issuer (or switches issuer and token_endpoint)" }
-        }
-        let known = Set(credentialOrigins)
-        if let moved = new.credentialOrigins.first(where: { !known.contains($0) }) {
-            let from = known.map(\.description).sorted().joined(separator: ", ")
-            return "moves it to \(moved) (its credential was stored for \(from))"
-        }
-        return nil
-    }
-
-    /// The origins this provider sends an account's secrets to.
-    private var credentialOrigins: [Origin] {
-        let urls: [URL?]
-        switch self {
-        case .oauth2(let settings): urls = [settings.tokenEndpoint ?? settings.issuer, settings.revocationEndpoint]
-        case .sliding(let settings): urls = [settings.endpoint]
-        case .refreshURL, .exec, .static: urls = []
-        }
-        return urls.compactMap { $0.flatMap(Origin.init) }
     }
 }
 

@@ -25,6 +25,8 @@ public actor Broker {
     private var accounts: [String: AccountMachine] = [:]
     /// The task of each refresh under way, by account, with the serial its machine knows it by.
     private var refreshTasks: [String: (serial: Int, task: Task<Result<Void, BrokerError>, Never>)] = [:]
+    /// Each account's provider, built when first needed (see `provider(for:)`).
+    private var tokenProviders: [String: any TokenProvider] = [:]
     /// Accounts changed in memory whose last save failed: the next save writes them too.
     private var unsaved: Set<String> = []
     private var refreshSerial = 0
@@ -70,8 +72,11 @@ public actor Broker {
         let outcome = await refreshShared(name)
         if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return token }
         if case .failure(let error) = outcome { throw error }
+        let source =
+            machine.record.provider.renewal.watchesSource
+            ? "the \(machine.record.provider.kind) holds" : "the IdP issued"
         throw BrokerError(
-            .unavailable, "the IdP issued a token valid for less than min_ttl (\(Bounds.wholeSeconds(minTTL)) s)")
+            .unavailable, "\(source) a token valid for less than min_ttl (\(Bounds.wholeSeconds(minTTL)) s)")
     }
 
     /// Handles a token a resource server refused: refreshes once if it is still current,
@@ -158,6 +163,7 @@ public actor Broker {
         let name = try AccountSpec.validateName(account)
         try checkNotLoggingOut(try machine(name))
         guard let removed = accounts.removeValue(forKey: name) else { throw notFound(name) }
+        tokenProviders[name] = nil
         do {
             try persist(changing: [name])
         } catch {
@@ -199,7 +205,7 @@ public actor Broker {
         let current = try self.machine(name).record
 
         var revoked = false
-        let answer = await makeProvider(current.provider).revoke(current)
+        let answer = await provider(for: current).revoke(current)
         switch answer.mapError(current.outsideText().clean) {
         case .success(let revocation):
             revoked = revocation == .revoked
@@ -297,6 +303,10 @@ public actor Broker {
             logger.notice(
                 "account no longer declared in the config; kept as a runtime account", metadata: ["account": "\(name)"])
         }
+        // New settings, or a declared account's new provider settings: every provider is built
+        // afresh (a refresh under way finishes with the provider it started with).
+        tokenProviders = [:]
+        for name in accounts.keys { accounts[name]?.restartPolling() }
         // Usually nothing stored changed (a start with the same file): no vault write then.
         let changed = accounts.filter { stored[$0.key] != $0.value.record }.keys
         if !changed.isEmpty { try persist(changing: changed) }
@@ -314,6 +324,7 @@ public actor Broker {
         let settings = settings
         var next: Date?
         for name in accounts.keys {
+            if let poll = pollSource(name, now: now) { next = min(next ?? poll, poll) }
             let spread = Double.random(in: 0...settings.overdueSpread)
             switch accounts[name]?.due(now: now, overdueThreshold: settings.overdueThreshold, spread: spread) {
             case .refreshNow: _ = startRefresh(name)
@@ -322,6 +333,18 @@ public actor Broker {
             }
         }
         return next
+    }
+
+    /// Asks the provider of an account that watches its source whether the source changed, once
+    /// every poll interval, and starts a refresh when it did. Returns when to ask next.
+    private func pollSource(_ name: String, now: Date) -> Date? {
+        guard let poll = accounts[name]?.poll(now: now) else { return nil }
+        if poll.askNow, let machine = accounts[name], machine.refreshSerial == nil,
+            provider(for: machine.record).sourceChanged()
+        {
+            _ = startRefresh(name)
+        }
+        return poll.next
     }
 
     /// Waits for refreshes under way, so their vault writes complete before exit.
@@ -358,7 +381,7 @@ public actor Broker {
     private func performRefresh(_ name: String, serial: Int) async -> Result<Void, BrokerError> {
         defer { if refreshTasks[name]?.serial == serial { refreshTasks[name] = nil } }
         guard let started = accounts[name]?.record else { return .failure(notFound(name)) }
-        let provider = makeProvider(started.provider)
+        let provider = provider(for: started)
         let asked = ContinuousClock.now
         // Whatever the IdP or helper wrote is cleaned here, once, before it is stored, logged or sent.
         let outcome = await provider.refresh(started, now: clock.now()).mapError(started.outsideText().clean)
@@ -381,6 +404,8 @@ public actor Broker {
         case (.overtaken(let effects), _):
             try? run(effects, for: name)
             return .failure(changedDuringRefresh(name))
+        case (.applied([]), .success):
+            return .success(())
         case (.applied(let effects), .success(let grant)):
             do {
                 try run(effects, for: name)
@@ -415,24 +440,14 @@ public actor Broker {
         }
     }
 
-    private func makeProvider(_ config: ProviderConfig) -> any TokenProvider {
-        switch config {
-        case .oauth2(let settings):
-            return OAuth2Provider(settings: settings, http: http, defaultLifetime: self.settings.defaultLifetime)
-        case .refreshURL(let settings):
-            return RefreshURLProvider(settings: settings, http: http, defaultLifetime: self.settings.defaultLifetime)
-        case .sliding(let settings):
-            return SlidingProvider(settings: settings, http: http, defaultLifetime: self.settings.defaultLifetime)
-        case .exec(let settings):
-            return ExecProvider(
-                settings: settings, timeout: self.settings.requestTimeout,
-                defaultLifetime: self.settings.defaultLifetime, logger: logger)
-        case .static:
-            return StaticProvider()
-        }
+    /// Obtains an account's tokens; built once per account from its settings and the engine's
+    /// (again after a reload), so a provider that watches a source keeps what it saw.
+    private func provider(for record: AccountRecord) -> any TokenProvider {
+        if let provider = tokenProviders[record.name] { return provider }
+        let provider = record.provider.makeProvider(ProviderContext(http: http, settings: settings, logger: logger))
+        tokenProviders[record.name] = provider
+        return provider
     }
-
-    // MARK: Helpers
 
     private func machine(_ name: String) throws(BrokerError) -> AccountMachine {
         guard let machine = accounts[name] else { throw notFound(name) }
@@ -445,7 +460,9 @@ public actor Broker {
         try checkCredentialUsable(machine)
         guard machine.refreshesOnItsOwn else {
             throw BrokerError(
-                .needsLogin, "\(name) is a static account with no token valid long enough; push one with set_tokens")
+                .needsLogin,
+                "\(name) is a \(machine.record.provider.kind) account with no token valid long enough; push one with "
+                    + "set_tokens")
         }
         if let wait = machine.backoffWait(now: clock.now()) {
             throw BrokerError(
@@ -473,7 +490,8 @@ public actor Broker {
     /// Refuses, without calling the IdP, a `minTTL` longer than the lifetime the IdP grants,
     /// while the current token is not yet due for refresh (a refresh could not help).
     private func checkLifetime(_ machine: AccountMachine, covers minTTL: TimeInterval) throws(BrokerError) {
-        guard let token = machine.record.token, token.pushed != true, token.expiresAt > clock.now(),
+        guard machine.record.provider.renewal == .refreshes, let token = machine.record.token, token.pushed != true,
+            token.expiresAt > clock.now(),
             let due = machine.nextRefreshAt, due > clock.now(),
             token.expiresAt.timeIntervalSince(token.obtainedAt) < minTTL
         else { return }

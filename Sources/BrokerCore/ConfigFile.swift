@@ -104,12 +104,11 @@ public enum ConfigFile {
         return index.map { $0 + 1 }
     }
 
-    /// Keys an `[accounts.NAME]` table may hold: provider settings only, never a secret.
-    static let accountKeys: Set<String> = [
-        "kind", "token_endpoint", "issuer", "client_id", "client_auth", "scope", "method", "endpoint", "timezone",
-        "command", "revocation_endpoint",
-    ]
+    /// Secrets an `[accounts.NAME]` table must not hold, beyond the secret fields of provider kinds.
+    static let tokenSecrets: Set<String> = ["refresh_token", "refresh_url", "access_token"]
 
+    /// Reads each `[accounts.NAME]` table into a provider object: its `kind`, and any field of
+    /// a provider kind with that field's type (provider settings only, never a secret).
     private static func accounts(_ value: (any TOMLValueConvertible)?, path: String) throws -> [String: ProviderSpec] {
         guard let value else { return [:] }
         guard let accounts = value.table else {
@@ -120,44 +119,49 @@ public enum ConfigFile {
             guard let account = accounts[name]?.table else {
                 throw ConfigError(description: "\(path): accounts.\(name) must be a table")
             }
-            for key in account.keys where !accountKeys.contains(key) {
-                let secret = ["client_secret", "refresh_token", "refresh_url", "access_token"].contains(key)
-                throw ConfigError(
-                    description: secret
-                        ? "\(path): accounts.\(name).\(key) is a secret; a config file never holds one (push it with brokerctl set-tokens)"
-                        : "\(path): unknown key accounts.\(name).\(key)")
-            }
-            func string(_ key: String) throws -> String? {
-                guard let value = account[key] else { return nil }
-                guard let text = value.string else {
-                    throw ConfigError(description: "\(path): accounts.\(name).\(key) must be a string")
-                }
-                return text
-            }
-            guard let kind = try string("kind") else {
+            guard let kindValue = account["kind"] else {
                 throw ConfigError(description: "\(path): accounts.\(name) needs a kind")
             }
-            var spec = ProviderSpec(
-                kind: kind, tokenEndpoint: try string("token_endpoint"), issuer: try string("issuer"),
-                clientID: try string("client_id"), clientAuth: try string("client_auth"), scope: try string("scope"))
-            spec.revocationEndpoint = try string("revocation_endpoint")
-            spec.method = try string("method")
-            spec.endpoint = try string("endpoint")
-            spec.timezone = try string("timezone")
-            if let command = account["command"] {
-                guard let array = command.array else {
-                    throw ConfigError(description: "\(path): accounts.\(name).command must be an array of strings")
+            guard let kind = kindValue.string else {
+                throw ConfigError(description: "\(path): accounts.\(name).kind must be a string")
+            }
+            var spec = ProviderSpec(kind: kind)
+            for key in account.keys where key != "kind" {
+                let field = ProviderKinds.fields.first { $0.name == key }
+                guard let field, !field.isSecret else {
+                    let secret = field?.isSecret == true || tokenSecrets.contains(key)
+                    throw ConfigError(
+                        description: secret
+                            ? "\(path): accounts.\(name).\(key) is a secret; a config file never holds one (push it with brokerctl set-tokens)"
+                            : "\(path): unknown key accounts.\(name).\(key)")
                 }
-                spec.command = try (0..<array.count).map { index in
-                    guard let text = array[index].string else {
-                        throw ConfigError(description: "\(path): accounts.\(name).command must be an array of strings")
-                    }
-                    return text
-                }
+                spec[key] = try fieldValue(account[key], field, place: "\(path): accounts.\(name).\(key)")
             }
             result[name] = spec
         }
         return result
+    }
+
+    /// The TOML value of a provider field as the JSON value a `provider` object would give.
+    private static func fieldValue(_ value: (any TOMLValueConvertible)?, _ field: ProviderField, place: String) throws
+        -> JSONValue
+    {
+        switch field.type {
+        case .text:
+            guard let text = value?.string else { throw ConfigError(description: "\(place) must be a string") }
+            return .string(text)
+        case .texts:
+            guard let array = value?.array else {
+                throw ConfigError(description: "\(place) must be an array of strings")
+            }
+            return .array(
+                try (0..<array.count).map { index in
+                    guard let text = array[index].string else {
+                        throw ConfigError(description: "\(place) must be an array of strings")
+                    }
+                    return .string(text)
+                })
+        }
     }
 }
 

@@ -130,7 +130,7 @@ public enum FileSystem {
     /// this uid that no one else may read or write, as ssh demands of a private key. `role`
     /// names the file in messages ("vault key").
     static func openPrivateFile(_ path: String, role: String, flags: Int32) throws -> Int32 {
-        guard let file = try openPrivateFileIfPresent(path, role: role, flags: flags) else {
+        guard let file = try openCheckedFileIfPresent(path, role: role, flags: flags, trust: .ownPrivate) else {
             throw FileAccessError("cannot open the \(role) \(path): \(String(cString: strerror(ENOENT)))")
         }
         return file.fd
@@ -149,8 +149,21 @@ public enum FileSystem {
     static func openAndReadPrivateFile(_ path: String, role: String, flags: Int32) throws -> (
         fd: Int32, content: Data
     )? {
-        guard let (fd, size) = try openPrivateFileIfPresent(path, role: role, flags: flags) else { return nil }
-        var bytes = Data(count: size)
+        guard let (fd, info) = try openCheckedFileIfPresent(path, role: role, flags: flags, trust: .ownPrivate)
+        else { return nil }
+        do {
+            return (fd, try readContent(fd, limit: Int(info.st_size), path: path, role: role))
+        } catch {
+            close(fd)
+            throw error
+        }
+    }
+
+    /// What `pread` gives from the start of `fd` until the end of the file, or until `limit`
+    /// bytes (from the start whatever the descriptor's offset or `O_APPEND`). On an error the
+    /// bytes read so far are wiped.
+    private static func readContent(_ fd: Int32, limit: Int, path: String, role: String) throws -> Data {
+        var bytes = Data(count: limit)
         var filled = 0
         while filled < bytes.count {
             let count = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress! + filled, $0.count - filled, filled) }
@@ -159,13 +172,12 @@ public enum FileSystem {
                 if errno == EINTR { continue }
                 let reason = errnoText()
                 Sodium.wipe(&bytes)
-                close(fd)
                 throw FileAccessError("cannot read the \(role) \(path): \(reason)")
             }
             filled += count
         }
         bytes.count = filled
-        return (fd, bytes)
+        return bytes
     }
 
     /// Creates `path` afresh, mode 0600, for writing: a stale file or a planted link there is
@@ -178,11 +190,23 @@ public enum FileSystem {
         return try openPrivateFile(path, role: role, flags: O_WRONLY | O_CREAT | O_EXCL | flags)
     }
 
-    /// `openPrivateFile`, with the size `fstat` gave; `nil` when nothing is at `path`.
-    private static func openPrivateFileIfPresent(_ path: String, role: String, flags: Int32) throws -> (
-        fd: Int32, size: Int
-    )? {
-        let fd = open(path, flags | O_NOFOLLOW | O_CLOEXEC, 0o600)
+    /// Who may own a file brokerd opens, and who else may use it.
+    enum FileTrust {
+        /// brokerd's own files (vault, vault key): this uid's, and no one else may read or write them.
+        case ownPrivate
+        /// A file another program of this user keeps (a token file): this uid's or root's, and no
+        /// one else may write it.
+        case keptByUserOrRoot
+    }
+
+    /// Opens `path` (relative to `directory` when one is given) without following a symbolic
+    /// link, and checks what was opened against `trust`; returns it with what `fstat` said, or
+    /// `nil` when nothing is there.
+    private static func openCheckedFileIfPresent(
+        _ path: String, in directory: Int32 = AT_FDCWD, named name: String? = nil, role: String, flags: Int32,
+        trust: FileTrust
+    ) throws -> (fd: Int32, info: stat)? {
+        let fd = openat(directory, name ?? path, flags | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard fd >= 0 else {
             switch errno {
             case ENOENT: return nil
@@ -194,33 +218,109 @@ public enum FileSystem {
             }
         }
         do {
-            return (fd, try checkPrivateFile(fd, path: path, role: role))
+            return (fd, try checkFile(fd, path: path, role: role, trust: trust))
         } catch {
             close(fd)
             throw error
         }
     }
 
-    /// Refuses an open file that is not a regular file of this uid, or that group or others
-    /// may read or write; the message names the file and the command that fixes it. Returns
-    /// the file's size.
-    private static func checkPrivateFile(_ fd: Int32, path: String, role: String) throws -> Int {
+    /// Refuses an open file that is not a regular file, or whose owner or mode `trust` does not
+    /// allow; the message names the file and the command that fixes it. Returns what `fstat` said.
+    private static func checkFile(_ fd: Int32, path: String, role: String, trust: FileTrust) throws -> stat {
         var info = stat()
         guard fstat(fd, &info) == 0 else { throw FileAccessError("cannot check the \(role) \(path): \(errnoText())") }
         guard info.st_mode & S_IFMT == S_IFREG else {
             throw FileAccessError("refusing the \(role) \(path): it is not a regular file")
         }
-        guard info.st_uid == getuid() else {
-            throw FileAccessError(
-                "refusing the \(role) \(path): it belongs to uid \(info.st_uid), not to you (uid \(getuid())); "
-                    + "brokerd uses only its own files: run (as root) chown \(getuid()) \(path)")
+        switch trust {
+        case .ownPrivate:
+            guard info.st_uid == getuid() else {
+                throw FileAccessError(
+                    "refusing the \(role) \(path): it belongs to uid \(info.st_uid), not to you (uid \(getuid())); "
+                        + "brokerd uses only its own files: run (as root) chown \(getuid()) \(path)")
+            }
+            guard info.st_mode & 0o077 == 0 else {
+                throw FileAccessError(
+                    "refusing the \(role) \(path): others can read or write it (mode \(octal(info.st_mode))), "
+                        + "so it is not private; run: chmod 600 \(path)")
+            }
+        case .keptByUserOrRoot:
+            guard info.st_uid == getuid() || info.st_uid == 0 else {
+                throw FileAccessError(
+                    "refusing the \(role) \(path): it belongs to uid \(info.st_uid), neither you (uid \(getuid())) "
+                        + "nor root, so that user could write what brokerd serves")
+            }
+            guard info.st_mode & 0o022 == 0 else {
+                throw FileAccessError(
+                    "refusing the \(role) \(path): group or others can write it (mode \(octal(info.st_mode))); "
+                        + "run: chmod go-w \(path)")
+            }
         }
-        guard info.st_mode & 0o077 == 0 else {
-            throw FileAccessError(
-                "refusing the \(role) \(path): others can read or write it (mode \(octal(info.st_mode))), "
-                    + "so it is not private; run: chmod 600 \(path)")
+        return info
+    }
+
+    // MARK: Files other programs keep
+
+    /// The content of a file that another program of this user keeps up to date (a token
+    /// file), at most `limit` bytes, and when it was last modified. Its directory must belong
+    /// to this uid or root and be writable by no one else (unless it is root-owned and sticky,
+    /// like /tmp); the file, opened inside that very directory without following a symbolic
+    /// link and without waiting on a FIFO, must be a regular file of this uid or root that no
+    /// one else may write. `path` is absolute.
+    static func readKeptFile(_ path: String, role: String, limit: Int) throws -> (data: Data, modified: Date) {
+        let refuse = { (reason: String) in FileAccessError("refusing the \(role) \(path): \(reason)") }
+        let directory = parent(of: path)
+        let directoryFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard directoryFD >= 0 else { throw refuse("cannot open its directory: \(errnoText())") }
+        defer { close(directoryFD) }
+        var directoryInfo = stat()
+        guard fstat(directoryFD, &directoryInfo) == 0 else {
+            throw refuse("cannot check its directory: \(errnoText())")
         }
-        return Int(info.st_size)
+        try checkPassedThrough(
+            directory, info: directoryInfo, refuse: refuse,
+            remedy: "keep the file in a directory that only you (or root) can write")
+        let name = String(path.split(separator: "/", omittingEmptySubsequences: false).last ?? "")
+        guard
+            let (fd, info) = try openCheckedFileIfPresent(
+                path, in: directoryFD, named: name, role: role, flags: O_RDONLY | O_NONBLOCK, trust: .keptByUserOrRoot)
+        else { throw FileAccessError("cannot open the \(role) \(path): \(String(cString: strerror(ENOENT)))") }
+        defer { close(fd) }
+        guard info.st_size <= limit else {
+            throw refuse("it holds \(info.st_size) bytes, more than the \(limit) bytes brokerd reads")
+        }
+        let data = try readContent(fd, limit: limit + 1, path: path, role: role)
+        guard data.count <= limit else { throw refuse("it grew past \(limit) bytes while it was read") }
+        let modified = Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9
+        return (data, Date(timeIntervalSince1970: modified))
+    }
+
+    /// What `stat` says of a file and of the directory holding it, compared between polls: a
+    /// file rewritten, replaced, touched or given another owner or mode reads differently, as
+    /// does a directory replaced or given another owner or mode. A path that cannot be checked
+    /// reads as its error.
+    struct Stamp: Equatable, Sendable {
+        private let file: [Int]
+        private let directory: [Int]
+
+        init(of path: String) {
+            var info = stat()
+            file =
+                lstat(path, &info) == 0
+                ? Self.identity(info) + [
+                    Int(info.st_size), info.st_mtim.tv_sec, info.st_mtim.tv_nsec, info.st_ctim.tv_sec,
+                    info.st_ctim.tv_nsec,
+                ] : [-Int(errno)]
+            directory = stat(FileSystem.parent(of: path), &info) == 0 ? Self.identity(info) : [-Int(errno)]
+        }
+
+        private static func identity(_ info: stat) -> [Int] {
+            [
+                Int(truncatingIfNeeded: info.st_dev), Int(truncatingIfNeeded: info.st_ino), Int(info.st_mode),
+                Int(info.st_uid),
+            ]
+        }
     }
 
     // MARK: Durable writes

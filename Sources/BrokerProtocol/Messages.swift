@@ -62,43 +62,51 @@ public struct Request: Codable, Sendable {
     }
 }
 
-/// How an account obtains new tokens (the `provider` object of `add`).
+/// How an account obtains new tokens (the `provider` object of `add`, or an `[accounts.NAME]`
+/// table of the config file): its kind, and the kind's settings as they were given. The broker's
+/// registry of provider kinds reads and checks them; this module does not know the kinds.
 public struct ProviderSpec: Codable, Sendable, Equatable {
     public var kind: String
-    public var tokenEndpoint: String?
-    public var issuer: String?
-    public var clientID: String?
-    /// A secret: stored in the vault, never echoed.
-    public var clientSecret: String?
-    public var clientAuth: String?
-    public var scope: String?
-    /// `oauth2`: where RFC 7009 revocation goes at `logout` (discovered from `issuer` when absent).
-    public var revocationEndpoint: String?
-    public var method: String?
-    public var endpoint: String?
-    public var timezone: String?
-    public var command: [String]?
+    /// Every other member of the object, by its wire name (`token_endpoint`, `command`, ...).
+    /// A `client_secret` among them is a secret: the broker stores it in the vault, never echoes it.
+    public var fields: [String: JSONValue]
 
-    public init(
-        kind: String, tokenEndpoint: String? = nil, issuer: String? = nil, clientID: String? = nil,
-        clientSecret: String? = nil, clientAuth: String? = nil, scope: String? = nil
-    ) {
+    public init(kind: String, _ fields: [String: JSONValue] = [:]) {
         self.kind = kind
-        self.tokenEndpoint = tokenEndpoint
-        self.issuer = issuer
-        self.clientID = clientID
-        self.clientSecret = clientSecret
-        self.clientAuth = clientAuth
-        self.scope = scope
+        self.fields = fields
     }
 
-    enum CodingKeys: String, CodingKey {
-        case kind, issuer, scope, method, endpoint, timezone, command
-        case tokenEndpoint = "token_endpoint"
-        case clientID = "client_id"
-        case clientSecret = "client_secret"
-        case clientAuth = "client_auth"
-        case revocationEndpoint = "revocation_endpoint"
+    /// The field named `name`, as given.
+    public subscript(name: String) -> JSONValue? {
+        get { fields[name] }
+        set { fields[name] = newValue }
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: FieldName.self)
+        kind = try container.decode(String.self, forKey: FieldName("kind"))
+        fields = [:]
+        for key in container.allKeys where key.stringValue != "kind" {
+            fields[key.stringValue] = try container.decode(JSONValue.self, forKey: key)
+        }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: FieldName.self)
+        try container.encode(kind, forKey: FieldName("kind"))
+        for (name, value) in fields where name != "kind" {
+            try container.encode(value, forKey: FieldName(name))
+        }
+    }
+
+    /// A member name of the object.
+    private struct FieldName: CodingKey {
+        let stringValue: String
+        var intValue: Int? { nil }
+
+        init(_ name: String) { stringValue = name }
+        init?(stringValue: String) { self.stringValue = stringValue }
+        init?(intValue: Int) { nil }
     }
 }
 

@@ -159,43 +159,24 @@ struct Add: AsyncParsableCommand {
             A refresh_url account's URL is a secret too: {"refresh_url": "https://..."}.
             An exec account's argv is given with one --command per argument, e.g.
             --command /usr/local/bin/get-token --command --profile --command work (no shell is involved).
+            A file account serves the token in a JSON file another program keeps, e.g.
+            --kind file --path /home/me/.cache/api-token.json ({"access_token": ..., "expires_in": ...}).
             """)
 
     @OptionGroup var options: GlobalOptions
     @Argument(help: "Account name.") var account: String
-    @Option(help: "Provider kind: oauth2, refresh_url, sliding, exec or static.") var kind: String
-    @Option(help: "oauth2: the token endpoint URL.") var tokenEndpoint: String?
-    @Option(help: "oauth2: an OIDC issuer URL, instead of --token-endpoint.") var issuer: String?
-    @Option(help: "oauth2: the client id.") var clientID: String?
-    @Option(help: "oauth2: client_secret_basic, client_secret_post or none.") var clientAuth: String?
-    @Option(help: "oauth2: scope to request.") var scope: String?
-    @Option(help: "oauth2: RFC 7009 revocation endpoint for logout (discovered with --issuer).")
-    var revocationEndpoint: String?
-    @Option(help: "refresh_url: GET (default) or POST.") var method: String?
-    @Option(help: "sliding: the refresh endpoint URL.") var endpoint: String?
-    @Option(help: "sliding: IANA time zone of timestamps without a zone (default UTC).") var timezone: String?
-    @Option(
-        name: .customLong("command"), parsing: .unconditionalSingleValue,
-        help: ArgumentHelp("exec: one argument of the command to run; repeat it, program first.", valueName: "arg"))
-    var command: [String] = []
+    @OptionGroup var provider: ProviderOptions
     @Option(help: "File with the secrets as JSON, or - for stdin.") var secrets: String?
 
     func run() async throws {
-        var provider = ProviderSpec(
-            kind: kind, tokenEndpoint: tokenEndpoint, issuer: issuer, clientID: clientID, clientAuth: clientAuth,
-            scope: scope)
-        provider.revocationEndpoint = revocationEndpoint
-        provider.method = method
-        provider.endpoint = endpoint
-        provider.timezone = timezone
-        provider.command = command.isEmpty ? nil : command
+        var spec = provider.spec
         var tokens: TokenSet?
         if let secrets {
             let input = try SecretInput.read(secrets, as: AddSecrets.self)
-            provider.clientSecret = input.clientSecret
+            spec["client_secret"] = input.clientSecret.map(JSONValue.string)
             tokens = input.tokens
         }
-        try await options.run({ try await $0.add(account: account, provider: provider, tokens: tokens) }) {
+        try await options.run({ try await $0.add(account: account, provider: spec, tokens: tokens) }) {
             "added \($0.account) (\($0.state))"
         }
     }

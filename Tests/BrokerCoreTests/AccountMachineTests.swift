@@ -20,7 +20,7 @@ import Testing
     }
 
     func record(provider: ProviderConfig? = nil, token: AccessToken? = nil) -> AccountRecord {
-        let oauth2 = ProviderConfig.oauth2(
+        let oauth2 = ProviderConfig(
             OAuth2Settings(
                 tokenEndpoint: URL(string: "https://idp.example/token"), clientID: "cli", clientAuth: .none))
         return AccountRecord(
@@ -58,7 +58,8 @@ import Testing
 
     @Test func aStaticAccountNeverRefreshesAndNeedsLoginOnceItsTokenExpires() {
         let machine = AccountMachine(
-            record: record(provider: .static, token: token("pushed", at: start)), planner: planner, now: start)
+            record: record(provider: ProviderConfig(StaticSettings()), token: token("pushed", at: start)),
+            planner: planner, now: start)
         #expect(!machine.refreshesOnItsOwn)
         #expect(machine.nextRefreshAt == nil)
         #expect(machine.state(now: start) == .valid)
@@ -328,7 +329,7 @@ import Testing
 
     @Test func aReloadReschedulesUnlessARefreshIsUnderWay() {
         var machine = machine()
-        let sliding = ProviderConfig.sliding(
+        let sliding = ProviderConfig(
             SlidingSettings(endpoint: URL(string: "https://idp.example/keepalive")!, timeZone: "UTC"))
         let later = start.addingTimeInterval(100)
         machine.declared(provider: sliding, dropClientSecret: false, planner: planner, now: later)
@@ -337,7 +338,8 @@ import Testing
         #expect(machine.nextRefreshAt == start.addingTimeInterval(2700))
 
         _ = machine.beginRefresh(serial: 1)
-        machine.declared(provider: .static, dropClientSecret: true, planner: planner, now: later)
+        machine.declared(
+            provider: ProviderConfig(StaticSettings()), dropClientSecret: true, planner: planner, now: later)
         #expect(machine.nextRefreshAt == nil)
         #expect(machine.phase == .refreshing(serial: 1))
         machine.undeclared()

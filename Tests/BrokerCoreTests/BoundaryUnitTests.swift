@@ -101,7 +101,7 @@ import Glibc
     }
 
     @Test func anAddWithAnOutOfRangePortIsRefused() {
-        let spec = ProviderSpec(kind: "oauth2", tokenEndpoint: "https://idp.example:99999/t", clientID: "c")
+        let spec = ProviderSpec(kind: "oauth2", ["token_endpoint": "https://idp.example:99999/t", "client_id": "c"])
         #expect(throws: BrokerError.self) { try AccountSpec.provider(spec) }
     }
 

@@ -57,8 +57,11 @@ struct BrokerHarness {
     /// An `oauth2` provider object pointing at the test IdP, with client_secret_basic.
     var provider: ProviderSpec {
         ProviderSpec(
-            kind: "oauth2", tokenEndpoint: idp.tokenEndpoint, clientID: idp.clientID, clientSecret: idp.clientSecret,
-            clientAuth: "client_secret_basic")
+            kind: "oauth2",
+            [
+                "token_endpoint": .string(idp.tokenEndpoint), "client_id": .string(idp.clientID),
+                "client_secret": .string(idp.clientSecret), "client_auth": "client_secret_basic",
+            ])
     }
 
     /// Adds `api` with an access token valid for an hour and refresh token `refreshToken`.
@@ -384,7 +387,8 @@ struct BrokerHarness {
             let plainHTTP = await #expect(throws: BrokerError.self) {
                 try await h.broker.add(
                     account: "api",
-                    provider: ProviderSpec(kind: "oauth2", tokenEndpoint: "http://idp.example/token", clientID: "c"),
+                    provider: ProviderSpec(
+                        kind: "oauth2", ["token_endpoint": "http://idp.example/token", "client_id": "c"]),
                     tokens: nil)
             }
             #expect(plainHTTP?.code == .badRequest)

@@ -23,7 +23,8 @@ import Testing
         for (index, idp) in idps.enumerated() {
             _ = try await broker.add(
                 account: "acct-\(index)",
-                provider: ProviderSpec(kind: "oauth2", tokenEndpoint: idp.tokenEndpoint, clientID: idp.clientID),
+                provider: ProviderSpec(
+                    kind: "oauth2", ["token_endpoint": .string(idp.tokenEndpoint), "client_id": .string(idp.clientID)]),
                 tokens: TokenSet(accessToken: "at-\(index)", expiresIn: 3600, refreshToken: "rt-\(index)"))
         }
         #expect(broker.cache.token(for: "acct-0", minTTL: 30, now: clock.now()) != nil)

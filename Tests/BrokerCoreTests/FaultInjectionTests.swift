@@ -49,15 +49,16 @@ import Testing
             broker = try Broker(vault: vault, settings: settings, http: http, clock: clock, logger: Logger(label: "t"))
             events = broker.events.subscribe(accounts: nil)
             var provider = ProviderSpec(
-                kind: "oauth2", tokenEndpoint: endpoint ?? idp.tokenEndpoint, clientID: idp.clientID)
+                kind: "oauth2",
+                ["token_endpoint": .string(endpoint ?? idp.tokenEndpoint), "client_id": .string(idp.clientID)])
             switch revocation {
             case .none: break
-            case .configured: provider.revocationEndpoint = idp.revocationEndpoint
-            case .discovered: (provider.tokenEndpoint, provider.issuer) = (nil, idp.issuer)
+            case .configured: provider["revocation_endpoint"] = .string(idp.revocationEndpoint)
+            case .discovered: (provider["token_endpoint"], provider["issuer"]) = (nil, .string(idp.issuer))
             }
             if let slidingIdP {
                 provider = ProviderSpec(kind: "sliding")
-                provider.endpoint = slidingIdP.endpoint
+                provider["endpoint"] = .string(slidingIdP.endpoint)
             }
             _ = try await broker.add(
                 account: "api", provider: provider,
@@ -202,7 +203,8 @@ import Testing
         let other = try await OAuth2TestIdP(initialRefreshToken: "rt-other", lifetime: 3600)
         _ = try await rig.broker.add(
             account: "other",
-            provider: ProviderSpec(kind: "oauth2", tokenEndpoint: other.tokenEndpoint, clientID: other.clientID),
+            provider: ProviderSpec(
+                kind: "oauth2", ["token_endpoint": .string(other.tokenEndpoint), "client_id": .string(other.clientID)]),
             tokens: TokenSet(refreshToken: "rt-other"))
         await rig.broker.drain()
         _ = try await rig.broker.setTokens(

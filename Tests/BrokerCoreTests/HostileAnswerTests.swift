@@ -68,8 +68,11 @@ final class ScriptedIdP: Sendable {
 
     private func oauth2(_ endpoint: String) -> ProviderSpec {
         ProviderSpec(
-            kind: "oauth2", tokenEndpoint: endpoint, clientID: "cli", clientSecret: Self.clientSecret,
-            clientAuth: "client_secret_post")
+            kind: "oauth2",
+            [
+                "token_endpoint": .string(endpoint), "client_id": "cli", "client_secret": .string(Self.clientSecret),
+                "client_auth": "client_secret_post",
+            ])
     }
 
     /// A second broker on a copy of the vault (a restart).
@@ -143,7 +146,7 @@ final class ScriptedIdP: Sendable {
                 status: .serviceUnavailable, body: "{}", headers: [("Retry-After", String(repeating: "9", count: 40))]))
         try await withBroker(idp: idp) { broker, _, _, _, _ in
             var provider = oauth2(idp.url)
-            provider.revocationEndpoint = idp.baseURL + "/revoke"
+            provider["revocation_endpoint"] = .string(idp.baseURL + "/revoke")
             _ = try await broker.add(
                 account: "api", provider: provider,
                 tokens: TokenSet(accessToken: "at", expiresIn: 3600, refreshToken: Self.refreshToken))
@@ -245,27 +248,28 @@ final class ScriptedIdP: Sendable {
         let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-1"}"#))
         let other = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-2"}"#))
         try await withBroker(idp: idp) { broker, _, _, _, _ in
-            var declared = ProviderSpec(kind: "oauth2", tokenEndpoint: idp.url, clientID: "cli", clientAuth: "none")
+            var declared = ProviderSpec(
+                kind: "oauth2", ["token_endpoint": .string(idp.url), "client_id": "cli", "client_auth": "none"])
             try await broker.configure(BrokerConfiguration(accounts: ["api": declared]))
             _ = try await broker.setTokens(
                 account: "api", tokens: TokenSet(accessToken: "at-0", expiresIn: 3600, refreshToken: Self.refreshToken))
 
             // Same origin, other path: allowed.
-            declared.tokenEndpoint = idp.baseURL + "/oauth/token"
+            declared["token_endpoint"] = .string(idp.baseURL + "/oauth/token")
             try await broker.configure(BrokerConfiguration(accounts: ["api": declared]))
 
             var moves: [ProviderSpec] = []
             var elsewhere = declared
-            elsewhere.tokenEndpoint = other.url
+            elsewhere["token_endpoint"] = .string(other.url)
             moves.append(elsewhere)
             var otherClient = declared
-            otherClient.clientID = "someone-else"
+            otherClient["client_id"] = "someone-else"
             moves.append(otherClient)
             var revocation = declared
-            revocation.revocationEndpoint = other.baseURL + "/revoke"
+            revocation["revocation_endpoint"] = .string(other.baseURL + "/revoke")
             moves.append(revocation)
             var sliding = ProviderSpec(kind: "sliding")
-            sliding.endpoint = idp.url
+            sliding["endpoint"] = .string(idp.url)
             moves.append(sliding)
             for move in moves {
                 let error = await #expect(throws: BrokerError.self) {
@@ -288,11 +292,12 @@ final class ScriptedIdP: Sendable {
     @Test func anIssuerChangeOnTheSameOriginIsAMoveToo() async throws {
         let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-1"}"#))
         try await withBroker(idp: idp) { broker, _, _, _, _ in
-            let pinned = ProviderSpec(kind: "oauth2", tokenEndpoint: idp.url, clientID: "cli", clientAuth: "none")
+            let pinned = ProviderSpec(
+                kind: "oauth2", ["token_endpoint": .string(idp.url), "client_id": "cli", "client_auth": "none"])
             try await broker.configure(BrokerConfiguration(accounts: ["api": pinned]))
             _ = try await broker.setTokens(account: "api", tokens: TokenSet(refreshToken: Self.refreshToken))
-            var discovered = ProviderSpec(kind: "oauth2", clientID: "cli", clientAuth: "none")
-            discovered.issuer = idp.baseURL + "/attacker/raw/main"
+            var discovered = ProviderSpec(kind: "oauth2", ["client_id": "cli", "client_auth": "none"])
+            discovered["issuer"] = .string(idp.baseURL + "/attacker/raw/main")
             let error = await #expect(throws: BrokerError.self) {
                 try await broker.configure(BrokerConfiguration(accounts: ["api": discovered]))
             }
@@ -310,8 +315,8 @@ final class ScriptedIdP: Sendable {
                 tokens: TokenSet(accessToken: "at-0", expiresIn: 3600, refreshToken: Self.refreshToken))
             _ = try await broker.logout(account: "api", force: true)
             var moved = oauth2(other.url)
-            moved.clientSecret = nil
-            moved.clientAuth = "none"
+            moved["client_secret"] = nil
+            moved["client_auth"] = "none"
             try await broker.configure(BrokerConfiguration(accounts: ["api": moved]))
             let key = try VaultKey.load(path: directory.file("key"), create: false)
             let copy = directory.file("copy/vault")
@@ -357,7 +362,7 @@ final class ScriptedIdP: Sendable {
                 account: "volt",
                 provider: {
                     var spec = ProviderSpec(kind: "sliding")
-                    spec.endpoint = idp.url
+                    spec["endpoint"] = .string(idp.url)
                     return spec
                 }(), tokens: TokenSet(refreshToken: Self.refreshToken))
             let error = await #expect(throws: BrokerError.self) { try await broker.token(account: "volt", minTTL: 30) }
@@ -392,7 +397,7 @@ final class ScriptedIdP: Sendable {
         let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: "{}"))
         try await withBroker(idp: idp) { broker, _, logs, _, _ in
             var spec = ProviderSpec(kind: "exec")
-            spec.command = [script]
+            spec["command"] = [.string(script)]
             _ = try await broker.add(account: "ex", provider: spec, tokens: nil)
             #expect(try await broker.token(account: "ex", minTTL: 30).result.accessToken == "exec-issued-secret-91")
             let line = try #require(logs.all.first { $0.contains("wrote to stderr") })

@@ -5,7 +5,7 @@ import Testing
 
 @testable import BrokerCore
 
-/// A provider object of `kind`, with the fields `ProviderSpec.init` does not take set by `configure`.
+/// A provider object of `kind`, with its fields set by `configure`.
 private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { _ in }) -> ProviderSpec {
     var spec = ProviderSpec(kind: kind)
     configure(&spec)
@@ -16,42 +16,46 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
 /// with a message that says what is wrong.
 @Suite struct ProviderSpecTests {
     @Test func refreshURLDefaultsToGETAndAcceptsPOST() throws {
-        #expect(try AccountSpec.provider(spec("refresh_url")).0 == .refreshURL(.init(method: .get)))
+        #expect(try AccountSpec.provider(spec("refresh_url")).0 == ProviderConfig(RefreshURLSettings(method: .get)))
         #expect(
-            try AccountSpec.provider(spec("refresh_url") { $0.method = "POST" }).0 == .refreshURL(.init(method: .post)))
+            try AccountSpec.provider(spec("refresh_url") { $0["method"] = "POST" }).0
+                == ProviderConfig(RefreshURLSettings(method: .post)))
         #expect(
-            try AccountSpec.provider(spec("refresh_url") { $0.method = "get" }).0 == .refreshURL(.init(method: .get)))
+            try AccountSpec.provider(spec("refresh_url") { $0["method"] = "get" }).0
+                == ProviderConfig(RefreshURLSettings(method: .get)))
     }
 
     @Test func slidingTakesAnEndpointAndAZone() throws {
         let plain = try AccountSpec.provider(
-            spec("sliding") { $0.endpoint = "https://idp.example/api/Auth/RefreshToken" })
+            spec("sliding") { $0["endpoint"] = "https://idp.example/api/Auth/RefreshToken" })
         #expect(
             plain.0
-                == .sliding(.init(endpoint: URL(string: "https://idp.example/api/Auth/RefreshToken")!, timeZone: "UTC"))
+                == ProviderConfig(
+                    SlidingSettings(
+                        endpoint: URL(string: "https://idp.example/api/Auth/RefreshToken")!, timeZone: "UTC"))
         )
         let zoned = try AccountSpec.provider(
             spec("sliding") {
-                $0.endpoint = "http://127.0.0.1:8080/refresh"
-                $0.timezone = "Asia/Tokyo"
+                $0["endpoint"] = "http://127.0.0.1:8080/refresh"
+                $0["timezone"] = "Asia/Tokyo"
             })
         #expect(
-            zoned.0 == .sliding(.init(endpoint: URL(string: "http://127.0.0.1:8080/refresh")!, timeZone: "Asia/Tokyo")))
+            zoned.0
+                == ProviderConfig(
+                    SlidingSettings(endpoint: URL(string: "http://127.0.0.1:8080/refresh")!, timeZone: "Asia/Tokyo")))
     }
 
     @Test func execTakesAnAbsoluteExecutable() throws {
-        let (config, secret) = try AccountSpec.provider(spec("exec") { $0.command = ["/bin/echo", "a b", "$X"] })
-        #expect(config == .exec(.init(command: ["/bin/echo", "a b", "$X"])))
+        let (config, secret) = try AccountSpec.provider(spec("exec") { $0["command"] = ["/bin/echo", "a b", "$X"] })
+        #expect(config == ProviderConfig(ExecSettings(command: ["/bin/echo", "a b", "$X"])))
         #expect(secret == nil)
     }
 
     @Test func oauth2TakesAnIssuerInsteadOfATokenEndpoint() throws {
         let (config, secret) = try AccountSpec.provider(
-            ProviderSpec(kind: "oauth2", issuer: "https://login.example/realms/x", clientID: "cli", clientSecret: "s"))
-        guard case .oauth2(let settings) = config else {
-            Issue.record("not oauth2: \(config)")
-            return
-        }
+            ProviderSpec(
+                kind: "oauth2", ["issuer": "https://login.example/realms/x", "client_id": "cli", "client_secret": "s"]))
+        let settings = try #require(config.settings as? OAuth2Settings, "not oauth2: \(config.kind)")
         #expect(settings.tokenEndpoint == nil)
         #expect(settings.issuer == URL(string: "https://login.example/realms/x"))
         #expect(settings.clientAuth == .clientSecretBasic)
@@ -59,38 +63,39 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
     }
 
     @Test(arguments: [
-        (spec("refresh_url") { $0.method = "PUT" }, "method"),
+        (spec("refresh_url") { $0["method"] = "PUT" }, "method"),
         (spec("sliding"), "endpoint"),
-        (spec("sliding") { $0.endpoint = "http://idp.example/refresh" }, "endpoint"),
-        (spec("sliding") { $0.endpoint = "not a url" }, "endpoint"),
+        (spec("sliding") { $0["endpoint"] = "http://idp.example/refresh" }, "endpoint"),
+        (spec("sliding") { $0["endpoint"] = "not a url" }, "endpoint"),
         (
             spec("sliding") {
-                $0.endpoint = "https://idp.example/refresh"
-                $0.timezone = "Mars/Olympus_Mons"
+                $0["endpoint"] = "https://idp.example/refresh"
+                $0["timezone"] = "Mars/Olympus_Mons"
             }, "timezone"
         ),
         (
             spec("sliding") {
-                $0.endpoint = "https://idp.example/refresh"
-                $0.timezone = ""
+                $0["endpoint"] = "https://idp.example/refresh"
+                $0["timezone"] = ""
             }, "timezone"
         ),
         (spec("exec"), "command"),
-        (spec("exec") { $0.command = [] }, "command"),
-        (spec("exec") { $0.command = ["echo", "hi"] }, "absolute"),
-        (spec("exec") { $0.command = ["/nonexistent/get-token"] }, "executable"),
-        (spec("exec") { $0.command = ["/etc/passwd"] }, "executable"),
-        (spec("exec") { $0.command = ["/bin"] }, "executable"),
-        (spec("exec") { $0.command = ["/bin/echo", "a\u{0}b"] }, "NUL"),
-        (ProviderSpec(kind: "oauth2", clientID: "cli"), "token_endpoint"),
-        (ProviderSpec(kind: "oauth2", issuer: "http://login.example", clientID: "cli"), "issuer"),
-        (ProviderSpec(kind: "oauth2", issuer: "https://login.example?x=1", clientID: "cli"), "issuer"),
+        (spec("exec") { $0["command"] = [] }, "command"),
+        (spec("exec") { $0["command"] = ["echo", "hi"] }, "absolute"),
+        (spec("exec") { $0["command"] = ["/nonexistent/get-token"] }, "executable"),
+        (spec("exec") { $0["command"] = ["/etc/passwd"] }, "executable"),
+        (spec("exec") { $0["command"] = ["/bin"] }, "executable"),
+        (spec("exec") { $0["command"] = ["/bin/echo", "a\u{0}b"] }, "NUL"),
+        (ProviderSpec(kind: "oauth2", ["client_id": "cli"]), "token_endpoint"),
+        (ProviderSpec(kind: "oauth2", ["issuer": "http://login.example", "client_id": "cli"]), "issuer"),
+        (ProviderSpec(kind: "oauth2", ["issuer": "https://login.example?x=1", "client_id": "cli"]), "issuer"),
         (
             ProviderSpec(
-                kind: "oauth2", tokenEndpoint: "https://a.example/t", issuer: "https://a.example", clientID: "c"),
+                kind: "oauth2",
+                ["token_endpoint": "https://a.example/t", "issuer": "https://a.example", "client_id": "c"]),
             "not both"
         ),
-        (ProviderSpec(kind: "oauth2", issuer: "https://login.example"), "client_id"),
+        (ProviderSpec(kind: "oauth2", ["issuer": "https://login.example"]), "client_id"),
         (spec("kerberos"), "unknown provider kind"),
     ])
     func invalidProvidersAreBadRequests(spec: ProviderSpec, mentions: String) throws {
@@ -104,20 +109,22 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
     }
 }
 
-/// The vault stores `ProviderConfig` with its synthesized Codable: new kinds round-trip, and a
-/// record written before `issuer` existed still reads.
+/// The vault stores `ProviderConfig` in the shape of the enum's synthesized Codable: every kind
+/// round-trips, and a record written before `issuer` existed still reads.
 @Suite struct ProviderConfigCodingTests {
     @Test(arguments: [
-        ProviderConfig.static,
-        .refreshURL(.init(method: .post)),
-        .sliding(.init(endpoint: URL(string: "https://idp.example/refresh")!, timeZone: "Europe/Berlin")),
-        .exec(.init(command: ["/usr/bin/get-token", "--profile", "work"])),
-        .oauth2(
-            .init(
+        ProviderConfig(StaticSettings()),
+        ProviderConfig(RefreshURLSettings(method: .post)),
+        ProviderConfig(
+            SlidingSettings(endpoint: URL(string: "https://idp.example/refresh")!, timeZone: "Europe/Berlin")),
+        ProviderConfig(ExecSettings(command: ["/usr/bin/get-token", "--profile", "work"])),
+        ProviderConfig(
+            OAuth2Settings(
                 tokenEndpoint: nil, clientID: "c", clientAuth: .none, scope: nil,
                 issuer: URL(string: "https://i.example"))),
-        .oauth2(
-            .init(tokenEndpoint: URL(string: "https://idp.example/token"), clientID: "c", clientAuth: .none, scope: "s")
+        ProviderConfig(
+            OAuth2Settings(
+                tokenEndpoint: URL(string: "https://idp.example/token"), clientID: "c", clientAuth: .none, scope: "s")
         ),
     ])
     func roundTrips(config: ProviderConfig) throws {
@@ -131,8 +138,8 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
         let config = try JSONDecoder().decode(ProviderConfig.self, from: Data(old.utf8))
         #expect(
             config
-                == .oauth2(
-                    .init(
+                == ProviderConfig(
+                    OAuth2Settings(
                         tokenEndpoint: URL(string: "https://idp.example/token"), clientID: "c", clientAuth: .none,
                         scope: nil)))
     }

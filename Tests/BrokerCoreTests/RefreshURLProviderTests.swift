@@ -75,7 +75,7 @@ import Testing
         let http = IdPClient(settings: BrokerSettings())
         let provider = RefreshURLProvider(settings: .init(method: .get), http: http, defaultLifetime: 600)
         var record = AccountRecord.sample("url")
-        record.provider = .refreshURL(.init(method: .get))
+        record.provider = ProviderConfig(RefreshURLSettings(method: .get))
         record.secrets.refreshURL = url
         let failure = try #require(await provider.refresh(record, now: Self.now).failure)
         await http.shutdown()

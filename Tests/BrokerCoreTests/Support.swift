@@ -20,7 +20,7 @@ extension AccountRecord {
         let obtained = Date(timeIntervalSince1970: 1_795_000_000)
         return AccountRecord(
             name: name,
-            provider: .oauth2(
+            provider: ProviderConfig(
                 OAuth2Settings(
                     tokenEndpoint: URL(string: "https://idp.example/oauth/token")!, clientID: "client-\(name)",
                     clientAuth: .clientSecretBasic, scope: "read write")),

@@ -12,7 +12,8 @@ import Testing
         needsLogin.needsLogin = true
         needsLogin.token = nil
         let staticAccount = AccountRecord(
-            name: "static", provider: .static, secrets: AccountSecrets(), token: nil, needsLogin: false, lastError: nil,
+            name: "static", provider: ProviderConfig(StaticSettings()), secrets: AccountSecrets(), token: nil,
+            needsLogin: false, lastError: nil,
             lastRefreshAt: nil)
         return VaultContents(accounts: [.sample("api"), needsLogin, staticAccount])
     }

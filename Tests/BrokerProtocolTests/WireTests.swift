@@ -54,8 +54,8 @@ import Testing
         #expect(request.account == "github")
         #expect(request.minTTL == 60)
         #expect(request.provider?.kind == "oauth2")
-        #expect(request.provider?.tokenEndpoint == "https://idp.example/token")
-        #expect(request.provider?.clientID == "cli")
+        #expect(request.provider?["token_endpoint"] == "https://idp.example/token")
+        #expect(request.provider?["client_id"] == "cli")
         #expect(request.tokens?.refreshToken == "rt-1")
         #expect(request.tokens?.expiresAt == Self.instant)
     }

@@ -15,7 +15,8 @@ import Testing
         defer { client.close() }
         _ = try await client.add(
             account: "lib",
-            provider: ProviderSpec(kind: "oauth2", tokenEndpoint: idp.tokenEndpoint, clientID: idp.clientID),
+            provider: ProviderSpec(
+                kind: "oauth2", ["token_endpoint": .string(idp.tokenEndpoint), "client_id": .string(idp.clientID)]),
             tokens: TokenSet(refreshToken: "rt-lib"))
         let first = try await client.token(account: "lib")
 

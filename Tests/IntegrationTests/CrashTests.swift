@@ -32,7 +32,8 @@ import Testing
         for (index, idp) in idps.enumerated() {
             _ = try await owner.add(
                 account: "crash-\(index)",
-                provider: ProviderSpec(kind: "oauth2", tokenEndpoint: idp.tokenEndpoint, clientID: idp.clientID),
+                provider: ProviderSpec(
+                    kind: "oauth2", ["token_endpoint": .string(idp.tokenEndpoint), "client_id": .string(idp.clientID)]),
                 tokens: TokenSet(refreshToken: "rt-crash-\(index)"))
         }
         let pushed = (scenario.rotating..<scenario.accounts).map {

@@ -68,7 +68,8 @@ import Glibc
             tokens: TokenSet(accessToken: "fine", expiresIn: 600))
         _ = try await client.add(
             account: "slow",
-            provider: ProviderSpec(kind: "oauth2", tokenEndpoint: idp.tokenEndpoint, clientID: idp.clientID),
+            provider: ProviderSpec(
+                kind: "oauth2", ["token_endpoint": .string(idp.tokenEndpoint), "client_id": .string(idp.clientID)]),
             tokens: TokenSet(refreshToken: "rt-hang"))
 
         async let hanging = Result { try await client.token(account: "slow") }

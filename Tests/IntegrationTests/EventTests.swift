@@ -22,7 +22,8 @@ import Testing
 
         _ = try await owner.add(
             account: "ev",
-            provider: ProviderSpec(kind: "oauth2", tokenEndpoint: idp.tokenEndpoint, clientID: idp.clientID),
+            provider: ProviderSpec(
+                kind: "oauth2", ["token_endpoint": .string(idp.tokenEndpoint), "client_id": .string(idp.clientID)]),
             tokens: TokenSet(refreshToken: "rt-ev"))
         _ = try await owner.token(account: "ev")
         idp.setBehavior(.status(500, retryAfter: nil))

@@ -60,7 +60,7 @@ import Testing
             + "extra = [f for f in fds if f > 2 and os.path.exists('/proc/self/fd/%d' % f)]\n"
             + "print(json.dumps({'access_token': 'fds:' + ','.join(map(str, extra)), 'expires_in': 1}))"
         var spec = ProviderSpec(kind: "exec")
-        spec.command = ["/usr/bin/python3", "-c", lister]
+        spec["command"] = ["/usr/bin/python3", "-c", .string(lister)]
         _ = try await client.add(account: "fds", provider: spec)
         let token = try await client.token(account: "fds", minTTL: 0)
         #expect(token.accessToken == "fds:")

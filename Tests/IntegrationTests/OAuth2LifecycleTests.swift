@@ -15,8 +15,11 @@ import Testing
         _ = try await client.add(
             account: "api",
             provider: ProviderSpec(
-                kind: "oauth2", tokenEndpoint: idp.tokenEndpoint, clientID: idp.clientID,
-                clientSecret: idp.clientSecret, clientAuth: "client_secret_basic"),
+                kind: "oauth2",
+                [
+                    "token_endpoint": .string(idp.tokenEndpoint), "client_id": .string(idp.clientID),
+                    "client_secret": .string(idp.clientSecret), "client_auth": "client_secret_basic",
+                ]),
             tokens: TokenSet(refreshToken: refreshToken))
 
         let first = try await client.token(account: "api", minTTL: 1)

@@ -22,7 +22,7 @@ import Glibc
         let client = try broker.client()
         defer { client.close() }
         var provider = ProviderSpec(kind: "refresh_url")
-        provider.method = method
+        provider["method"] = .string(method)
         _ = try await client.add(account: "pph", provider: provider, tokens: TokenSet(refreshURL: idp.initialURL))
 
         // Initial refresh: the account had only its refresh URL.
@@ -87,8 +87,8 @@ import Glibc
         let client = try broker.client()
         defer { client.close() }
         var provider = ProviderSpec(kind: "sliding")
-        provider.endpoint = idp.endpoint
-        provider.timezone = "Asia/Tokyo"
+        provider["endpoint"] = .string(idp.endpoint)
+        provider["timezone"] = "Asia/Tokyo"
         _ = try await client.add(account: "volt", provider: provider, tokens: TokenSet(refreshToken: initial))
 
         let first = try await client.token(account: "volt", minTTL: 1)
@@ -144,8 +144,8 @@ import Glibc
             initialRefreshToken: initial, accessLifetime: 3600, refreshLifetime: 20, timeZone: "America/Sao_Paulo")
         let client = try broker.client()
         var provider = ProviderSpec(kind: "sliding")
-        provider.endpoint = idp.endpoint
-        provider.timezone = "America/Sao_Paulo"
+        provider["endpoint"] = .string(idp.endpoint)
+        provider["timezone"] = "America/Sao_Paulo"
         var tokens = TokenSet(accessToken: "sl-pushed", expiresIn: 3600, refreshToken: initial)
         tokens.refreshExpiresAt = idp.initialRefreshExpiresAt
         _ = try await client.add(account: "volt", provider: provider, tokens: tokens)
@@ -184,7 +184,7 @@ import Glibc
         let client = try broker.client()
         defer { client.close() }
         var provider = ProviderSpec(kind: "exec")
-        provider.command = [helper.script, helper.directory, "two words", "$HOME;echo pwned", "*"]
+        provider["command"] = [.string(helper.script), .string(helper.directory), "two words", "$HOME;echo pwned", "*"]
         _ = try await client.add(account: "cred", provider: provider)
 
         let first = try await client.token(account: "cred", minTTL: 1)
@@ -238,7 +238,7 @@ import Glibc
         let client = try broker.client()
         defer { client.close() }
         var provider = ProviderSpec(kind: "exec")
-        provider.command = [helper.script, helper.directory]
+        provider["command"] = [.string(helper.script), .string(helper.directory)]
         _ = try await client.add(account: "cred", provider: provider)
         let served = try await client.token(account: "cred", minTTL: 60)
 
@@ -280,7 +280,9 @@ import Glibc
         defer { broker.stop() }
         let client = try broker.client()
         _ = try await client.add(
-            account: "oidc", provider: ProviderSpec(kind: "oauth2", issuer: idp.issuer, clientID: idp.clientID),
+            account: "oidc",
+            provider: ProviderSpec(
+                kind: "oauth2", ["issuer": .string(idp.issuer), "client_id": .string(idp.clientID)]),
             tokens: TokenSet(refreshToken: refreshToken))
         let first = try await client.token(account: "oidc", minTTL: 1)
         #expect(idp.issuedAccessTokens.contains(first.accessToken))
@@ -305,6 +307,65 @@ import Glibc
         await idp.shutdown()
     }
 
+    // MARK: file
+
+    /// A token file another program keeps: added at runtime or declared in the config, served,
+    /// re-read when rewritten, refused (last good token still served) when others could write
+    /// it, and never copied into the log. (`brokerctlAddsEveryKind` adds one with brokerctl.)
+    @Test func fileAccountsServeATokenFileAndFollowItsRewrites() async throws {
+        let broker = try BrokerProcess()
+        let tokens = broker.root.appendingPathComponent("home/tokens")
+        try FileManager.default.createDirectory(at: tokens, withIntermediateDirectories: true)
+        chmod(tokens.path, 0o700)
+        let path = tokens.appendingPathComponent("api.json").path
+        let declaredPath = tokens.appendingPathComponent("declared.json").path
+        let marker = UInt32.random(in: 0...UInt32.max)
+        /// Replaces a token file the way a careful cron job does: a new file renamed over it.
+        func write(_ token: String, to file: String) throws {
+            let staging = file + ".new"
+            try Data(#"{"access_token":"\#(token)","expires_in":3600,"token_type":"Bearer"}"#.utf8)
+                .write(to: URL(fileURLWithPath: staging))
+            chmod(staging, 0o600)
+            #expect(rename(staging, file) == 0)
+        }
+        try write("at-file-1-\(marker)", to: path)
+        try write("at-declared-\(marker)", to: declaredPath)
+        try broker.writeConfig("[accounts.declared]\nkind = \"file\"\npath = \"\(declaredPath)\"\n")
+        try await broker.start()
+        defer { broker.stop() }
+        let client = try broker.client()
+        defer { client.close() }
+
+        _ = try await client.add(account: "cron", provider: ProviderSpec(kind: "file", ["path": .string(path)]))
+        #expect(try await client.token(account: "cron").accessToken == "at-file-1-\(marker)")
+        #expect(try await client.token(account: "declared").accessToken == "at-declared-\(marker)")
+        let status = try #require(try await client.status(account: "cron").first)
+        #expect(status.provider == "file" && status.state == "valid")
+
+        // Rewritten: the broker's poll picks the new token up, no client needs to ask.
+        try write("at-file-2-\(marker)", to: path)
+        #expect(try await eventually { try await client.token(account: "cron").accessToken == "at-file-2-\(marker)" })
+
+        // Writable by others: refused with a message naming the file; the last good token stays.
+        chmod(path, 0o666)
+        #expect(
+            try await eventually {
+                try await client.status(account: "cron").first?.lastError?.message.contains(path) == true
+            })
+        #expect(try await client.status(account: "cron").first?.state == "stale")
+        #expect(try await client.token(account: "cron").accessToken == "at-file-2-\(marker)")
+
+        // Fixed: served and valid again.
+        try write("at-file-3-\(marker)", to: path)
+        #expect(try await eventually { try await client.token(account: "cron").accessToken == "at-file-3-\(marker)" })
+        #expect(try await client.status(account: "cron").first?.state == "valid")
+
+        client.close()
+        #expect(broker.stop() == 0)
+        #expect(!broker.log.contains("at-file-"), "a file's token in the broker's log")
+        #expect(!broker.log.contains("at-declared-"))
+    }
+
     // MARK: brokerctl
 
     /// `brokerctl add` takes every kind's options; secrets (the refresh URL included) come on stdin.
@@ -315,6 +376,9 @@ import Glibc
         let broker = try BrokerProcess()
         let helper = try Helper(in: broker.root)
         helper.set("lifetime", "3600")
+        let tokenFile = broker.root.appendingPathComponent("home/token.json").path
+        try Data(#"{"access_token":"at-file-ctl","expires_in":3600}"#.utf8).write(to: URL(fileURLWithPath: tokenFile))
+        chmod(tokenFile, 0o600)
         try await broker.start()
         defer { broker.stop() }
 
@@ -340,6 +404,7 @@ import Glibc
                     "--secrets", "-",
                 ],
                 stdin: #"{"refresh_token":"rt-ctl"}"#),
+            try broker.brokerctl(["add", "nightly", "--kind", "file", "--path", tokenFile]),
         ]
         for result in added { #expect(result.status == 0, "\(result.stderr)") }
 
@@ -350,9 +415,10 @@ import Glibc
         #expect(helper.calls.first?.arguments == "--not-an-option")
         #expect(try broker.brokerctl(["token", "oidc"]).stdout == (oauthIdP.issuedAccessTokens.first ?? "?") + "\n")
         #expect(oauthIdP.discoveryCount == 1)
+        #expect(try broker.brokerctl(["token", "nightly"]).stdout == "at-file-ctl\n")
 
         let status = try broker.brokerctl(["status"])
-        for kind in ["refresh_url", "sliding", "exec", "oauth2"] { #expect(status.stdout.contains(kind)) }
+        for kind in ["refresh_url", "sliding", "exec", "oauth2", "file"] { #expect(status.stdout.contains(kind)) }
 
         let relative = try broker.brokerctl(["add", "bad", "--kind", "exec", "--command", "get-token"])
         #expect(relative.status == 1)
@@ -360,6 +426,9 @@ import Glibc
         let noEndpoint = try broker.brokerctl(["add", "bad", "--kind", "sliding"])
         #expect(noEndpoint.status == 1)
         #expect(noEndpoint.stderr.contains("endpoint"))
+        let relativePath = try broker.brokerctl(["add", "bad", "--kind", "file", "--path", "token.json"])
+        #expect(relativePath.status == 1)
+        #expect(relativePath.stderr.contains("absolute"))
 
         await urlIdP.shutdown()
         await slidingIdP.shutdown()

@@ -16,7 +16,8 @@ import Testing
         defer { clients.forEach { $0.close() } }
         _ = try await clients[0].add(
             account: "rej",
-            provider: ProviderSpec(kind: "oauth2", tokenEndpoint: idp.tokenEndpoint, clientID: idp.clientID),
+            provider: ProviderSpec(
+                kind: "oauth2", ["token_endpoint": .string(idp.tokenEndpoint), "client_id": .string(idp.clientID)]),
             tokens: TokenSet(refreshToken: "rt-rej"))
         let refused = try await clients[0].token(account: "rej")
         #expect(idp.callCount == 1)

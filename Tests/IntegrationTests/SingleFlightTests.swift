@@ -20,7 +20,8 @@ import Testing
         let expired = Date().addingTimeInterval(-60)
         _ = try await owner.add(
             account: "busy",
-            provider: ProviderSpec(kind: "oauth2", tokenEndpoint: idp.tokenEndpoint, clientID: idp.clientID),
+            provider: ProviderSpec(
+                kind: "oauth2", ["token_endpoint": .string(idp.tokenEndpoint), "client_id": .string(idp.clientID)]),
             tokens: TokenSet(accessToken: "old-expired", expiresAt: expired, refreshToken: "rt-sf"))
 
         let tokens = try await withThrowingTaskGroup(of: String.self) { group in

@@ -1,3 +1,4 @@
+import BrokerProtocol
 import Foundation
 
 /// Which IdP URLs the broker will call: https everywhere, plain http only for canonical
@@ -6,6 +7,15 @@ public enum EndpointPolicy {
     public static func isAllowed(_ url: URL) -> Bool {
         guard let origin = Origin(url) else { return false }
         return origin.scheme == "https" || isLoopback(origin.host)
+    }
+
+    /// The URL a `provider` object gives in `field`, or a `bad_request` naming the field when
+    /// it is not one the broker will call.
+    static func checkedURL(_ text: String, field: String) throws(BrokerError) -> URL {
+        guard let url = URL(string: text), isAllowed(url) else {
+            throw BrokerError(.badRequest, "\"\(field)\" must be an https URL (http only for loopback)")
+        }
+        return url
     }
 
     /// Whether `url`, handed over by an IdP (a discovery document, a rotated refresh URL), may

@@ -14,6 +14,38 @@ public struct ExecSettings: Codable, Sendable, Equatable {
     public var command: [String]
 }
 
+extension ExecSettings: ProviderSettings {
+    static let kind = "exec"
+    static let fields = [ProviderField(name: "command", type: .texts)]
+    static let renewal = Renewal.refreshes
+
+    /// A non-empty argv without NUL whose first element is an absolute path to an executable file.
+    init(checking fields: ProviderFields) throws(BrokerError) {
+        guard let command = try fields.texts("command"), let path = command.first else {
+            throw BrokerError(.badRequest, "an exec provider needs \"command\", a non-empty array of strings")
+        }
+        guard !command.contains(where: { $0.utf8.contains(0) }) else {
+            throw BrokerError(.badRequest, "\"command\" arguments must not contain NUL characters")
+        }
+        guard path.hasPrefix("/") else {
+            throw BrokerError(.badRequest, "command[0] must be an absolute path (the command runs without a shell)")
+        }
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), !isDirectory.boolValue,
+            FileManager.default.isExecutableFile(atPath: path)
+        else {
+            throw BrokerError(.badRequest, "command[0] \(InputEcho.printable(path)) is not an executable file")
+        }
+        self.command = command
+    }
+
+    func makeProvider(_ context: ProviderContext) -> any TokenProvider {
+        ExecProvider(
+            settings: self, timeout: context.settings.requestTimeout, defaultLifetime: context.settings.defaultLifetime,
+            logger: context.logger)
+    }
+}
+
 /// `exec` accounts: a configured command prints a JSON token set, like AWS's `credential_process`.
 ///
 /// The command runs directly (no shell) with stdin on `/dev/null`, a timeout, and stdout capped at
@@ -68,16 +100,8 @@ struct ExecProvider: TokenProvider {
             }
             guard status == 0 else { return .failure(.transient("the command exited with status \(status)")) }
             if let error { return .failure(.transient("the command reported an error (\(error))")) }
-            guard let object, let accessToken = object["access_token"] as? String, !accessToken.isEmpty else {
-                return .failure(.transient("the command did not print a JSON object with an access_token"))
-            }
-            var expiresAt: Date?
-            if let text = object["expires_at"] as? String {
-                expiresAt = Timestamp.parse(text, defaultZone: TimeZone(identifier: "UTC")!)
-                if expiresAt == nil { return .failure(.transient("the command printed an unreadable expires_at")) }
-            }
-            return AccessToken.issued(
-                accessToken, in: object, now: now, expiresAt: expiresAt, defaultLifetime: defaultLifetime
+            return TokenDocument.read(
+                object, issuedAt: now, defaultLifetime: defaultLifetime, source: "the command's output"
             ).map { Grant(token: $0) }
         }
     }

@@ -4,6 +4,93 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 
+/// Settings of an `oauth2` account (RFC 6749 section 6 refresh grant).
+public struct OAuth2Settings: Codable, Sendable, Equatable {
+    /// How the client authenticates at the token endpoint.
+    public enum ClientAuth: String, Codable, Sendable {
+        case clientSecretBasic = "client_secret_basic"
+        case clientSecretPost = "client_secret_post"
+        case none
+    }
+
+    /// Where refresh grants go; `nil` when it is discovered from `issuer`.
+    public var tokenEndpoint: URL?
+    public var clientID: String
+    public var clientAuth: ClientAuth
+    public var scope: String?
+    /// An OIDC issuer whose discovery document names the token endpoint (used when
+    /// `tokenEndpoint` is `nil`).
+    public var issuer: URL? = nil
+    /// Where `logout` revokes the refresh token (RFC 7009); discovered from `issuer` when `nil`.
+    public var revocationEndpoint: URL? = nil
+}
+
+extension OAuth2Settings: ProviderSettings {
+    static let kind = "oauth2"
+    static let fields = [
+        ProviderField(name: "token_endpoint", type: .text), ProviderField(name: "issuer", type: .text),
+        ProviderField(name: "client_id", type: .text), .clientSecret, ProviderField(name: "client_auth", type: .text),
+        ProviderField(name: "scope", type: .text), ProviderField(name: "revocation_endpoint", type: .text),
+    ]
+    static let renewal = Renewal.refreshes
+
+    /// A token endpoint, or an OIDC issuer to discover it from; a client id; client
+    /// authentication that has the secret it needs.
+    init(checking fields: ProviderFields) throws(BrokerError) {
+        switch (try fields.text("token_endpoint"), try fields.text("issuer")) {
+        case (let text?, nil):
+            tokenEndpoint = try EndpointPolicy.checkedURL(text, field: "token_endpoint")
+            issuer = nil
+        case (nil, let text?):
+            let url = try EndpointPolicy.checkedURL(text, field: "issuer")
+            guard url.query == nil, url.fragment == nil else {
+                throw BrokerError(.badRequest, "\"issuer\" must not have a query or fragment (OIDC Discovery)")
+            }
+            tokenEndpoint = nil
+            issuer = url
+        case (_?, _?):
+            throw BrokerError(.badRequest, "give an oauth2 provider \"token_endpoint\" or \"issuer\", not both")
+        case (nil, nil):
+            throw BrokerError(.badRequest, "an oauth2 provider needs \"token_endpoint\" or \"issuer\"")
+        }
+        guard let clientID = try fields.text("client_id"), !clientID.isEmpty else {
+            throw BrokerError(.badRequest, "an oauth2 provider needs \"client_id\"")
+        }
+        self.clientID = clientID
+        let secret = try fields.text(ProviderField.clientSecret.name)
+        if let name = try fields.text("client_auth") {
+            guard let parsed = ClientAuth(rawValue: name) else {
+                throw BrokerError(
+                    .badRequest, "\"client_auth\" is one of client_secret_basic, client_secret_post, none")
+            }
+            clientAuth = parsed
+        } else {
+            clientAuth = secret == nil ? .none : .clientSecretBasic
+        }
+        if clientAuth != .none, secret == nil {
+            throw BrokerError(.badRequest, "client_auth \(clientAuth.rawValue) needs \"client_secret\"")
+        }
+        scope = try fields.text("scope")
+        revocationEndpoint = try fields.text("revocation_endpoint").map { text throws(BrokerError) in
+            try EndpointPolicy.checkedURL(text, field: "revocation_endpoint")
+        }
+    }
+
+    func makeProvider(_ context: ProviderContext) -> any TokenProvider {
+        OAuth2Provider(settings: self, http: context.http, defaultLifetime: context.settings.defaultLifetime)
+    }
+
+    var credentialURLs: [URL?] { [tokenEndpoint ?? issuer, revocationEndpoint] }
+
+    /// A credential belongs to its client, and an issuer is kept whole, not just its origin:
+    /// its discovery document, wherever it names, decides where the credential goes.
+    func credentialMove(to new: OAuth2Settings) -> String? {
+        if clientID != new.clientID { return "changes its client_id" }
+        if issuer != new.issuer { return "changes its issuer (or switches issuer and token_endpoint)" }
+        return nil
+    }
+}
+
 /// `oauth2` accounts: the RFC 6749 section 6 refresh grant against a token endpoint, given
 /// directly or discovered from an OIDC issuer.
 struct OAuth2Provider: TokenProvider {
@@ -127,27 +214,5 @@ struct OAuth2Provider: TokenProvider {
             return .failure(
                 .transient("the token endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
         }
-    }
-}
-
-/// `application/x-www-form-urlencoded` bodies (RFC 6749 appendix B).
-enum FormEncoding {
-    private static let unreserved = CharacterSet(
-        charactersIn: "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
-
-    static func escape(_ text: String) -> String {
-        text.addingPercentEncoding(withAllowedCharacters: unreserved) ?? ""
-    }
-
-    static func encode(_ pairs: [(String, String)]) -> String {
-        pairs.map { "\(escape($0.0))=\(escape($0.1))" }.joined(separator: "&")
-    }
-
-    /// A short, printable form of a value a client sent, for an error message. (Text from an
-    /// IdP is cleaned by the broker instead, which also redacts the account's secrets.)
-    static func printable(_ text: String) -> String {
-        String(
-            text.unicodeScalars.filter { $0.isASCII && $0.value >= 0x20 && $0.value < 0x7F }.prefix(64).map(
-                Character.init))
     }
 }

@@ -1,3 +1,4 @@
+import BrokerProtocol
 import Foundation
 import NIOHTTP1
 
@@ -11,6 +12,29 @@ public struct RefreshURLSettings: Codable, Sendable, Equatable {
     }
 
     public var method: Method
+}
+
+extension RefreshURLSettings: ProviderSettings {
+    static let kind = "refresh_url"
+    static let storedName = "refreshURL"
+    static let fields = [ProviderField(name: "method", type: .text)]
+    static let renewal = Renewal.refreshes
+
+    /// `GET` (the default) or `POST`, in any case.
+    init(checking fields: ProviderFields) throws(BrokerError) {
+        guard let name = try fields.text("method") else {
+            method = .get
+            return
+        }
+        guard let parsed = Method(rawValue: name.uppercased()) else {
+            throw BrokerError(.badRequest, "\"method\" of a refresh_url provider is GET or POST")
+        }
+        method = parsed
+    }
+
+    func makeProvider(_ context: ProviderContext) -> any TokenProvider {
+        RefreshURLProvider(settings: self, http: context.http, defaultLifetime: context.settings.defaultLifetime)
+    }
 }
 
 /// `refresh_url` accounts (seed 000): the refresh credential is a one-time secret URL; calling

@@ -118,9 +118,16 @@ public protocol TokenProvider: Sendable {
     /// Revokes the account's credential at the IdP (`logout`). A transient failure may be
     /// retried; a denial means the IdP will not revoke it as configured.
     func revoke(_ record: AccountRecord) async -> Result<Revocation, RefreshFailure>
+    /// Whether the source of the tokens may hold something new since `refresh` last read it.
+    /// The engine asks on every poll of a kind that watches its source (`Renewal.watches`), on
+    /// its own executor, so the answer must come from a quick local check (a `stat`).
+    func sourceChanged() -> Bool
 }
 
 extension TokenProvider {
     /// Providers without a revocation endpoint have nothing to call.
     public func revoke(_ record: AccountRecord) async -> Result<Revocation, RefreshFailure> { .success(.unsupported) }
+
+    /// Providers that are not polled cannot tell; a refresh finds out.
+    public func sourceChanged() -> Bool { true }
 }

@@ -1,0 +1,36 @@
+import BrokerProtocol
+
+/// The fields of a `provider` object as a kind reads them: each read checks the field's type
+/// and names the field in its `bad_request`. An absent field and `null` both read as `nil`.
+struct ProviderFields {
+    let spec: ProviderSpec
+
+    /// A string field.
+    func text(_ name: String) throws(BrokerError) -> String? {
+        guard let value = present(name) else { return nil }
+        guard let text = value.text else { throw BrokerError(.badRequest, "\"\(name)\" must be a string") }
+        return text
+    }
+
+    /// An array-of-strings field.
+    func texts(_ name: String) throws(BrokerError) -> [String]? {
+        guard let value = present(name) else { return nil }
+        guard let texts = value.texts else {
+            throw BrokerError(.badRequest, "\"\(name)\" must be an array of strings")
+        }
+        return texts
+    }
+
+    /// Checks that `field`, if given, has its declared type.
+    func check(_ field: ProviderField) throws(BrokerError) {
+        switch field.type {
+        case .text: _ = try text(field.name)
+        case .texts: _ = try texts(field.name)
+        }
+    }
+
+    private func present(_ name: String) -> JSONValue? {
+        guard let value = spec.fields[name], value != .null else { return nil }
+        return value
+    }
+}
