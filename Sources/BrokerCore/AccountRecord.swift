@@ -1,5 +1,5 @@
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 
 /// How an account is refreshed: validated provider settings (no secrets).
 public enum ProviderConfig: Codable, Sendable, Equatable {

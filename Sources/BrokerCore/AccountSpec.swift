@@ -1,5 +1,5 @@
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 
 /// Turns the wire's `provider` and `tokens` objects into validated account data.
 enum AccountSpec {
@@ -41,7 +41,7 @@ enum AccountSpec {
             }
             let url = try allowedURL(endpoint, field: "endpoint")
             let zone = spec.timezone ?? "UTC"
-            guard !zone.isEmpty, TimeZone(identifier: zone) != nil else {
+            guard !zone.isEmpty, IANATimeZone(identifier: zone) != nil else {
                 throw BrokerError(
                     .badRequest,
                     "\"timezone\" must be an IANA time zone name such as UTC or Europe/Berlin, not "
@@ -58,8 +58,8 @@ enum AccountSpec {
             guard path.hasPrefix("/") else {
                 throw BrokerError(.badRequest, "command[0] must be an absolute path (the command runs without a shell)")
             }
-            var isDirectory: ObjCBool = false
-            guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), !isDirectory.boolValue,
+            var isDirectory = false
+            guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), !isDirectory,
                 FileManager.default.isExecutableFile(atPath: path)
             else {
                 throw BrokerError(.badRequest, "command[0] \(FormEncoding.printable(path)) is not an executable file")

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// Which IdP URLs the broker will call: https everywhere, plain http only for canonical
 /// loopback literals, and a port (when given) from 1 to 65535.

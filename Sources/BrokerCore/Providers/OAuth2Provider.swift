@@ -1,6 +1,6 @@
 import AsyncHTTPClient
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import NIOCore
 import NIOHTTP1
 
@@ -58,7 +58,7 @@ struct OAuth2Provider: TokenProvider {
     /// the IdP does not revoke this kind of token. 5xx and 429 are transient; any other answer
     /// (wrong client credentials, a wrong endpoint URL) leaves the credential alive: a denial.
     static func interpretRevocation(_ reply: IdPReply) -> Result<Revocation, RefreshFailure> {
-        let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any]
+        let object = UntypedJSON.object(reply.body)
         let code = object?["error"] as? String
         switch reply.status {
         case 200..<300:
@@ -106,7 +106,7 @@ struct OAuth2Provider: TokenProvider {
     /// Classifies a token endpoint's answer (RFC 6749 sections 5.1 and 5.2).
     static func interpret(_ reply: IdPReply, now: Date, defaultLifetime: TimeInterval) -> Result<Grant, RefreshFailure>
     {
-        let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any]
+        let object = UntypedJSON.object(reply.body)
         switch reply.status {
         case 200..<300:
             guard let object, let accessToken = object["access_token"] as? String, !accessToken.isEmpty else {
@@ -132,11 +132,21 @@ struct OAuth2Provider: TokenProvider {
 
 /// `application/x-www-form-urlencoded` bodies (RFC 6749 appendix B).
 enum FormEncoding {
-    private static let unreserved = CharacterSet(
-        charactersIn: "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+    private static let unreserved = Set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~".utf8)
 
+    /// `text` with every UTF-8 byte outside the unreserved characters written `%XX`.
     static func escape(_ text: String) -> String {
-        text.addingPercentEncoding(withAllowedCharacters: unreserved) ?? ""
+        let hex = Array("0123456789ABCDEF".utf8)
+        var escaped: [UInt8] = []
+        escaped.reserveCapacity(text.utf8.count)
+        for byte in text.utf8 {
+            if unreserved.contains(byte) {
+                escaped.append(byte)
+            } else {
+                escaped += [UInt8(ascii: "%"), hex[Int(byte >> 4)], hex[Int(byte & 0x0F)]]
+            }
+        }
+        return String(decoding: escaped, as: UTF8.self)
     }
 
     static func encode(_ pairs: [(String, String)]) -> String {

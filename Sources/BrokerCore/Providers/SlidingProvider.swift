@@ -1,5 +1,5 @@
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import NIOHTTP1
 
 /// Settings of a `sliding` account.
@@ -31,17 +31,17 @@ struct SlidingProvider: TokenProvider {
         var headers = HTTPHeaders()
         headers.add(name: "Authorization", value: "Bearer \(refreshToken)")
         headers.add(name: "Accept", value: "application/json")
-        let zone = TimeZone(identifier: settings.timeZone) ?? TimeZone(identifier: "UTC")!
+        let zone = IANATimeZone(identifier: settings.timeZone) ?? .utc
         return await http.send(method: .POST, url: settings.endpoint, headers: headers, body: "")
             .flatMap { Self.interpret($0, now: now, timeZone: zone, defaultLifetime: defaultLifetime) }
     }
 
     /// Classifies the endpoint's answer. `status: false` (e.g. `RefreshTokenMismatch`) and HTTP
     /// 400/401 are denials; 5xx, 429, other statuses and malformed bodies are transient.
-    static func interpret(_ reply: IdPReply, now: Date, timeZone: TimeZone, defaultLifetime: TimeInterval)
+    static func interpret(_ reply: IdPReply, now: Date, timeZone: IANATimeZone, defaultLifetime: TimeInterval)
         -> Result<Grant, RefreshFailure>
     {
-        let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any]
+        let object = UntypedJSON.object(reply.body)
         let reason = (object?["message"] as? String).map { ": " + $0 } ?? ""
         switch reply.status {
         case 500..<600, 429:
@@ -89,11 +89,11 @@ struct SlidingProvider: TokenProvider {
 
     /// An optional timestamp field of the envelope's `data`: absent or null is `nil`; anything
     /// but a readable string is a malformed (transient) answer.
-    private static func timestamp(_ data: [String: Any], _ field: String, zone: TimeZone) -> Result<
+    private static func timestamp(_ data: [String: Any], _ field: String, zone: IANATimeZone) -> Result<
         Date?, RefreshFailure
     > {
         switch data[field] {
-        case nil, is NSNull: return .success(nil)
+        case nil, is JSONNull: return .success(nil)
         case let text as String:
             if let parsed = Timestamp.parse(text, defaultZone: zone) { return .success(parsed) }
         default: break
@@ -106,8 +106,8 @@ struct SlidingProvider: TokenProvider {
 /// fractional seconds (any number of digits, as .NET writes seven) and an optional zone (`Z`,
 /// `+05:30`, `+0530`, `+05`). A time without a zone is read in `defaultZone`.
 enum Timestamp {
-    static func parse(_ text: String, defaultZone: TimeZone) -> Date? {
-        var scanner = Substring(text.trimmingCharacters(in: .whitespaces))
+    static func parse(_ text: String, defaultZone: IANATimeZone) -> Date? {
+        var scanner = Substring(text.trimmingSpaces())
         guard let year = scanner.number(digits: 4), scanner.take("-"), let month = scanner.number(digits: 2),
             scanner.take("-"), let day = scanner.number(digits: 2),
             scanner.take("T") || scanner.take("t")
@@ -122,29 +122,24 @@ enum Timestamp {
             fraction = value
             scanner = scanner.dropFirst(digits.count)
         }
-        var zone = defaultZone
+        var offset: Int?
         if scanner.take("Z") || scanner.take("z") {
-            zone = TimeZone(secondsFromGMT: 0)!
+            offset = 0
         } else if let sign = scanner.first, sign == "+" || sign == "-" {
             scanner = scanner.dropFirst()
             guard let hours = scanner.number(digits: 2), hours <= 23 else { return nil }
             _ = scanner.take(":")
             let minutes = scanner.isEmpty ? 0 : scanner.number(digits: 2)
             guard let minutes, minutes <= 59 else { return nil }
-            let offset = (hours * 3600 + minutes * 60) * (sign == "-" ? -1 : 1)
-            guard let fixed = TimeZone(secondsFromGMT: offset) else { return nil }
-            zone = fixed
+            offset = (hours * 3600 + minutes * 60) * (sign == "-" ? -1 : 1)
         }
-        guard scanner.isEmpty, (1...12).contains(month), (1...31).contains(day), hour <= 23, minute <= 59,
-            second <= 60
+        guard scanner.isEmpty, (1...12).contains(month), hour <= 23, minute <= 59, second <= 60,
+            (1...CivilDate.daysIn(month: month, year: Int64(year))).contains(day)  // refuses 2026-02-31
         else { return nil }
-        var calendar = Calendar(identifier: .gregorian)
-        calendar.timeZone = zone
-        let components = DateComponents(
-            year: year, month: month, day: day, hour: hour, minute: minute, second: min(second, 59))
-        guard let date = calendar.date(from: components),
-            calendar.component(.day, from: date) == day  // refuses 2026-02-31 instead of rolling over
-        else { return nil }
+        let days = CivilDate.days(year: Int64(year), month: month, day: day)
+        let wallClock = Date(
+            timeIntervalSince1970: Double(days * 86_400 + Int64(hour * 3600 + minute * 60 + min(second, 59))))
+        let date = offset.map { wallClock.addingTimeInterval(-Double($0)) } ?? defaultZone.date(wallClock: wallClock)
         return date.addingTimeInterval(fraction + (second == 60 ? 1 : 0))
     }
 }

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// `static` accounts: tokens arrive only through `set_tokens`; there is nothing to refresh.
 struct StaticProvider: TokenProvider {
