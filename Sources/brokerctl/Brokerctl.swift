@@ -135,7 +135,8 @@ struct StandardStream {
 }
 
 struct Status: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Show the state of every account, or of one.")
+    static let configuration = CommandConfiguration(
+        commandName: "status", abstract: "Show the state of every account, or of one.")
 
     @OptionGroup var options: GlobalOptions
     @Argument(help: "Account name.") var account: String?
@@ -149,6 +150,7 @@ struct Status: ParsableCommand {
 
 struct Token: ParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "token",
         abstract:
             "Print an access token (only the token), e.g. for curl -H \"Authorization: Bearer $(brokerctl token api)\"."
     )
@@ -164,6 +166,7 @@ struct Token: ParsableCommand {
 
 struct Watch: ParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "watch",
         abstract: "Show account events live (refreshed, refresh_failed, needs_login, logged_out, added, removed).")
 
     @OptionGroup var options: GlobalOptions
@@ -195,6 +198,7 @@ enum EventText {
 
 struct Add: ParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "add",
         abstract: "Add an account.",
         discussion: """
             Secrets are read as a JSON object from --secrets (a file, or - for stdin), never from the
@@ -261,6 +265,7 @@ struct AddSecrets: Decodable {
 
 struct SetTokens: ParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "set-tokens",
         abstract: "Push new tokens into an account (clears needs_login).",
         discussion: "Reads a JSON tokens object from --from (a file, or - for stdin, the default).")
 
@@ -277,7 +282,8 @@ struct SetTokens: ParsableCommand {
 }
 
 struct Remove: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Delete an account and its secrets.")
+    static let configuration = CommandConfiguration(
+        commandName: "remove", abstract: "Delete an account and its secrets.")
 
     @OptionGroup var options: GlobalOptions
     @Argument(help: "Account name.") var account: String
@@ -288,7 +294,8 @@ struct Remove: ParsableCommand {
 }
 
 struct Refresh: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Refresh an account now, ignoring its schedule.")
+    static let configuration = CommandConfiguration(
+        commandName: "refresh", abstract: "Refresh an account now, ignoring its schedule.")
 
     @OptionGroup var options: GlobalOptions
     @Argument(help: "Account name.") var account: String
@@ -300,6 +307,7 @@ struct Refresh: ParsableCommand {
 
 struct Logout: ParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "logout",
         abstract: "Revoke an account's credential at the IdP where it can be, then discard its tokens.",
         discussion: """
             The account and its settings stay (state logged_out) until new tokens are pushed with
@@ -320,6 +328,7 @@ struct Logout: ParsableCommand {
 
 struct Reload: ParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "reload",
         abstract: "Make the broker re-read broker.toml (a broken file is refused and changes nothing).")
 
     @OptionGroup var options: GlobalOptions
