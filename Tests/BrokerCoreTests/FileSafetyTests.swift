@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import Testing
 
 @testable import BrokerCore

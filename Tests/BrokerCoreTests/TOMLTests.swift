@@ -126,4 +126,30 @@ import Testing
         #expect(error.reason.contains("nested too deeply"))
         _ = try value(String(repeating: "[", count: 31) + String(repeating: "]", count: 31))
     }
+
+    /// Text made of TOML's own pieces in random order (a fixed seed, so a failure replays) is
+    /// read or refused with a line that is in the text; the reader never traps.
+    @Test func randomTextIsReadOrRefusedByALineOfIt() {
+        let pieces = [
+            "[", "]", "[[", "{", "}", "=", ",", ".", "\"", "'", "\"\"\"", "'''", "\\", "\\u", "\n", "\r\n", "\r", " ",
+            "\t", "#", "a", "key", "1", "0x", "0b", "e", "-", "+", "_", "true", "inf", "nan", "1.5", "é", "\u{0}", ":",
+        ]
+        var state: UInt64 = 0x9E37_79B9_7F4A_7C15
+        func next(_ bound: Int) -> Int {
+            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            return Int((state >> 33) % UInt64(bound))
+        }
+        var refused = 0
+        for _ in 0..<20_000 {
+            let text = (0..<next(40)).map { _ in pieces[next(pieces.count)] }.joined()
+            do {
+                _ = try TOMLTable(parsing: text)
+            } catch {
+                refused += 1
+                let lines = text.utf8.filter { $0 == UInt8(ascii: "\n") }.count + 1
+                #expect((1...lines).contains(error.line), "\(text.debugDescription): \(error)")
+            }
+        }
+        #expect(refused > 0)
+    }
 }

@@ -1,6 +1,6 @@
 import BrokerClient
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import TestIdP
 import Testing
 

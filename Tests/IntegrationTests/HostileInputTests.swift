@@ -1,6 +1,6 @@
 import BrokerClient
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import Testing
 
 /// The real brokerd against hostile numbers on its socket and a helper looking for its

@@ -1,6 +1,6 @@
 import BrokerClient
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import Testing
 
 /// A tampered vault or a wrong key stops brokerd with a clear message and touches nothing.
