@@ -6,6 +6,12 @@ let upcoming: [SwiftSetting] = [
     .enableUpcomingFeature("MemberImportVisibility"),
 ]
 
+/// The daemon and the CLI carry the Swift runtime inside: they start without loading a
+/// dozen shared libraries, and run on a machine without the toolchain.
+let staticStandardLibrary: [LinkerSetting] = [
+    .unsafeFlags(["-static-stdlib"]), .linkedLibrary("_FoundationCollections"), .linkedLibrary("_FoundationCShims"),
+]
+
 let package = Package(
     name: "tokenbroker",
     platforms: [.macOS(.v15)],
@@ -21,7 +27,6 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
-        .package(url: "https://github.com/LebJe/TOMLKit", from: "0.6.0"),
     ],
     targets: [
         .systemLibrary(
@@ -44,7 +49,6 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "TOMLKit", package: "TOMLKit"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: upcoming
@@ -79,7 +83,8 @@ let package = Package(
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),
             ],
-            swiftSettings: upcoming
+            swiftSettings: upcoming,
+            linkerSettings: staticStandardLibrary
         ),
         .target(name: "BrokerClient", dependencies: ["BrokerProtocol"], swiftSettings: upcoming),
         .executableTarget(
@@ -88,7 +93,8 @@ let package = Package(
                 "BrokerClient", "BrokerProtocol",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
-            swiftSettings: upcoming
+            swiftSettings: upcoming,
+            linkerSettings: staticStandardLibrary
         ),
         // What every test target and the bench share: test IdPs, the broker harnesses, raw
         // connections and child processes.
@@ -135,9 +141,11 @@ let package = Package(
             swiftSettings: upcoming
         ),
         .testTarget(name: "BrokerSystemdTests", dependencies: ["BrokerSystemd"], swiftSettings: upcoming),
+        // Runs the brokerd and brokerctl binaries that `swift build` leaves beside it; it does not
+        // depend on their targets, which would link their static runtime into the test bundle.
         .testTarget(
             name: "IntegrationTests",
-            dependencies: ["BrokerClient", "BrokerProtocol", "TestSupport", "brokerd", "brokerctl"],
+            dependencies: ["BrokerClient", "BrokerProtocol", "TestSupport"],
             exclude: ["Fixtures"],
             swiftSettings: upcoming
         ),

@@ -2,7 +2,7 @@
 import PackageDescription
 
 /// libFuzzer's coverage instrumentation, for the project's own modules and the fuzz targets
-/// only: the dependencies (NIO, AsyncHTTPClient, TOMLKit) build as usual.
+/// only: the dependencies (NIO, AsyncHTTPClient) build as usual.
 let instrumented: [SwiftSetting] = [
     .unsafeFlags(["-sanitize=fuzzer", "-enable-testing"]),
     .enableUpcomingFeature("ExistentialAny"),
@@ -27,7 +27,6 @@ let package = Package(
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
-        .package(url: "https://github.com/LebJe/TOMLKit", from: "0.6.0"),
     ],
     targets: [
         .systemLibrary(name: "CSodium", path: "Linked/CSodium", pkgConfig: "libsodium"),
@@ -41,7 +40,6 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "TOMLKit", package: "TOMLKit"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             path: "Linked/BrokerCore", swiftSettings: instrumented),

@@ -1,15 +1,10 @@
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import Synchronization
 
 #if canImport(Glibc)
 import Glibc
 #endif
-
-/// The broker could not be reached, or the connection to it broke.
-public struct ConnectionError: Error, CustomStringConvertible, Sendable {
-    public let description: String
-}
 
 /// Thrown by a `withToken` body when the resource server refused the token (e.g. HTTP 401).
 public struct TokenRefused: Error, Sendable {
@@ -64,12 +59,12 @@ public final class BrokerClient: Sendable {
 
     /// An access token valid for at least `minTTL` seconds (the broker refreshes if needed).
     public func token(account: String, minTTL: TimeInterval? = nil) async throws -> TokenResult {
-        try await call(Request(id: nil, op: "token", account: account, minTTL: minTTL))
+        try await perform(.token(account: account, minTTL: minTTL))
     }
 
     /// Reports that a resource server refused `accessToken`; returns the token to use instead.
     public func reject(account: String, accessToken: String, minTTL: TimeInterval? = nil) async throws -> TokenResult {
-        try await call(Request(id: nil, op: "reject", account: account, minTTL: minTTL, accessToken: accessToken))
+        try await perform(.reject(account: account, accessToken: accessToken, minTTL: minTTL))
     }
 
     /// Runs `body` with a token; if `body` throws `TokenRefused`, rejects the token and runs
@@ -88,80 +83,64 @@ public final class BrokerClient: Sendable {
 
     /// The broker's protocol version, name and operations.
     public func hello(client: String? = nil) async throws -> HelloResult {
-        try await call(Request(id: nil, op: "hello", versions: [protocolVersion], client: client))
+        try await perform(.hello(client: client))
     }
 
     /// The state of one account, or of all visible accounts.
     public func status(account: String? = nil) async throws -> [AccountStatus] {
-        let result: StatusResult = try await call(Request(id: nil, op: "status", account: account))
-        return result.accounts
+        try await perform(.status(account: account)).accounts
     }
 
     /// Creates an account (owner only).
     public func add(account: String, provider: ProviderSpec, tokens: TokenSet? = nil) async throws -> AccountResult {
-        try await call(Request(id: nil, op: "add", account: account, provider: provider, tokens: tokens))
+        try await perform(.add(account: account, provider: provider, tokens: tokens))
     }
 
     /// Pushes new tokens into an account (owner only); clears `needs_login`.
     public func setTokens(account: String, tokens: TokenSet) async throws -> AccountResult {
-        try await call(Request(id: nil, op: "set_tokens", account: account, tokens: tokens))
+        try await perform(.setTokens(account: account, tokens: tokens))
     }
 
     /// Deletes an account and its secrets (owner only).
     public func remove(account: String) async throws -> AccountResult {
-        try await call(Request(id: nil, op: "remove", account: account))
+        try await perform(.remove(account: account))
     }
 
     /// Revokes an account's credential where the IdP can, then discards its tokens (owner
     /// only); `force` discards them even when the IdP cannot be reached.
     public func logout(account: String, force: Bool = false) async throws -> LogoutResult {
-        try await call(Request(id: nil, op: "logout", account: account, force: force ? true : nil))
+        try await perform(.logout(account: account, force: force))
     }
 
     /// Makes the broker re-read its config file (owner only).
     public func reload() async throws -> ReloadResult {
-        try await call(Request(id: nil, op: "reload"))
+        try await perform(.reload())
     }
 
     /// Refreshes an account now (owner only).
     public func refresh(account: String) async throws -> AccountResult {
-        try await call(Request(id: nil, op: "refresh", account: account))
+        try await perform(.refresh(account: account))
     }
 
     /// Events of `accounts` (all when `nil`) as they happen. The stream ends with an error if
     /// the connection breaks or the broker drops this subscriber for reading too slowly.
     public func events(accounts: [String]? = nil) async throws -> AsyncThrowingStream<BrokerEvent, any Error> {
         let (stream, continuation) = AsyncThrowingStream<BrokerEvent, any Error>.makeStream()
-        var request = Request(id: nil, op: "subscribe")
-        request.accounts = accounts
-        let _: SubscribeResult = try await call(request, subscription: continuation)
+        _ = try await perform(.subscribe(accounts: accounts), subscription: continuation)
         return stream
     }
 
-    /// Sends `request` (its id is assigned here) and decodes the result; a failure line
-    /// becomes a thrown `BrokerError`.
-    public func call<Result: Decodable>(_ request: Request) async throws -> Result {
-        try await call(request, subscription: nil)
+    /// Sends `call` and returns its result; a failure line becomes a thrown `BrokerError`.
+    public func perform<Result>(_ call: BrokerCall<Result>) async throws -> Result {
+        try await perform(call, subscription: nil)
     }
 
-    private func call<Result: Decodable>(
-        _ request: Request, subscription: AsyncThrowingStream<BrokerEvent, any Error>.Continuation?
+    private func perform<Result>(
+        _ call: BrokerCall<Result>, subscription: AsyncThrowingStream<BrokerEvent, any Error>.Continuation?
     ) async throws -> Result {
-        var request = request
-        let line = try await liveConnection().exchange(subscription: subscription) { id in
-            request.id = id
-            var data = try Wire.makeEncoder().encode(request)
-            data.append(0x0A)
-            return data
-        }
-        let decoder = Wire.makeDecoder()
-        let head = try decoder.decode(ResponseHead.self, from: line)
-        if head.ok != true {
-            throw head.error?.brokerError ?? BrokerError(.internal, "the broker sent a failure without an error")
-        }
-        return try decoder.decode(ResultBody<Result>.self, from: line).result
+        let line = try await liveConnection().exchange(subscription: subscription) { try call.line(id: $0) }
+        return try BrokerCall<Result>.result(of: line)
     }
-
 }
 
 /// The socket and its reader thread; the thread keeps this alive until the socket closes.
@@ -180,10 +159,8 @@ private final class Connection: Sendable {
     private let writeLock = Mutex(())
 
     init(socketPath: String) throws {
-        descriptor = try UnixSocket.connect(socketPath)
-        let thread = Thread { [self] in readLoop() }
-        thread.name = "BrokerClient reader"
-        thread.start()
+        descriptor = try BrokerSocket.connect(socketPath)
+        try startReaderThread()
     }
 
     /// Whether the connection has broken or was closed (no request can succeed on it any more).
@@ -213,31 +190,40 @@ private final class Connection: Sendable {
                 return nil
             }
             if let failure { return continuation.resume(throwing: failure) }
-            let sent = writeLock.withLock { _ in UnixSocket.writeAll(descriptor, data) }
+            let sent = writeLock.withLock { _ in BrokerSocket.send(descriptor, data) }
             // A failed send means the broker went away; the reader still delivers whatever the
             // broker said before closing (e.g. forbidden), then fails every pending request.
             if !sent { shutdown(descriptor, Int32(SHUT_WR)) }
         }
     }
 
-    private func readLoop() {
-        var buffer = [UInt8]()
-        var chunk = [UInt8](repeating: 0, count: 65536)
-        while true {
-            let count = read(descriptor, &chunk, chunk.count)
-            if count <= 0 {
-                if count < 0, errno == EINTR { continue }
-                break
-            }
-            buffer += chunk[0..<count]
-            var start = 0
-            while let newline = buffer[start...].firstIndex(of: 0x0A) {
-                deliver(Data(buffer[start..<newline]))
-                start = newline + 1
-            }
-            buffer.removeFirst(start)
+    /// Runs `readLoop` on a thread of its own (a detached pthread); on failure the socket is closed.
+    private func startReaderThread() throws {
+        let context = Unmanaged.passRetained(self).toOpaque()
+        var thread = pthread_t()
+        let result = pthread_create(
+            &thread, nil,
+            { context in
+                Unmanaged<Connection>.fromOpaque(context!).takeRetainedValue().readLoop()
+                return nil
+            }, context)
+        guard result == 0 else {
+            Unmanaged<Connection>.fromOpaque(context).release()
+            Glibc.close(descriptor)
+            throw ConnectionError(description: "cannot start the reader thread: \(String(cString: strerror(result)))")
         }
-        fail(ConnectionError(description: "the broker closed the connection"))
+        pthread_detach(thread)
+    }
+
+    private func readLoop() {
+        var reader = LineReader(descriptor: descriptor)
+        var ending = ConnectionError(description: "the broker closed the connection")
+        do {
+            while let line = try reader.next() { deliver(line) }
+        } catch {
+            ending = error
+        }
+        fail(ending)
         state.withLock { state in
             state.descriptorClosed = true
             _ = Glibc.close(descriptor)
@@ -278,56 +264,5 @@ private final class Connection: Sendable {
         }
         for continuation in pending { continuation.resume(throwing: error) }
         for subscription in subscriptions { subscription.finish(throwing: error) }
-    }
-}
-
-/// Blocking Unix-socket primitives for the client.
-enum UnixSocket {
-    /// A socket connected to the broker at `path`, served by this user or root. Checked
-    /// (`SO_PEERCRED`) before a byte is sent: a socket another user planted or swapped in, to
-    /// collect the secrets brokerctl sends, is closed and refused.
-    static func connect(_ path: String) throws -> Int32 {
-        switch UnixSocketAddress.connect(path) {
-        case .success(let fd):
-            do {
-                try checkServer(fd, path: path)
-                return fd
-            } catch {
-                close(fd)
-                throw error
-            }
-        case .failure(let error):
-            throw ConnectionError(description: "the broker is not running at \(path) (\(error)); start it with brokerd")
-        }
-    }
-
-    /// Refuses a server that is neither this user nor root.
-    private static func checkServer(_ fd: Int32, path: String) throws {
-        guard let server = PeerCredentials(socket: fd)?.uid else {
-            let reason = String(cString: strerror(errno))
-            throw ConnectionError(
-                description: "cannot tell who serves the socket \(path) (\(reason)); nothing was sent")
-        }
-        guard server == getuid() || server == 0 else {
-            throw ConnectionError(
-                description: "refusing the socket \(path): it is served by uid \(server), not by you (uid \(getuid())) "
-                    + "or root, so it is not your broker (another user may have planted it); nothing was sent. "
-                    + "Check who owns its directory, and TOKENBROKER_SOCKET and XDG_RUNTIME_DIR")
-        }
-    }
-
-    static func writeAll(_ fd: Int32, _ data: Data) -> Bool {
-        data.withUnsafeBytes { raw in
-            var offset = 0
-            while offset < raw.count {
-                let written = send(fd, raw.baseAddress! + offset, raw.count - offset, Int32(MSG_NOSIGNAL))
-                if written < 0 {
-                    if errno == EINTR { continue }
-                    return false
-                }
-                offset += written
-            }
-            return true
-        }
     }
 }

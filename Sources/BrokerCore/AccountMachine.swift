@@ -1,10 +1,6 @@
 import BrokerProtocol
 
-#if canImport(FoundationEssentials)
 import FoundationEssentials
-#else
-import Foundation
-#endif
 
 /// One account's lifecycle as a value: its vault record, its phase and its next refresh.
 ///

@@ -1,5 +1,5 @@
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 
 /// The current access token of an account.
 public struct AccessToken: Codable, Sendable, Equatable {

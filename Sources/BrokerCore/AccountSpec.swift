@@ -1,5 +1,5 @@
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 
 /// Turns the wire's `provider` and `tokens` objects into validated account data.
 enum AccountSpec {

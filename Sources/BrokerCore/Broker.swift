@@ -1,5 +1,5 @@
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import Logging
 import Synchronization
 
@@ -109,7 +109,7 @@ public actor Broker {
         let noun = accounts.count == 1 ? "account" : "accounts"
         guard !counts.isEmpty else { return "0 accounts" }
         let parts = counts.sorted { $0.key < $1.key }.map {
-            "\($0.value) \($0.key.replacingOccurrences(of: "_", with: " "))"
+            "\($0.value) \($0.key.replacing("_", with: " "))"
         }
         return "\(accounts.count) \(noun): " + parts.joined(separator: ", ")
     }

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// Tunables of the refresh engine; every field has a sensible default.
 public struct BrokerSettings: Sendable, Equatable {

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// Wall-clock time, injectable so tests can jump it. Expiry is always judged by it.
 public protocol WallClock: Sendable {

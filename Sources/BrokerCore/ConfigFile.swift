@@ -1,6 +1,5 @@
-import Foundation
+import FoundationEssentials
 import BrokerProtocol
-import TOMLKit
 
 /// A config file problem; the message names the file and, where it can, the line.
 public struct ConfigError: Error, CustomStringConvertible, Sendable {
@@ -42,16 +41,11 @@ public enum ConfigFile {
     }
 
     static func parse(_ text: String, path: String) throws -> BrokerConfiguration {
-        if let line = TOMLPrecheck.firstForbiddenLine(text) {
-            throw ConfigError(
-                description: "\(path) line \(line): not TOML here: a table header names a key first, keys are "
-                    + "ASCII letters, digits, - and _ (or quoted), other characters belong in strings or comments")
-        }
         let table: TOMLTable
         do {
-            table = try TOMLTable(string: text)
-        } catch let error as TOMLParseError {
-            throw ConfigError(description: "\(path) line \(error.source.begin.line): \(error.description)")
+            table = try TOMLTable(parsing: text)
+        } catch {
+            throw ConfigError(description: "\(path) line \(error.line): \(error)")
         }
         for key in table.keys where key != "broker" && key != "accounts" {
             throw ConfigError(
@@ -62,7 +56,7 @@ public enum ConfigFile {
             accounts: try accounts(table["accounts"], path: path))
     }
 
-    private static func settings(_ value: (any TOMLValueConvertible)?, path: String, text: String) throws
+    private static func settings(_ value: TOMLValue?, path: String, text: String) throws
         -> BrokerSettings
     {
         var settings = BrokerSettings()
@@ -79,8 +73,8 @@ public enum ConfigFile {
             guard let number = value?.double ?? value?.int.map(Double.init), range.contains(number) else {
                 let place = line(of: key, in: text).map { " line \($0)" } ?? ""
                 throw ConfigError(
-                    description: "\(path)\(place): broker.\(key) must be a number from \(range.lowerBound.formatted()) "
-                        + "to \(range.upperBound.formatted())")
+                    description: "\(path)\(place): broker.\(key) must be a number from \(Self.text(range.lowerBound)) "
+                        + "to \(Self.text(range.upperBound))")
             }
             settings[keyPath: setting] = number
         }
@@ -92,8 +86,13 @@ public enum ConfigFile {
         return settings
     }
 
-    /// The line (1-based) of the first `key = ...` in `text`, for messages (TOMLKit keeps no
-    /// positions for values).
+    /// `number` as a person writes it: `86400`, `0.5`.
+    private static func text(_ number: Double) -> String {
+        number == number.rounded() && abs(number) < 1e15 ? String(Int(number)) : String(number)
+    }
+
+    /// The line (1-based) of the first `key = ...` in `text`, for messages (the TOML reader
+    /// keeps no positions for values).
     static func line(of key: String, in text: String) -> Int? {
         let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
         let index = lines.firstIndex { line in
@@ -109,7 +108,7 @@ public enum ConfigFile {
 
     /// Reads each `[accounts.NAME]` table into a provider object: its `kind`, and any field of
     /// a provider kind with that field's type (provider settings only, never a secret).
-    private static func accounts(_ value: (any TOMLValueConvertible)?, path: String) throws -> [String: ProviderSpec] {
+    private static func accounts(_ value: TOMLValue?, path: String) throws -> [String: ProviderSpec] {
         guard let value else { return [:] }
         guard let accounts = value.table else {
             throw ConfigError(description: "\(path): \"accounts\" must hold [accounts.NAME] tables")
@@ -143,7 +142,7 @@ public enum ConfigFile {
     }
 
     /// The TOML value of a provider field as the JSON value a `provider` object would give.
-    private static func fieldValue(_ value: (any TOMLValueConvertible)?, _ field: ProviderField, place: String) throws
+    private static func fieldValue(_ value: TOMLValue?, _ field: ProviderField, place: String) throws
         -> JSONValue
     {
         switch field.type {

@@ -1,5 +1,5 @@
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import Synchronization
 
 /// Fans account events out to subscribers. Each subscriber has a bounded buffer; one that

@@ -1,4 +1,8 @@
-import Foundation
+import FoundationEssentials
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Decides when an account refreshes next: proactively before expiry, and with
 /// capped, fully jittered exponential backoff after transient failures.

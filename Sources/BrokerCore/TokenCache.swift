@@ -1,5 +1,5 @@
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import Synchronization
 
 /// Current tokens by account, readable from any thread without touching the broker actor.

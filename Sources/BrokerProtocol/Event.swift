@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// One change in an account's life, as a `subscribe` connection receives it. Never carries a token.
 public struct BrokerEvent: Codable, Sendable, Equatable {

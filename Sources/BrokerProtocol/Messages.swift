@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// The protocol version this package speaks.
 public let protocolVersion = 1

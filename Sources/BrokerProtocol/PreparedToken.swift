@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// A token result whose JSON is built once, so serving a cached token costs a
 /// dictionary lookup and a few byte copies instead of a full JSON encode.

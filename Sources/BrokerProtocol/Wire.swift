@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// Encoding and decoding of protocol lines, shared by the broker and its clients so
 /// both sides agree on dates (RFC 3339 UTC, whole seconds) and key names.

@@ -1,6 +1,6 @@
 import BrokerCore
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import Logging
 import NIOCore
 

@@ -1,6 +1,6 @@
 import BrokerCore
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 
 /// Decodes request lines and runs them against the broker; knows nothing about sockets.
 public struct RequestDispatcher: Sendable {

@@ -1,4 +1,3 @@
-import Foundation
 import Logging
 
 #if canImport(Glibc)
@@ -23,7 +22,21 @@ public struct JournalLogHandler: LogHandler {
         let merged = metadata.merging(event.metadata ?? [:]) { $1 }
         let fields = merged.sorted { $0.key < $1.key }.map { " \($0.key)=\($0.value)" }.joined()
         let line = "<\(Self.priority(event.level))>\(event.message)\(fields)\n"
-        FileHandle.standardError.write(Data(line.utf8))
+        Self.writeToStandardError(line)
+    }
+
+    /// Writes `line` whole (one `write` for a short line, so lines of several threads do not mix).
+    private static func writeToStandardError(_ line: String) {
+        var line = line
+        line.withUTF8 { bytes in
+            var offset = 0
+            while offset < bytes.count {
+                let written = write(STDERR_FILENO, bytes.baseAddress! + offset, bytes.count - offset)
+                if written < 0, errno == EINTR { continue }
+                guard written > 0 else { return }
+                offset += written
+            }
+        }
     }
 
     /// The syslog priority of a log level (RFC 5424 severities).

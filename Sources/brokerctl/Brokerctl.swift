@@ -1,11 +1,15 @@
 import ArgumentParser
 import BrokerClient
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// brokerctl: inspect and manage brokerd, and fetch tokens in scripts.
 @main
-struct Brokerctl: AsyncParsableCommand {
+struct Brokerctl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "brokerctl", abstract: "Inspect and manage tokenbroker; print tokens for scripts.",
         discussion: """
@@ -26,24 +30,40 @@ struct GlobalOptions: ParsableArguments {
     @Flag(help: "Print the result as JSON.")
     var json = false
 
-    /// Connects, runs `body`, and turns failures into a message on stderr and a distinct exit code.
-    func run<T: Encodable>(_ body: (BrokerClient) async throws -> T, human: (T) -> String) async throws {
+    @Option(help: "Seconds to wait for the broker's answer (it may be refreshing at the IdP).")
+    var timeout: Double = 120
+
+    /// Sends `call`, prints its result, and turns failures into a message on stderr and a
+    /// distinct exit code.
+    func run<Result: Encodable>(_ call: BrokerCall<Result>, human: (Result) -> String) throws {
+        let result = try reportingFailures { try client().perform(call) }
+        if json {
+            let data = try Wire.makeEncoder().encode(result)
+            print(String(decoding: data, as: UTF8.self))
+        } else {
+            let text = human(result)
+            if !text.isEmpty { print(text) }
+        }
+    }
+
+    /// A client of the broker at `--socket` with the `--timeout` of these options.
+    func client() throws -> BlockingBrokerClient {
+        guard timeout.isFinite, timeout > 0, timeout <= Bounds.maximumLifetime else {
+            throw ValidationError("--timeout must be a number of seconds above 0")
+        }
+        return BlockingBrokerClient(
+            socketPath: socket ?? DefaultPaths().socket, timeout: .milliseconds(Bounds.milliseconds(timeout)))
+    }
+
+    /// Runs `body`; a failure becomes a message on stderr and the exit code that says what failed.
+    func reportingFailures<T>(_ body: () throws -> T) throws -> T {
         do {
-            let client = try BrokerClient(socketPath: socket ?? DefaultPaths().socket)
-            defer { client.close() }
-            let result = try await body(client)
-            if json {
-                let data = try Wire.makeEncoder().encode(result)
-                print(String(decoding: data, as: UTF8.self))
-            } else {
-                let text = human(result)
-                if !text.isEmpty { print(text) }
-            }
+            return try body()
         } catch let error as ConnectionError {
-            FileHandle.standardError.write(Data("brokerctl: \(error)\n".utf8))
+            StandardStream.error.write("brokerctl: \(error)\n")
             throw ExitCode(3)
         } catch let error as BrokerError {
-            FileHandle.standardError.write(Data("brokerctl: \(error.message)\(Self.hint(error))\n".utf8))
+            StandardStream.error.write("brokerctl: \(error.message)\(Self.hint(error))\n")
             throw ExitCode(Self.exitCode(error.code))
         }
     }
@@ -67,39 +87,70 @@ struct GlobalOptions: ParsableArguments {
 
 /// Reads a JSON document from a file, or from stdin for "-", so secrets never appear in argv.
 enum SecretInput {
+    /// The largest document read (a tokens object is a few KiB).
+    static let maximumSize = 1 << 20
+
     static func read<T: Decodable>(_ source: String, as type: T.Type) throws -> T {
-        let data: Data
-        if source == "-" {
-            data = FileHandle.standardInput.readDataToEndOfFile()
-        } else {
-            guard let contents = FileManager.default.contents(atPath: source) else {
-                throw ValidationError("cannot read \(source)")
-            }
-            data = contents
+        let name = source == "-" ? "stdin" : source
+        let fd = source == "-" ? STDIN_FILENO : open(source, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw ValidationError("cannot read \(source)") }
+        defer { if fd != STDIN_FILENO { close(fd) } }
+        var data = Data()
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let count = Glibc.read(fd, &chunk, chunk.count)
+            if count < 0, errno == EINTR { continue }
+            guard count >= 0 else { throw ValidationError("cannot read \(name)") }
+            if count == 0 { break }
+            data.append(contentsOf: chunk[..<count])
+            guard data.count <= maximumSize else { throw ValidationError("\(name) is larger than 1 MiB") }
         }
         do {
             return try Wire.makeDecoder().decode(T.self, from: data)
         } catch {
-            throw ValidationError("\(source == "-" ? "stdin" : source) is not a JSON tokens object")
+            throw ValidationError("\(name) is not a JSON tokens object")
         }
     }
 }
 
-struct Status: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Show the state of every account, or of one.")
+/// Standard output and error, written to directly: a line appears at once, even in a pipe.
+struct StandardStream {
+    static let output = StandardStream(descriptor: STDOUT_FILENO)
+    static let error = StandardStream(descriptor: STDERR_FILENO)
+
+    let descriptor: Int32
+
+    func write(_ text: String) {
+        var text = text
+        text.withUTF8 { bytes in
+            var offset = 0
+            while offset < bytes.count {
+                let written = Glibc.write(descriptor, bytes.baseAddress! + offset, bytes.count - offset)
+                if written < 0, errno == EINTR { continue }
+                guard written > 0 else { return }
+                offset += written
+            }
+        }
+    }
+}
+
+struct Status: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "status", abstract: "Show the state of every account, or of one.")
 
     @OptionGroup var options: GlobalOptions
     @Argument(help: "Account name.") var account: String?
 
-    func run() async throws {
-        try await options.run({ StatusResult(accounts: try await $0.status(account: account)) }) { result in
+    func run() throws {
+        try options.run(.status(account: account)) { result in
             StatusTable.render(result.accounts, now: Date())
         }
     }
 }
 
-struct Token: AsyncParsableCommand {
+struct Token: ParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "token",
         abstract:
             "Print an access token (only the token), e.g. for curl -H \"Authorization: Bearer $(brokerctl token api)\"."
     )
@@ -108,38 +159,33 @@ struct Token: AsyncParsableCommand {
     @Argument(help: "Account name.") var account: String
     @Option(help: "Seconds the token must stay valid.") var minTTL: Double?
 
-    func run() async throws {
-        try await options.run({ try await $0.token(account: account, minTTL: minTTL) }) { $0.accessToken }
+    func run() throws {
+        try options.run(.token(account: account, minTTL: minTTL)) { $0.accessToken }
     }
 }
 
-struct Watch: AsyncParsableCommand {
+struct Watch: ParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "watch",
         abstract: "Show account events live (refreshed, refresh_failed, needs_login, logged_out, added, removed).")
 
     @OptionGroup var options: GlobalOptions
     @Argument(help: "Accounts to watch (all when none are given).") var accounts: [String] = []
 
-    func run() async throws {
-        try await options.run({ client in
-            let events = try await client.events(accounts: accounts.isEmpty ? nil : accounts)
-            for try await event in events {
-                let line = options.json ? EventText.json(event) : EventText.human(event)
-                FileHandle.standardOutput.write(Data((line + "\n").utf8))
+    func run() throws {
+        let client = try options.client()
+        try options.reportingFailures {
+            try client.watch(accounts: accounts.isEmpty ? nil : accounts) { event in
+                StandardStream.output.write((options.json ? EventText.json(event) : EventText.human(event)) + "\n")
             }
-            return EmptyResult()
-        }) { _ in "" }
+        }
     }
 }
-
-/// Nothing to print (`watch` prints as it goes).
-struct EmptyResult: Encodable {}
 
 /// How `watch` prints an event.
 enum EventText {
     static func human(_ event: BrokerEvent) -> String {
-        var text =
-            "\(Wire.rfc3339(event.at))  \(event.event.rawValue.padding(toLength: 14, withPad: " ", startingAt: 0))  \(event.account)"
+        var text = "\(Wire.rfc3339(event.at))  \(padded(event.event.rawValue, to: 14))  \(event.account)"
         if let expiresAt = event.expiresAt { text += "  expires \(Wire.rfc3339(expiresAt))" }
         if let message = event.message { text += "  \(message)" }
         return text
@@ -150,8 +196,9 @@ enum EventText {
     }
 }
 
-struct Add: AsyncParsableCommand {
+struct Add: ParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "add",
         abstract: "Add an account.",
         discussion: """
             Secrets are read as a JSON object from --secrets (a file, or - for stdin), never from the
@@ -168,7 +215,7 @@ struct Add: AsyncParsableCommand {
     @OptionGroup var provider: ProviderOptions
     @Option(help: "File with the secrets as JSON, or - for stdin.") var secrets: String?
 
-    func run() async throws {
+    func run() throws {
         var spec = provider.spec
         var tokens: TokenSet?
         if let secrets {
@@ -176,7 +223,7 @@ struct Add: AsyncParsableCommand {
             spec["client_secret"] = input.clientSecret.map(JSONValue.string)
             tokens = input.tokens
         }
-        try await options.run({ try await $0.add(account: account, provider: spec, tokens: tokens) }) {
+        try options.run(.add(account: account, provider: spec, tokens: tokens)) {
             "added \($0.account) (\($0.state))"
         }
     }
@@ -197,8 +244,9 @@ struct AddSecrets: Decodable {
     enum CodingKeys: String, CodingKey { case clientSecret = "client_secret" }
 }
 
-struct SetTokens: AsyncParsableCommand {
+struct SetTokens: ParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "set-tokens",
         abstract: "Push new tokens into an account (clears needs_login).",
         discussion: "Reads a JSON tokens object from --from (a file, or - for stdin, the default).")
 
@@ -206,38 +254,41 @@ struct SetTokens: AsyncParsableCommand {
     @Argument(help: "Account name.") var account: String
     @Option(help: "File with the tokens as JSON, or - for stdin.") var from = "-"
 
-    func run() async throws {
+    func run() throws {
         let tokens = try SecretInput.read(from, as: TokenSet.self)
-        try await options.run({ try await $0.setTokens(account: account, tokens: tokens) }) {
+        try options.run(.setTokens(account: account, tokens: tokens)) {
             "updated \($0.account) (\($0.state))"
         }
     }
 }
 
-struct Remove: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Delete an account and its secrets.")
-
-    @OptionGroup var options: GlobalOptions
-    @Argument(help: "Account name.") var account: String
-
-    func run() async throws {
-        try await options.run({ try await $0.remove(account: account) }) { "removed \($0.account)" }
-    }
-}
-
-struct Refresh: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Refresh an account now, ignoring its schedule.")
-
-    @OptionGroup var options: GlobalOptions
-    @Argument(help: "Account name.") var account: String
-
-    func run() async throws {
-        try await options.run({ try await $0.refresh(account: account) }) { "refreshed \($0.account) (\($0.state))" }
-    }
-}
-
-struct Logout: AsyncParsableCommand {
+struct Remove: ParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "remove", abstract: "Delete an account and its secrets.")
+
+    @OptionGroup var options: GlobalOptions
+    @Argument(help: "Account name.") var account: String
+
+    func run() throws {
+        try options.run(.remove(account: account)) { "removed \($0.account)" }
+    }
+}
+
+struct Refresh: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "refresh", abstract: "Refresh an account now, ignoring its schedule.")
+
+    @OptionGroup var options: GlobalOptions
+    @Argument(help: "Account name.") var account: String
+
+    func run() throws {
+        try options.run(.refresh(account: account)) { "refreshed \($0.account) (\($0.state))" }
+    }
+}
+
+struct Logout: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "logout",
         abstract: "Revoke an account's credential at the IdP where it can be, then discard its tokens.",
         discussion: """
             The account and its settings stay (state logged_out) until new tokens are pushed with
@@ -249,21 +300,22 @@ struct Logout: AsyncParsableCommand {
     @Argument(help: "Account name.") var account: String
     @Flag(help: "Discard the credential even if the IdP cannot be reached to revoke it.") var force = false
 
-    func run() async throws {
-        try await options.run({ try await $0.logout(account: account, force: force) }) {
+    func run() throws {
+        try options.run(.logout(account: account, force: force)) {
             "logged out \($0.account)" + ($0.revoked ? " (revoked at the IdP)" : " (discarded; not revoked at the IdP)")
         }
     }
 }
 
-struct Reload: AsyncParsableCommand {
+struct Reload: ParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "reload",
         abstract: "Make the broker re-read broker.toml (a broken file is refused and changes nothing).")
 
     @OptionGroup var options: GlobalOptions
 
-    func run() async throws {
-        try await options.run({ try await $0.reload() }) { "reloaded (\($0.accounts) accounts)" }
+    func run() throws {
+        try options.run(.reload()) { "reloaded (\($0.accounts) accounts)" }
     }
 }
 
@@ -274,7 +326,7 @@ enum StatusTable {
         var rows = [["ACCOUNT", "PROVIDER", "STATE", "EXPIRES IN", "NEXT REFRESH", "LAST ERROR"]]
         for account in accounts {
             rows.append([
-                account.account, account.provider, account.state.replacingOccurrences(of: "_", with: " "),
+                account.account, account.provider, account.state.replacing("_", with: " "),
                 account.expiresAt.map { duration($0.timeIntervalSince(now)) } ?? "-",
                 account.nextRefreshAt.map { "in " + duration($0.timeIntervalSince(now)) } ?? "-",
                 account.lastError?.message ?? "",
@@ -282,8 +334,9 @@ enum StatusTable {
         }
         let widths = (0..<rows[0].count).map { column in rows.map { $0[column].count }.max() ?? 0 }
         return rows.map { row in
-            zip(row, widths).map { $0.padding(toLength: $1, withPad: " ", startingAt: 0) }.joined(separator: "  ")
-                .trimmingCharacters(in: .whitespaces)
+            var line = zip(row, widths).map { padded($0, to: $1) }.joined(separator: "  ")
+            while line.last == " " { line.removeLast() }
+            return line
         }.joined(separator: "\n")
     }
 
@@ -295,4 +348,9 @@ enum StatusTable {
         if whole < 172800 { return "\(whole / 3600)h" }
         return "\(whole / 86400)d"
     }
+}
+
+/// `text` with spaces added up to `width` characters.
+func padded(_ text: String, to width: Int) -> String {
+    text + String(repeating: " ", count: max(0, width - text.count))
 }

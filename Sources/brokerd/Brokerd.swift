@@ -3,7 +3,7 @@ import BrokerCore
 import BrokerProtocol
 import BrokerServer
 import BrokerSystemd
-import Foundation
+import FoundationEssentials
 import Logging
 import ServiceLifecycle
 import UnixSignals

@@ -7,10 +7,10 @@ import Testing
 /// How a sliding endpoint's envelopes are classified (seed 004, CONTRACT section 4).
 @Suite struct SlidingProviderTests {
     static let now = Date(timeIntervalSince1970: 1_795_422_600)
-    static let utc = TimeZone(identifier: "UTC")!
+    static let utc = IANATimeZone(identifier: "UTC")!
 
     private func interpret(
-        _ status: Int, _ body: String, zone: TimeZone = utc, retryAfter: TimeInterval? = nil
+        _ status: Int, _ body: String, zone: IANATimeZone = utc, retryAfter: TimeInterval? = nil
     ) -> Result<Grant, RefreshFailure> {
         SlidingProvider.interpret(
             IdPReply(status: status, body: Data(body.utf8), retryAfter: retryAfter), now: Self.now, timeZone: zone,
@@ -39,7 +39,7 @@ import Testing
             {"status":true,"message":"ok","data":{"accessToken":"a","refreshToken":"r",
              "accessTokenExpiresAt":"2026-01-06T14:18:40","refreshTokenExpiresAt":"2026-07-13T13:48:40+02:00"}}
             """
-        let grant = try interpret(200, body, zone: TimeZone(identifier: "America/New_York")!).get()
+        let grant = try interpret(200, body, zone: IANATimeZone(identifier: "America/New_York")!).get()
         #expect(grant.token.expiresAt == Self.date("2026-01-06T19:18:40Z"), "EST is UTC-5 in January")
         #expect(grant.refreshExpiresAt == Self.date("2026-07-13T11:48:40Z"), "an explicit offset wins")
     }
@@ -114,8 +114,8 @@ import Testing
 
 /// Timestamps as sliding endpoints write them: ISO 8601 with or without fraction and zone.
 @Suite struct TimestampTests {
-    static let utc = TimeZone(identifier: "UTC")!
-    static let tokyo = TimeZone(identifier: "Asia/Tokyo")!
+    static let utc = IANATimeZone(identifier: "UTC")!
+    static let tokyo = IANATimeZone(identifier: "Asia/Tokyo")!
 
     @Test(arguments: [
         ("2026-01-06T14:18:40", "2026-01-06T14:18:40Z"),

@@ -1,5 +1,5 @@
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import Testing
 
 /// The hot-path scanner agrees with the full path (`JSONLine`, then the decoder) wherever it

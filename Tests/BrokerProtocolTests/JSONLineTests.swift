@@ -1,5 +1,5 @@
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import Testing
 
 /// A request line is one RFC 8259 object with no key twice, whatever Foundation's decoder

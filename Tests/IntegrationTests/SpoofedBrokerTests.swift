@@ -1,6 +1,6 @@
 import BrokerClient
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import TestSupport
 import Testing
 

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import NIOHTTP1
 
 /// A real "refresh_url" server on 127.0.0.1 (seed 000): the refresh credential is a secret URL

@@ -1,5 +1,5 @@
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 
 /// Which IdP URLs the broker will call: https everywhere, plain http only for canonical
 /// loopback literals, and a port (when given) from 1 to 65535.

@@ -1,7 +1,7 @@
 import BrokerProtocol
 import CSpawn
 import Dispatch
-import Foundation
+import FoundationEssentials
 import Logging
 
 #if canImport(Glibc)
@@ -30,8 +30,8 @@ extension ExecSettings: ProviderSettings {
         guard path.hasPrefix("/") else {
             throw BrokerError(.badRequest, "command[0] must be an absolute path (the command runs without a shell)")
         }
-        var isDirectory: ObjCBool = false
-        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), !isDirectory.boolValue,
+        var isDirectory = false
+        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), !isDirectory,
             FileManager.default.isExecutableFile(atPath: path)
         else {
             throw BrokerError(.badRequest, "command[0] \(InputEcho.printable(path)) is not an executable file")
@@ -62,7 +62,7 @@ struct ExecProvider: TokenProvider {
     func refresh(_ record: AccountRecord, now: Date) async -> Result<Grant, RefreshFailure> {
         let output = await ExecRunner.run(settings.command, timeout: timeout)
         // A helper tracing itself (`set -x`) prints the tokens it is about to hand over.
-        let printed = (try? JSONSerialization.jsonObject(with: output.stdout)) as? [String: Any]
+        let printed = UntypedJSON.object(output.stdout)
         let hidden = ["access_token", "id_token", "refresh_token"].map { printed?[$0] as? String }
         if let line = record.outsideText(alsoHiding: hidden).clean(String(decoding: output.stderr, as: UTF8.self)) {
             logger.notice(
@@ -81,7 +81,7 @@ struct ExecProvider: TokenProvider {
     static func interpret(_ output: ExecOutput, now: Date, defaultLifetime: TimeInterval, timeout: TimeInterval)
         -> Result<Grant, RefreshFailure>
     {
-        let object = (try? JSONSerialization.jsonObject(with: output.stdout)) as? [String: Any]
+        let object = UntypedJSON.object(output.stdout)
         let error = object?["error"] as? String
         switch output.ending {
         case .launchFailed(let reason):

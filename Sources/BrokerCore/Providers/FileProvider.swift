@@ -1,5 +1,5 @@
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import Synchronization
 
 #if canImport(Glibc)
@@ -84,7 +84,7 @@ final class FileProvider: TokenProvider {
     static func interpret(_ data: Data, modified: Date, path: String, now: Date, defaultLifetime: TimeInterval)
         -> Result<Grant, RefreshFailure>
     {
-        guard let object = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] else {
+        guard let object = UntypedJSON.object(data) else {
             return .failure(.transient("the token file \(path) does not hold a JSON object"))
         }
         return TokenDocument.read(

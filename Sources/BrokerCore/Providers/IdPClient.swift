@@ -1,6 +1,6 @@
 import AsyncHTTPClient
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import NIOCore
 import NIOHTTP1
 
@@ -87,7 +87,7 @@ public final class IdPClient: Sendable {
     /// `Retry-After` in seconds (RFC 9110 section 10.2.3: delay-seconds, or an HTTP-date), at
     /// most `Bounds.maximumLifetime`; callers cut it further to `backoff_cap`. `nil` when unreadable.
     static func retryAfter(_ value: String) -> TimeInterval? {
-        let text = value.trimmingCharacters(in: .whitespaces)
+        let text = value.trimmingSpaces()
         if !text.isEmpty, text.utf8.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }) {
             return Bounds.lifetime(Double(text) ?? .infinity) ?? Bounds.maximumLifetime
         }
@@ -105,6 +105,6 @@ public final class IdPClient: Sendable {
             let month = months.firstIndex(of: String(parts[2]))
         else { return nil }
         let iso = "\(parts[3])-\(month < 9 ? "0" : "")\(month + 1)-\(parts[1])T\(parts[4])Z"
-        return Timestamp.parse(iso, defaultZone: TimeZone(secondsFromGMT: 0)!)
+        return Timestamp.parse(iso, defaultZone: .utc)
     }
 }

@@ -1,6 +1,6 @@
 import AsyncHTTPClient
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import NIOCore
 import NIOHTTP1
 
@@ -145,7 +145,7 @@ struct OAuth2Provider: TokenProvider {
     /// the IdP does not revoke this kind of token. 5xx and 429 are transient; any other answer
     /// (wrong client credentials, a wrong endpoint URL) leaves the credential alive: a denial.
     static func interpretRevocation(_ reply: IdPReply) -> Result<Revocation, RefreshFailure> {
-        let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any]
+        let object = UntypedJSON.object(reply.body)
         let code = object?["error"] as? String
         switch reply.status {
         case 200..<300:
@@ -193,7 +193,7 @@ struct OAuth2Provider: TokenProvider {
     /// Classifies a token endpoint's answer (RFC 6749 sections 5.1 and 5.2).
     static func interpret(_ reply: IdPReply, now: Date, defaultLifetime: TimeInterval) -> Result<Grant, RefreshFailure>
     {
-        let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any]
+        let object = UntypedJSON.object(reply.body)
         switch reply.status {
         case 200..<300:
             guard let object, let accessToken = object["access_token"] as? String, !accessToken.isEmpty else {

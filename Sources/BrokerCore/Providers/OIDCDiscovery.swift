@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import NIOHTTP1
 
 /// OIDC discovery (OpenID Connect Discovery 1.0 section 4) for `oauth2` accounts configured
@@ -57,7 +57,7 @@ actor DiscoveryCache {
                 .transient(
                     "the discovery document of \(host) answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
         }
-        guard let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any] else {
+        guard let object = UntypedJSON.object(reply.body) else {
             return .failure(.transient("the discovery document of \(host) is not a JSON object"))
         }
         // Section 4.3: the document must be about the issuer that was asked for.

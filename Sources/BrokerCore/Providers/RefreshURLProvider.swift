@@ -1,5 +1,5 @@
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import NIOHTTP1
 
 /// Settings of a `refresh_url` account. The URL itself is a secret and lives in
@@ -77,13 +77,13 @@ struct RefreshURLProvider: TokenProvider {
     {
         switch reply.status {
         case 200..<300:
-            guard let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any],
+            guard let object = UntypedJSON.object(reply.body),
                 let accessToken = object["access_token"] as? String, !accessToken.isEmpty
             else {
                 return .failure(.transient("the refresh URL answered \(reply.status) without a usable access_token"))
             }
             // A rotated URL that is present but not a string is a malformed answer, not "unchanged".
-            let rotated = object["refresh_url"].flatMap { $0 is NSNull ? nil : $0 }
+            let rotated = object["refresh_url"].flatMap { $0 is JSONNull ? nil : $0 }
             if let rotated, (rotated as? String)?.isEmpty != false {
                 return .failure(.transient("the refresh URL answered with a malformed refresh_url"))
             }

@@ -1,5 +1,5 @@
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 import NIOHTTP1
 
 /// Settings of a `sliding` account.
@@ -22,7 +22,7 @@ extension SlidingSettings: ProviderSettings {
         }
         self.endpoint = try EndpointPolicy.checkedURL(endpoint, field: "endpoint")
         let zone = try fields.text("timezone") ?? "UTC"
-        guard !zone.isEmpty, TimeZone(identifier: zone) != nil else {
+        guard !zone.isEmpty, IANATimeZone(identifier: zone) != nil else {
             throw BrokerError(
                 .badRequest,
                 "\"timezone\" must be an IANA time zone name such as UTC or Europe/Berlin, not "
@@ -59,17 +59,17 @@ struct SlidingProvider: TokenProvider {
         var headers = HTTPHeaders()
         headers.add(name: "Authorization", value: "Bearer \(refreshToken)")
         headers.add(name: "Accept", value: "application/json")
-        let zone = TimeZone(identifier: settings.timeZone) ?? TimeZone(identifier: "UTC")!
+        let zone = IANATimeZone(identifier: settings.timeZone) ?? .utc
         return await http.send(method: .POST, url: settings.endpoint, headers: headers, body: "")
             .flatMap { Self.interpret($0, now: now, timeZone: zone, defaultLifetime: defaultLifetime) }
     }
 
     /// Classifies the endpoint's answer. `status: false` (e.g. `RefreshTokenMismatch`) and HTTP
     /// 400/401 are denials; 5xx, 429, other statuses and malformed bodies are transient.
-    static func interpret(_ reply: IdPReply, now: Date, timeZone: TimeZone, defaultLifetime: TimeInterval)
+    static func interpret(_ reply: IdPReply, now: Date, timeZone: IANATimeZone, defaultLifetime: TimeInterval)
         -> Result<Grant, RefreshFailure>
     {
-        let object = (try? JSONSerialization.jsonObject(with: reply.body)) as? [String: Any]
+        let object = UntypedJSON.object(reply.body)
         let reason = (object?["message"] as? String).map { ": " + $0 } ?? ""
         switch reply.status {
         case 500..<600, 429:
@@ -117,11 +117,11 @@ struct SlidingProvider: TokenProvider {
 
     /// An optional timestamp field of the envelope's `data`: absent or null is `nil`; anything
     /// but a readable string is a malformed (transient) answer.
-    private static func timestamp(_ data: [String: Any], _ field: String, zone: TimeZone) -> Result<
+    private static func timestamp(_ data: [String: Any], _ field: String, zone: IANATimeZone) -> Result<
         Date?, RefreshFailure
     > {
         switch data[field] {
-        case nil, is NSNull: return .success(nil)
+        case nil, is JSONNull: return .success(nil)
         case let text as String:
             if let parsed = Timestamp.parse(text, defaultZone: zone) { return .success(parsed) }
         default: break

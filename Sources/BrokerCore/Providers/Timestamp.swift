@@ -1,12 +1,11 @@
-import Foundation
+import FoundationEssentials
 
-/// ISO 8601 date-times as IdPs and helpers write them (sliding endpoints, `exec` commands,
-/// token files; `Retry-After` dates are read through it too): `2026-01-06T14:18:40`, with
-/// optional fractional seconds (any number of digits, as .NET writes seven) and an optional zone
-/// (`Z`, `+05:30`, `+0530`, `+05`). A time without a zone is read in `defaultZone`.
+/// ISO 8601 date-times as sliding endpoints send them: `2026-01-06T14:18:40`, with optional
+/// fractional seconds (any number of digits, as .NET writes seven) and an optional zone (`Z`,
+/// `+05:30`, `+0530`, `+05`). A time without a zone is read in `defaultZone`.
 enum Timestamp {
-    static func parse(_ text: String, defaultZone: TimeZone) -> Date? {
-        var scanner = Substring(text.trimmingCharacters(in: .whitespaces))
+    static func parse(_ text: String, defaultZone: IANATimeZone) -> Date? {
+        var scanner = Substring(text.trimmingSpaces())
         guard let year = scanner.number(digits: 4), scanner.take("-"), let month = scanner.number(digits: 2),
             scanner.take("-"), let day = scanner.number(digits: 2),
             scanner.take("T") || scanner.take("t")
@@ -21,29 +20,24 @@ enum Timestamp {
             fraction = value
             scanner = scanner.dropFirst(digits.count)
         }
-        var zone = defaultZone
+        var offset: Int?
         if scanner.take("Z") || scanner.take("z") {
-            zone = TimeZone(secondsFromGMT: 0)!
+            offset = 0
         } else if let sign = scanner.first, sign == "+" || sign == "-" {
             scanner = scanner.dropFirst()
             guard let hours = scanner.number(digits: 2), hours <= 23 else { return nil }
             _ = scanner.take(":")
             let minutes = scanner.isEmpty ? 0 : scanner.number(digits: 2)
             guard let minutes, minutes <= 59 else { return nil }
-            let offset = (hours * 3600 + minutes * 60) * (sign == "-" ? -1 : 1)
-            guard let fixed = TimeZone(secondsFromGMT: offset) else { return nil }
-            zone = fixed
+            offset = (hours * 3600 + minutes * 60) * (sign == "-" ? -1 : 1)
         }
-        guard scanner.isEmpty, (1...12).contains(month), (1...31).contains(day), hour <= 23, minute <= 59,
-            second <= 60
+        guard scanner.isEmpty, (1...12).contains(month), hour <= 23, minute <= 59, second <= 60,
+            (1...CivilDate.daysIn(month: month, year: Int64(year))).contains(day)  // refuses 2026-02-31
         else { return nil }
-        var calendar = Calendar(identifier: .gregorian)
-        calendar.timeZone = zone
-        let components = DateComponents(
-            year: year, month: month, day: day, hour: hour, minute: minute, second: min(second, 59))
-        guard let date = calendar.date(from: components),
-            calendar.component(.day, from: date) == day  // refuses 2026-02-31 instead of rolling over
-        else { return nil }
+        let days = CivilDate.days(year: Int64(year), month: month, day: day)
+        let wallClock = Date(
+            timeIntervalSince1970: Double(days * 86_400 + Int64(hour * 3600 + minute * 60 + min(second, 59))))
+        let date = offset.map { wallClock.addingTimeInterval(-Double($0)) } ?? defaultZone.date(wallClock: wallClock)
         return date.addingTimeInterval(fraction + (second == 60 ? 1 : 0))
     }
 }

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 
 /// A token set as a helper prints it (`exec`) or a token file holds it (`file`): a JSON object
 /// with `access_token`, then `expires_at` (ISO 8601, UTC when zone-less) or `expires_in`
@@ -14,7 +14,7 @@ enum TokenDocument {
         }
         var expiresAt: Date?
         if let text = object["expires_at"] as? String {
-            expiresAt = Timestamp.parse(text, defaultZone: TimeZone(identifier: "UTC")!)
+            expiresAt = Timestamp.parse(text, defaultZone: .utc)
             if expiresAt == nil { return .failure(.transient("\(source) has an unreadable expires_at")) }
         }
         return AccessToken.issued(

@@ -1,5 +1,5 @@
 import BrokerProtocol
-import Foundation
+import FoundationEssentials
 
 /// What a successful refresh yields.
 public struct Grant: Sendable, Equatable {
@@ -91,8 +91,8 @@ enum LifetimeField {
     static func read(_ object: [String: Any], _ field: String) -> Result<TimeInterval?, RefreshFailure> {
         let seconds: Double?
         switch object[field] {
-        case nil, is NSNull: return .success(nil)
-        case let number as NSNumber: seconds = number.doubleValue
+        case nil, is JSONNull: return .success(nil)
+        case let number as Double: seconds = number
         case let text as String: seconds = Double(text)
         default: seconds = nil
         }

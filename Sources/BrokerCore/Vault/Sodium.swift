@@ -1,5 +1,5 @@
 import CSodium
-import Foundation
+import FoundationEssentials
 
 /// The broker's only door to libsodium: guarded key memory and XChaCha20-Poly1305.
 enum Sodium {

@@ -1,8 +1,4 @@
-#if canImport(FoundationEssentials)
 import FoundationEssentials
-#else
-import Foundation
-#endif
 
 /// One save: accounts written whole and accounts removed, applied all or nothing.
 struct VaultChange: Codable, Equatable {

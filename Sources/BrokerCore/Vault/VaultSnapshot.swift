@@ -1,8 +1,4 @@
-#if canImport(FoundationEssentials)
 import FoundationEssentials
-#else
-import Foundation
-#endif
 
 /// The vault's snapshot file: every account at one generation, sealed as one piece.
 ///

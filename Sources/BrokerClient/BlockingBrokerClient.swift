@@ -1,0 +1,70 @@
+import BrokerProtocol
+import FoundationEssentials
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Requests to brokerd on the calling thread, each on a short connection of its own: connect,
+/// check who serves the socket (`SO_PEERCRED`), write the request line, wait for its answer
+/// line, close. Nothing else is started (no thread, no task), so a program that needs one
+/// token pays for nothing more; `brokerctl` is one. Programs that ask often, from many tasks,
+/// use `BrokerClient` and its shared connection.
+public struct BlockingBrokerClient: Sendable {
+    public var socketPath: String
+    /// Longest wait for an answer (a token request may wait for a refresh at the IdP);
+    /// `nil` waits as long as the broker takes.
+    public var timeout: Duration?
+
+    public init(socketPath: String = DefaultPaths().socket, timeout: Duration? = .seconds(120)) {
+        self.socketPath = socketPath
+        self.timeout = timeout
+    }
+
+    /// Sends `call` and returns its result; a failure answer is thrown as its `BrokerError`.
+    public func perform<Result>(_ call: BrokerCall<Result>) throws -> Result {
+        let fd = try BrokerSocket.connect(socketPath)
+        defer { close(fd) }
+        var reader = LineReader(descriptor: fd)
+        return try BrokerCall.result(of: exchange(fd, call, reader: &reader))
+    }
+
+    /// Subscribes to the events of `accounts` (all when `nil`) and hands each to `body`, until
+    /// the broker ends the subscription (thrown as its `BrokerError`), the connection breaks
+    /// (`ConnectionError`) or `body` throws.
+    public func watch(accounts: [String]? = nil, _ body: (BrokerEvent) throws -> Void) throws -> Never {
+        let fd = try BrokerSocket.connect(socketPath)
+        defer { close(fd) }
+        var reader = LineReader(descriptor: fd)
+        let call = BrokerCall.subscribe(accounts: accounts)
+        _ = try BrokerCall<SubscribeResult>.result(of: exchange(fd, call, reader: &reader))
+        let decoder = Wire.makeDecoder()
+        while let line = try reader.next() {
+            let head = try? decoder.decode(ResponseHead.self, from: line)
+            if head?.event != nil, let event = try? decoder.decode(BrokerEvent.self, from: line) {
+                try body(event)
+            } else if let error = head?.error {
+                // A final failure line (e.g. `busy` for a reader too slow) ends the subscription.
+                throw error.brokerError
+            }
+        }
+        throw ConnectionError(description: "the broker closed the connection")
+    }
+
+    /// Writes `call`'s line and reads lines until the answer to it (at most `timeout`).
+    private func exchange<Result>(_ fd: Int32, _ call: BrokerCall<Result>, reader: inout LineReader) throws -> Data {
+        let deadline = timeout.map { ContinuousClock.now + $0 }
+        let id = RequestID.integer(1)
+        // A failed send means the broker went away; what it said before closing (e.g.
+        // forbidden) is still read below.
+        if !BrokerSocket.send(fd, try call.line(id: id)) { shutdown(fd, Int32(SHUT_WR)) }
+        let decoder = Wire.makeDecoder()
+        while let line = try reader.next(deadline: deadline) {
+            guard let head = try? decoder.decode(ResponseHead.self, from: line) else { continue }
+            if head.id == id, head.event == nil { return line }
+            // An error about the connection itself (e.g. forbidden) answers this request too.
+            if head.id == nil || head.id == .null, let error = head.error { throw error.brokerError }
+        }
+        throw ConnectionError(description: "the broker closed the connection")
+    }
+}

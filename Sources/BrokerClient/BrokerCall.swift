@@ -1,0 +1,100 @@
+import BrokerProtocol
+import FoundationEssentials
+
+/// A request and the type its answer's `result` decodes to: what both clients send
+/// (`BrokerClient` over its shared connection, `BlockingBrokerClient` on the calling thread).
+public struct BrokerCall<Result: Decodable & Sendable>: Sendable {
+    /// The request; its `id` is assigned by the client that sends it.
+    public var request: Request
+
+    public init(_ request: Request) { self.request = request }
+
+    /// The request line for `id`, newline included.
+    func line(id: RequestID) throws -> Data {
+        var request = request
+        request.id = id
+        var data = try Wire.makeEncoder().encode(request)
+        data.append(0x0A)
+        return data
+    }
+
+    /// The result an answer line carries; a failure line is thrown as its `BrokerError`.
+    static func result(of line: Data) throws -> Result {
+        let decoder = Wire.makeDecoder()
+        let head = try decoder.decode(ResponseHead.self, from: line)
+        if head.ok != true {
+            throw head.error?.brokerError ?? BrokerError(.internal, "the broker sent a failure without an error")
+        }
+        return try decoder.decode(ResultBody<Result>.self, from: line).result
+    }
+}
+
+extension BrokerCall where Result == TokenResult {
+    /// An access token valid for at least `minTTL` seconds (the broker refreshes if needed).
+    public static func token(account: String, minTTL: TimeInterval? = nil) -> Self {
+        Self(Request(id: nil, op: "token", account: account, minTTL: minTTL))
+    }
+
+    /// Reports that a resource server refused `accessToken`; answers the token to use instead.
+    public static func reject(account: String, accessToken: String, minTTL: TimeInterval? = nil) -> Self {
+        Self(Request(id: nil, op: "reject", account: account, minTTL: minTTL, accessToken: accessToken))
+    }
+}
+
+extension BrokerCall where Result == HelloResult {
+    /// The broker's protocol version, name and operations.
+    public static func hello(client: String? = nil) -> Self {
+        Self(Request(id: nil, op: "hello", versions: [protocolVersion], client: client))
+    }
+}
+
+extension BrokerCall where Result == StatusResult {
+    /// The state of one account, or of all visible accounts.
+    public static func status(account: String? = nil) -> Self {
+        Self(Request(id: nil, op: "status", account: account))
+    }
+}
+
+extension BrokerCall where Result == AccountResult {
+    /// Creates an account (owner only).
+    public static func add(account: String, provider: ProviderSpec, tokens: TokenSet? = nil) -> Self {
+        Self(Request(id: nil, op: "add", account: account, provider: provider, tokens: tokens))
+    }
+
+    /// Pushes new tokens into an account (owner only); clears `needs_login`.
+    public static func setTokens(account: String, tokens: TokenSet) -> Self {
+        Self(Request(id: nil, op: "set_tokens", account: account, tokens: tokens))
+    }
+
+    /// Deletes an account and its secrets (owner only).
+    public static func remove(account: String) -> Self {
+        Self(Request(id: nil, op: "remove", account: account))
+    }
+
+    /// Refreshes an account now (owner only).
+    public static func refresh(account: String) -> Self {
+        Self(Request(id: nil, op: "refresh", account: account))
+    }
+}
+
+extension BrokerCall where Result == LogoutResult {
+    /// Revokes an account's credential where the IdP can, then discards its tokens (owner
+    /// only); `force` discards them even when the IdP cannot be reached.
+    public static func logout(account: String, force: Bool = false) -> Self {
+        Self(Request(id: nil, op: "logout", account: account, force: force ? true : nil))
+    }
+}
+
+extension BrokerCall where Result == ReloadResult {
+    /// Makes the broker re-read its config file (owner only).
+    public static func reload() -> Self { Self(Request(id: nil, op: "reload")) }
+}
+
+extension BrokerCall where Result == SubscribeResult {
+    /// Events of `accounts` (all when `nil`) on this connection, after the acknowledgement.
+    public static func subscribe(accounts: [String]? = nil) -> Self {
+        var request = Request(id: nil, op: "subscribe")
+        request.accounts = accounts
+        return Self(request)
+    }
+}

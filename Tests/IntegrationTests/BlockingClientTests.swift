@@ -1,0 +1,85 @@
+import BrokerClient
+import BrokerProtocol
+import FoundationEssentials
+import Synchronization
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `BlockingBrokerClient`: one request per connection, answered on the calling thread.
+@Suite struct BlockingClientTests {
+    @Test func requestsAreAnsweredAndFailuresThrownAsTheirErrors() async throws {
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        let client = BlockingBrokerClient(socketPath: broker.socketPath, timeout: .seconds(30))
+        let added = try client.perform(
+            .add(
+                account: "cli", provider: ProviderSpec(kind: "static"),
+                tokens: TokenSet(accessToken: "cli-token", expiresIn: 3600)))
+        #expect(added.account == "cli")
+        let token = try client.perform(.token(account: "cli", minTTL: 60))
+        #expect(token.accessToken == "cli-token")
+        #expect(token.expiresIn > 3000)
+        #expect(try client.perform(.status()).accounts.map(\.account) == ["cli"])
+        #expect(try client.perform(.hello(client: "tests")).protocol == 1)
+
+        let missing = #expect(throws: BrokerError.self) { try client.perform(.token(account: "nobody")) }
+        #expect(missing?.code == .notFound)
+    }
+
+    @Test func watchHandsOverEventsUntilTheBodyStops() async throws {
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        let client = BlockingBrokerClient(socketPath: broker.socketPath, timeout: .seconds(30))
+        struct Enough: Error {}
+        let done = Mutex(false)
+        let watcher = Task.detached { () throws -> [String] in
+            defer { done.withLock { $0 = true } }
+            var seen: [String] = []
+            do {
+                try client.watch { event in
+                    seen.append("\(event.event.rawValue) \(event.account)")
+                    if seen.count == 2 { throw Enough() }
+                }
+            } catch is Enough {}
+            return seen
+        }
+        // Accounts come and go until the watcher, once subscribed, has seen two of these events.
+        var attempt = 0
+        while !done.withLock({ $0 }), attempt < 100 {
+            let account = "w\(attempt)"
+            _ = try client.perform(
+                .add(
+                    account: account, provider: ProviderSpec(kind: "static"),
+                    tokens: TokenSet(accessToken: "t", expiresIn: 3600)))
+            _ = try client.perform(.remove(account: account))
+            attempt += 1
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        let events = try await watcher.value
+        #expect(events.count == 2)
+        #expect(events.allSatisfy { $0.hasPrefix("added w") || $0.hasPrefix("removed w") }, "\(events)")
+    }
+
+    @Test func aBrokerThatDoesNotAnswerTimesOut() throws {
+        let directory = "/tmp/tbt-mute-\(UInt32.random(in: 0...UInt32.max))"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        // A socket that accepts connections (the kernel queues them) and never reads or answers.
+        let listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(listener) }
+        let path = directory + "/mute.sock"
+        let bound = UnixSocketAddress.withAddress(path) { bind(listener, $0, $1) }
+        #expect(bound == 0)
+        #expect(listen(listener, 4) == 0)
+
+        let client = BlockingBrokerClient(socketPath: path, timeout: .milliseconds(300))
+        let error = #expect(throws: ConnectionError.self) { try client.perform(.token(account: "any")) }
+        #expect(error?.description.contains("did not answer in time") == true, "\(String(describing: error))")
+    }
+}
