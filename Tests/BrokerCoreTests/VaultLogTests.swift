@@ -163,7 +163,7 @@ import Testing
         #expect(rig.bytes(rig.path) == nil)
     }
 
-    @Test func theLogIsFoldedIntoANewSnapshotOnceItOutgrowsTheSnapshot() throws {
+    @Test func theLogIsFoldedIntoANewSnapshotOnceItHasGrownLongEnough() throws {
         let (rig, _, saved) = try Self.vaultWithLog(changes: 0)
         defer { rig.directory.remove() }
         var current = saved
@@ -183,7 +183,7 @@ import Testing
             }
         }
         #expect(snapshots >= 2)
-        let bound = max(rig.bytes(rig.path)!.count, Vault.minimumCompactionLength)
+        let bound = Vault.compactionLength(snapshotLength: rig.bytes(rig.path)!.count)
         #expect(longest < bound + 2_000, "the log never grows past the bound by more than a record")
         #expect(try rig.load() == Self.sorted(current))
     }

@@ -4,6 +4,10 @@ import FoundationEssentials
 import TestSupport
 import Testing
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// A tampered vault or a wrong key stops brokerd with a clear message and touches nothing.
 @Suite struct VaultIntegrityTests {
     /// A broker that has stored one static account, then stopped.
@@ -66,6 +70,39 @@ import Testing
         #expect(try broker.runExpectingExit() != 0)
         #expect(FileManager.default.contents(atPath: broker.vaultPath) == before)
         #expect(broker.log.contains("the key is wrong or the file was modified"))
+    }
+
+    /// `Fixtures/format1.vault` was written as every save wrote the vault before its log
+    /// (format 1: one file, magic, version 1, nonce, the sealed JSON of a sequence number and
+    /// every account), under `Fixtures/format1.key`; it holds one static account `kept`.
+    @Test func aFormatOneVaultIsConvertedAtTheFirstStartAndKeepsServing() async throws {
+        let broker = try BrokerProcess()
+        let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("Fixtures")
+        for directory in [broker.stateDirectory, broker.configDirectory] {
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        }
+        for (fixture, path) in [("format1.vault", broker.vaultPath), ("format1.key", broker.keyPath)] {
+            try FileManager.default.copyItem(atPath: fixtures.appendingPathComponent(fixture).path, toPath: path)
+            chmod(path, 0o600)
+        }
+        try await broker.start()
+        let client = try broker.client()
+        #expect(try await client.token(account: "kept").accessToken == "format-one-token")
+        _ = try await client.setTokens(
+            account: "kept", tokens: TokenSet(accessToken: "after-conversion", expiresIn: 3600))
+        client.close()
+        #expect(broker.stop() == 0)
+        #expect(broker.log.contains("converted the vault from format 1"))
+        let converted = try #require(FileManager.default.contents(atPath: broker.vaultPath))
+        #expect(converted.prefix(10) == Data("TKBVAULT".utf8) + [0, 2])
+        #expect(FileManager.default.fileExists(atPath: broker.vaultPath + ".log"), "the change went to the log")
+
+        try await broker.start()
+        let again = try broker.client()
+        #expect(try await again.token(account: "kept").accessToken == "after-conversion")
+        again.close()
+        #expect(broker.stop() == 0)
+        #expect(broker.log.components(separatedBy: "converted the vault").count == 2, "converted once")
     }
 
     @Test func secondBrokerOnTheSameVaultRefusesToStart() async throws {

@@ -17,15 +17,17 @@ public struct VaultError: Error, CustomStringConvertible, Sendable {
 /// `logPath`), so a save writes what changed, not every account.
 ///
 /// A save appends one sealed record to the log and waits for `fdatasync`; once the log has
-/// grown as large as the snapshot, the next save writes a new snapshot instead (staging file,
+/// grown to a quarter of the snapshot, the next save writes a new snapshot instead (staging file,
 /// fsync, rename, fsync of the directory), which starts the log afresh. A crash at any
 /// instant loses nothing a save returned for: `load` reads the snapshot, completes a staged
 /// one, replays the log and drops only a record that a crash cut short. Opening a vault takes
 /// an exclusive lock, so a second broker on the same vault refuses to start instead of burning
 /// one-time refresh tokens.
 public final class Vault: @unchecked Sendable {
-    /// Below this, a log never triggers a new snapshot (a small vault is not rewritten every few saves).
-    static let minimumCompactionLength = 64 * 1024
+    /// The log length from which the next save writes a snapshot: a quarter of the snapshot's,
+    /// so a start reads at most a quarter more than the snapshot and a snapshot's cost is shared
+    /// by many saves; at least 32 KiB, so a small vault is not rewritten every few saves.
+    static func compactionLength(snapshotLength: Int) -> Int { max(snapshotLength / 4, 32 * 1024) }
 
     public let path: String
     private let key: SecretKey
@@ -52,7 +54,7 @@ public final class Vault: @unchecked Sendable {
         /// Whether the next save writes a whole snapshot instead of appending to the log.
         var needsSnapshot: Bool {
             guard let snapshot, !logUnusable else { return true }
-            return (log?.tail.length ?? 0) >= max(snapshot.length, Vault.minimumCompactionLength)
+            return (log?.tail.length ?? 0) >= Vault.compactionLength(snapshotLength: snapshot.length)
         }
 
         mutating func closeLog() {
@@ -155,8 +157,8 @@ public final class Vault: @unchecked Sendable {
 
     /// Saves a change to some accounts, durably before it returns: `changed` are written whole
     /// and `removed` deleted, all or nothing. The cost grows with the change, not with the
-    /// vault: one record appended to the log (or, when the log has grown as large as the
-    /// snapshot, a new snapshot). The vault must have been loaded first.
+    /// vault: one record appended to the log (or, when the log has grown long enough, a new
+    /// snapshot). The vault must have been loaded first.
     public func save(changed: [AccountRecord], removed: [String]) throws {
         try state.withLock { state in
             guard state.loaded else { throw VaultError("the vault \(path) was not loaded before a change to it") }

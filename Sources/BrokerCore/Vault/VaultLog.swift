@@ -117,6 +117,7 @@ enum VaultLog {
         }
 
         var changes: [VaultChange] = []
+        let decoder = JSONDecoder()
         var tail = Tail(previousTag: Array(header.suffix(Sodium.tagLength)), length: headerLength)
         while bytes.count - tail.length >= recordPrefixLength {
             let start = tail.length
@@ -141,7 +142,7 @@ enum VaultLog {
                 throw refuse("cannot be decrypted at record \(sequence): the key is wrong or the file was modified")
             }
             defer { Sodium.wipe(&plaintext) }
-            guard let change = try? JSONDecoder().decode(VaultChange.self, from: plaintext) else {
+            guard let change = try? decoder.decode(VaultChange.self, from: plaintext) else {
                 throw refuse("decrypted but record \(sequence) is not understood")
             }
             changes.append(change)

@@ -20,7 +20,8 @@ enum VaultSaveBench {
         _ = try vault.load()
         var records = try (0..<accounts).map { try record($0, version: 0) }
         try vault.save(VaultContents(accounts: records))
-        let size = (try? FileManager.default.attributesOfItem(atPath: vault.path)[.size] as? Int) ?? 0
+        let size = fileSize(vault.path)
+        let loadSnapshot = try median(of: 5) { _ = try vault.load() }
 
         var whole: [Double] = []
         for save in 0..<wholeSaves {
@@ -39,6 +40,42 @@ enum VaultSaveBench {
         print("durable save of one account's change, vault of \(accounts) accounts (\(size / 1024) KiB snapshot):")
         print(summary("  whole vault rewritten (every save in format 1)", whole))
         print(summary("  one record appended to the log (format 2)     ", change) + "  (target: p50 at most 2 ms)")
+
+        // What a start reads: the snapshot alone, and with the longest log (one save short of a
+        // compaction, found by counting the saves between two compactions).
+        var version = wholeSaves + changeSaves
+        func saveOne() throws -> Bool {
+            let before = fileSize(vault.path + ".log")
+            version += 1
+            try vault.save(changed: [try record(version % accounts, version: version)], removed: [])
+            return fileSize(vault.path + ".log") < before
+        }
+        while try !saveOne() {}
+        var cycle = 1
+        while try !saveOne() { cycle += 1 }
+        for _ in 0..<(cycle - 1) { _ = try saveOne() }
+        let loadWithLog = try median(of: 5) { _ = try vault.load() }
+        print(
+            String(
+                format: "  load of the vault: snapshot alone %.1f ms, with a %d KiB log %.1f ms (median of 5)",
+                loadSnapshot * 1000, fileSize(vault.path + ".log") / 1024, loadWithLog * 1000))
+    }
+
+    /// The size of `path` in bytes, 0 when it does not exist.
+    static func fileSize(_ path: String) -> Int {
+        var info = stat()
+        return stat(path, &info) == 0 ? Int(info.st_size) : 0
+    }
+
+    /// The median time of `runs` runs of `body`, in seconds.
+    static func median(of runs: Int, _ body: () throws -> Void) throws -> Double {
+        var times: [Double] = []
+        for _ in 0..<runs {
+            let start = Monotonic.now()
+            try body()
+            times.append(Monotonic.now() - start)
+        }
+        return times.sorted()[runs / 2]
     }
 
     /// p50, p99 and mean of `seconds`, in milliseconds, after `label`.

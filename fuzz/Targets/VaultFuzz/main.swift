@@ -37,10 +37,10 @@ func fuzzOne(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
         write(file, to: path)
     default:
         guard (try? vault.save(VaultContents(accounts: []))) != nil,
-            let snapshot = try? Data(contentsOf: URL(fileURLWithPath: path))
+            let file = try? Data(contentsOf: URL(fileURLWithPath: path)),
+            let snapshot = try? VaultSnapshot.open([UInt8](file), path: path, key: key)
         else { fatalError("cannot write \(path)") }
-        let nonce = [UInt8](snapshot.prefix(VaultSnapshot.headerLength).suffix(Sodium.nonceLength))
-        let header = VaultLog.header(generation: 1, snapshotNonce: nonce, key: key).bytes
+        let header = VaultLog.header(generation: snapshot.generation, snapshotNonce: snapshot.nonce, key: key).bytes
         write(Data(header + body), to: vault.logPath)
     }
     guard let contents = try? vault.load(),
