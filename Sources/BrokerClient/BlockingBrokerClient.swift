@@ -11,6 +11,7 @@ import Glibc
 /// token pays for nothing more; `brokerctl` is one. Programs that ask often, from many tasks,
 /// use `BrokerClient` and its shared connection.
 public struct BlockingBrokerClient: Sendable {
+    /// The broker's socket.
     public var socketPath: String
     /// Longest wait for an answer (a token request may wait for a refresh at the IdP);
     /// `nil` waits as long as the broker takes.

@@ -12,7 +12,9 @@ public struct TokenRefused: Error, Sendable {
 }
 
 /// A connection to brokerd: one persistent Unix socket with pipelining, so any number of
-/// tasks may share it and ask concurrently. Uses only the protocol module and the toolchain.
+/// tasks may share it and ask concurrently; a reader thread of its own delivers the answers
+/// and events (so no task blocks while the broker refreshes). Uses only the protocol module and
+/// the toolchain. For a single request, `BlockingBrokerClient` starts no thread at all.
 ///
 /// The broker closes connections that stay idle for minutes; a call made after that connects
 /// again, so a long-lived program needs no reconnect logic of its own. (A call that crosses the
