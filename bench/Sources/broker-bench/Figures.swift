@@ -27,14 +27,16 @@ struct Figures {
     let refreshes = 5
     /// Seconds a started broker idles before its memory is read.
     let settleSeconds: UInt32 = 3
-    let workspace = "/tmp/tb-figures-\(getpid())"
+    /// A private directory under `$TMPDIR` (bench/run's own, removed when it ends) or /tmp.
+    let began = Monotonic.now()
+    let workspace = (ProcessInfo.processInfo.environment["TMPDIR"] ?? "/tmp") + "/tb-figures-\(getpid())"
 
     func run() async throws {
         try FileManager.default.createDirectory(atPath: workspace, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: workspace) }
-        try idleMemoryAndStart()
         try cachedTokens()
         try await freshTokens()
+        try idleMemoryAndStart()
     }
 
     // MARK: Memory and start-up
@@ -78,28 +80,31 @@ struct Figures {
     // MARK: Cached tokens
 
     /// Cached `token` requests from the C load client at 64 connections and at 1: against the C
-    /// echo floor, brokerd as shipped, and brokerd with 1 and with 2 event loops.
+    /// echo floor, brokerd as shipped, and brokerd with 1 and with 2 event loops; with the CPU
+    /// time each server spent per request.
     private func cachedTokens() throws {
         let echoPath = workspace + "/echo.sock"
         let echo = try Child.spawn(tools.echoServer, [echoPath, "900"], environment: [:])
         defer { echo.stop() }
         try Child.waitForSocket(echoPath)
-        var servers = [(name: "echo", path: echoPath)]
-        var brokers: [Child] = []
-        defer { brokers.forEach { $0.stop() } }
+        var servers = [(name: "echo", path: echoPath, process: echo)]
+        defer { servers.dropFirst().forEach { $0.process.stop() } }
         for (name, loops) in [("token", nil), ("loops1", 1), ("loops2", 2)] as [(String, Int?)] {
             let broker = BrokerUnderTest(binary: tools.brokerd, root: workspace + "/" + name, eventLoops: loops)
-            brokers.append(try broker.start())
+            servers.append((name, broker.socketPath, try broker.start()))
             try broker.addStaticAccounts(range: 0..<1)
-            servers.append((name, broker.socketPath))
         }
-        emit("default_event_loops", Double(brokers[0].eventLoopThreads()))
+        emit("default_event_loops", Double(servers[1].process.eventLoopThreads()))
 
         var runs: [String: [LoadClientResult]] = [:]
+        var cpuPerRequest: [String: [Double]] = [:]
         for round in 1...rounds {
             for server in servers {
                 for connections in [64, 1] {
+                    let cpuBefore = server.process.cpuSeconds()
                     let result = try load(server.path, connections: connections)
+                    let cpu = (server.process.cpuSeconds() - cpuBefore) * 1e6 / Double(result.completed)
+                    cpuPerRequest["\(server.name)_\(connections)", default: []].append(cpu)
                     note(
                         "round \(round) \(server.name) \(connections) conn: \(Int(result.rps)) req/s, "
                             + "p50 \(Int(result.p50)) us, p99 \(Int(result.p99)) us")
@@ -111,6 +116,7 @@ struct Figures {
             emit(key + "_rps", median(results.map(\.rps)))
             emit(key + "_p50_us", median(results.map(\.p50)))
             emit(key + "_p99_us", median(results.map(\.p99)))
+            emit(key + "_cpu_us_per_request", median(cpuPerRequest[key] ?? []))
         }
     }
 
@@ -193,7 +199,7 @@ struct Figures {
     }
 
     private func note(_ text: String) {
-        write("[figures] " + text + "\n", to: STDERR_FILENO)
+        write("[figures \(Int(Monotonic.now() - began)) s] " + text + "\n", to: STDERR_FILENO)
     }
 
     private func write(_ text: String, to descriptor: Int32) {

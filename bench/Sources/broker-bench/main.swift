@@ -256,7 +256,9 @@ struct Child {
         defer { posix_spawn_file_actions_destroy(&actions) }
         posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
         posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
-        let result = posix_spawn(&pid, path, &actions, nil, argv, envp)
+        var attributes = cleanSignals()
+        defer { posix_spawnattr_destroy(&attributes) }
+        let result = posix_spawn(&pid, path, &actions, &attributes, argv, envp)
         guard result == 0 else { throw BenchError("cannot start \(path): \(String(cString: strerror(result)))") }
         return Child(pid: pid)
     }
@@ -274,7 +276,9 @@ struct Child {
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
         posix_spawn_file_actions_adddup2(&actions, ends[1], 1)
-        let result = posix_spawn(&pid, path, &actions, nil, argv, environ)
+        var attributes = cleanSignals()
+        defer { posix_spawnattr_destroy(&attributes) }
+        let result = posix_spawn(&pid, path, &actions, &attributes, argv, environ)
         close(ends[1])
         defer { close(ends[0]) }
         guard result == 0 else { throw BenchError("cannot start \(path): \(String(cString: strerror(result)))") }
@@ -290,6 +294,22 @@ struct Child {
         while waitpid(pid, &status, 0) < 0, errno == EINTR {}
         guard status == 0 else { throw BenchError("\(path) failed (wait status \(status))") }
         return String(decoding: output, as: UTF8.self)
+    }
+
+    /// Spawn attributes that give the child no blocked signals and default handlers: a Swift
+    /// concurrency thread blocks most signals, and a child would inherit that mask (and then
+    /// ignore SIGTERM).
+    private static func cleanSignals() -> posix_spawnattr_t {
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        var none = sigset_t()
+        sigemptyset(&none)
+        var all = sigset_t()
+        sigfillset(&all)
+        posix_spawnattr_setsigmask(&attributes, &none)
+        posix_spawnattr_setsigdefault(&attributes, &all)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+        return attributes
     }
 
     static func waitForSocket(_ path: String) throws {
@@ -310,6 +330,15 @@ struct Child {
         return kib / 1024
     }
 
+    /// The CPU time (user and system) the process has used, in seconds.
+    func cpuSeconds() -> Double {
+        let stat = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
+        // Fields after the command name, which is in parentheses and may hold spaces.
+        let fields = stat.split(separator: ")").last?.split(separator: " ") ?? []
+        guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return .nan }
+        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+    }
+
     /// How many event-loop threads of NIO's singleton group the process runs (by thread name).
     func eventLoopThreads() -> Int {
         let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
@@ -319,9 +348,15 @@ struct Child {
         }.count
     }
 
+    /// SIGTERM, and SIGKILL if the child is still there 10 s later; waits for it either way.
     func stop() {
         kill(pid, SIGTERM)
         var status: Int32 = 0
+        for _ in 0..<1000 {
+            if waitpid(pid, &status, WNOHANG) != 0 { return }
+            usleep(10_000)
+        }
+        kill(pid, SIGKILL)
         waitpid(pid, &status, 0)
     }
 }
