@@ -1,4 +1,5 @@
 import BrokerClient
+import BrokerProtocol
 import FoundationEssentials
 import Testing
 
