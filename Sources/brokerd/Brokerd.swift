@@ -32,6 +32,7 @@ struct Brokerd: AsyncParsableCommand {
         let logger = Logger(label: "brokerd")
         ProcessHardening.apply()
         do {
+            try EventLoops.configure(environment: ProcessInfo.processInfo.environment)
             try await serve(logger: logger)
         } catch {
             logger.critical("brokerd cannot start: \(error)")

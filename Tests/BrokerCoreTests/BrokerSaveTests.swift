@@ -1,5 +1,6 @@
 import BrokerProtocol
 import Foundation
+import TestSupport
 import Testing
 
 @testable import BrokerCore

@@ -1,6 +1,6 @@
 import BrokerProtocol
 import Foundation
-import TestIdP
+import TestSupport
 import TestSupport
 import Testing
 

@@ -1,4 +1,5 @@
 import FoundationEssentials
+import TestSupport
 import Testing
 
 @testable import BrokerCore

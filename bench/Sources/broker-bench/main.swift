@@ -8,13 +8,19 @@ import TestSupport
 import Glibc
 #endif
 
-// broker-bench: latency and throughput of cached `token` requests over the broker's socket,
-// side by side with a minimal echo server on the same kind of socket, plus memory and
-// start-up time with 1,000 accounts, and durable saves with 1,000 accounts (VaultSave.swift).
-// `broker-bench flood` measures the same requests while one process floods the broker
-// (Flood.swift); `broker-bench vault-save` measures the saves alone. Run it through bench/run
+// broker-bench: the figures of issue 9, each next to its yardstick measured in the same run
+// (Figures.swift, printed as a table by Table.swift), `broker-bench save`: durable saves with
+// 1,000 accounts (VaultSave.swift), and `broker-bench flood`: the latency of cached tokens
+// while one process floods the broker (Flood.swift). Run it through bench/run
 // (release build).
 
+let usage = """
+    usage: broker-bench figures PATH-TO-BROKERD PATH-TO-LOAD-CLIENT PATH-TO-ECHO-SERVER [SECONDS-PER-LOAD-RUN]
+           broker-bench save
+           broker-bench table < FIGURES
+           broker-bench flood PATH-TO-BROKERD [SECONDS-PER-RUN]
+
+    """
 let arguments = CommandLine.arguments
 if arguments.count >= 3, arguments[1] == "echo-server" {
     try EchoServer.run(path: arguments[2])
@@ -23,118 +29,29 @@ var fileLimit = rlimit()
 getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &fileLimit)
 fileLimit.rlim_cur = fileLimit.rlim_max
 setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &fileLimit)
-if arguments.count >= 3, arguments[1] == "flood" {
-    try Flood.run(brokerd: arguments[2], seconds: arguments.count >= 4 ? Double(arguments[3]) ?? 3 : 3)
-    exit(0)
-}
-if arguments.count >= 2, arguments[1] == "vault-save" {
-    let directory = "/tmp/tb-vault-save-\(getpid())"
-    defer { try? FileManager.default.removeItem(atPath: directory) }
-    try VaultSaveBench.run(directory: directory)
-    exit(0)
-}
-guard arguments.count >= 2 else {
-    FileHandle.standardError.write(
-        Data("usage: broker-bench [flood] PATH-TO-BROKERD [SECONDS-PER-RUN] | broker-bench vault-save\n".utf8))
-    exit(2)
-}
-let brokerd = arguments[1]
-let seconds = arguments.count >= 3 ? Double(arguments[2]) ?? 3 : 3
-let concurrencies = [1, 16, 64]
-let workspace = "/tmp/tb-bench-\(getpid())"
-defer { try? FileManager.default.removeItem(atPath: workspace) }
-
-// 1. The floor: an echo server over a Unix socket, in its own process.
-let echoPath = workspace + "/echo.sock"
-try FileManager.default.createDirectory(atPath: workspace, withIntermediateDirectories: true)
-let echo = try Child.spawn(CommandLine.arguments[0], ["echo-server", echoPath], environment: [:])
-try Child.waitForSocket(echoPath)
-let tokenLine = #"{"id":1,"op":"token","account":"bench-0"}"# + "\n"
-var echoResults: [Int: LoadResult] = [:]
-for clients in concurrencies {
-    echoResults[clients] = try Load.run(path: echoPath, line: tokenLine, clients: clients, seconds: seconds)
-}
-echo.stop()
-
-// 2. The broker, with one static account for the cached-token runs.
-let broker = BrokerUnderTest(binary: brokerd, root: workspace + "/broker")
-var process = try broker.start()
-try broker.addStaticAccounts(range: 0..<1)
-var brokerResults: [Int: LoadResult] = [:]
-for clients in concurrencies {
-    brokerResults[clients] = try Load.run(path: broker.socketPath, line: tokenLine, clients: clients, seconds: seconds)
-}
-
-print("cached token requests over the Unix socket, \(Int(seconds)) s per run (echo = minimal echo server, the floor)")
-print("clients  server  p50 (us)  p99 (us)  req/s")
-for clients in concurrencies {
-    for (name, result) in [("echo", echoResults[clients]!), ("broker", brokerResults[clients]!)] {
-        print(
-            String(
-                format: "%7d  %-6@  %8.1f  %8.1f  %7.0f", clients, name as NSString, result.p50, result.p99,
-                result.perSecond))
+do {
+    switch arguments.count >= 2 ? arguments[1] : "" {
+    case "flood" where arguments.count >= 3:
+        try Flood.run(brokerd: arguments[2], seconds: arguments.count >= 4 ? Double(arguments[3]) ?? 3 : 3)
+    case "figures" where arguments.count >= 5:
+        let seconds = arguments.count >= 6 ? Double(arguments[5]) ?? 3 : 3
+        guard (0.5...30).contains(seconds) else { throw BenchError("seconds per load run: 0.5 to 30") }
+        let tools = Figures.Tools(brokerd: arguments[2], loadClient: arguments[3], echoServer: arguments[4])
+        try await Figures(tools: tools, secondsPerLoad: seconds).run()
+    case "save":
+        let directory = "/tmp/tb-vault-save-\(getpid())"
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try VaultSaveBench.run(directory: directory)
+    case "table":
+        Table.printTable(figures: Table.readFigures())
+    default:
+        FileHandle.standardError.write(Data(usage.utf8))
+        exit(2)
     }
+} catch {
+    FileHandle.standardError.write(Data("broker-bench: \(error)\n".utf8))
+    exit(1)
 }
-let one = (brokerResults[1]!, echoResults[1]!)
-print(
-    String(
-        format:
-            "at 1 client: p50 %.2fx and p99 %.2fx the echo floor (targets 1.3x, 2x); at 64 clients: %.0f req/s (target 100000)",
-        one.0.p50 / one.1.p50, one.0.p99 / one.1.p99, brokerResults[64]!.perSecond))
-
-// 3. From a refused token to the first waiting client holding a fresh one (one shared refresh).
-let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-bench", lifetime: 3600)
-try broker.addOAuth2Account(
-    name: "fresh", endpoint: idp.tokenEndpoint, clientID: idp.clientID, refreshToken: "rt-bench")
-for (label, measure) in [
-    (
-        "expired token",
-        { try broker.expiredLatency(account: "fresh", clients: $0, refreshToken: idp.issuedRefreshTokens.last!) }
-    ),
-    ("refused token", { try broker.rejectLatency(account: "fresh", clients: $0) }),
-] as [(String, (Int) throws -> (Double, Double))] {
-    for waiting in [1, 1000] {
-        var firsts: [Double] = []
-        var lasts: [Double] = []
-        for _ in 0..<5 {
-            let (first, last) = try measure(waiting)
-            firsts.append(first)
-            lasts.append(last)
-        }
-        firsts.sort()
-        lasts.sort()
-        print(
-            label
-                + String(
-                    format:
-                        " -> fresh token, %4d waiting clients: first client %.2f ms, last client %.2f ms (median of 5; IdP on loopback)",
-                    waiting, firsts[2] * 1000, lasts[2] * 1000))
-    }
-}
-print("IdP calls for those \(5 * 4) refreshes: \(idp.callCount - 1)")
-await idp.shutdown()
-
-// 4. Memory and start-up with 1,000 accounts.
-try broker.addStaticAccounts(range: 1..<1000)
-print("resident memory with 1000 accounts: \(String(format: "%.1f", process.residentMiB())) MiB (target < 30)")
-process.stop()
-var startups: [Double] = []
-for _ in 0..<5 {
-    let (child, elapsed) = try broker.startTimingReady()
-    startups.append(elapsed)
-    child.stop()
-}
-startups.sort()
-print(
-    String(
-        format: "start to READY=1 with 1000 accounts: median %.1f ms, best %.1f ms (target < 100)", startups[2] * 1000,
-        startups[0] * 1000))
-
-// 5. Durable saves with 1,000 accounts: as a client sees them, then the vault's two kinds side by side.
-let saving = try broker.start()
-try VaultSaveBench.setTokens(on: broker, accounts: 1000)
-saving.stop()
-try VaultSaveBench.run(directory: workspace + "/vault-save")
 
 /// Latency figures of one load run.
 struct LoadResult {
@@ -192,13 +109,17 @@ enum Load {
 struct BrokerUnderTest {
     let binary: String
     let root: String
+    /// `TOKENBROKER_EVENT_LOOPS`, or nil for brokerd's default.
+    var eventLoops: Int? = nil
     var socketPath: String { root + "/run/broker.sock" }
 
     var environment: [String: String] {
-        [
+        var environment = [
             "HOME": root, "XDG_RUNTIME_DIR": root + "/run", "XDG_CONFIG_HOME": root + "/config",
             "XDG_STATE_HOME": root + "/state", "TOKENBROKER_SOCKET": socketPath,
         ]
+        environment["TOKENBROKER_EVENT_LOOPS"] = eventLoops.map(String.init)
+        return environment
     }
 
     func start() throws -> Child {
@@ -208,14 +129,17 @@ struct BrokerUnderTest {
         return child
     }
 
-    /// Adds `bench-N` static accounts over the socket, pipelined.
+    /// Adds `bench-N` static accounts over the socket, one at a time, each holding an 800-byte
+    /// token (the size of a realistic JWT).
     func addStaticAccounts(range: Range<Int>) throws {
         let fd = try Socket.connect(socketPath)
         defer { close(fd) }
         var buffer = [UInt8](repeating: 0, count: 65536)
         for index in range {
+            let prefix = "bench-token-\(index)-"
+            let token = prefix + String(repeating: "x", count: 800 - prefix.utf8.count)
             let line =
-                #"{"id":\#(index),"op":"add","account":"bench-\#(index)","provider":{"kind":"static"},"tokens":{"access_token":"bench-token-\#(index)-\#(String(repeating: "x", count: 800))","expires_in":86400}}"#
+                #"{"id":\#(index),"op":"add","account":"bench-\#(index)","provider":{"kind":"static"},"tokens":{"access_token":"\#(token)","expires_in":86400}}"#
                 + "\n"
             _ = Array(line.utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
             let count = recv(fd, &buffer, buffer.count, 0)
@@ -238,9 +162,9 @@ struct BrokerUnderTest {
         }
     }
 
-    /// Every one of `clients` connections rejects the current token at once; returns the seconds
-    /// until the first and the last of them holds the replacement.
-    func rejectLatency(account: String, clients: Int) throws -> (Double, Double) {
+    /// Every one of `clients` connections rejects the current token at once; returns when the
+    /// first and the last of them holds the replacement.
+    func rejectLatency(account: String, clients: Int) throws -> FreshTokenTimes {
         let probe = try Socket.connect(socketPath)
         let current = Socket.exchange(probe, #"{"id":0,"op":"token","account":"\#(account)","min_ttl":0}"#)
         close(probe)
@@ -251,56 +175,54 @@ struct BrokerUnderTest {
         let descriptors = try (0..<clients).map { _ in try Socket.connect(socketPath) }
         defer { descriptors.forEach { close($0) } }
         let request = #"{"id":1,"op":"reject","account":"\#(account)","access_token":"\#(token)"}"#
-        return try freshTokenLatency(request: request, start: Monotonic.now(), on: descriptors)
+        return try freshTokenLatency(request: request, start: WallClock.now(), on: descriptors)
     }
 
     /// The account's token expires (pushed as expired, with the IdP's current refresh token);
-    /// then every one of `clients` connections asks for a token. Returns the seconds from the
-    /// expiry until the first and the last of them holds a fresh one.
-    func expiredLatency(account: String, clients: Int, refreshToken: String) throws -> (Double, Double) {
+    /// then every one of `clients` connections asks for a token. Returns when the token expired
+    /// and when the first and the last of them held a fresh one.
+    func expiredLatency(account: String, clients: Int, refreshToken: String) throws -> FreshTokenTimes {
         let descriptors = try (0..<clients).map { _ in try Socket.connect(socketPath) }
         defer { descriptors.forEach { close($0) } }
         let admin = try Socket.connect(socketPath)
         defer { close(admin) }
-        let start = Monotonic.now()
+        let start = WallClock.now()
         let pushed = Socket.exchange(
             admin,
             #"{"id":0,"op":"set_tokens","account":"\#(account)","tokens":{"access_token":"expired","expires_at":"2000-01-01T00:00:00Z","refresh_token":"\#(refreshToken)"}}"#
         )
-        guard pushed.contains(#""ok":true"#) else { throw BenchError("set_tokens failed: \(pushed)") }
+        guard pushed.contains(#""ok":true"#) else { throw BenchError("set_tokens failed") }
         let request = #"{"id":1,"op":"token","account":"\#(account)","min_ttl":60}"#
         return try freshTokenLatency(request: request, start: start, on: descriptors)
     }
 
-    /// Sends `request` on every one of `descriptors` and returns the seconds from `start` until
-    /// the first and the last successful answer.
-    private func freshTokenLatency(request text: String, start: Double, on descriptors: [Int32]) throws -> (
-        Double, Double
-    ) {
+    /// Sends `request` on every one of `descriptors` and returns when the first and the last
+    /// successful answer arrived. Answered connections leave the poll set at once, so that
+    /// waiting for the last of 1,000 costs the bench little.
+    private func freshTokenLatency(request text: String, start: Double, on descriptors: [Int32]) throws
+        -> FreshTokenTimes
+    {
         let request = Array((text + "\n").utf8)
         for fd in descriptors {
             _ = request.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
         }
-        var first = Double.infinity
-        var last = 0.0
+        var times = FreshTokenTimes(start: start, first: .infinity, last: 0)
         var buffer = [UInt8](repeating: 0, count: 4096)
         var polls = descriptors.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
-        var remaining = descriptors.count
-        while remaining > 0 {
+        while !polls.isEmpty {
             guard poll(&polls, nfds_t(polls.count), 10_000) > 0 else { throw BenchError("token answers timed out") }
-            for index in polls.indices where polls[index].revents & Int16(POLLIN) != 0 {
-                let count = recv(polls[index].fd, &buffer, buffer.count, 0)
+            for entry in polls where entry.revents != 0 {
+                let count = recv(entry.fd, &buffer, buffer.count, 0)
+                let now = WallClock.now()
                 guard count > 0 else { throw BenchError("connection closed") }
                 let answer = String(decoding: buffer[0..<count], as: UTF8.self)
                 guard answer.contains(#""ok":true"#) else { throw BenchError("no fresh token: \(answer)") }
-                let elapsed = Monotonic.now() - start
-                first = min(first, elapsed)
-                last = max(last, elapsed)
-                polls[index].fd = -1
-                remaining -= 1
+                times.first = min(times.first, now)
+                times.last = max(times.last, now)
             }
+            polls.removeAll { $0.revents != 0 }
         }
-        return (first, last)
+        return times
     }
 
     /// Starts brokerd with a NOTIFY_SOCKET and returns the time until READY=1 arrives.
@@ -338,10 +260,62 @@ struct Child {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
         posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
-        let result = posix_spawn(&pid, path, &actions, nil, argv, envp)
+        var attributes = cleanSignals()
+        defer { posix_spawnattr_destroy(&attributes) }
+        let result = posix_spawn(&pid, path, &actions, &attributes, argv, envp)
         guard result == 0 else { throw BenchError("cannot start \(path): \(String(cString: strerror(result)))") }
         return Child(pid: pid)
+    }
+
+    /// Runs `path` to its end and returns what it wrote on standard output (at most `limit`
+    /// bytes); its standard error is ours. Throws unless it exits with status 0.
+    static func output(_ path: String, _ arguments: [String], limit: Int = 65536) throws -> String {
+        var ends: [Int32] = [-1, -1]
+        guard pipe(&ends) == 0 else { throw BenchError("pipe failed") }
+        _ = ends.map { fcntl($0, F_SETFD, FD_CLOEXEC) }
+        let argv = ([path] + arguments).map { strdup($0) } + [nil]
+        defer { argv.forEach { free($0) } }
+        var pid: pid_t = 0
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_adddup2(&actions, ends[1], 1)
+        var attributes = cleanSignals()
+        defer { posix_spawnattr_destroy(&attributes) }
+        let result = posix_spawn(&pid, path, &actions, &attributes, argv, environ)
+        close(ends[1])
+        defer { close(ends[0]) }
+        guard result == 0 else { throw BenchError("cannot start \(path): \(String(cString: strerror(result)))") }
+        var output: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let count = read(ends[0], &buffer, buffer.count)
+            if count < 0, errno == EINTR { continue }
+            guard count > 0 else { break }
+            output += buffer[0..<min(count, max(0, limit - output.count))]
+        }
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0, errno == EINTR {}
+        guard status == 0 else { throw BenchError("\(path) failed (wait status \(status))") }
+        return String(decoding: output, as: UTF8.self)
+    }
+
+    /// Spawn attributes that give the child no blocked signals and default handlers: a Swift
+    /// concurrency thread blocks most signals, and a child would inherit that mask (and then
+    /// ignore SIGTERM).
+    private static func cleanSignals() -> posix_spawnattr_t {
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        var none = sigset_t()
+        sigemptyset(&none)
+        var all = sigset_t()
+        sigfillset(&all)
+        posix_spawnattr_setsigmask(&attributes, &none)
+        posix_spawnattr_setsigdefault(&attributes, &all)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+        return attributes
     }
 
     static func waitForSocket(_ path: String) throws {
@@ -362,9 +336,33 @@ struct Child {
         return kib / 1024
     }
 
+    /// The CPU time (user and system) the process has used, in seconds.
+    func cpuSeconds() -> Double {
+        let stat = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
+        // Fields after the command name, which is in parentheses and may hold spaces.
+        let fields = stat.split(separator: ")").last?.split(separator: " ") ?? []
+        guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return .nan }
+        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+    }
+
+    /// How many event-loop threads of NIO's singleton group the process runs (by thread name).
+    func eventLoopThreads() -> Int {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+        return tasks.filter { task in
+            let name = (try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/comm", encoding: .utf8)) ?? ""
+            return name.hasPrefix("NIO-SGLTN-")
+        }.count
+    }
+
+    /// SIGTERM, and SIGKILL if the child is still there 10 s later; waits for it either way.
     func stop() {
         kill(pid, SIGTERM)
         var status: Int32 = 0
+        for _ in 0..<1000 {
+            if waitpid(pid, &status, WNOHANG) != 0 { return }
+            usleep(10_000)
+        }
+        kill(pid, SIGKILL)
         waitpid(pid, &status, 0)
     }
 }
@@ -394,6 +392,23 @@ enum Socket {
         guard UnixSocketAddress.withAddress(path, { Glibc.bind(fd, $0, $1) }) == 0 else {
             throw BenchError("cannot bind \(path)")
         }
+    }
+}
+
+/// When a fresh token reached waiting clients: wall-clock seconds since 1970, the clock the
+/// test IdP stamps its calls with.
+struct FreshTokenTimes {
+    /// When the old token was pushed expired (or rejected).
+    var start: Double
+    var first: Double
+    var last: Double
+}
+
+enum WallClock {
+    static func now() -> Double {
+        var spec = timespec()
+        clock_gettime(CLOCK_REALTIME, &spec)
+        return Double(spec.tv_sec) + Double(spec.tv_nsec) / 1e9
     }
 }
 

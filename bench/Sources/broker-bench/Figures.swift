@@ -1,0 +1,227 @@
+import FoundationEssentials
+import TestSupport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `broker-bench figures`: measures the broker's figures, each beside its yardstick in the same
+/// run, and prints them on standard output as `key=value` lines for `broker-bench table`.
+/// Progress goes to standard error. Every process it starts is stopped and waited for.
+struct Figures {
+    /// The programs measured and the yardsticks (the C load client and echo floor of
+    /// ../shared/bench, compiled by bench/run).
+    struct Tools {
+        let brokerd: String
+        let loadClient: String
+        let echoServer: String
+    }
+
+    let tools: Tools
+    let secondsPerLoad: Double
+    /// Load runs per server, interleaved so that a drift of the shared machine hits all alike.
+    let rounds = 3
+    /// Starts timed to READY=1.
+    let starts = 7
+    /// Refreshes timed with waiting clients.
+    let refreshes = 5
+    /// Seconds a started broker idles before its memory is read.
+    let settleSeconds: UInt32 = 3
+    /// A private directory under `$TMPDIR` (bench/run's own, removed when it ends) or /tmp.
+    let began = Monotonic.now()
+    let workspace = (ProcessInfo.processInfo.environment["TMPDIR"] ?? "/tmp") + "/tb-figures-\(getpid())"
+
+    func run() async throws {
+        try FileManager.default.createDirectory(atPath: workspace, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: workspace) }
+        try cachedTokens()
+        try await freshTokens()
+        try idleMemoryAndStart()
+    }
+
+    // MARK: Memory and start-up
+
+    /// Resident memory of an idle broker with 1 and with 1,000 accounts, and the time from start
+    /// to READY=1 with 1,000.
+    private func idleMemoryAndStart() throws {
+        let one = BrokerUnderTest(binary: tools.brokerd, root: workspace + "/one")
+        emit("rss_idle_1_mib", try idleResident(of: one, accounts: 1))
+        let many = BrokerUnderTest(binary: tools.brokerd, root: workspace + "/many")
+        emit("rss_idle_1000_mib", try idleResident(of: many, accounts: 1000))
+        var elapsed: [Double] = []
+        for _ in 0..<starts {
+            let (child, seconds) = try many.startTimingReady()
+            child.stop()
+            elapsed.append(seconds * 1000)
+        }
+        emit("ready_1000_p50_ms", median(elapsed))
+        emit("ready_1000_best_ms", elapsed.min() ?? .nan)
+    }
+
+    /// Fills a new broker with `accounts` static accounts, starts it again from its vault, lets
+    /// it settle and returns its resident memory (VmRSS) in MiB.
+    private func idleResident(of broker: BrokerUnderTest, accounts: Int) throws -> Double {
+        note("filling a broker with \(accounts) account(s)")
+        let filling = try broker.start()
+        do {
+            try broker.addStaticAccounts(range: 0..<accounts)
+            emit("rss_after_adding_\(accounts)_mib", filling.residentMiB())
+            filling.stop()
+        } catch {
+            filling.stop()
+            throw error
+        }
+        let idle = try broker.start()
+        defer { idle.stop() }
+        sleep(settleSeconds)
+        return idle.residentMiB()
+    }
+
+    // MARK: Cached tokens
+
+    /// Cached `token` requests from the C load client at 64 connections and at 1: against the C
+    /// echo floor, brokerd as shipped, and brokerd with 1 and with 2 event loops; with the CPU
+    /// time each server spent per request.
+    private func cachedTokens() throws {
+        let echoPath = workspace + "/echo.sock"
+        let echo = try Child.spawn(tools.echoServer, [echoPath, "900"], environment: [:])
+        defer { echo.stop() }
+        try Child.waitForSocket(echoPath)
+        var servers = [(name: "echo", path: echoPath, process: echo)]
+        defer { servers.dropFirst().forEach { $0.process.stop() } }
+        for (name, loops) in [("token", nil), ("loops1", 1), ("loops2", 2)] as [(String, Int?)] {
+            let broker = BrokerUnderTest(binary: tools.brokerd, root: workspace + "/" + name, eventLoops: loops)
+            servers.append((name, broker.socketPath, try broker.start()))
+            try broker.addStaticAccounts(range: 0..<1)
+        }
+        emit("default_event_loops", Double(servers[1].process.eventLoopThreads()))
+
+        var runs: [String: [LoadClientResult]] = [:]
+        var cpuPerRequest: [String: [Double]] = [:]
+        for round in 1...rounds {
+            for server in servers {
+                for connections in [64, 1] {
+                    let cpuBefore = server.process.cpuSeconds()
+                    let result = try load(server.path, connections: connections)
+                    let cpu = (server.process.cpuSeconds() - cpuBefore) * 1e6 / Double(result.completed)
+                    cpuPerRequest["\(server.name)_\(connections)", default: []].append(cpu)
+                    note(
+                        "round \(round) \(server.name) \(connections) conn: \(Int(result.rps)) req/s, "
+                            + "p50 \(Int(result.p50)) us, p99 \(Int(result.p99)) us")
+                    runs["\(server.name)_\(connections)", default: []].append(result)
+                }
+            }
+        }
+        for (key, results) in runs.sorted(by: { $0.key < $1.key }) {
+            emit(key + "_rps", median(results.map(\.rps)))
+            emit(key + "_p50_us", median(results.map(\.p50)))
+            emit(key + "_p99_us", median(results.map(\.p99)))
+            emit(key + "_cpu_us_per_request", median(cpuPerRequest[key] ?? []))
+        }
+    }
+
+    /// One closed-loop run of the C load client; the same parameters for every server.
+    private func load(_ socket: String, connections: Int) throws -> LoadClientResult {
+        let output = try Child.output(
+            tools.loadClient,
+            [
+                "-s", socket, "-m", "line", "-p", #"{"id":1,"op":"token","account":"bench-0"}"#, "-e",
+                #""access_token""#, "-c", String(connections), "-n", "3000000", "-t", String(secondsPerLoad), "-w",
+                "2000",
+            ])
+        let result = try JSONDecoder().decode(LoadClientResult.self, from: Data(output.utf8))
+        guard result.errors == 0, result.completed > 0, [result.rps, result.p50, result.p99].allSatisfy(\.isFinite)
+        else { throw BenchError("load run on \(socket) failed: \(result.errors) errors, \(result.completed) answers") }
+        return result
+    }
+
+    // MARK: Fresh tokens
+
+    /// From an expired token to fresh ones in the hands of 1 and of 1,000 waiting clients (one
+    /// refresh shared by all), and the same after a `reject`; the in-process test IdP on
+    /// loopback stamps each call it answers, so the figures are taken from its answer too.
+    private func freshTokens() async throws {
+        let broker = BrokerUnderTest(binary: tools.brokerd, root: workspace + "/fresh")
+        let child = try broker.start()
+        defer { child.stop() }
+        let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-bench", lifetime: 3600)
+        do {
+            try broker.addOAuth2Account(
+                name: "fresh", endpoint: idp.tokenEndpoint, clientID: idp.clientID, refreshToken: "rt-bench")
+            for waiting in [1, 1000] {
+                try measureRefreshes(idp: idp, key: "expired_\(waiting)") {
+                    try broker.expiredLatency(
+                        account: "fresh", clients: waiting, refreshToken: idp.issuedRefreshTokens.last ?? "")
+                }
+                try measureRefreshes(idp: idp, key: "refused_\(waiting)") {
+                    try broker.rejectLatency(account: "fresh", clients: waiting)
+                }
+            }
+        } catch {
+            await idp.shutdown()
+            throw error
+        }
+        await idp.shutdown()
+    }
+
+    /// Runs `measure` `refreshes` times; each run must cost the IdP exactly one call. Emits the
+    /// medians of: the IdP's answer, the first and the last client served, after the expiry; and
+    /// the last client served after the IdP's answer.
+    private func measureRefreshes(idp: OAuth2TestIdP, key: String, _ measure: () throws -> FreshTokenTimes) throws {
+        var idpAnswers: [Double] = []
+        var firsts: [Double] = []
+        var lasts: [Double] = []
+        var lastsAfterAnswer: [Double] = []
+        for _ in 0..<refreshes {
+            let callsBefore = idp.callCount
+            let times = try measure()
+            let calls = idp.calls
+            guard calls.count == callsBefore + 1, let answered = calls.last?.at.timeIntervalSince1970 else {
+                throw BenchError("\(key): \(calls.count - callsBefore) IdP calls for one refresh")
+            }
+            idpAnswers.append((answered - times.start) * 1000)
+            firsts.append((times.first - times.start) * 1000)
+            lasts.append((times.last - times.start) * 1000)
+            lastsAfterAnswer.append((times.last - answered) * 1000)
+        }
+        emit(key + "_idp_answer_ms", median(idpAnswers))
+        emit(key + "_first_ms", median(firsts))
+        emit(key + "_last_ms", median(lasts))
+        emit(key + "_last_after_idp_ms", median(lastsAfterAnswer))
+    }
+
+    // MARK: Output
+
+    /// One figure, on standard output at once (and on standard error, to follow the run).
+    private func emit(_ key: String, _ value: Double) {
+        write("\(key)=\(value)\n", to: STDOUT_FILENO)
+        note("\(key)=\(value)")
+    }
+
+    private func note(_ text: String) {
+        write("[figures \(Int(Monotonic.now() - began)) s] " + text + "\n", to: STDERR_FILENO)
+    }
+
+    private func write(_ text: String, to descriptor: Int32) {
+        _ = Array(text.utf8).withUnsafeBytes { Glibc.write(descriptor, $0.baseAddress, $0.count) }
+    }
+
+    private func median(_ values: [Double]) -> Double {
+        values.isEmpty ? .nan : values.sorted()[values.count / 2]
+    }
+}
+
+/// The JSON object the C load client prints (latencies in microseconds).
+struct LoadClientResult: Decodable {
+    var completed: Int
+    var errors: Int
+    var rps: Double
+    var p50: Double
+    var p99: Double
+
+    enum CodingKeys: String, CodingKey {
+        case completed, errors, rps
+        case p50 = "p50_us"
+        case p99 = "p99_us"
+    }
+}

@@ -1,0 +1,172 @@
+import FoundationEssentials
+
+/// `broker-bench table`: reads the figures of one run on standard input (`key=value` words, or
+/// JSON objects of numbers such as the last line of cli-vs-oidc-token.sh) and prints the table
+/// of issue 9: each figure, its yardstick measured in the same run, their ratio, the target and
+/// whether it is met; then every other figure of the run.
+enum Table {
+    /// How a figure is shown: its unit, and the factor from the unit of its key.
+    enum Unit {
+        case milliseconds, microseconds, millisecondsFromMicroseconds, mebibytes, requestsPerSecond
+
+        func show(_ value: Double) -> String {
+            switch self {
+            case .milliseconds: Table.decimal(value, places: 2) + " ms"
+            case .microseconds: Table.decimal(value, places: 1) + " µs"
+            case .millisecondsFromMicroseconds: Table.decimal(value / 1000, places: 2) + " ms"
+            case .mebibytes: Table.decimal(value, places: 1) + " MiB"
+            case .requestsPerSecond: Table.decimal(value / 1000, places: 1) + "k req/s"
+            }
+        }
+
+        /// The value as shown, in the unit an absolute target is given in.
+        func shown(_ value: Double) -> Double { self == .millisecondsFromMicroseconds ? value / 1000 : value }
+
+        var symbol: String {
+            switch self {
+            case .milliseconds, .millisecondsFromMicroseconds: "ms"
+            case .microseconds: "µs"
+            case .mebibytes: "MiB"
+            case .requestsPerSecond: "req/s"
+            }
+        }
+    }
+
+    /// What a figure must reach.
+    enum Target {
+        case ratioAtMost(Double)
+        case ratioAtLeast(Double)
+        case atMost(Double)
+    }
+
+    /// One line of the table.
+    struct Row {
+        var figure: String
+        var key: String
+        var unit: Unit
+        /// The yardstick's name and key.
+        var yardstick: (name: String, key: String)?
+        var target: Target
+    }
+
+    static let rows: [Row] =
+        [
+            Row(
+                figure: "`brokerctl token NAME`, whole process, p50", key: "brokerctl_p50_ms", unit: .milliseconds,
+                yardstick: ("oidc-token", "oidc_token_p50_ms"), target: .ratioAtMost(1.5)),
+            Row(
+                figure: "brokerd resident memory, idle, 1 account", key: "rss_idle_1_mib", unit: .mebibytes,
+                target: .atMost(12)),
+            Row(
+                figure: "brokerd resident memory, idle, 1,000 accounts (800-byte tokens)", key: "rss_idle_1000_mib",
+                unit: .mebibytes, target: .atMost(24)),
+        ] + cachedTokenRows(server: "token", label: "cached `token`")
+        + [
+            Row(
+                figure: "durable save of one account's change, 1,000 accounts, p50", key: "save_p50_ms",
+                unit: .milliseconds, yardstick: ("whole vault rewritten (format 1)", "save_whole_vault_p50_ms"),
+                target: .atMost(2)),
+            Row(
+                figure: "start to READY=1, 1,000 accounts, p50", key: "ready_1000_p50_ms", unit: .milliseconds,
+                target: .atMost(40)),
+            Row(
+                figure: "expired token, 1,000 waiting clients: last served after the IdP's answer",
+                key: "expired_1000_last_after_idp_ms", unit: .milliseconds, target: .atMost(10)),
+        ] + cachedTokenRows(server: "loops1", label: "1 event loop: cached `token`")
+        + cachedTokenRows(server: "loops2", label: "2 event loops: cached `token`")
+
+    /// The four cached-token rows of one server (a key prefix of `broker-bench figures`).
+    static func cachedTokenRows(server: String, label: String) -> [Row] {
+        [
+            Row(
+                figure: label + ", 64 connections, req/s", key: server + "_64_rps", unit: .requestsPerSecond,
+                yardstick: ("echo floor", "echo_64_rps"), target: .ratioAtLeast(0.7)),
+            Row(
+                figure: label + ", 64 connections, p99", key: server + "_64_p99_us",
+                unit: .millisecondsFromMicroseconds, yardstick: ("echo floor", "echo_64_p99_us"), target: .atMost(2)),
+            Row(
+                figure: label + ", 1 connection, p50", key: server + "_1_p50_us", unit: .microseconds,
+                yardstick: ("echo floor", "echo_1_p50_us"), target: .ratioAtMost(1.2)),
+            Row(
+                figure: label + ", 1 connection, p99", key: server + "_1_p99_us", unit: .microseconds,
+                yardstick: ("echo floor", "echo_1_p99_us"), target: .ratioAtMost(1.5)),
+        ]
+    }
+
+    /// The figures on standard input: at most 1,000 lines of at most 4,096 bytes; finite numbers only.
+    static func readFigures() -> [String: Double] {
+        var figures: [String: Double] = [:]
+        var lines = 0
+        while lines < 1000, let line = readLine() {
+            lines += 1
+            guard line.utf8.count <= 4096 else { continue }
+            if line.hasPrefix("{"),
+                let object = try? JSONDecoder().decode([String: Double].self, from: Data(line.utf8))
+            {
+                figures.merge(object.filter { $0.value.isFinite }) { $1 }
+                continue
+            }
+            for word in line.split(separator: " ") {
+                let parts = word.split(separator: "=", maxSplits: 1)
+                guard parts.count == 2, let value = Double(parts[1]), value.isFinite else { continue }
+                figures[String(parts[0])] = value
+            }
+        }
+        return figures
+    }
+
+    static func printTable(figures: [String: Double]) {
+        print("| figure | measured | yardstick (same run) | ratio | target | met? |")
+        print("|---|---|---|---|---|---|")
+        for row in rows {
+            print("| " + cells(row, figures: figures).joined(separator: " | ") + " |")
+        }
+        if let loops = figures["default_event_loops"] {
+            print("\nbrokerd as shipped (TOKENBROKER_EVENT_LOOPS unset) ran \(Int(loops)) event loop(s).")
+        }
+        let shown = Set(rows.flatMap { [$0.key, $0.yardstick?.key].compactMap { $0 } } + ["default_event_loops"])
+        let others = figures.filter { !shown.contains($0.key) }.sorted { $0.key < $1.key }
+        if !others.isEmpty {
+            print("\nOther figures of this run:")
+            for (key, value) in others { print("  \(key)=\(decimal(value, places: 3))") }
+        }
+    }
+
+    /// The cells of `row`: figure, measured, yardstick, ratio, target, met.
+    static func cells(_ row: Row, figures: [String: Double]) -> [String] {
+        let yardstickName = row.yardstick.map { $0.name } ?? ""
+        let target: String
+        switch row.target {
+        case .ratioAtMost(let ratio): target = "≤ \(decimal(ratio, places: 1))x \(yardstickName)"
+        case .ratioAtLeast(let ratio): target = "≥ \(decimal(ratio, places: 1))x \(yardstickName)"
+        case .atMost(let limit): target = "≤ \(decimal(limit, places: 0)) \(row.unit.symbol)"
+        }
+        guard let measured = figures[row.key] else { return [row.figure, "not measured", "-", "-", target, "-"] }
+        let yardstick = row.yardstick.flatMap { figures[$0.key] }
+        let ratio = yardstick.flatMap { $0 > 0 ? measured / $0 : nil }
+        let met: Bool?
+        switch row.target {
+        case .ratioAtMost(let limit): met = ratio.map { $0 <= limit }
+        case .ratioAtLeast(let limit): met = ratio.map { $0 >= limit }
+        case .atMost(let limit): met = row.unit.shown(measured) <= limit
+        }
+        return [
+            row.figure, row.unit.show(measured),
+            yardstick.map { row.unit.show($0) + " (" + yardstickName + ")" } ?? "-",
+            ratio.map { decimal($0, places: 2) + "x" } ?? "-", target, met.map { $0 ? "yes" : "no" } ?? "-",
+        ]
+    }
+
+    /// `value` with `places` decimals (no Foundation formatting).
+    static func decimal(_ value: Double, places: Int) -> String {
+        guard value.isFinite, abs(value) < 1e15 else { return "-" }
+        var scale = 1.0
+        for _ in 0..<places { scale *= 10 }
+        let scaled = Int((abs(value) * scale).rounded())
+        let whole = String(scaled / Int(scale))
+        let sign = value < 0 && scaled != 0 ? "-" : ""
+        guard places > 0 else { return sign + whole }
+        let fraction = String(scaled % Int(scale))
+        return sign + whole + "." + String(repeating: "0", count: places - fraction.count) + fraction
+    }
+}
