@@ -20,7 +20,7 @@ struct Figures {
     let tools: Tools
     let secondsPerLoad: Double
     /// Load runs per server, interleaved so that a drift of the shared machine hits all alike.
-    let rounds = 3
+    let rounds = 5
     /// Starts timed to READY=1.
     let starts = 7
     /// Refreshes timed with waiting clients.
