@@ -2,7 +2,6 @@ import BrokerProtocol
 import Foundation
 import NIOCore
 import NIOPosix
-import TestIdP
 
 #if canImport(Glibc)
 import Glibc
