@@ -20,15 +20,17 @@ struct Figures {
     let tools: Tools
     let secondsPerLoad: Double
     /// Load runs per server, interleaved so that a drift of the shared machine hits all alike.
-    let rounds = 3
+    let rounds = 5
     /// Starts timed to READY=1.
     let starts = 7
     /// Refreshes timed with waiting clients.
     let refreshes = 5
     /// Seconds a started broker idles before its memory is read.
     let settleSeconds: UInt32 = 3
-    /// A private directory under `$TMPDIR` (bench/run's own, removed when it ends) or /tmp.
+    /// Requests each load run sends before it measures.
+    let warmup = 2000
     let began = Monotonic.now()
+    /// A private directory under `$TMPDIR` (bench/run's own, removed when it ends) or /tmp.
     let workspace = (ProcessInfo.processInfo.environment["TMPDIR"] ?? "/tmp") + "/tb-figures-\(getpid())"
 
     func run() async throws {
@@ -103,7 +105,7 @@ struct Figures {
                 for connections in [64, 1] {
                     let cpuBefore = server.process.cpuSeconds()
                     let result = try load(server.path, connections: connections)
-                    let cpu = (server.process.cpuSeconds() - cpuBefore) * 1e6 / Double(result.completed)
+                    let cpu = (server.process.cpuSeconds() - cpuBefore) * 1e6 / Double(result.completed + warmup)
                     cpuPerRequest["\(server.name)_\(connections)", default: []].append(cpu)
                     note(
                         "round \(round) \(server.name) \(connections) conn: \(Int(result.rps)) req/s, "
@@ -127,7 +129,7 @@ struct Figures {
             [
                 "-s", socket, "-m", "line", "-p", #"{"id":1,"op":"token","account":"bench-0"}"#, "-e",
                 #""access_token""#, "-c", String(connections), "-n", "3000000", "-t", String(secondsPerLoad), "-w",
-                "2000",
+                String(warmup),
             ])
         let result = try JSONDecoder().decode(LoadClientResult.self, from: Data(output.utf8))
         guard result.errors == 0, result.completed > 0, [result.rps, result.p50, result.p99].allSatisfy(\.isFinite)

@@ -2,7 +2,6 @@ import BrokerProtocol
 import Foundation
 import NIOCore
 import NIOPosix
-import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -34,7 +33,7 @@ do {
     case "flood" where arguments.count >= 3:
         try Flood.run(brokerd: arguments[2], seconds: arguments.count >= 4 ? Double(arguments[3]) ?? 3 : 3)
     case "figures" where arguments.count >= 5:
-        let seconds = arguments.count >= 6 ? Double(arguments[5]) ?? 3 : 3
+        let seconds = arguments.count >= 6 ? Double(arguments[5]) ?? 2 : 2
         guard (0.5...30).contains(seconds) else { throw BenchError("seconds per load run: 0.5 to 30") }
         let tools = Figures.Tools(brokerd: arguments[2], loadClient: arguments[3], echoServer: arguments[4])
         try await Figures(tools: tools, secondsPerLoad: seconds).run()
