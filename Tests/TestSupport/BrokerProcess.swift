@@ -90,12 +90,8 @@ public final class BrokerProcess: @unchecked Sendable {
 
     /// The running brokerd's resident memory in KiB (`VmRSS` in /proc/PID/status).
     public func residentKiB() throws -> Int {
-        guard let pid else { throw HarnessError("brokerd is not running") }
-        let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
-        guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
-            let kib = line.split(separator: " ").dropFirst().first.flatMap({ Int($0) })
-        else { throw HarnessError("no VmRSS for pid \(pid)") }
-        return kib
+        guard let process else { throw HarnessError("brokerd is not running") }
+        return try process.residentKiB()
     }
 
     /// Sends `signal` to the running brokerd.

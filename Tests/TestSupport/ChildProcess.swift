@@ -41,8 +41,10 @@ public final class ChildProcess: Sendable {
         let argv = ([path] + arguments).map { strdup($0) } + [nil]
         let envp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
         defer { (argv + envp).forEach { free($0) } }
+        var attributes = cleanSignals()
+        defer { posix_spawnattr_destroy(&attributes) }
         var pid: pid_t = 0
-        let result = posix_spawn(&pid, path, &actions, nil, argv, envp)
+        let result = posix_spawn(&pid, path, &actions, &attributes, argv, envp)
         guard result == 0 else { throw HarnessError("cannot start \(path): \(String(cString: strerror(result)))") }
         return ChildProcess(pid: pid)
     }
@@ -111,6 +113,60 @@ public final class ChildProcess: Sendable {
             status = Self.decode(raw)
             return true
         }
+    }
+
+    /// SIGTERM, and SIGKILL if the child is still there `grace` seconds later; waits for it
+    /// either way and returns its exit status.
+    @discardableResult
+    public func stop(grace: Double = 10) -> Int32 {
+        if !hasExited() { kill(pid, SIGTERM) }
+        let deadline = ContinuousClock.now + .milliseconds(Int64(grace * 1000))
+        while !hasExited(), ContinuousClock.now < deadline { usleep(10_000) }
+        if !hasExited() { kill(pid, SIGKILL) }
+        return wait()
+    }
+
+    /// The child's resident memory in KiB (`VmRSS` in /proc/PID/status).
+    public func residentKiB() throws -> Int {
+        let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
+        guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+            let kib = line.split(separator: " ").dropFirst().first.flatMap({ Int($0) })
+        else { throw HarnessError("no VmRSS for pid \(pid)") }
+        return kib
+    }
+
+    /// The CPU time (user and system) the child has used, in seconds.
+    public func cpuSeconds() -> Double {
+        let stat = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
+        // Fields after the command name, which is in parentheses and may hold spaces.
+        let fields = stat.split(separator: ")").last?.split(separator: " ") ?? []
+        guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return .nan }
+        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+    }
+
+    /// How many of the child's threads have a name starting with `prefix`.
+    public func threads(named prefix: String) -> Int {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+        return tasks.filter { task in
+            let name = (try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/comm", encoding: .utf8)) ?? ""
+            return name.hasPrefix(prefix)
+        }.count
+    }
+
+    /// Spawn attributes that give the child no blocked signals and default handlers: a Swift
+    /// concurrency thread blocks most signals, and a child would inherit that mask (and then
+    /// ignore SIGTERM).
+    private static func cleanSignals() -> posix_spawnattr_t {
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        var none = sigset_t()
+        sigemptyset(&none)
+        var all = sigset_t()
+        sigfillset(&all)
+        posix_spawnattr_setsigmask(&attributes, &none)
+        posix_spawnattr_setsigdefault(&attributes, &all)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+        return attributes
     }
 
     private static func decode(_ raw: Int32) -> Int32 {

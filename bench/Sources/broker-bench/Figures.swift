@@ -67,7 +67,7 @@ struct Figures {
         let filling = try broker.start()
         do {
             try broker.addStaticAccounts(range: 0..<accounts)
-            emit("rss_after_adding_\(accounts)_mib", filling.residentMiB())
+            emit("rss_after_adding_\(accounts)_mib", filling.residentMiB)
             filling.stop()
         } catch {
             filling.stop()
@@ -76,7 +76,7 @@ struct Figures {
         let idle = try broker.start()
         defer { idle.stop() }
         sleep(settleSeconds)
-        return idle.residentMiB()
+        return idle.residentMiB
     }
 
     // MARK: Cached tokens
@@ -86,9 +86,9 @@ struct Figures {
     /// time each server spent per request.
     private func cachedTokens() throws {
         let echoPath = workspace + "/echo.sock"
-        let echo = try Child.spawn(tools.echoServer, [echoPath, "900"], environment: [:])
+        let echo = try ChildProcess.spawn(tools.echoServer, [echoPath, "900"], environment: [:])
         defer { echo.stop() }
-        try Child.waitForSocket(echoPath)
+        try Socket.waitForListener(echoPath)
         var servers = [(name: "echo", path: echoPath, process: echo)]
         defer { servers.dropFirst().forEach { $0.process.stop() } }
         for (name, loops) in [("token", nil), ("loops1", 1), ("loops2", 2)] as [(String, Int?)] {
@@ -96,7 +96,7 @@ struct Figures {
             servers.append((name, broker.socketPath, try broker.start()))
             try broker.addStaticAccounts(range: 0..<1)
         }
-        emit("default_event_loops", Double(servers[1].process.eventLoopThreads()))
+        emit("default_event_loops", Double(servers[1].process.threads(named: "NIO-SGLTN-")))
 
         var runs: [String: [LoadClientResult]] = [:]
         var cpuPerRequest: [String: [Double]] = [:]
@@ -124,13 +124,14 @@ struct Figures {
 
     /// One closed-loop run of the C load client; the same parameters for every server.
     private func load(_ socket: String, connections: Int) throws -> LoadClientResult {
-        let output = try Child.output(
+        let (status, output, errors) = try ChildProcess.capture(
             tools.loadClient,
             [
                 "-s", socket, "-m", "line", "-p", #"{"id":1,"op":"token","account":"bench-0"}"#, "-e",
                 #""access_token""#, "-c", String(connections), "-n", "3000000", "-t", String(secondsPerLoad), "-w",
                 String(warmup),
-            ])
+            ], environment: ProcessInfo.processInfo.environment)
+        guard status == 0 else { throw BenchError("the load client failed (\(status)): \(errors.suffix(500))") }
         let result = try JSONDecoder().decode(LoadClientResult.self, from: Data(output.utf8))
         guard result.errors == 0, result.completed > 0, [result.rps, result.p50, result.p99].allSatisfy(\.isFinite)
         else { throw BenchError("load run on \(socket) failed: \(result.errors) errors, \(result.completed) answers") }

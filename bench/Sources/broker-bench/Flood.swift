@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -16,8 +17,8 @@ enum Flood {
         let tokenLine = #"{"id":1,"op":"token","account":"bench-0"}"# + "\n"
 
         let echoPath = workspace + "/echo.sock"
-        let echo = try Child.spawn(CommandLine.arguments[0], ["echo-server", echoPath], environment: [:])
-        try Child.waitForSocket(echoPath)
+        let echo = try ChildProcess.spawn(CommandLine.arguments[0], ["echo-server", echoPath], environment: [:])
+        try Socket.waitForListener(echoPath)
         let floor = try Load.run(path: echoPath, line: tokenLine, clients: 1, seconds: seconds)
         echo.stop()
 
@@ -29,13 +30,13 @@ enum Flood {
         let client = try Socket.connect(broker.socketPath)
         defer { close(client) }
         let before = try Load.run(on: [client], line: tokenLine, seconds: seconds)
-        let residentBefore = process.residentMiB()
+        let residentBefore = process.residentMiB
 
         let attack = try Attack(path: broker.socketPath)
         usleep(1_000_000)
-        var residentDuring = process.residentMiB()
+        var residentDuring = process.residentMiB
         let during = try Load.run(on: [client], line: tokenLine, seconds: seconds)
-        residentDuring = max(residentDuring, process.residentMiB())
+        residentDuring = max(residentDuring, process.residentMiB)
         let report = attack.stop()
 
         print("flood from one process, held while the other client is measured:\n  \(report)")

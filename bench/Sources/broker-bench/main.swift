@@ -2,6 +2,7 @@ import BrokerProtocol
 import Foundation
 import NIOCore
 import NIOPosix
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -121,10 +122,10 @@ struct BrokerUnderTest {
         return environment
     }
 
-    func start() throws -> Child {
+    func start() throws -> ChildProcess {
         try FileManager.default.createDirectory(atPath: root + "/run", withIntermediateDirectories: true)
-        let child = try Child.spawn(binary, [], environment: environment)
-        try Child.waitForSocket(socketPath)
+        let child = try ChildProcess.spawn(binary, [], environment: environment)
+        try Socket.waitForListener(socketPath)
         return child
     }
 
@@ -225,7 +226,7 @@ struct BrokerUnderTest {
     }
 
     /// Starts brokerd with a NOTIFY_SOCKET and returns the time until READY=1 arrives.
-    func startTimingReady() throws -> (Child, Double) {
+    func startTimingReady() throws -> (ChildProcess, Double) {
         let notifyPath = root + "/notify.sock"
         unlink(notifyPath)
         let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
@@ -234,7 +235,7 @@ struct BrokerUnderTest {
         var environment = self.environment
         environment["NOTIFY_SOCKET"] = notifyPath
         let start = Monotonic.now()
-        let child = try Child.spawn(binary, [], environment: environment)
+        let child = try ChildProcess.spawn(binary, [], environment: environment)
         var buffer = [UInt8](repeating: 0, count: 4096)
         var timeout = timeval(tv_sec: 10, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
@@ -247,77 +248,14 @@ struct BrokerUnderTest {
     }
 }
 
-/// A child process, stopped by PID and always waited for.
-struct Child {
-    let pid: pid_t
+extension ChildProcess {
+    /// The child's resident memory in MiB (0 when it cannot be read).
+    var residentMiB: Double { Double((try? residentKiB()) ?? 0) / 1024 }
+}
 
-    static func spawn(_ path: String, _ arguments: [String], environment: [String: String]) throws -> Child {
-        let argv = ([path] + arguments).map { strdup($0) } + [nil]
-        let envp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer { (argv + envp).forEach { free($0) } }
-        var pid: pid_t = 0
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
-        var attributes = cleanSignals()
-        defer { posix_spawnattr_destroy(&attributes) }
-        let result = posix_spawn(&pid, path, &actions, &attributes, argv, envp)
-        guard result == 0 else { throw BenchError("cannot start \(path): \(String(cString: strerror(result)))") }
-        return Child(pid: pid)
-    }
-
-    /// Runs `path` to its end and returns what it wrote on standard output (at most `limit`
-    /// bytes); its standard error is ours. Throws unless it exits with status 0.
-    static func output(_ path: String, _ arguments: [String], limit: Int = 65536) throws -> String {
-        var ends: [Int32] = [-1, -1]
-        guard pipe(&ends) == 0 else { throw BenchError("pipe failed") }
-        _ = ends.map { fcntl($0, F_SETFD, FD_CLOEXEC) }
-        let argv = ([path] + arguments).map { strdup($0) } + [nil]
-        defer { argv.forEach { free($0) } }
-        var pid: pid_t = 0
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_adddup2(&actions, ends[1], 1)
-        var attributes = cleanSignals()
-        defer { posix_spawnattr_destroy(&attributes) }
-        let result = posix_spawn(&pid, path, &actions, &attributes, argv, environ)
-        close(ends[1])
-        defer { close(ends[0]) }
-        guard result == 0 else { throw BenchError("cannot start \(path): \(String(cString: strerror(result)))") }
-        var output: [UInt8] = []
-        var buffer = [UInt8](repeating: 0, count: 4096)
-        while true {
-            let count = read(ends[0], &buffer, buffer.count)
-            if count < 0, errno == EINTR { continue }
-            guard count > 0 else { break }
-            output += buffer[0..<min(count, max(0, limit - output.count))]
-        }
-        var status: Int32 = 0
-        while waitpid(pid, &status, 0) < 0, errno == EINTR {}
-        guard status == 0 else { throw BenchError("\(path) failed (wait status \(status))") }
-        return String(decoding: output, as: UTF8.self)
-    }
-
-    /// Spawn attributes that give the child no blocked signals and default handlers: a Swift
-    /// concurrency thread blocks most signals, and a child would inherit that mask (and then
-    /// ignore SIGTERM).
-    private static func cleanSignals() -> posix_spawnattr_t {
-        var attributes = posix_spawnattr_t()
-        posix_spawnattr_init(&attributes)
-        var none = sigset_t()
-        sigemptyset(&none)
-        var all = sigset_t()
-        sigfillset(&all)
-        posix_spawnattr_setsigmask(&attributes, &none)
-        posix_spawnattr_setsigdefault(&attributes, &all)
-        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
-        return attributes
-    }
-
-    static func waitForSocket(_ path: String) throws {
+enum Socket {
+    /// Returns once something accepts connections on `path` (5 s at most).
+    static func waitForListener(_ path: String) throws {
         for _ in 0..<500 {
             if let fd = try? Socket.connect(path) {
                 close(fd)
@@ -328,45 +266,6 @@ struct Child {
         throw BenchError("nothing listens on \(path)")
     }
 
-    func residentMiB() -> Double {
-        let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
-        let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
-        let kib = Double(line.split(separator: " ").dropFirst().first ?? "0") ?? 0
-        return kib / 1024
-    }
-
-    /// The CPU time (user and system) the process has used, in seconds.
-    func cpuSeconds() -> Double {
-        let stat = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
-        // Fields after the command name, which is in parentheses and may hold spaces.
-        let fields = stat.split(separator: ")").last?.split(separator: " ") ?? []
-        guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return .nan }
-        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
-    }
-
-    /// How many event-loop threads of NIO's singleton group the process runs (by thread name).
-    func eventLoopThreads() -> Int {
-        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
-        return tasks.filter { task in
-            let name = (try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/comm", encoding: .utf8)) ?? ""
-            return name.hasPrefix("NIO-SGLTN-")
-        }.count
-    }
-
-    /// SIGTERM, and SIGKILL if the child is still there 10 s later; waits for it either way.
-    func stop() {
-        kill(pid, SIGTERM)
-        var status: Int32 = 0
-        for _ in 0..<1000 {
-            if waitpid(pid, &status, WNOHANG) != 0 { return }
-            usleep(10_000)
-        }
-        kill(pid, SIGKILL)
-        waitpid(pid, &status, 0)
-    }
-}
-
-enum Socket {
     /// Sends one request line and returns the response line (blocking).
     static func exchange(_ fd: Int32, _ line: String) -> String {
         _ = Array((line + "\n").utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
