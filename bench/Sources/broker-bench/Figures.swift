@@ -152,12 +152,15 @@ struct Figures {
             try broker.addOAuth2Account(
                 name: "fresh", endpoint: idp.tokenEndpoint, clientID: idp.clientID, refreshToken: "rt-bench")
             for waiting in [1, 1000] {
+                // The same connections for every run: the broker never holds two sets at once.
+                let clients = try (0..<waiting).map { _ in try Socket.connect(broker.socketPath) }
+                defer { clients.forEach { close($0) } }
                 try measureRefreshes(idp: idp, key: "expired_\(waiting)") {
                     try broker.expiredLatency(
-                        account: "fresh", clients: waiting, refreshToken: idp.issuedRefreshTokens.last ?? "")
+                        account: "fresh", clients: clients, refreshToken: idp.issuedRefreshTokens.last ?? "")
                 }
                 try measureRefreshes(idp: idp, key: "refused_\(waiting)") {
-                    try broker.rejectLatency(account: "fresh", clients: waiting)
+                    try broker.rejectLatency(account: "fresh", clients: clients)
                 }
             }
         } catch {

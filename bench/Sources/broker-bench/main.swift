@@ -162,9 +162,9 @@ struct BrokerUnderTest {
         }
     }
 
-    /// Every one of `clients` connections rejects the current token at once; returns when the
-    /// first and the last of them holds the replacement.
-    func rejectLatency(account: String, clients: Int) throws -> FreshTokenTimes {
+    /// Every one of `clients` (open connections, each with nothing in flight) rejects the
+    /// current token at once; returns when the first and the last of them holds the replacement.
+    func rejectLatency(account: String, clients descriptors: [Int32]) throws -> FreshTokenTimes {
         let probe = try Socket.connect(socketPath)
         let current = Socket.exchange(probe, #"{"id":0,"op":"token","account":"\#(account)","min_ttl":0}"#)
         close(probe)
@@ -172,18 +172,17 @@ struct BrokerUnderTest {
             let end = current[range.upperBound...].firstIndex(of: "\"")
         else { throw BenchError("no token for \(account)") }
         let token = String(current[range.upperBound..<end])
-        let descriptors = try (0..<clients).map { _ in try Socket.connect(socketPath) }
-        defer { descriptors.forEach { close($0) } }
         let request = #"{"id":1,"op":"reject","account":"\#(account)","access_token":"\#(token)"}"#
         return try freshTokenLatency(request: request, start: WallClock.now(), on: descriptors)
     }
 
     /// The account's token expires (pushed as expired, with the IdP's current refresh token);
-    /// then every one of `clients` connections asks for a token. Returns when the token expired
-    /// and when the first and the last of them held a fresh one.
-    func expiredLatency(account: String, clients: Int, refreshToken: String) throws -> FreshTokenTimes {
-        let descriptors = try (0..<clients).map { _ in try Socket.connect(socketPath) }
-        defer { descriptors.forEach { close($0) } }
+    /// then every one of `clients` (open connections, each with nothing in flight) asks for a
+    /// token. Returns when the token expired and when the first and the last of them held a
+    /// fresh one.
+    func expiredLatency(account: String, clients descriptors: [Int32], refreshToken: String) throws
+        -> FreshTokenTimes
+    {
         let admin = try Socket.connect(socketPath)
         defer { close(admin) }
         let start = WallClock.now()
