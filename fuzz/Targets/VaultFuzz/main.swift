@@ -6,11 +6,11 @@ import Glibc
 import Logging
 
 /// The vault loader, then what a starting broker does with what it loaded (schedule every
-/// account, serve its token). The first byte picks the input's form: 0, a whole snapshot file
-/// as it lies on disk (header, nonce, ciphertext); 1, the decrypted JSON of a snapshot, sealed
-/// here under the fixed key so that the decoder of `AccountRecord` and everything after it is
-/// reached; 2, the records of a log (lengths, sequence numbers, nonces, ciphertexts, a torn
-/// end) after a valid header, beside an empty snapshot.
+/// account, serve its token). The first byte picks the input's form: odd, the decrypted JSON of
+/// a snapshot, sealed here under the fixed key so that the decoder of `AccountRecord` and
+/// everything after it is reached; 2 modulo 4, the records of a log (lengths, sequence numbers,
+/// nonces, ciphertexts, a torn end) after a valid header, beside an empty snapshot; otherwise a
+/// whole snapshot file as it lies on disk (header, nonce, ciphertext).
 let key = SecretKey(bytes: [UInt8](repeating: 7, count: Sodium.keyLength))!
 let path = scratchDirectory("vault") + "/vault"
 let vault = try! Vault(path: path, key: key)
@@ -21,15 +21,16 @@ let logger = Logger(label: "fuzz") { _ in SwiftLogNoOpLogHandler() }
 @_cdecl("LLVMFuzzerTestOneInput")
 func fuzzOne(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
     var input = FuzzInput(start, count)
-    let form = input.byte() % 3
+    let form = input.byte() % 4
     let body = input.rest()
     unlink(vault.logPath)
     switch form {
     case 0:
         write(Data(body), to: path)
-    case 1:
+    case 1, 3:
         var header = VaultSnapshot.magic
-        header.append(bigEndian: VaultSnapshot.formatVersion)
+        // 1 reaches the conversion of a format 1 vault, 3 a snapshot of today's format.
+        header.append(bigEndian: form == 1 ? VaultSnapshot.singleFileVersion : VaultSnapshot.formatVersion)
         let nonce = [UInt8](repeating: 1, count: Sodium.nonceLength)
         header += nonce
         var file = Data(header)
