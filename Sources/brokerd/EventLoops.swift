@@ -6,10 +6,11 @@ import NIOCore
 enum EventLoops {
     static let variable = "TOKENBROKER_EVENT_LOOPS"
     static let allowed = 1...64
-    /// Two loops: on the 2-core machines measured (`bench/run`), two served cached tokens at 64
-    /// connections faster and with a lower tail than one, and as fast at one connection; a
-    /// per-user broker needs no more, and every loop costs memory.
-    static let standard = 2
+    /// One loop: on 2 cores (`bench/run`), one loop served cached tokens at 64 connections with
+    /// a lower p99 than two whenever other work left the machine's cores to the benchmark, for
+    /// up to a third fewer requests per second, which a per-user broker does not need; at one
+    /// connection the two were alike.
+    static let standard = 1
 
     /// The count `environment` asks for; throws if the variable is set to anything but a whole
     /// number in `allowed`.
