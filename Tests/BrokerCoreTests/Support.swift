@@ -5,15 +5,6 @@ import Synchronization
 
 @testable import BrokerCore
 
-/// Copies the vault at `source` to `destination` as a restarted broker would find it: its
-/// snapshot and, when there is one, its log.
-func copyVault(from source: String, to destination: String) throws {
-    try FileManager.default.copyItem(atPath: source, toPath: destination)
-    if FileManager.default.fileExists(atPath: source + ".log") {
-        try FileManager.default.copyItem(atPath: source + ".log", toPath: destination + ".log")
-    }
-}
-
 extension AccountRecord {
     /// A record with every field set, for vault round trips.
     static func sample(_ name: String, refreshToken: String = "rt-\(UUID().uuidString)") -> AccountRecord {

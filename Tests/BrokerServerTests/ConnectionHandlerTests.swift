@@ -13,32 +13,29 @@ import Testing
 /// the connection's task, and how the handler holds lines back, refuses and closes. Time is the
 /// embedded loop's, moved by the test.
 @Suite struct ConnectionHandlerTests {
-    /// A broker on a temporary vault with one static account, `steady`, and one handler on an
+    /// The in-process broker harness with one static account, `steady`, and one handler on an
     /// embedded channel.
     final class Setup {
-        let directory: TemporaryDirectory
-        let http = IdPClient(settings: BrokerSettings())
-        let broker: Broker
+        let harness: BrokerHarness
+        var broker: Broker { harness.broker }
         let quota: ConnectionQuota
         let loop = EmbeddedEventLoop()
         let channel: EmbeddedChannel
         let peer = PeerIdentity(pid: 1, uid: getuid(), gid: getgid())
 
         init(limits: ConnectionLimits = ConnectionLimits()) async throws {
-            directory = try TemporaryDirectory()
-            let vault = try Vault(
-                path: directory.file("vault"), key: VaultKey.load(path: directory.file("key"), create: true))
-            broker = try Broker(vault: vault, settings: BrokerSettings(), http: http, logger: Logger(label: "test"))
-            _ = try await broker.add(
+            let harness = try await BrokerHarness.start()
+            self.harness = harness
+            _ = try await harness.broker.add(
                 account: "steady", provider: ProviderSpec(kind: "static"),
                 tokens: TokenSet(accessToken: "at-steady", expiresIn: 3600))
             quota = ConnectionQuota(limits: limits)
             #expect(quota.reserveConnection(uid: peer.uid) == nil)
             let handler = ConnectionHandler(
-                dispatcher: RequestDispatcher(broker: broker, policy: AccessPolicy()), peer: peer, quota: quota,
+                dispatcher: RequestDispatcher(broker: harness.broker, policy: AccessPolicy()), peer: peer, quota: quota,
                 limitLog: LimitLog(logger: Logger(label: "test")), logger: Logger(label: "test"))
             channel = EmbeddedChannel(handler: handler, loop: loop)
-            try await channel.connect(to: SocketAddress(unixDomainSocketPath: directory.file("peer"))).get()
+            try await channel.connect(to: SocketAddress(unixDomainSocketPath: harness.directory.file("peer"))).get()
         }
 
         func send(_ text: String) throws { try channel.writeInbound(ByteBuffer(string: text)) }
@@ -61,8 +58,7 @@ import Testing
 
         func finish() async {
             _ = try? channel.finish()
-            await http.shutdown()
-            directory.remove()
+            await harness.stop()
         }
     }
 
