@@ -201,10 +201,14 @@ private final class Impostor: @unchecked Sendable {
         }
     }
 
-    /// The bytes received on each connection that has ended, once at least one has.
+    /// The bytes received on each connection that has ended, once at least one has (its line
+    /// written whole: the file appears before the impostor writes into it).
     func connectionsSeen() async -> [String] {
-        _ = await eventually(timeout: 10) { FileManager.default.fileExists(atPath: self.recordPath) }
-        let text = (try? String(contentsOfFile: recordPath, encoding: .utf8)) ?? ""
+        var text = ""
+        _ = await eventually(timeout: 10) {
+            text = (try? String(contentsOfFile: self.recordPath, encoding: .utf8)) ?? ""
+            return text.hasSuffix("\n")
+        }
         return text.split(separator: "\n").map(String.init)
     }
 

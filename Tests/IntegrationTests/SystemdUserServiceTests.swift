@@ -58,7 +58,8 @@ struct SystemdUserServiceTests {
         try "[accounts.declared]\nkind = \"static\"\n".write(
             toFile: "\(configurationDirectory)/broker.toml", atomically: true, encoding: .utf8)
         #expect(try manager.systemctl(["reload", "tokenbroker.service"]).status == 0)
-        #expect(manager.show("tokenbroker.service", "ActiveState") == "active")
+        // `systemctl reload` can return while the manager still shows the unit reloading.
+        #expect(await eventually { manager.show("tokenbroker.service", "ActiveState") == "active" })
         #expect(try manager.brokerctl(["status"]).output.contains("declared"))
 
         // A wedged broker stops petting the watchdog; systemd kills and restarts it. The switch
