@@ -70,13 +70,13 @@ import Testing
 
     @Test func aSuccessfulRefreshSavesBeforeItServesAndSchedulesTheNext() {
         var machine = machine()
-        let answer1 = machine.beginRefresh(serial: 1)
-        #expect(answer1)
+        let began = machine.beginRefresh(serial: 1)
+        #expect(began)
         #expect(machine.phase == .refreshing(serial: 1))
         #expect(machine.nextRefreshAt == nil)
         #expect(machine.state(now: start) == .refreshing)
-        let answer2 = machine.beginRefresh(serial: 2)
-        #expect(!answer2)
+        let began2 = machine.beginRefresh(serial: 2)
+        #expect(!began2)
 
         let now = start.addingTimeInterval(2700)
         let result = machine.refreshSucceeded(
@@ -110,14 +110,14 @@ import Testing
         #expect(machine.state(now: start) == .stale)
         #expect(machine.state(now: start.addingTimeInterval(4000)) == .unavailable)
 
-        let answer3 = machine.beginRefresh(serial: 2)
-        #expect(answer3)
-        let answer4 = machine.refreshFailed(serial: 2, message: "timed out", delay: 8, now: start)
-        #expect(answer4 == .applied([]))
+        let began = machine.beginRefresh(serial: 2)
+        #expect(began)
+        let failure = machine.refreshFailed(serial: 2, message: "timed out", delay: 8, now: start)
+        #expect(failure == .applied([]))
         #expect(machine.failures == 2)
 
-        let answer5 = machine.beginRefresh(serial: 3)
-        #expect(answer5)
+        let began2 = machine.beginRefresh(serial: 3)
+        #expect(began2)
         let now = start.addingTimeInterval(10)
         _ = machine.refreshSucceeded(
             serial: 3, presented: machine.record.secrets, grant: grant("at-2", rotated: nil, at: now),
@@ -139,10 +139,10 @@ import Testing
         #expect(machine.refusal == .denied)
         #expect(machine.servableToken == nil)
         #expect(machine.state(now: start) == .needsLogin)
-        let answer6 = machine.beginRefresh(serial: 3)
-        #expect(!answer6)
-        let answer7 = machine.due(now: start.addingTimeInterval(9999), overdueThreshold: 5, spread: 0)
-        #expect(answer7 == .nothing)
+        let began = machine.beginRefresh(serial: 3)
+        #expect(!began)
+        let due = machine.due(now: start.addingTimeInterval(9999), overdueThreshold: 5, spread: 0)
+        #expect(due == .nothing)
 
         var pushed = machine.record
         pushed.token = token("at-new", at: start)
@@ -182,10 +182,10 @@ import Testing
             now: start)
         #expect(stale == .overtaken([]))
         #expect(machine.record.secrets.refreshToken == "rt-pushed")
-        let answer8 = machine.refreshDenied(serial: 2, message: "late", now: start)
-        #expect(answer8 == .overtaken([]))
-        let answer9 = machine.refreshFailed(serial: 2, message: "late", delay: 1, now: start)
-        #expect(answer9 == .overtaken([]))
+        let denial = machine.refreshDenied(serial: 2, message: "late", now: start)
+        #expect(denial == .overtaken([]))
+        let failure = machine.refreshFailed(serial: 2, message: "late", delay: 1, now: start)
+        #expect(failure == .overtaken([]))
         #expect(machine.phase == .idle)
     }
 
@@ -212,35 +212,35 @@ import Testing
 
     @Test func theSchedulerStartsWhatIsDueAndWaitsForTheRest() {
         var machine = machine()
-        let due = start.addingTimeInterval(2700)
-        let answer10 = machine.due(now: start, overdueThreshold: 5, spread: 10)
-        #expect(answer10 == .at(due))
-        let answer11 = machine.due(now: due, overdueThreshold: 5, spread: 10)
-        #expect(answer11 == .refreshNow)
+        let scheduled = start.addingTimeInterval(2700)
+        let before = machine.due(now: start, overdueThreshold: 5, spread: 10)
+        #expect(before == .at(scheduled))
+        let atTime = machine.due(now: scheduled, overdueThreshold: 5, spread: 10)
+        #expect(atTime == .refreshNow)
         _ = machine.beginRefresh(serial: 1)
-        let answer12 = machine.due(now: due, overdueThreshold: 5, spread: 10)
-        #expect(answer12 == .nothing)
+        let whileRefreshing = machine.due(now: scheduled, overdueThreshold: 5, spread: 10)
+        #expect(whileRefreshing == .nothing)
     }
 
     @Test func aClockJumpPastTheScheduleSpreadsTheRefreshOnce() {
         var machine = machine()
         let afterJump = start.addingTimeInterval(3 * 3600)
-        let answer13 = machine.due(now: afterJump, overdueThreshold: 5, spread: 7)
-        #expect(answer13 == .at(afterJump.addingTimeInterval(7)))
+        let due = machine.due(now: afterJump, overdueThreshold: 5, spread: 7)
+        #expect(due == .at(afterJump.addingTimeInterval(7)))
         #expect(machine.nextRefreshAt == afterJump.addingTimeInterval(7))
         // Still late when next looked at (the clock jumped again): it runs now, it is not pushed back twice.
         let later = afterJump.addingTimeInterval(60)
-        let answer14 = machine.due(now: later, overdueThreshold: 5, spread: 7)
-        #expect(answer14 == .refreshNow)
-        let answer15 = machine.beginRefresh(serial: 1)
-        #expect(answer15)
+        let due2 = machine.due(now: later, overdueThreshold: 5, spread: 7)
+        #expect(due2 == .refreshNow)
+        let began = machine.beginRefresh(serial: 1)
+        #expect(began)
         _ = machine.refreshSucceeded(
             serial: 1, presented: machine.record.secrets, grant: grant("at-2", rotated: nil, at: later),
             planner: planner, now: later)
         // A new schedule can be spread again.
         let jumpAgain = later.addingTimeInterval(5 * 3600)
-        let answer16 = machine.due(now: jumpAgain, overdueThreshold: 5, spread: 3)
-        #expect(answer16 == .at(jumpAgain.addingTimeInterval(3)))
+        let due3 = machine.due(now: jumpAgain, overdueThreshold: 5, spread: 3)
+        #expect(due3 == .at(jumpAgain.addingTimeInterval(3)))
     }
 
     @Test func aClockJumpBackwardsKeepsTheScheduleAndTheToken() {
@@ -257,24 +257,24 @@ import Testing
         var record = record(token: token("at-1", at: start))
         record.secrets.clientSecret = "cs"
         var machine = AccountMachine(record: record, planner: planner, now: start)
-        let answer17 = machine.beginLogout()
-        #expect(answer17)
+        let loggingOut = machine.beginLogout()
+        #expect(loggingOut)
         #expect(machine.refusal == .loggingOut)
         #expect(machine.nextRefreshAt == nil)
-        let answer18 = machine.beginRefresh(serial: 1)
-        #expect(!answer18)
-        let answer19 = machine.due(now: start.addingTimeInterval(9999), overdueThreshold: 5, spread: 0)
-        #expect(answer19 == .nothing)
+        let began = machine.beginRefresh(serial: 1)
+        #expect(!began)
+        let due = machine.due(now: start.addingTimeInterval(9999), overdueThreshold: 5, spread: 0)
+        #expect(due == .nothing)
 
-        let answer20 = machine.loggedOut()
-        #expect(answer20 == [.publish(nil), .persist, .emit(.loggedOut)])
+        let effects = machine.loggedOut()
+        #expect(effects == [.publish(nil), .persist, .emit(.loggedOut)])
         #expect(machine.phase == .loggedOut)
         #expect(machine.record.secrets == AccountSecrets(clientSecret: "cs"))
         #expect(machine.record.token == nil)
         #expect(machine.refusal == .loggedOut)
         #expect(machine.state(now: start) == .loggedOut)
-        let answer21 = machine.beginLogout()
-        #expect(!answer21)
+        let loggingOut2 = machine.beginLogout()
+        #expect(!loggingOut2)
     }
 
     @Test func aRefusedLogoutLeavesTheAccountAsItWas() {
@@ -283,8 +283,8 @@ import Testing
         _ = machine.refreshFailed(serial: 1, message: "503", delay: 30, now: start)
         let phase = machine.phase
         let next = machine.nextRefreshAt
-        let answer22 = machine.beginLogout()
-        #expect(answer22)
+        let loggingOut = machine.beginLogout()
+        #expect(loggingOut)
         machine.logoutRefused()
         #expect(machine.phase == phase)
         #expect(machine.nextRefreshAt == next)
@@ -294,8 +294,8 @@ import Testing
     @Test func aLogoutDuringARefreshWaitsForItAndRevokesWhatItRotated() {
         var machine = machine()
         _ = machine.beginRefresh(serial: 1)
-        let answer23 = machine.beginLogout()
-        #expect(answer23)
+        let loggingOut = machine.beginLogout()
+        #expect(loggingOut)
         #expect(machine.refreshSerial == 1)
         #expect(machine.state(now: start) == .refreshing)
 

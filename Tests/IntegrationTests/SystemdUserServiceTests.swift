@@ -42,7 +42,7 @@ struct SystemdUserServiceTests {
         let token = try manager.brokerctl(["token", "api"])
         #expect(token.output == "sd-token\n")
         #expect(manager.show("tokenbroker.service", "ActiveState") == "active")
-        #expect(await manager.eventually { manager.show("tokenbroker.service", "StatusText") == "1 account: 1 valid" })
+        #expect(await eventually { manager.show("tokenbroker.service", "StatusText") == "1 account: 1 valid" })
 
         // The unit's own ExecStart=, state and config directories resolved inside the test's home,
         // and without a credential the broker made its key file there.
@@ -66,13 +66,13 @@ struct SystemdUserServiceTests {
         // lies in the unit's state directory, the only place the sandboxed broker may delete it.
         let firstPID = manager.show("tokenbroker.service", "MainPID")
         #expect(FileManager.default.createFile(atPath: "\(stateDirectory)/wedge", contents: nil))
-        let restarted = await manager.eventually(timeout: 40) {
+        let restarted = await eventually(timeout: 40) {
             manager.show("tokenbroker.service", "NRestarts") == "1"
                 && manager.show("tokenbroker.service", "ActiveState") == "active"
                 && manager.show("tokenbroker.service", "MainPID") != firstPID
         }
         #expect(restarted)
-        #expect(await manager.eventually { (try? manager.brokerctl(["token", "api"]).output) == "sd-token\n" })
+        #expect(await eventually { (try? manager.brokerctl(["token", "api"]).output) == "sd-token\n" })
 
         // stop: STOPPING=1 and a clean exit.
         #expect(try manager.systemctl(["stop", "tokenbroker.service"]).status == 0)
@@ -315,14 +315,5 @@ final class UserManager: @unchecked Sendable {
     /// Runs a command with this manager's environment; returns its status and stdout+stderr.
     func run(_ path: String, _ arguments: [String], stdin: String? = nil) throws -> (status: Int32, output: String) {
         try ChildProcess.run(path, arguments, environment: environment, stdin: stdin)
-    }
-
-    func eventually(timeout: TimeInterval = 15, _ condition: () -> Bool) async -> Bool {
-        let deadline = Date().addingTimeInterval(timeout)
-        while Date() < deadline {
-            if condition() { return true }
-            try? await Task.sleep(for: .milliseconds(200))
-        }
-        return condition()
     }
 }
