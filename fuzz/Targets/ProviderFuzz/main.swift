@@ -10,7 +10,9 @@ let now = Date(timeIntervalSince1970: 1_800_000_000)
 let issuer = URL(string: "https://idp.example/tenant")!
 let refreshURL = URL(string: "https://api.example/refresh/abc")!
 let planner = RefreshPlanner(settings: BrokerSettings())
-let zones = ["UTC", "Europe/Berlin", "America/St_Johns", "Pacific/Kiritimati"].map { TimeZone(identifier: $0)! }
+let zones = ["UTC", "Europe/Berlin", "America/St_Johns", "Pacific/Kiritimati"].compactMap {
+    IANATimeZone(identifier: $0)
+}
 let statuses = [200, 200, 200, 201, 204, 299, 400, 401, 403, 404, 429, 500, 503, 0, 99, 600]
 
 /// One input, as libFuzzer hands it over.
