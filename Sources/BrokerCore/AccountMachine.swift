@@ -375,7 +375,7 @@ struct AccountMachine: Sendable {
 }
 
 /// The state of an account as `status` reports it.
-public enum AccountState: String, Sendable, CaseIterable {
+public enum AccountState: String, Sendable {
     case valid, refreshing, stale, unavailable
     case needsLogin = "needs_login"
     case loggedOut = "logged_out"

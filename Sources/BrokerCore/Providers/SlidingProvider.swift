@@ -46,6 +46,16 @@ struct SlidingProvider: TokenProvider {
     let settings: SlidingSettings
     let http: IdPClient
     let defaultLifetime: TimeInterval
+    /// The settings' zone, read from the time-zone database once, when the provider is built
+    /// (again after a reload), not on every refresh.
+    let zone: IANATimeZone
+
+    init(settings: SlidingSettings, http: IdPClient, defaultLifetime: TimeInterval) {
+        self.settings = settings
+        self.http = http
+        self.defaultLifetime = defaultLifetime
+        zone = IANATimeZone(identifier: settings.timeZone) ?? .utc
+    }
 
     func refresh(_ record: AccountRecord, now: Date) async -> Result<Grant, RefreshFailure> {
         guard let refreshToken = record.secrets.refreshToken, !refreshToken.isEmpty else {
@@ -59,7 +69,6 @@ struct SlidingProvider: TokenProvider {
         var headers = HTTPHeaders()
         headers.add(name: "Authorization", value: "Bearer \(refreshToken)")
         headers.add(name: "Accept", value: "application/json")
-        let zone = IANATimeZone(identifier: settings.timeZone) ?? .utc
         return await http.send(method: .POST, url: settings.endpoint, headers: headers, body: "")
             .flatMap { Self.interpret($0, now: now, timeZone: zone, defaultLifetime: defaultLifetime) }
     }
