@@ -30,6 +30,17 @@ public struct BlockingBrokerClient: Sendable {
         return try BrokerCall.result(of: exchange(fd, call, reader: &reader))
     }
 
+    /// The access token of `account`, valid for at least `minTTL` seconds: `perform(.token(…))`
+    /// without the decoder when the answer has the usual shape (`FlatTokenAnswer`).
+    public func accessToken(account: String, minTTL: TimeInterval? = nil) throws -> String {
+        let fd = try BrokerSocket.connect(socketPath)
+        defer { close(fd) }
+        var reader = LineReader(descriptor: fd)
+        let line = try exchange(fd, BrokerCall.token(account: account, minTTL: minTTL), reader: &reader)
+        if let answer = line.withUnsafeBytes(FlatTokenAnswer.parse) { return answer.accessToken }
+        return try BrokerCall<TokenResult>.result(of: line).accessToken
+    }
+
     /// Subscribes to the events of `accounts` (all when `nil`) and hands each to `body`, until
     /// the broker ends the subscription (thrown as its `BrokerError`), the connection breaks
     /// (`ConnectionError`) or `body` throws.
@@ -61,6 +72,7 @@ public struct BlockingBrokerClient: Sendable {
         if !BrokerSocket.send(fd, try call.line(id: id)) { shutdown(fd, Int32(SHUT_WR)) }
         let decoder = Wire.makeDecoder()
         while let line = try reader.next(deadline: deadline) {
+            if case .integer(let number) = id, line.withUnsafeBytes(FlatTokenAnswer.parse)?.id == number { return line }
             guard let head = try? decoder.decode(ResponseHead.self, from: line) else { continue }
             if head.id == id, head.event == nil { return line }
             // An error about the connection itself (e.g. forbidden) answers this request too.

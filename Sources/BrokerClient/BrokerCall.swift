@@ -11,6 +11,7 @@ public struct BrokerCall<Result: Decodable & Sendable>: Sendable {
 
     /// The request line for `id`, newline included.
     func line(id: RequestID) throws -> Data {
+        if let line = FlatRequest.line(of: request, id: id) { return Data(line) }
         var request = request
         request.id = id
         var data = try Wire.makeEncoder().encode(request)

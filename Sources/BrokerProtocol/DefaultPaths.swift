@@ -8,8 +8,27 @@ import Glibc
 public struct DefaultPaths: Sendable {
     public var environment: [String: String]
 
-    public init(environment: [String: String] = ProcessInfo.processInfo.environment) {
+    public init(environment: [String: String]) {
         self.environment = environment
+    }
+
+    /// The paths this process's environment gives: only the variables read here are copied
+    /// (building the whole environment was a tenth of a `brokerctl token` call).
+    public init() {
+        var environment: [String: String] = [:]
+        for variable in Variable.allCases {
+            if let value = getenv(variable.rawValue) { environment[variable.rawValue] = String(cString: value) }
+        }
+        self.init(environment: environment)
+    }
+
+    /// Every environment variable these paths depend on.
+    enum Variable: String, CaseIterable {
+        case socket = "TOKENBROKER_SOCKET", config = "TOKENBROKER_CONFIG", vault = "TOKENBROKER_VAULT"
+        case keyFile = "TOKENBROKER_KEY_FILE", runtimeDirectory = "XDG_RUNTIME_DIR"
+        case configHome = "XDG_CONFIG_HOME", stateHome = "XDG_STATE_HOME", home = "HOME"
+        case stateDirectory = "STATE_DIRECTORY", configurationDirectory = "CONFIGURATION_DIRECTORY"
+        case credentialsDirectory = "CREDENTIALS_DIRECTORY"
     }
 
     /// `$TOKENBROKER_SOCKET`, else `$XDG_RUNTIME_DIR/tokenbroker/broker.sock`. Without a
@@ -18,41 +37,41 @@ public struct DefaultPaths: Sendable {
     /// back to `~/.gnupg`: never a name under a shared directory such as /tmp, which another
     /// user could create first.
     public var socket: String {
-        if let path = nonEmpty("TOKENBROKER_SOCKET") { return path }
-        let runtime = nonEmpty("XDG_RUNTIME_DIR") ?? Self.loginRuntimeDirectory() ?? stateHome
+        if let path = nonEmpty(.socket) { return path }
+        let runtime = nonEmpty(.runtimeDirectory) ?? Self.loginRuntimeDirectory() ?? stateHome
         return runtime + "/tokenbroker/broker.sock"
     }
 
     /// `$TOKENBROKER_CONFIG`, else `broker.toml` in systemd's `$CONFIGURATION_DIRECTORY` or
     /// in `$XDG_CONFIG_HOME/tokenbroker`.
     public var config: String {
-        nonEmpty("TOKENBROKER_CONFIG") ?? configDirectory + "/broker.toml"
+        nonEmpty(.config) ?? configDirectory + "/broker.toml"
     }
 
     /// `$TOKENBROKER_VAULT`, else `vault` in systemd's `$STATE_DIRECTORY` or in
     /// `$XDG_STATE_HOME/tokenbroker`.
     public var vault: String {
-        nonEmpty("TOKENBROKER_VAULT")
-            ?? (nonEmpty("STATE_DIRECTORY") ?? stateHome + "/tokenbroker")
+        nonEmpty(.vault)
+            ?? (nonEmpty(.stateDirectory) ?? stateHome + "/tokenbroker")
             + "/vault"
     }
 
     /// `$TOKENBROKER_KEY_FILE`, else systemd's `$CREDENTIALS_DIRECTORY/vault-key`, else
     /// `vault.key` beside the config file.
     public var keyFile: (path: String, fromSystemd: Bool) {
-        if let path = nonEmpty("TOKENBROKER_KEY_FILE") { return (path, false) }
-        if let directory = nonEmpty("CREDENTIALS_DIRECTORY") { return (directory + "/vault-key", true) }
+        if let path = nonEmpty(.keyFile) { return (path, false) }
+        if let directory = nonEmpty(.credentialsDirectory) { return (directory + "/vault-key", true) }
         return (configDirectory + "/vault.key", false)
     }
 
-    private var configDirectory: String { nonEmpty("CONFIGURATION_DIRECTORY") ?? configHome + "/tokenbroker" }
+    private var configDirectory: String { nonEmpty(.configurationDirectory) ?? configHome + "/tokenbroker" }
 
-    private var home: String { nonEmpty("HOME") ?? FileManager.default.homeDirectoryForCurrentUser.path }
-    private var configHome: String { nonEmpty("XDG_CONFIG_HOME") ?? home + "/.config" }
-    private var stateHome: String { nonEmpty("XDG_STATE_HOME") ?? home + "/.local/state" }
+    private var home: String { nonEmpty(.home) ?? FileManager.default.homeDirectoryForCurrentUser.path }
+    private var configHome: String { nonEmpty(.configHome) ?? home + "/.config" }
+    private var stateHome: String { nonEmpty(.stateHome) ?? home + "/.local/state" }
 
-    private func nonEmpty(_ name: String) -> String? {
-        guard let value = environment[name], !value.isEmpty else { return nil }
+    private func nonEmpty(_ variable: Variable) -> String? {
+        guard let value = environment[variable.rawValue], !value.isEmpty else { return nil }
         return value
     }
 

@@ -117,3 +117,21 @@ public struct FlatRequest: Equatable, Sendable {
         return true
     }
 }
+
+extension FlatRequest {
+    /// The line of `request` with `id`, newline included, written by hand when the request has
+    /// only the fields this type reads and they are plain values (no encoder to set up for the
+    /// usual `token` request); `nil` otherwise, for the encoder to write.
+    public static func line(of request: Request, id: RequestID) -> [UInt8]? {
+        guard request.accounts == nil, request.accessToken == nil, request.versions == nil, request.client == nil,
+            request.provider == nil, request.tokens == nil, request.force == nil, let op = request.op
+        else { return nil }
+        var text = "{\"id\":\(JSONText.encode(id)),\"op\":\(JSONText.quote(op))"
+        if let account = request.account { text += ",\"account\":\(JSONText.quote(account))" }
+        if let minTTL = request.minTTL {
+            guard minTTL.isFinite else { return nil }
+            text += ",\"min_ttl\":\(minTTL)"
+        }
+        return Array((text + "}\n").utf8)
+    }
+}

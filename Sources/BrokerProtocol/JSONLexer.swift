@@ -101,6 +101,13 @@ struct JSONLexer {
         return false
     }
 
+    /// Consumes the literal `word` (`true`, `false` or `null`) when it comes next.
+    mutating func literal(_ word: StaticString) -> Bool {
+        guard peek() != nil, matches(word) else { return false }
+        index += word.utf8CodeUnitCount
+        return true
+    }
+
     private static let literals: [StaticString] = ["true", "false", "null"]
 
     private func matches(_ word: StaticString) -> Bool {

@@ -8,7 +8,6 @@ import Glibc
 #endif
 
 /// brokerctl: inspect and manage brokerd, and fetch tokens in scripts.
-@main
 struct Brokerctl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "brokerctl", abstract: "Inspect and manage tokenbroker; print tokens for scripts.",
@@ -48,6 +47,11 @@ struct GlobalOptions: ParsableArguments {
 
     /// A client of the broker at `--socket` with the `--timeout` of these options.
     func client() throws -> BlockingBrokerClient {
+        try Self.client(socket: socket, timeout: timeout)
+    }
+
+    /// A client of the broker at `socket` (the default path when `nil`) that waits `timeout` seconds.
+    static func client(socket: String?, timeout: Double) throws -> BlockingBrokerClient {
         guard timeout.isFinite, timeout > 0, timeout <= Bounds.maximumLifetime else {
             throw ValidationError("--timeout must be a number of seconds above 0")
         }
@@ -56,7 +60,10 @@ struct GlobalOptions: ParsableArguments {
     }
 
     /// Runs `body`; a failure becomes a message on stderr and the exit code that says what failed.
-    func reportingFailures<T>(_ body: () throws -> T) throws -> T {
+    func reportingFailures<T>(_ body: () throws -> T) throws -> T { try Self.reportingFailures(body) }
+
+    /// Runs `body`; a failure becomes a message on stderr and the exit code that says what failed.
+    static func reportingFailures<T>(_ body: () throws -> T) throws -> T {
         do {
             return try body()
         } catch let error as ConnectionError {

@@ -64,6 +64,40 @@ import Testing
     }
 
     /// `brokerctl logout`: refused with "unavailable" while the IdP is down, forced with --force,
+    /// `brokerctl token` in its plain forms takes a short path past ArgumentParser; every form,
+    /// plain or not, gets the same output, error text and exit code.
+    @Test func tokenAnswersAlikeOnEitherPath() async throws {
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        let added = try broker.brokerctl(
+            ["add", "api", "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"tok-123","expires_in":600}"#
+        )
+        #expect(added.status == 0, "\(added.stderr)")
+        let socket = broker.socketPath
+        // Each pair: a plain form (short path) and a form only ArgumentParser reads.
+        let pairs: [([String], [String])] = [
+            (["token", "api"], ["token", "--", "api"]),
+            (["token", "api", "--min-ttl", "60"], ["token", "api", "--min-ttl=60"]),
+            (["token", "--min-ttl", "0.5", "api"], ["token", "api", "--min-ttl", "5e-1"]),
+            (["token", "api", "--min-ttl", "3600"], ["token", "--min-ttl=3600", "api"]),
+            (["token", "nobody"], ["token", "--", "nobody"]),
+            (["token", "api", "--socket", socket], ["token", "api", "--socket=\(socket)"]),
+            (["token", "api", "--socket", socket + ".none"], ["token", "api", "--socket=\(socket).none"]),
+            (["token", "api", "--timeout", "0"], ["token", "api", "--timeout=0"]),
+        ]
+        for (plain, parsed) in pairs {
+            let short = try broker.brokerctl(plain)
+            let full = try broker.brokerctl(parsed)
+            #expect(short.status == full.status, "\(plain) vs \(parsed)")
+            #expect(short.stdout == full.stdout, "\(plain) vs \(parsed)")
+            #expect(short.stderr == full.stderr, "\(plain) vs \(parsed)")
+        }
+        #expect(try broker.brokerctl(["token", "api"]).stdout == "tok-123\n")
+        #expect(try broker.brokerctl(["token", "api", "--min-ttl", "3600"]).status == 5)
+        #expect(try broker.brokerctl(["token", "api", "--timeout", "0"]).status != 0)
+    }
+
     /// revoked at the IdP when it is up; the account then answers "needs login" until set-tokens.
     @Test func logoutRevokesOrIsRefusedUntilForced() async throws {
         let broker = try BrokerProcess()

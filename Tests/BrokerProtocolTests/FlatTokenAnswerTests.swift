@@ -1,0 +1,97 @@
+import BrokerProtocol
+import FoundationEssentials
+import Testing
+
+/// The client's fast reader of token answers agrees with the full decoder wherever it answers,
+/// and declines every other line; the hand-written request line is the one the encoder writes.
+@Suite struct FlatTokenAnswerTests {
+    static func parse(_ text: String) -> FlatTokenAnswer? {
+        Array(text.utf8).withUnsafeBytes { FlatTokenAnswer.parse($0) }
+    }
+
+    /// The full path of `BlockingBrokerClient`: the head, then the result.
+    static func fullRead(_ text: String) throws -> (id: RequestID?, token: String) {
+        let decoder = Wire.makeDecoder()
+        let head = try decoder.decode(ResponseHead.self, from: Data(text.utf8))
+        guard head.ok == true else { throw BrokerError(.internal, "not a success") }
+        return (head.id, try decoder.decode(ResultBody<TokenResult>.self, from: Data(text.utf8)).result.accessToken)
+    }
+
+    static let expiresAt = Date(timeIntervalSince1970: 1_795_422_600)
+
+    @Test(arguments: [
+        TokenResult(
+            account: "api", accessToken: "at-\"quoted\"\\slash\n\u{1}é🙂", tokenType: "Bearer", expiresAt: expiresAt,
+            expiresIn: 0, idToken: "eyJ.id", scope: "read write"),
+        TokenResult(account: "gh", accessToken: "gho_abc", tokenType: "bearer", expiresAt: expiresAt, expiresIn: 0),
+    ])
+    func readsWhatTheBrokerWritesAsTheDecoderDoes(result: TokenResult) throws {
+        for id in [Int64(1), 0, -7, Int64.max] {
+            let line = PreparedToken(result).line(id: .integer(id), now: Self.expiresAt.addingTimeInterval(-90))
+            let text = String(decoding: line.dropLast(), as: UTF8.self)
+            let flat = try #require(Self.parse(text))
+            let full = try Self.fullRead(text)
+            #expect(flat.id == id && flat.accessToken == result.accessToken)
+            #expect(full.id == .integer(id) && full.token == flat.accessToken)
+        }
+    }
+
+    static let fields = #""account":"a","access_token":"t","token_type":"Bearer","expires_at":"2026-11-23T08:30:00Z""#
+
+    @Test(arguments: [
+        // Not a success, or not for an integer id.
+        #"{"id":1,"ok":false,"error":{"code":"not_found","message":"no"}}"#,
+        #"{"id":"1","ok":true,"result":{\#(fields),"expires_in":5}}"#,
+        #"{"id":1.0,"ok":true,"result":{\#(fields),"expires_in":5}}"#,
+        #"{"id":null,"ok":true,"result":{\#(fields),"expires_in":5}}"#,
+        #"{"ok":true,"result":{\#(fields),"expires_in":5}}"#,
+        #"{"id":1,"result":{\#(fields),"expires_in":5}}"#,
+        // A result the decoder reads otherwise, or refuses.
+        #"{"id":1,"ok":true,"result":{\#(fields)}}"#,
+        #"{"id":1,"ok":true,"result":{\#(fields),"expires_in":"5"}}"#,
+        #"{"id":1,"ok":true,"result":{\#(fields),"expires_in":5.5}}"#,
+        #"{"id":1,"ok":true,"result":{\#(fields),"expires_in":5,"access_token":"other"}}"#,
+        #"{"id":1,"ok":true,"result":{\#(fields),"expires_in":5,"extra":1}}"#,
+        #"{"id":1,"ok":true,"result":{"account":"a","access_token":"t","expires_at":"x","expires_in":5}}"#,
+        #"{"id":1,"ok":true,"result":{\#(fields),"expires_in":5,"scope":null}}"#,
+        // Keys twice, other keys, or text beyond the object.
+        #"{"id":1,"id":2,"ok":true,"result":{\#(fields),"expires_in":5}}"#,
+        #"{"id":1,"ok":true,"ok":true,"result":{\#(fields),"expires_in":5}}"#,
+        #"{"id":1,"ok":true,"event":"added","result":{\#(fields),"expires_in":5}}"#,
+        #"{"id":1,"ok":true,"result":{\#(fields),"expires_in":5}} x"#,
+        #"{"id":1,"ok":true,"result":{\#(fields),"expires_in":5},}"#,
+        "",
+    ])
+    func declinesWhatItCannotVouchFor(line: String) {
+        #expect(Self.parse(line) == nil)
+    }
+
+    @Test(arguments: [
+        Request(id: nil, op: "token", account: "api"),
+        Request(id: nil, op: "token", account: "a\"b\\c\n日本", minTTL: 60),
+        Request(id: nil, op: "token", account: "api", minTTL: 0.25),
+        Request(id: nil, op: "token", account: "api", minTTL: 1e300),
+        Request(id: nil, op: "reload"),
+    ])
+    func writesTheLineTheEncoderWrites(request: Request) throws {
+        for id in [RequestID.integer(1), .string("x\"y")] {
+            let line = try #require(FlatRequest.line(of: request, id: id))
+            #expect(line.last == 0x0A)
+            var expected = request
+            expected.id = id
+            let decoded = try Wire.makeDecoder().decode(Request.self, from: Data(line.dropLast()))
+            #expect(FlatRequest(decoded) == FlatRequest(expected))
+            #expect(line.dropLast().withUnsafeBytes { JSONLine.problem(in: $0) } == nil)
+        }
+    }
+
+    @Test func leavesOtherRequestsToTheEncoder() {
+        #expect(
+            FlatRequest.line(of: Request(id: nil, op: "token", account: "a", minTTL: .infinity), id: .integer(1)) == nil
+        )
+        #expect(
+            FlatRequest.line(of: Request(id: nil, op: "reject", account: "a", accessToken: "t"), id: .integer(1)) == nil
+        )
+        #expect(FlatRequest.line(of: Request(id: nil, op: "logout", account: "a", force: true), id: .integer(1)) == nil)
+    }
+}
