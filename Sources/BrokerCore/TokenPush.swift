@@ -1,4 +1,3 @@
-import BrokerProtocol
 import FoundationEssentials
 
 /// Tokens a person pushes into an account (`add`, `setTokens`), checked where they came in.

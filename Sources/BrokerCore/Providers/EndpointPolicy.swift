@@ -1,4 +1,3 @@
-import BrokerProtocol
 import FoundationEssentials
 
 /// Which IdP URLs the broker will call: https everywhere, plain http only for canonical

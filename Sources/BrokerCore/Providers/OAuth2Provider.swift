@@ -1,5 +1,4 @@
 import AsyncHTTPClient
-import BrokerProtocol
 import FoundationEssentials
 import NIOCore
 import NIOHTTP1

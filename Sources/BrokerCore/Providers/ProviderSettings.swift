@@ -1,4 +1,3 @@
-import BrokerProtocol
 import FoundationEssentials
 import Logging
 
