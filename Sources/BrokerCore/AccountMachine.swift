@@ -35,7 +35,7 @@ struct AccountMachine: Sendable {
         /// Serve this token from the cache (`nil`: serve none).
         case publish(AccessToken?)
         /// Tell subscribers.
-        case emit(BrokerEvent.Kind, message: String? = nil)
+        case emit(AccountEvent.Kind, message: String? = nil)
         /// Start a refresh now.
         case refresh
     }
@@ -372,11 +372,4 @@ struct AccountMachine: Sendable {
             max($0, now.addingTimeInterval(planner.settings.minimumRefreshInterval))
         }
     }
-}
-
-/// The state of an account as `status` reports it.
-public enum AccountState: String, Sendable {
-    case valid, refreshing, stale, unavailable
-    case needsLogin = "needs_login"
-    case loggedOut = "logged_out"
 }

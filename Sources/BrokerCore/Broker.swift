@@ -24,7 +24,7 @@ public actor Broker {
     /// Every account's lifecycle; the actor runs the effects its transitions return.
     private var accounts: [String: AccountMachine] = [:]
     /// The task of each refresh under way, by account, with the serial its machine knows it by.
-    private var refreshTasks: [String: (serial: Int, task: Task<Result<Void, BrokerError>, Never>)] = [:]
+    private var refreshTasks: [String: (serial: Int, task: Task<Result<Void, BrokerFailure>, Never>)] = [:]
     /// Each account's provider, built when first needed (see `provider(for:)`).
     private var tokenProviders: [String: any TokenProvider] = [:]
     /// Accounts changed in memory whose last save failed: the next save writes them too.
@@ -64,7 +64,8 @@ public actor Broker {
     // MARK: Client operations
 
     /// A token valid for `minTTL` seconds, refreshing (once, shared) when the cached one falls short.
-    public func token(account name: String, minTTL: TimeInterval) async throws(BrokerError) -> PreparedToken {
+    public func token(for account: AccountName, minTTL: TimeInterval) async throws(BrokerFailure) -> PreparedToken {
+        let name = account.rawValue
         if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return token }
         let machine = try self.machine(name)
         try checkRefreshable(machine)
@@ -72,32 +73,35 @@ public actor Broker {
         let outcome = await refreshShared(name)
         if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return token }
         if case .failure(let error) = outcome { throw error }
-        let source =
-            machine.record.provider.renewal.watchesSource
-            ? "the \(machine.record.provider.kind) holds" : "the IdP issued"
-        throw BrokerError(
-            .unavailable, "\(source) a token valid for less than min_ttl (\(Bounds.wholeSeconds(minTTL)) s)")
+        let source: BrokerFailure.TokenSource =
+            machine.record.provider.renewal.watchesSource ? .watched(kind: machine.record.provider.kind) : .issued
+        throw .tokenTooShort(heldBy: source, minTTL: minTTL)
     }
 
     /// Handles a token a resource server refused: refreshes once if it is still current,
     /// otherwise returns the newer token at once.
-    public func reject(account name: String, accessToken: String, minTTL: TimeInterval) async throws(BrokerError)
-        -> PreparedToken
+    public func reject(_ accessToken: String, of account: AccountName, minTTL: TimeInterval)
+        async throws(BrokerFailure) -> PreparedToken
     {
+        let name = account.rawValue
         let machine = try self.machine(name)
         guard machine.record.token?.value == accessToken else {
-            return try await token(account: name, minTTL: minTTL)
+            return try await token(for: account, minTTL: minTTL)
         }
         try checkRefreshable(machine)
         let outcome = await refreshShared(name)
         if case .failure(let error) = outcome { throw error }
-        return try await token(account: name, minTTL: minTTL)
+        return try await token(for: account, minTTL: minTTL)
     }
 
-    /// Status of one account, or of all of them sorted by name.
-    public func status(account name: String?) throws(BrokerError) -> [AccountStatus] {
+    /// Where one account stands.
+    public func snapshot(of account: AccountName) throws(BrokerFailure) -> AccountSnapshot {
+        describe(try machine(account.rawValue), now: clock.now())
+    }
+
+    /// Where every account stands, sorted by name.
+    public func snapshots() -> [AccountSnapshot] {
         let now = clock.now()
-        if let name { return [describe(try machine(name), now: now)] }
         return accounts.keys.sorted().compactMap { accounts[$0].map { describe($0, now: now) } }
     }
 
@@ -116,53 +120,49 @@ public actor Broker {
 
     // MARK: Owner operations
 
-    /// Creates an account; an `oauth2` account given only a refresh token refreshes at once.
-    public func add(account: String?, provider spec: ProviderSpec?, tokens: TokenSet?) throws(BrokerError)
-        -> AccountResult
-    {
-        let name = try AccountSpec.validateName(account)
-        guard accounts[name] == nil else {
-            throw BrokerError(.badRequest, "an account named \(name) exists; remove it first or use set_tokens")
-        }
-        let (provider, clientSecret) = try AccountSpec.provider(spec)
+    /// Creates an account with `provider` (and the client secret given with it); an `oauth2`
+    /// account given only a refresh token refreshes at once.
+    public func add(
+        _ account: AccountName, provider: ProviderConfig, clientSecret: String?, tokens: TokenPush?
+    ) throws(BrokerFailure) -> AccountSnapshot {
+        let name = account.rawValue
+        guard accounts[name] == nil else { throw .accountExists(account) }
         let now = clock.now()
         var record = AccountRecord(
             name: name, provider: provider, secrets: AccountSecrets(clientSecret: clientSecret), token: nil,
             needsLogin: false, lastError: nil, lastRefreshAt: nil)
-        if let tokens { try apply(tokens, to: &record, now: now) }
+        if let tokens { apply(tokens, to: &record, now: now) }
         var machine = AccountMachine(record: record, planner: planner, now: now)
         let effects = machine.tokensReplaced(by: record, planner: planner, now: now)
         accounts[name] = machine
         try run(effects, for: name)
         logger.info("account added", metadata: ["account": "\(name)", "provider": "\(provider.kind)"])
-        let state = try self.machine(name).state(now: clock.now()).rawValue
-        events.publish(BrokerEvent(event: .added, account: name, at: now, state: state))
-        return AccountResult(account: name, state: state)
+        let added = describe(try self.machine(name), now: clock.now())
+        events.publish(AccountEvent(kind: .added, account: account, at: now, state: added.state))
+        return added
     }
 
-    /// Replaces an account's tokens; clears `needs_login` and any backoff.
-    public func setTokens(account: String?, tokens: TokenSet?) throws(BrokerError) -> AccountResult {
-        let name = try AccountSpec.validateName(account)
+    /// Replaces an account's tokens; clears a denial, a logout and any backoff.
+    public func setTokens(of account: AccountName, to tokens: TokenPush) throws(BrokerFailure) -> AccountSnapshot {
+        let name = account.rawValue
         var machine = try self.machine(name)
-        guard let tokens, tokens.accessToken != nil || tokens.refreshToken != nil || tokens.refreshURL != nil else {
-            throw BrokerError(.badRequest, "\"tokens\" needs an access_token, a refresh_token or a refresh_url")
-        }
+        guard !tokens.isEmpty else { throw .nothingToPush }
         try checkNotLoggingOut(machine)
         let now = clock.now()
         var record = machine.record
-        try apply(tokens, to: &record, now: now)
+        apply(tokens, to: &record, now: now)
         let effects = machine.tokensReplaced(by: record, planner: planner, now: now)
         accounts[name] = machine
         try run(effects, for: name)
         logger.info("tokens replaced", metadata: ["account": "\(name)"])
-        return AccountResult(account: name, state: try self.machine(name).state(now: clock.now()).rawValue)
+        return describe(try self.machine(name), now: clock.now())
     }
 
     /// Deletes an account and its secrets.
-    public func remove(account: String?) throws(BrokerError) -> AccountResult {
-        let name = try AccountSpec.validateName(account)
+    public func remove(_ account: AccountName) throws(BrokerFailure) {
+        let name = account.rawValue
         try checkNotLoggingOut(try machine(name))
-        guard let removed = accounts.removeValue(forKey: name) else { throw notFound(name) }
+        guard let removed = accounts.removeValue(forKey: name) else { throw .noSuchAccount(account) }
         tokenProviders[name] = nil
         do {
             try persist(changing: [name])
@@ -172,33 +172,30 @@ public actor Broker {
         }
         cache.publish(nil, for: name)
         logger.info("account removed", metadata: ["account": "\(name)"])
-        events.publish(BrokerEvent(event: .removed, account: name, at: clock.now()))
-        return AccountResult(account: name, state: "removed")
+        events.publish(AccountEvent(kind: .removed, account: account, at: clock.now()))
     }
 
     /// Refreshes now, ignoring the schedule (joins a refresh already under way).
-    public func refreshNow(account: String?) async throws(BrokerError) -> AccountResult {
-        let name = try AccountSpec.validateName(account)
+    public func refreshNow(_ account: AccountName) async throws(BrokerFailure) -> AccountSnapshot {
+        let name = account.rawValue
         let machine = try self.machine(name)
-        guard machine.refreshesOnItsOwn else {
-            throw BrokerError(.badRequest, "\(name) is a static account; push new tokens with set_tokens")
-        }
+        guard machine.refreshesOnItsOwn else { throw .neverRefreshes(account, kind: machine.record.provider.kind) }
         try checkCredentialUsable(machine)
         if case .failure(let error) = await refreshShared(name) { throw error }
-        return AccountResult(account: name, state: try self.machine(name).state(now: clock.now()).rawValue)
+        return describe(try self.machine(name), now: clock.now())
     }
 
     /// Logs an account out: revokes its credential at the IdP where the provider can, then
     /// discards every token and refresh credential; the account keeps its settings (and client
     /// secret) in state `logged_out` until new tokens are pushed. Refused while the IdP cannot
     /// be reached, unless `force`, so a credential is never left alive at the IdP by accident.
-    public func logout(account: String?, force: Bool) async throws(BrokerError) -> LogoutResult {
-        let name = try AccountSpec.validateName(account)
+    public func logout(_ account: AccountName, force: Bool) async throws(BrokerFailure) -> LogoutOutcome {
+        let name = account.rawValue
         var machine = try self.machine(name)
         try checkNotLoggingOut(machine)
         // From here, nothing else may change or refresh the account: `set_tokens` and `remove`
         // are refused, and no refresh starts, so the record after each await is this one.
-        guard machine.beginLogout() else { return LogoutResult(account: name, state: "logged_out", revoked: false) }
+        guard machine.beginLogout() else { return .alreadyLoggedOut }
         accounts[name] = machine
         // A refresh under way may rotate the credential: revoke the one it leaves behind.
         _ = await refreshTasks[name]?.task.value
@@ -215,22 +212,17 @@ public actor Broker {
                 "logout refused: cannot revoke", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
             let wait =
                 failure.kind == .transient ? min(failure.retryAfter ?? settings.backoffBase, settings.backoffCap) : nil
-            throw BrokerError(
-                .unavailable,
-                "cannot revoke \(name) at the IdP (\(failure.message)); nothing was discarded. "
-                    + (wait == nil ? "Check the account's settings, " : "Try again later, ")
-                    + "or brokerctl logout \(name) --force to discard it without revoking",
-                retryAfterMs: wait.map(Bounds.milliseconds))
+            throw .revocationFailed(account, reason: failure.message, retryAfter: wait)
         case .failure(let failure):
             logger.warning(
                 "forced logout without revocation", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
         }
 
         // Discarded in memory even if the vault cannot be saved: a revoked token must not be served.
-        guard let effects = accounts[name]?.loggedOut() else { throw notFound(name) }
+        guard let effects = accounts[name]?.loggedOut() else { throw .noSuchAccount(account) }
         try run(effects, for: name)
         logger.info("logged out", metadata: ["account": "\(name)", "revoked": "\(revoked)"])
-        return LogoutResult(account: name, state: "logged_out", revoked: revoked)
+        return revoked ? .revoked : .discarded
     }
 
     // MARK: Configuration
@@ -238,14 +230,14 @@ public actor Broker {
     /// Re-reads the config file and applies it; a broken file changes nothing. Returns the
     /// number of accounts afterwards.
     @discardableResult
-    public func reloadConfiguration() throws(BrokerError) -> Int {
+    public func reloadConfiguration() throws(BrokerFailure) -> Int {
         guard let configPath else { return accounts.count }
         let configuration: BrokerConfiguration
         do {
             configuration = try ConfigFile.load(path: configPath)
         } catch {
             logger.error("config not reloaded; the running configuration stays", metadata: ["reason": "\(error)"])
-            throw BrokerError(.badRequest, "config not reloaded: \(error)")
+            throw .configUnreadable(reason: "\(error)")
         }
         try configure(configuration)
         return accounts.count
@@ -254,27 +246,22 @@ public actor Broker {
     /// Applies settings and declared accounts. Declared accounts get their provider settings
     /// from the config and keep their secrets; an account no longer declared stays as a
     /// runtime account (nothing secret is ever deleted by editing a file).
-    public func configure(_ configuration: BrokerConfiguration) throws(BrokerError) {
+    public func configure(_ configuration: BrokerConfiguration) throws(BrokerFailure) {
         var providers: [String: ProviderConfig] = [:]
         /// Logged-out accounts the config moves elsewhere: their client secret stays behind.
         var moved: Set<String> = []
         for (name, spec) in configuration.accounts {
-            do throws(BrokerError) {
-                _ = try AccountSpec.validateName(name)
-                let provider = try AccountSpec.provider(spec).0
+            do throws(BrokerFailure) {
+                let account = try AccountName(name)
+                let provider = try ProviderConfig.checking(spec).0
                 if let stored = accounts[name]?.record, let move = stored.provider.credentialMove(to: provider) {
-                    guard !stored.holdsCredential else {
-                        throw BrokerError(
-                            .badRequest,
-                            "the account holds credentials and this \(move); log it out first (brokerctl logout "
-                                + "\(name)) or remove it (brokerctl remove \(name))")
-                    }
+                    guard !stored.holdsCredential else { throw .credentialWouldMove(account, move: move) }
                     moved.insert(name)
                 }
                 providers[name] = provider
             } catch {
-                logger.error("config not applied", metadata: ["account": "\(name)", "reason": "\(error.message)"])
-                throw BrokerError(.badRequest, "config not applied: accounts.\(name): \(error.message)")
+                logger.error("config not applied", metadata: ["account": "\(name)", "reason": "\(error)"])
+                throw .configNotApplied(account: name, because: error)
             }
         }
         settingsBox.withLock { $0 = configuration.settings }
@@ -357,20 +344,20 @@ public actor Broker {
     // MARK: Refresh machinery
 
     /// Refreshes `name`, or joins the refresh under way (single flight).
-    private func refreshShared(_ name: String) async -> Result<Void, BrokerError> {
-        guard accounts[name] != nil else { return .failure(notFound(name)) }
+    private func refreshShared(_ name: String) async -> Result<Void, BrokerFailure> {
+        guard accounts[name] != nil else { return .failure(.noSuchAccount(AccountName(known: name))) }
         return await startRefresh(name).value
     }
 
     /// Starts a refresh of `name` and returns its task; joins the one under way, if any.
-    private func startRefresh(_ name: String) -> Task<Result<Void, BrokerError>, Never> {
+    private func startRefresh(_ name: String) -> Task<Result<Void, BrokerFailure>, Never> {
         if let serial = accounts[name]?.refreshSerial, let running = refreshTasks[name], running.serial == serial {
             return running.task
         }
         refreshSerial += 1
         let serial = refreshSerial
         guard accounts[name]?.beginRefresh(serial: serial) == true else {
-            let refusal = BrokerError(.unavailable, "\(name) cannot be refreshed now; try again", retryAfterMs: 0)
+            let refusal = BrokerFailure.refreshNotStarted(AccountName(known: name))
             return Task { .failure(refusal) }
         }
         let task = Task { await self.performRefresh(name, serial: serial) }
@@ -378,16 +365,16 @@ public actor Broker {
         return task
     }
 
-    private func performRefresh(_ name: String, serial: Int) async -> Result<Void, BrokerError> {
+    private func performRefresh(_ name: String, serial: Int) async -> Result<Void, BrokerFailure> {
         defer { if refreshTasks[name]?.serial == serial { refreshTasks[name] = nil } }
-        guard let started = accounts[name]?.record else { return .failure(notFound(name)) }
+        guard let started = accounts[name]?.record else { return .failure(.noSuchAccount(AccountName(known: name))) }
         let provider = provider(for: started)
         let asked = ContinuousClock.now
         // Whatever the IdP or helper wrote is cleaned here, once, before it is stored, logged or sent.
         let outcome = await provider.refresh(started, now: clock.now()).mapError(started.outsideText().clean)
         let answered = ContinuousClock.now
         let now = clock.now()
-        guard accounts[name] != nil else { return .failure(changedDuringRefresh(name)) }
+        guard accounts[name] != nil else { return .failure(.changedDuringRefresh(AccountName(known: name))) }
         let result: AccountMachine.RefreshResult
         var delay: TimeInterval = 0
         switch outcome {
@@ -403,7 +390,7 @@ public actor Broker {
         switch (result, outcome) {
         case (.overtaken(let effects), _):
             try? run(effects, for: name)
-            return .failure(changedDuringRefresh(name))
+            return .failure(.changedDuringRefresh(AccountName(known: name)))
         case (.applied([]), .success):
             return .success(())
         case (.applied(let effects), .success(let grant)):
@@ -427,7 +414,7 @@ public actor Broker {
             try? run(effects, for: name)
             logger.warning(
                 "refresh denied; needs login", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
-            return .failure(needsLogin(name))
+            return .failure(.denied(AccountName(known: name)))
         case (.applied(let effects), .failure(let failure)):
             try? run(effects, for: name)
             logger.warning(
@@ -436,7 +423,7 @@ public actor Broker {
                     "account": "\(name)", "reason": "\(failure.message)",
                     "retry_in_s": "\(Bounds.wholeSeconds(delay.rounded(.up)))",
                 ])
-            return .failure(BrokerError(.unavailable, failure.message, retryAfterMs: Bounds.milliseconds(delay)))
+            return .failure(.refreshFailing(reason: failure.message, retryAfter: delay))
         }
     }
 
@@ -449,71 +436,67 @@ public actor Broker {
         return provider
     }
 
-    private func machine(_ name: String) throws(BrokerError) -> AccountMachine {
-        guard let machine = accounts[name] else { throw notFound(name) }
+    private func machine(_ name: String) throws(BrokerFailure) -> AccountMachine {
+        guard let machine = accounts[name] else { throw .noSuchAccount(AccountName(known: name)) }
         return machine
     }
 
     /// Fails fast for accounts that cannot be refreshed now, instead of calling the IdP.
-    private func checkRefreshable(_ machine: AccountMachine) throws(BrokerError) {
-        let name = machine.record.name
+    private func checkRefreshable(_ machine: AccountMachine) throws(BrokerFailure) {
         try checkCredentialUsable(machine)
         guard machine.refreshesOnItsOwn else {
-            throw BrokerError(
-                .needsLogin,
-                "\(name) is a \(machine.record.provider.kind) account with no token valid long enough; push one with "
-                    + "set_tokens")
+            throw .noTokenLongEnough(AccountName(known: machine.record.name), kind: machine.record.provider.kind)
         }
         if let wait = machine.backoffWait(now: clock.now()) {
-            throw BrokerError(
-                .unavailable, machine.record.lastError?.message ?? "the IdP is failing; retrying",
-                retryAfterMs: Bounds.milliseconds(wait))
+            throw .refreshFailing(
+                reason: machine.record.lastError?.message ?? "the IdP is failing; retrying", retryAfter: wait)
         }
     }
 
     /// Refuses accounts whose credential was denied, discarded, or is being revoked.
-    private func checkCredentialUsable(_ machine: AccountMachine) throws(BrokerError) {
-        let name = machine.record.name
+    private func checkCredentialUsable(_ machine: AccountMachine) throws(BrokerFailure) {
+        let name = AccountName(known: machine.record.name)
         switch machine.refusal {
-        case .loggedOut:
-            throw BrokerError(.needsLogin, "\(name) is logged out; push new tokens with brokerctl set-tokens \(name)")
-        case .denied: throw needsLogin(name)
-        case .loggingOut: throw loggingOut(name)
+        case .loggedOut: throw .loggedOut(name)
+        case .denied: throw .denied(name)
+        case .loggingOut: throw .loggingOut(name)
         case nil: break
         }
     }
 
-    private func checkNotLoggingOut(_ machine: AccountMachine) throws(BrokerError) {
-        if machine.isLoggingOut { throw loggingOut(machine.record.name) }
+    private func checkNotLoggingOut(_ machine: AccountMachine) throws(BrokerFailure) {
+        if machine.isLoggingOut { throw .loggingOut(AccountName(known: machine.record.name)) }
     }
 
     /// Refuses, without calling the IdP, a `minTTL` longer than the lifetime the IdP grants,
     /// while the current token is not yet due for refresh (a refresh could not help).
-    private func checkLifetime(_ machine: AccountMachine, covers minTTL: TimeInterval) throws(BrokerError) {
+    private func checkLifetime(_ machine: AccountMachine, covers minTTL: TimeInterval) throws(BrokerFailure) {
         guard machine.record.provider.renewal == .refreshes, let token = machine.record.token, token.pushed != true,
             token.expiresAt > clock.now(),
             let due = machine.nextRefreshAt, due > clock.now(),
             token.expiresAt.timeIntervalSince(token.obtainedAt) < minTTL
         else { return }
-        let lifetime = Bounds.wholeSeconds(token.expiresAt.timeIntervalSince(token.obtainedAt))
-        throw BrokerError(
-            .unavailable,
-            "the IdP issues tokens valid for \(lifetime) s, less than min_ttl \(Bounds.wholeSeconds(minTTL)) s")
+        throw .lifetimeTooShort(lifetime: token.expiresAt.timeIntervalSince(token.obtainedAt), minTTL: minTTL)
     }
 
-    private func apply(_ tokens: TokenSet, to record: inout AccountRecord, now: Date) throws(BrokerError) {
-        if let token = try AccountSpec.accessToken(tokens, now: now, defaultLifetime: settings.defaultLifetime) {
-            record.token = token
+    /// Puts pushed tokens into `record`: an access token without an expiry lives the default
+    /// lifetime; a refresh token replaces the old one and its expiry.
+    private func apply(_ tokens: TokenPush, to record: inout AccountRecord, now: Date) {
+        if let access = tokens.access {
+            let expiry = access.expiry ?? .after(settings.defaultLifetime)
+            record.token = AccessToken(
+                value: access.value, type: access.type, expiresAt: Bounds.date(expiry.date(receivedAt: now)),
+                obtainedAt: now, idToken: access.idToken, scope: access.scope, pushed: true)
         }
         if let refreshToken = tokens.refreshToken {
             record.secrets.refreshToken = refreshToken
-            record.secrets.refreshExpiresAt = try AccountSpec.refreshExpiry(tokens, now: now)
+            record.secrets.refreshExpiresAt = tokens.refreshExpiry?.date(receivedAt: now)
         }
         if let refreshURL = tokens.refreshURL { record.secrets.refreshURL = refreshURL }
     }
 
     /// Runs a transition's effects in order; a failed save stops the rest and is thrown.
-    private func run(_ effects: [AccountMachine.Effect], for name: String) throws(BrokerError) {
+    private func run(_ effects: [AccountMachine.Effect], for name: String) throws(BrokerFailure) {
         for effect in effects {
             switch effect {
             case .persist:
@@ -524,9 +507,9 @@ public actor Broker {
                 guard let machine = accounts[name] else { continue }
                 let now = clock.now()
                 events.publish(
-                    BrokerEvent(
-                        event: kind, account: name, at: now, state: machine.state(now: now).rawValue, message: message,
-                        expiresAt: kind == .refreshed ? machine.record.token?.expiresAt : nil))
+                    AccountEvent(
+                        kind: kind, account: AccountName(known: name), at: now, state: machine.state(now: now),
+                        message: message, expiresAt: kind == .refreshed ? machine.record.token?.expiresAt : nil))
             case .refresh:
                 _ = startRefresh(name)
             }
@@ -535,7 +518,7 @@ public actor Broker {
 
     /// Saves the accounts `names` as they are now (a name no longer here is removed), with any
     /// whose earlier save failed.
-    private func persist(changing names: some Collection<String>) throws(BrokerError) {
+    private func persist(changing names: some Collection<String>) throws(BrokerFailure) {
         unsaved.formUnion(names)
         let changed = unsaved.sorted().compactMap { accounts[$0]?.record }
         let removed = unsaved.sorted().filter { accounts[$0] == nil }
@@ -545,7 +528,7 @@ public actor Broker {
         } catch {
             let accounts = names.count == 1 ? "\(names.first!)" : "\(names.count) accounts"
             logger.error("cannot save the vault", metadata: ["account": "\(accounts)", "reason": "\(error)"])
-            throw BrokerError(.internal, "the broker cannot save its vault; see its log")
+            throw .vaultNotSaved
         }
     }
 
@@ -560,28 +543,11 @@ public actor Broker {
                 expiresIn: 0, idToken: token.idToken, scope: token.scope))
     }
 
-    private func describe(_ machine: AccountMachine, now: Date) -> AccountStatus {
-        AccountStatus(
-            account: machine.record.name, provider: machine.record.provider.kind,
-            state: machine.state(now: now).rawValue, expiresAt: machine.record.token?.expiresAt,
+    private func describe(_ machine: AccountMachine, now: Date) -> AccountSnapshot {
+        AccountSnapshot(
+            name: AccountName(known: machine.record.name), kind: machine.record.provider.kind,
+            state: machine.state(now: now), expiresAt: machine.record.token?.expiresAt,
             refreshExpiresAt: machine.record.secrets.refreshExpiresAt, nextRefreshAt: machine.nextRefreshAt,
             lastRefreshAt: machine.record.lastRefreshAt, lastError: machine.record.lastError)
-    }
-
-    private func notFound(_ name: String) -> BrokerError {
-        BrokerError(.notFound, "no account named \(name); list them with brokerctl status")
-    }
-
-    private func loggingOut(_ name: String) -> BrokerError {
-        BrokerError(.unavailable, "\(name) is being logged out", retryAfterMs: 1000)
-    }
-
-    private func changedDuringRefresh(_ name: String) -> BrokerError {
-        BrokerError(.unavailable, "\(name) changed during the refresh; try again", retryAfterMs: 0)
-    }
-
-    private func needsLogin(_ name: String) -> BrokerError {
-        BrokerError(
-            .needsLogin, "the IdP denied the refresh for \(name); push new tokens with brokerctl set-tokens \(name)")
     }
 }

@@ -1,4 +1,3 @@
-import BrokerProtocol
 import FoundationEssentials
 import Synchronization
 
@@ -7,7 +6,7 @@ import Synchronization
 /// broker or growing without limit.
 public final class EventHub: Sendable {
     /// A subscription's events, finished with `SubscriberTooSlow` if its buffer overflowed.
-    public typealias Events = AsyncThrowingStream<BrokerEvent, any Error>
+    public typealias Events = AsyncThrowingStream<AccountEvent, any Error>
 
     /// Events a subscriber may have pending before it is dropped.
     public let bufferLimit: Int
@@ -37,9 +36,9 @@ public final class EventHub: Sendable {
     /// Number of live subscriptions.
     public var count: Int { subscribers.withLock { $0.count } }
 
-    func publish(_ event: BrokerEvent) {
+    func publish(_ event: AccountEvent) {
         let targets = subscribers.withLock { subscribers in
-            subscribers.values.filter { $0.accounts?.contains(event.account) ?? true }.map(\.continuation)
+            subscribers.values.filter { $0.accounts?.contains(event.account.rawValue) ?? true }.map(\.continuation)
         }
         for continuation in targets {
             if case .dropped = continuation.yield(event) {

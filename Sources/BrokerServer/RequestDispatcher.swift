@@ -94,8 +94,8 @@ public struct RequestDispatcher: Sendable {
     }
 
     /// One event line for a subscription.
-    public func eventLine(id: RequestID, _ event: BrokerEvent, encoder: JSONEncoder) -> [UInt8] {
-        var data = (try? encoder.encode(EventLine(id: id, event: event))) ?? Data()
+    public func eventLine(id: RequestID, _ event: AccountEvent, encoder: JSONEncoder) -> [UInt8] {
+        var data = (try? encoder.encode(EventLine(id: id, event: WireTranslation.event(event)))) ?? Data()
         data.append(0x0A)
         return Array(data)
     }
@@ -128,10 +128,9 @@ public struct RequestDispatcher: Sendable {
                 return try success(
                     request, StatusResult(accounts: try await broker.status(account: request.account)), encoder)
             case .add:
-                return try success(
-                    request,
-                    try await broker.add(account: request.account, provider: request.provider, tokens: request.tokens),
-                    encoder)
+                let added = try await broker.add(
+                    account: request.account, provider: request.provider, tokens: request.tokens)
+                return try success(request, added, encoder)
             case .setTokens:
                 return try success(
                     request, try await broker.setTokens(account: request.account, tokens: request.tokens), encoder)
@@ -143,8 +142,7 @@ public struct RequestDispatcher: Sendable {
                 return try success(
                     request, try await broker.logout(account: request.account, force: request.force ?? false), encoder)
             case .reload:
-                let count = try await broker.reloadConfiguration()
-                return try success(request, ReloadResult(reloaded: true, accounts: count), encoder)
+                return try success(request, try await broker.reload(), encoder)
             case .subscribe, nil:
                 throw BrokerError(.unknownOp, "unknown op")
             }

@@ -51,7 +51,11 @@ struct Brokerd: AsyncParsableCommand {
         do {
             let broker = try Broker(
                 vault: vault, settings: configuration.settings, http: http, logger: logger, configPath: configPath)
-            try await broker.configure(configuration)
+            do {
+                try await broker.configure(configuration)
+            } catch {
+                throw BrokerError(error)
+            }
             try await serve(broker: broker, logger: logger)
         } catch {
             await http.shutdown()

@@ -1,4 +1,5 @@
 import BrokerProtocol
+import BrokerServer
 import Foundation
 import TestSupport
 import Testing
@@ -102,7 +103,7 @@ import Glibc
 
     @Test func anAddWithAnOutOfRangePortIsRefused() {
         let spec = ProviderSpec(kind: "oauth2", ["token_endpoint": "https://idp.example:99999/t", "client_id": "c"])
-        #expect(throws: BrokerError.self) { try AccountSpec.provider(spec) }
+        #expect(throws: BrokerError.self) { try WireTranslation.provider(spec) }
     }
 
     @Test(arguments: [

@@ -1,4 +1,5 @@
 import BrokerProtocol
+import BrokerServer
 import Foundation
 import TestSupport
 import Testing

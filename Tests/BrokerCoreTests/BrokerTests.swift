@@ -1,4 +1,5 @@
 import BrokerProtocol
+import BrokerServer
 import FoundationEssentials
 import Logging
 import TestSupport
@@ -323,18 +324,24 @@ import Testing
 
     @Test func aStaticAccountServesPushedTokensUntilTheyExpire() async throws {
         try await BrokerHarness.run { h in
-            _ = try await h.broker.add(
-                account: "static", provider: ProviderSpec(kind: "static"),
-                tokens: TokenSet(accessToken: "at-static", expiresIn: 120))
-            #expect(try await h.broker.token(account: "static", minTTL: 60).result.accessToken == "at-static")
-            h.clock.advance(by: 121)
-            let expired = await #expect(throws: BrokerError.self) {
-                try await h.broker.token(account: "static", minTTL: 0)
+            let name = try AccountName("static")
+            let pushed = { (value: String) throws(BrokerFailure) in
+                TokenPush(
+                    access: try TokenPush.Access(
+                        value: value, type: nil, expiry: .after(120), idToken: nil, scope: nil))
             }
-            #expect(expired?.code == .needsLogin)
-            _ = try await h.broker.setTokens(
-                account: "static", tokens: TokenSet(accessToken: "at-static-2", expiresIn: 120))
-            #expect(try await h.broker.token(account: "static", minTTL: 60).result.accessToken == "at-static-2")
+            let added = try await h.broker.add(
+                name, provider: ProviderConfig(StaticSettings()), clientSecret: nil, tokens: try pushed("at-static"))
+            #expect(added.state == .valid)
+            #expect(try await h.broker.token(for: name, minTTL: 60).result.accessToken == "at-static")
+            h.clock.advance(by: 121)
+            #expect(try await h.broker.snapshot(of: name).state == .needsLogin)
+            await #expect(throws: BrokerFailure.noTokenLongEnough(name, kind: "static")) {
+                try await h.broker.token(for: name, minTTL: 0)
+            }
+            let replaced = try await h.broker.setTokens(of: name, to: try pushed("at-static-2"))
+            #expect(replaced.state == .valid)
+            #expect(try await h.broker.token(for: name, minTTL: 60).result.accessToken == "at-static-2")
             #expect(h.idp.callCount == 0)
         }
     }
@@ -346,14 +353,13 @@ import Testing
             #expect(await h.broker.summary() == "1 account: 1 valid")
             #expect(try h.vaultCopy()?.accounts.map(\.name) == ["api"])
 
+            let api = try AccountName("api")
             let removed = try await h.broker.remove(account: "api")
-            #expect(removed.state == "removed")
+            #expect(removed.state == "removed", "the wire's answer")
             #expect(try h.vaultCopy()?.accounts.isEmpty == true)
-            let gone = await #expect(throws: BrokerError.self) { try await h.broker.token(account: "api", minTTL: 0) }
-            #expect(gone?.code == .notFound)
-            let again = await #expect(throws: BrokerError.self) { try await h.broker.remove(account: "api") }
-            #expect(again?.code == .notFound)
-            #expect(try await h.broker.status(account: nil).isEmpty)
+            await #expect(throws: BrokerFailure.noSuchAccount(api)) { try await h.broker.token(for: api, minTTL: 0) }
+            await #expect(throws: BrokerFailure.noSuchAccount(api)) { try await h.broker.remove(api) }
+            #expect(await h.broker.snapshots().isEmpty)
         }
     }
 

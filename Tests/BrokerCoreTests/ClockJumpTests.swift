@@ -1,4 +1,5 @@
 import BrokerProtocol
+import BrokerServer
 import FoundationEssentials
 import Logging
 import TestSupport

@@ -1,4 +1,5 @@
 import BrokerProtocol
+import BrokerServer
 import FoundationEssentials
 import Logging
 import NIOCore
@@ -177,18 +178,18 @@ import Testing
 
         // Events: the failure is announced once, however many retries there were.
         let seen = await Self.collect(rig.events)
-        let expected: BrokerEvent.Kind = fault.isDenial ? .needsLogin : .refreshFailed
+        let expected: AccountEvent.Kind = fault.isDenial ? .needsLogin : .refreshFailed
         #expect(seen.first == .added)
         #expect(seen.filter { $0 == expected }.count == 1, "\(seen)")
         #expect(!seen.contains(.refreshed))
     }
 
     /// The kinds of the events already delivered to `events`.
-    static func collect(_ events: EventHub.Events) async -> [BrokerEvent.Kind] {
+    static func collect(_ events: EventHub.Events) async -> [AccountEvent.Kind] {
         let reader = Task {
-            var seen: [BrokerEvent.Kind] = []
+            var seen: [AccountEvent.Kind] = []
             do {
-                for try await event in events { seen.append(event.event) }
+                for try await event in events { seen.append(event.kind) }
             } catch {}
             return seen
         }

@@ -1,4 +1,5 @@
 import BrokerProtocol
+import BrokerServer
 import Foundation
 import TestSupport
 import TestSupport
@@ -45,7 +46,8 @@ private struct TokenFileRig {
     // MARK: settings
 
     @Test func aFileProviderTakesAnAbsolutePath() throws {
-        let (config, secret) = try AccountSpec.provider(ProviderSpec(kind: "file", ["path": "/run/user/1000/tok.json"]))
+        let (config, secret) = try WireTranslation.provider(
+            ProviderSpec(kind: "file", ["path": "/run/user/1000/tok.json"]))
         #expect(config == ProviderConfig(FileSettings(path: "/run/user/1000/tok.json")))
         #expect(config.kind == "file")
         #expect(secret == nil)
@@ -61,7 +63,7 @@ private struct TokenFileRig {
         (ProviderSpec(kind: "file", ["path": ["/tmp/a"]]), "must be a string"),
     ])
     func badPathsAreBadRequests(spec: ProviderSpec, mentions: String) {
-        let error = #expect(throws: BrokerError.self) { try AccountSpec.provider(spec) }
+        let error = #expect(throws: BrokerError.self) { try WireTranslation.provider(spec) }
         #expect(error?.code == .badRequest)
         #expect(error?.message.contains(mentions) == true, "\(error?.message ?? "")")
     }

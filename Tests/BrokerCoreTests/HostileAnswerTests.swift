@@ -1,4 +1,5 @@
 import BrokerProtocol
+import BrokerServer
 import Foundation
 import NIOHTTP1
 import Synchronization
@@ -272,9 +273,10 @@ final class ScriptedIdP: Sendable {
             sliding["endpoint"] = .string(idp.url)
             moves.append(sliding)
             for move in moves {
-                let error = await #expect(throws: BrokerError.self) {
+                let failure = await #expect(throws: BrokerFailure.self) {
                     try await broker.configure(BrokerConfiguration(accounts: ["api": move]))
                 }
+                let error = failure.map(BrokerError.init)
                 #expect(error?.message.contains("accounts.api") == true)
                 #expect(error?.message.contains("logout") == true)
             }
@@ -298,9 +300,10 @@ final class ScriptedIdP: Sendable {
             _ = try await broker.setTokens(account: "api", tokens: TokenSet(refreshToken: Self.refreshToken))
             var discovered = ProviderSpec(kind: "oauth2", ["client_id": "cli", "client_auth": "none"])
             discovered["issuer"] = .string(idp.baseURL + "/attacker/raw/main")
-            let error = await #expect(throws: BrokerError.self) {
+            let failure = await #expect(throws: BrokerFailure.self) {
                 try await broker.configure(BrokerConfiguration(accounts: ["api": discovered]))
             }
+            let error = failure.map(BrokerError.init)
             #expect(error?.message.contains("issuer") == true)
         }
         await idp.shutdown()
@@ -371,10 +374,10 @@ final class ScriptedIdP: Sendable {
             let message = try #require(status.lastError?.message)
             #expect(message.contains("RefreshTokenMismatch [redacted]"))
             #expect(!message.unicodeScalars.contains { $0.value < 0x20 })
-            var seen: [BrokerEvent] = []
+            var seen: [AccountEvent] = []
             for try await event in events {
                 seen.append(event)
-                if event.event == .needsLogin { break }
+                if event.kind == .needsLogin { break }
             }
             let texts = logs.all + seen.compactMap(\.message) + [message, error?.message ?? ""]
             #expect(!texts.joined().contains(Self.refreshToken))

@@ -1,4 +1,5 @@
 import BrokerProtocol
+import BrokerServer
 import Foundation
 import TestSupport
 import Testing
@@ -73,22 +74,22 @@ import Testing
             (ProviderSpec(kind: "static", ["method": .number(5)]), "method"),
             (ProviderSpec(kind: "file", ["path": "/tmp/t.json", "client_id": .bool(true)]), "client_id"),
         ] {
-            let error = #expect(throws: BrokerError.self) { try AccountSpec.provider(spec) }
+            let error = #expect(throws: BrokerError.self) { try WireTranslation.provider(spec) }
             #expect(error?.code == .badRequest)
             #expect(error?.message.contains(field) == true, "\(error?.message ?? "")")
         }
         let future = ProviderSpec(
             kind: "static", ["x-future": .object(["a": [.number(1), .bool(true), .null]]), "scope": .null])
-        #expect(try AccountSpec.provider(future).0 == ProviderConfig(StaticSettings()))
+        #expect(try WireTranslation.provider(future).0 == ProviderConfig(StaticSettings()))
     }
 
     /// Only kinds that take a client secret keep one.
     @Test func aClientSecretIsKeptOnlyByKindsThatTakeOne() throws {
         let oauth2 = ProviderSpec(
             kind: "oauth2", ["token_endpoint": "https://idp.example/t", "client_id": "c", "client_secret": "s3"])
-        #expect(try AccountSpec.provider(oauth2).clientSecret == "s3")
+        #expect(try WireTranslation.provider(oauth2).clientSecret == "s3")
         let file = ProviderSpec(kind: "file", ["path": "/tmp/t.json", "client_secret": "s3"])
-        #expect(try AccountSpec.provider(file).clientSecret == nil)
+        #expect(try WireTranslation.provider(file).clientSecret == nil)
     }
 
     @Test func theWireObjectKeepsEveryFieldAsSent() throws {
@@ -123,7 +124,7 @@ import Testing
         #expect(
             accounts["helper"] == ProviderSpec(kind: "exec", ["command": ["/usr/bin/get-token", "--profile", "work"]]))
         #expect(
-            try AccountSpec.provider(accounts["cron"]).0
+            try WireTranslation.provider(accounts["cron"]).0
                 == ProviderConfig(FileSettings(path: "/home/me/.cache/token.json")))
     }
 

@@ -1,4 +1,5 @@
 import BrokerProtocol
+import BrokerServer
 import FoundationEssentials
 import TestSupport
 import Testing
@@ -16,17 +17,17 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
 /// with a message that says what is wrong.
 @Suite struct ProviderSpecTests {
     @Test func refreshURLDefaultsToGETAndAcceptsPOST() throws {
-        #expect(try AccountSpec.provider(spec("refresh_url")).0 == ProviderConfig(RefreshURLSettings(method: .get)))
+        #expect(try WireTranslation.provider(spec("refresh_url")).0 == ProviderConfig(RefreshURLSettings(method: .get)))
         #expect(
-            try AccountSpec.provider(spec("refresh_url") { $0["method"] = "POST" }).0
+            try WireTranslation.provider(spec("refresh_url") { $0["method"] = "POST" }).0
                 == ProviderConfig(RefreshURLSettings(method: .post)))
         #expect(
-            try AccountSpec.provider(spec("refresh_url") { $0["method"] = "get" }).0
+            try WireTranslation.provider(spec("refresh_url") { $0["method"] = "get" }).0
                 == ProviderConfig(RefreshURLSettings(method: .get)))
     }
 
     @Test func slidingTakesAnEndpointAndAZone() throws {
-        let plain = try AccountSpec.provider(
+        let plain = try WireTranslation.provider(
             spec("sliding") { $0["endpoint"] = "https://idp.example/api/Auth/RefreshToken" })
         #expect(
             plain.0
@@ -34,7 +35,7 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
                     SlidingSettings(
                         endpoint: URL(string: "https://idp.example/api/Auth/RefreshToken")!, timeZone: "UTC"))
         )
-        let zoned = try AccountSpec.provider(
+        let zoned = try WireTranslation.provider(
             spec("sliding") {
                 $0["endpoint"] = "http://127.0.0.1:8080/refresh"
                 $0["timezone"] = "Asia/Tokyo"
@@ -46,13 +47,14 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
     }
 
     @Test func execTakesAnAbsoluteExecutable() throws {
-        let (config, secret) = try AccountSpec.provider(spec("exec") { $0["command"] = ["/bin/echo", "a b", "$X"] })
+        let (config, secret) = try WireTranslation.provider(
+            spec("exec") { $0["command"] = ["/bin/echo", "a b", "$X"] })
         #expect(config == ProviderConfig(ExecSettings(command: ["/bin/echo", "a b", "$X"])))
         #expect(secret == nil)
     }
 
     @Test func oauth2TakesAnIssuerInsteadOfATokenEndpoint() throws {
-        let (config, secret) = try AccountSpec.provider(
+        let (config, secret) = try WireTranslation.provider(
             ProviderSpec(
                 kind: "oauth2", ["issuer": "https://login.example/realms/x", "client_id": "cli", "client_secret": "s"]))
         let settings = try #require(config.settings as? OAuth2Settings, "not oauth2: \(config.kind)")
@@ -100,7 +102,7 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
     ])
     func invalidProvidersAreBadRequests(spec: ProviderSpec, mentions: String) throws {
         do {
-            _ = try AccountSpec.provider(spec)
+            _ = try WireTranslation.provider(spec)
             Issue.record("accepted \(spec)")
         } catch {
             #expect(error.code == .badRequest)

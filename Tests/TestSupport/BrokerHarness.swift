@@ -1,5 +1,6 @@
 import BrokerCore
 import BrokerProtocol
+import BrokerServer
 import FoundationEssentials
 
 /// The in-process broker harness: a `Broker` on a real vault in a temporary directory, talking

@@ -1,4 +1,3 @@
-import BrokerProtocol
 import FoundationEssentials
 
 /// Which IdP URLs the broker will call: https everywhere, plain http only for canonical
@@ -11,9 +10,9 @@ public enum EndpointPolicy {
 
     /// The URL a `provider` object gives in `field`, or a `bad_request` naming the field when
     /// it is not one the broker will call.
-    static func checkedURL(_ text: String, field: String) throws(BrokerError) -> URL {
+    static func checkedURL(_ text: String, field: String) throws(BrokerFailure) -> URL {
         guard let url = URL(string: text), isAllowed(url) else {
-            throw BrokerError(.badRequest, "\"\(field)\" must be an https URL (http only for loopback)")
+            throw .invalid("\"\(field)\" must be an https URL (http only for loopback)")
         }
         return url
     }

@@ -20,21 +20,21 @@ extension ExecSettings: ProviderSettings {
     static let renewal = Renewal.refreshes
 
     /// A non-empty argv without NUL whose first element is an absolute path to an executable file.
-    init(checking fields: ProviderFields) throws(BrokerError) {
+    init(checking fields: ProviderFields) throws(BrokerFailure) {
         guard let command = try fields.texts("command"), let path = command.first else {
-            throw BrokerError(.badRequest, "an exec provider needs \"command\", a non-empty array of strings")
+            throw .invalid("an exec provider needs \"command\", a non-empty array of strings")
         }
         guard !command.contains(where: { $0.utf8.contains(0) }) else {
-            throw BrokerError(.badRequest, "\"command\" arguments must not contain NUL characters")
+            throw .invalid("\"command\" arguments must not contain NUL characters")
         }
         guard path.hasPrefix("/") else {
-            throw BrokerError(.badRequest, "command[0] must be an absolute path (the command runs without a shell)")
+            throw .invalid("command[0] must be an absolute path (the command runs without a shell)")
         }
         var isDirectory = false
         guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), !isDirectory,
             FileManager.default.isExecutableFile(atPath: path)
         else {
-            throw BrokerError(.badRequest, "command[0] \(InputEcho.printable(path)) is not an executable file")
+            throw .invalid("command[0] \(InputEcho.printable(path)) is not an executable file")
         }
         self.command = command
     }

@@ -19,15 +19,15 @@ extension FileSettings: ProviderSettings {
     static let renewal = Renewal.watches(pollInterval: 2)
 
     /// An absolute path shorter than `PATH_MAX` bytes, without NUL, naming a file (not ending in `/`).
-    init(checking fields: ProviderFields) throws(BrokerError) {
+    init(checking fields: ProviderFields) throws(BrokerFailure) {
         guard let path = try fields.text("path"), !path.isEmpty else {
-            throw BrokerError(.badRequest, "a file provider needs \"path\", the token file")
+            throw .invalid("a file provider needs \"path\", the token file")
         }
         guard path.hasPrefix("/"), !path.hasSuffix("/") else {
-            throw BrokerError(.badRequest, "\"path\" must be the absolute path of a file")
+            throw .invalid("\"path\" must be the absolute path of a file")
         }
         guard !path.utf8.contains(0), path.utf8.count < Int(PATH_MAX) else {
-            throw BrokerError(.badRequest, "\"path\" must be shorter than \(PATH_MAX) bytes, without NUL")
+            throw .invalid("\"path\" must be shorter than \(PATH_MAX) bytes, without NUL")
         }
         self.path = path
     }

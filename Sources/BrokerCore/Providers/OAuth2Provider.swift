@@ -1,5 +1,4 @@
 import AsyncHTTPClient
-import BrokerProtocol
 import FoundationEssentials
 import NIOCore
 import NIOHTTP1
@@ -36,7 +35,7 @@ extension OAuth2Settings: ProviderSettings {
 
     /// A token endpoint, or an OIDC issuer to discover it from; a client id; client
     /// authentication that has the secret it needs.
-    init(checking fields: ProviderFields) throws(BrokerError) {
+    init(checking fields: ProviderFields) throws(BrokerFailure) {
         switch (try fields.text("token_endpoint"), try fields.text("issuer")) {
         case (let text?, nil):
             tokenEndpoint = try EndpointPolicy.checkedURL(text, field: "token_endpoint")
@@ -44,34 +43,33 @@ extension OAuth2Settings: ProviderSettings {
         case (nil, let text?):
             let url = try EndpointPolicy.checkedURL(text, field: "issuer")
             guard url.query == nil, url.fragment == nil else {
-                throw BrokerError(.badRequest, "\"issuer\" must not have a query or fragment (OIDC Discovery)")
+                throw .invalid("\"issuer\" must not have a query or fragment (OIDC Discovery)")
             }
             tokenEndpoint = nil
             issuer = url
         case (_?, _?):
-            throw BrokerError(.badRequest, "give an oauth2 provider \"token_endpoint\" or \"issuer\", not both")
+            throw .invalid("give an oauth2 provider \"token_endpoint\" or \"issuer\", not both")
         case (nil, nil):
-            throw BrokerError(.badRequest, "an oauth2 provider needs \"token_endpoint\" or \"issuer\"")
+            throw .invalid("an oauth2 provider needs \"token_endpoint\" or \"issuer\"")
         }
         guard let clientID = try fields.text("client_id"), !clientID.isEmpty else {
-            throw BrokerError(.badRequest, "an oauth2 provider needs \"client_id\"")
+            throw .invalid("an oauth2 provider needs \"client_id\"")
         }
         self.clientID = clientID
         let secret = try fields.text(ProviderField.clientSecret.name)
         if let name = try fields.text("client_auth") {
             guard let parsed = ClientAuth(rawValue: name) else {
-                throw BrokerError(
-                    .badRequest, "\"client_auth\" is one of client_secret_basic, client_secret_post, none")
+                throw .invalid("\"client_auth\" is one of client_secret_basic, client_secret_post, none")
             }
             clientAuth = parsed
         } else {
             clientAuth = secret == nil ? .none : .clientSecretBasic
         }
         if clientAuth != .none, secret == nil {
-            throw BrokerError(.badRequest, "client_auth \(clientAuth.rawValue) needs \"client_secret\"")
+            throw .invalid("client_auth \(clientAuth.rawValue) needs \"client_secret\"")
         }
         scope = try fields.text("scope")
-        revocationEndpoint = try fields.text("revocation_endpoint").map { text throws(BrokerError) in
+        revocationEndpoint = try fields.text("revocation_endpoint").map { text throws(BrokerFailure) in
             try EndpointPolicy.checkedURL(text, field: "revocation_endpoint")
         }
     }

@@ -84,3 +84,19 @@ extension ProviderConfig {
         settings.credentialURLs.compactMap { $0.flatMap(Origin.init) }
     }
 }
+
+extension ProviderConfig {
+    /// Checks a provider object (of `add`, or a config table) with its kind's rules; returns its
+    /// settings and the client secret it carried. Every field any kind knows is type-checked,
+    /// whatever the kind.
+    public static func checking(_ spec: ProviderSpec) throws(BrokerFailure) -> (ProviderConfig, clientSecret: String?) {
+        guard let kind = ProviderKinds.named(spec.kind) else {
+            throw .invalid("unknown provider kind \"\(InputEcho.printable(spec.kind))\"; use \(ProviderKinds.names)")
+        }
+        let fields = ProviderFields(spec: spec)
+        for field in ProviderKinds.fields { try fields.check(field) }
+        let settings = try kind.init(checking: fields)
+        let clientSecret = kind.fields.contains(.clientSecret) ? try fields.text(ProviderField.clientSecret.name) : nil
+        return (ProviderConfig(settings), clientSecret)
+    }
+}

@@ -6,23 +6,23 @@ struct ProviderFields {
     let spec: ProviderSpec
 
     /// A string field.
-    func text(_ name: String) throws(BrokerError) -> String? {
+    func text(_ name: String) throws(BrokerFailure) -> String? {
         guard let value = present(name) else { return nil }
-        guard let text = value.text else { throw BrokerError(.badRequest, "\"\(name)\" must be a string") }
+        guard let text = value.text else { throw .invalid("\"\(name)\" must be a string") }
         return text
     }
 
     /// An array-of-strings field.
-    func texts(_ name: String) throws(BrokerError) -> [String]? {
+    func texts(_ name: String) throws(BrokerFailure) -> [String]? {
         guard let value = present(name) else { return nil }
         guard let texts = value.texts else {
-            throw BrokerError(.badRequest, "\"\(name)\" must be an array of strings")
+            throw .invalid("\"\(name)\" must be an array of strings")
         }
         return texts
     }
 
     /// Checks that `field`, if given, has its declared type.
-    func check(_ field: ProviderField) throws(BrokerError) {
+    func check(_ field: ProviderField) throws(BrokerFailure) {
         switch field.type {
         case .text: _ = try text(field.name)
         case .texts: _ = try texts(field.name)

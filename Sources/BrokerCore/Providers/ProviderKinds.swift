@@ -1,5 +1,3 @@
-import BrokerProtocol
-
 /// Every provider kind the broker knows. Adding a kind is one file under `Providers/` with a
 /// `ProviderSettings` type, and one line here.
 enum ProviderKinds {

@@ -1,4 +1,3 @@
-import BrokerProtocol
 import FoundationEssentials
 import Logging
 
@@ -19,7 +18,7 @@ protocol ProviderSettings: Codable, Sendable, Equatable {
     static var renewal: Renewal { get }
 
     /// Checked settings from a `provider` object; a bad field is a `bad_request` naming it.
-    init(checking fields: ProviderFields) throws(BrokerError)
+    init(checking fields: ProviderFields) throws(BrokerFailure)
 
     /// The provider of one account with these settings.
     func makeProvider(_ context: ProviderContext) -> any TokenProvider

@@ -1,4 +1,3 @@
-import BrokerProtocol
 import FoundationEssentials
 import NIOHTTP1
 
@@ -21,13 +20,13 @@ extension RefreshURLSettings: ProviderSettings {
     static let renewal = Renewal.refreshes
 
     /// `GET` (the default) or `POST`, in any case.
-    init(checking fields: ProviderFields) throws(BrokerError) {
+    init(checking fields: ProviderFields) throws(BrokerFailure) {
         guard let name = try fields.text("method") else {
             method = .get
             return
         }
         guard let parsed = Method(rawValue: name.uppercased()) else {
-            throw BrokerError(.badRequest, "\"method\" of a refresh_url provider is GET or POST")
+            throw .invalid("\"method\" of a refresh_url provider is GET or POST")
         }
         method = parsed
     }

@@ -16,15 +16,14 @@ extension SlidingSettings: ProviderSettings {
     static let renewal = Renewal.refreshes
 
     /// An endpoint the broker will call, and an IANA zone (`UTC` by default).
-    init(checking fields: ProviderFields) throws(BrokerError) {
+    init(checking fields: ProviderFields) throws(BrokerFailure) {
         guard let endpoint = try fields.text("endpoint") else {
-            throw BrokerError(.badRequest, "a sliding provider needs \"endpoint\"")
+            throw .invalid("a sliding provider needs \"endpoint\"")
         }
         self.endpoint = try EndpointPolicy.checkedURL(endpoint, field: "endpoint")
         let zone = try fields.text("timezone") ?? "UTC"
         guard !zone.isEmpty, IANATimeZone(identifier: zone) != nil else {
-            throw BrokerError(
-                .badRequest,
+            throw .invalid(
                 "\"timezone\" must be an IANA time zone name such as UTC or Europe/Berlin, not "
                     + "\"\(InputEcho.printable(zone))\"")
         }

@@ -1,4 +1,3 @@
-import BrokerProtocol
 import FoundationEssentials
 
 /// Settings of a `static` account: there are none.

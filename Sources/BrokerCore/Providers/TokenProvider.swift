@@ -73,7 +73,10 @@ extension AccessToken {
     /// The first field that is not header-safe: the token, its type and the ID token are visible
     /// ASCII without spaces (RFC 6750 section 2.1 is stricter still); a scope is printable ASCII
     /// without `"` or `\` (RFC 6749 section 3.3).
-    var unsafeField: String? {
+    var unsafeField: String? { Self.unsafeField(value: value, type: type, idToken: idToken, scope: scope) }
+
+    /// `unsafeField` of a token with these fields.
+    static func unsafeField(value: String, type: String, idToken: String?, scope: String?) -> String? {
         let visible: (String) -> Bool = { !$0.isEmpty && $0.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F } }
         if !visible(value) { return "access_token" }
         if !visible(type) { return "token_type" }

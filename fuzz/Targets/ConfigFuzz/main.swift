@@ -17,7 +17,7 @@ let vault = try! Vault(
 func fuzzOne(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
     let text = String(decoding: UnsafeBufferPointer(start: start, count: count), as: UTF8.self)
     guard let configuration = try? ConfigFile.parse(text, path: "fuzz.toml") else { return 0 }
-    for spec in configuration.accounts.values { _ = try? AccountSpec.provider(spec) }
+    for spec in configuration.accounts.values { _ = try? ProviderConfig.checking(spec) }
     let http = IdPClient(settings: configuration.settings)
     _ = try? Broker(vault: vault, settings: configuration.settings, http: http, logger: logger)
     let closed = DispatchSemaphore(value: 0)

@@ -1,0 +1,33 @@
+import BrokerProtocol
+import FoundationEssentials
+
+/// One account as it stands: its state and schedule, never a secret or a token.
+public struct AccountSnapshot: Sendable, Equatable {
+    public var name: AccountName
+    /// The provider kind (`oauth2`, `static`, ...).
+    public var kind: String
+    public var state: AccountState
+    public var expiresAt: Date?
+    public var refreshExpiresAt: Date?
+    public var nextRefreshAt: Date?
+    public var lastRefreshAt: Date?
+    /// What the last failed refresh met, cleared by a success or new tokens.
+    public var lastError: AccountError?
+}
+
+/// The state of an account.
+public enum AccountState: String, Sendable {
+    case valid, refreshing, stale, unavailable
+    case needsLogin = "needs_login"
+    case loggedOut = "logged_out"
+}
+
+/// What `logout` did with the account's credential; the account is logged out in every case.
+public enum LogoutOutcome: Sendable, Equatable {
+    /// The IdP confirmed the revocation.
+    case revoked
+    /// Discarded without revocation: the provider has none, or the logout was forced.
+    case discarded
+    /// The account was already logged out; nothing changed.
+    case alreadyLoggedOut
+}

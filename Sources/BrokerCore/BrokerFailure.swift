@@ -1,0 +1,55 @@
+import FoundationEssentials
+
+/// Why the broker refused or could not complete an operation: facts about the accounts, the
+/// IdP and the vault. Turning them into protocol errors, with advice on what to do next, is
+/// the server's job.
+public enum BrokerFailure: Error, Sendable, Equatable {
+    /// A value from outside breaks a rule; `reason` says which, for people.
+    case invalid(String)
+    /// No account has this name.
+    case noSuchAccount(AccountName)
+    /// `add` names an account that exists.
+    case accountExists(AccountName)
+    /// `setTokens` was given no access token, refresh token or refresh URL.
+    case nothingToPush
+    /// The account was logged out; only new tokens bring it back.
+    case loggedOut(AccountName)
+    /// The IdP refused the account's credential; only new tokens bring it back.
+    case denied(AccountName)
+    /// A logout of the account is under way.
+    case loggingOut(AccountName)
+    /// A refresh was asked of an account whose tokens only a person supplies (kind `kind`).
+    case neverRefreshes(AccountName, kind: String)
+    /// A token was asked of such an account, and it holds none valid long enough.
+    case noTokenLongEnough(AccountName, kind: String)
+    /// The IdP or helper is failing; `reason` is what it last said (already cleaned).
+    case refreshFailing(reason: String, retryAfter: TimeInterval)
+    /// The account cannot start a refresh at this instant (another transition holds it).
+    case refreshNotStarted(AccountName)
+    /// New tokens, a removal or a logout overtook the refresh the caller waited for.
+    case changedDuringRefresh(AccountName)
+    /// After a refresh, the token still falls short of `minTTL` (issued by the IdP, or held by
+    /// the source of a kind that watches one).
+    case tokenTooShort(heldBy: TokenSource, minTTL: TimeInterval)
+    /// The IdP grants tokens of `lifetime`, shorter than `minTTL`: refreshing cannot help.
+    case lifetimeTooShort(lifetime: TimeInterval, minTTL: TimeInterval)
+    /// `logout` could not revoke the credential and discarded nothing. `retryAfter` is set when
+    /// the failure may pass, `nil` when the account's settings are at fault.
+    case revocationFailed(AccountName, reason: String, retryAfter: TimeInterval?)
+    /// The vault could not be written; the log has the details.
+    case vaultNotSaved
+    /// The config file could not be read or parsed; nothing changed.
+    case configUnreadable(reason: String)
+    /// The config file's table for `account` cannot be applied; nothing changed.
+    indirect case configNotApplied(account: String, because: BrokerFailure)
+    /// The config would move a credential the account holds elsewhere (`move` says how).
+    case credentialWouldMove(AccountName, move: String)
+
+    /// Where a token that fell short came from.
+    public enum TokenSource: Sendable, Equatable {
+        /// An IdP or helper issued it to the broker.
+        case issued
+        /// The source of a kind that watches one (named `kind`) holds it.
+        case watched(kind: String)
+    }
+}

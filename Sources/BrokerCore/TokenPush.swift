@@ -1,0 +1,63 @@
+import FoundationEssentials
+
+/// Tokens a person pushes into an account (`add`, `setTokens`), checked where they came in.
+public struct TokenPush: Sendable, Equatable {
+    /// When a pushed token expires.
+    public enum Expiry: Sendable, Equatable {
+        /// At this instant.
+        case at(Date)
+        /// This many seconds after the broker receives it (negative: already expired).
+        case after(TimeInterval)
+    }
+
+    /// A pushed access token whose fields can go into HTTP headers.
+    public struct Access: Sendable, Equatable {
+        public let value: String
+        public let type: String
+        /// `nil`: the broker's default lifetime.
+        public let expiry: Expiry?
+        public let idToken: String?
+        public let scope: String?
+
+        /// Refuses an empty token and fields that could not go into an HTTP header
+        /// (`Authorization: <type> <token>`). The type is `Bearer` unless given.
+        public init(value: String, type: String?, expiry: Expiry?, idToken: String?, scope: String?)
+            throws(BrokerFailure)
+        {
+            guard !value.isEmpty else { throw .invalid("\"access_token\" is empty") }
+            let type = type ?? "Bearer"
+            if let field = AccessToken.unsafeField(value: value, type: type, idToken: idToken, scope: scope) {
+                throw .invalid("\"\(field)\" must be printable ASCII (it goes into HTTP headers)")
+            }
+            (self.value, self.type, self.expiry, self.idToken, self.scope) = (value, type, expiry, idToken, scope)
+        }
+    }
+
+    public var access: Access?
+    public var refreshToken: String?
+    /// `nil`: the refresh token's expiry is not known.
+    public var refreshExpiry: Expiry?
+    public var refreshURL: String?
+
+    public init(
+        access: Access? = nil, refreshToken: String? = nil, refreshExpiry: Expiry? = nil, refreshURL: String? = nil
+    ) {
+        self.access = access
+        self.refreshToken = refreshToken
+        self.refreshExpiry = refreshExpiry
+        self.refreshURL = refreshURL
+    }
+
+    /// Whether it carries nothing that could serve or obtain a token.
+    var isEmpty: Bool { access == nil && refreshToken == nil && refreshURL == nil }
+}
+
+extension TokenPush.Expiry {
+    /// The instant it names, for a token received at `now`.
+    func date(receivedAt now: Date) -> Date {
+        switch self {
+        case .at(let date): return date
+        case .after(let seconds): return now.addingTimeInterval(seconds)
+        }
+    }
+}
