@@ -4,26 +4,101 @@ import Foundation
 import TestSupport
 import Testing
 
-#if canImport(Glibc)
-import Glibc
-#endif
-
-/// `BrokerClient`, the pipelined client, against a scripted stand-in broker.
+/// Both clients against a scripted stand-in broker: `BrokerClient`, pipelined on one shared
+/// connection, and `BlockingBrokerClient`, one request per connection on the calling thread.
 @Suite struct BrokerClientTests {
+    /// The two clients, for what holds for both.
+    enum Client: CaseIterable, Sendable {
+        case pipelined, blocking
+
+        /// Asks `broker` for a token of `account` with this client, on a connection of its own.
+        func token(_ account: String, from broker: FakeBroker) async throws -> TokenResult {
+            switch self {
+            case .pipelined:
+                let client = try BrokerClient(socketPath: broker.socketPath)
+                defer { client.close() }
+                return try await client.token(account: account)
+            case .blocking:
+                let client = BlockingBrokerClient(socketPath: broker.socketPath, timeout: .seconds(10))
+                return try client.perform(.token(account: account))
+            }
+        }
+    }
+
+    // MARK: Both clients
+
+    @Test(arguments: Client.allCases)
+    func linesForOtherIDsAreSkippedAndAnAnswerInPiecesIsReadWhole(client: Client) async throws {
+        let broker = try FakeBroker()
+        let serving = broker.serve { peer in
+            let request = try peer.request()
+            peer.write(Peer.answer(.integer(999), result: Peer.token(account: "a", accessToken: "at-stray")))
+            peer.write(Peer.answer(.string("1"), result: Peer.token(account: "a", accessToken: "at-string-id")))
+            peer.write(#"{"id":null,"ok":true,"event":"refreshed","account":"a"}"# + "\n")
+            let answer = Peer.answer(request.id, result: Peer.token(account: "a", accessToken: "at-right"))
+            for piece in [answer.prefix(5), answer.dropFirst(5).prefix(20), answer.dropFirst(25)] {
+                peer.write(String(piece))
+                usleep(20_000)
+            }
+        }
+        #expect(try await client.token("a", from: broker).accessToken == "at-right")
+        try await serving.value
+    }
+
+    @Test(arguments: Client.allCases)
+    func aFailureAnswerIsThrownAsItsBrokerError(client: Client) async throws {
+        let broker = try FakeBroker()
+        let serving = broker.serve { peer in
+            let request = try peer.request()
+            peer.write(Peer.failure(request.id, code: "needs_login", message: "log in again", retryAfterMs: 250))
+        }
+        let error = await #expect(throws: BrokerError.self) { try await client.token("a", from: broker) }
+        #expect(error?.code == .needsLogin)
+        #expect(error?.message == "log in again")
+        #expect(error?.retryAfterMs == 250)
+        try await serving.value
+    }
+
+    @Test(arguments: Client.allCases)
+    func aConnectionClosedMidAnswerIsAConnectionError(client: Client) async throws {
+        let broker = try FakeBroker()
+        let serving = broker.serve { peer in
+            let request = try peer.request()
+            let answer = Peer.answer(request.id, result: Peer.token(account: "a", accessToken: "at-cut"))
+            peer.write(String(answer.prefix(answer.count / 2)))
+            peer.hangUp()
+        }
+        let error = await #expect(throws: ConnectionError.self) { try await client.token("a", from: broker) }
+        #expect(error?.description.contains("closed the connection") == true, "\(String(describing: error))")
+        try await serving.value
+    }
+
+    @Test(arguments: Client.allCases)
+    func anAnswerLongerThanTheLimitIsRefused(client: Client) async throws {
+        let broker = try FakeBroker()
+        let serving = broker.serve { peer in
+            _ = try peer.request()
+            // 16 MiB and a little more, with no newline; the write ends when the client hangs up.
+            peer.write(String(repeating: "a", count: (16 << 20) + 65536))
+        }
+        let error = await #expect(throws: ConnectionError.self) { try await client.token("a", from: broker) }
+        #expect(error?.description.contains("longer than 16 MiB") == true, "\(String(describing: error))")
+        try await serving.value
+    }
+
+    // MARK: The pipelined client
+
     @Test func requestsInFlightTogetherAreMatchedToTheirAnswersByID() async throws {
         let broker = try FakeBroker()
         let serving = broker.serve { peer in
             // All three arrive before any is answered: they are in flight together.
             let requests = try (0..<3).map { _ in try peer.request() }
-            // Answered last first, two of them in one write, the third in pieces.
+            // Answered last first, two of them in one write.
             let answers = requests.reversed().map {
                 Peer.answer($0.id, result: Peer.token(account: $0.account, accessToken: "at-\($0.account ?? "")"))
             }
             peer.write(answers[0] + answers[1])
-            let last = answers[2]
-            peer.write(String(last.prefix(10)))
-            usleep(50_000)
-            peer.write(String(last.dropFirst(10)))
+            peer.write(answers[2])
             return Set(requests.compactMap(\.id)).count
         }
         let client = try BrokerClient(socketPath: broker.socketPath)
@@ -34,20 +109,6 @@ import Glibc
         let tokens = try await [a, b, c].map(\.accessToken)
         #expect(tokens == ["at-a", "at-b", "at-c"])
         #expect(try await serving.value == 3, "each request carried an id of its own")
-    }
-
-    @Test func answersToIDsNotAskedForAreIgnored() async throws {
-        let broker = try FakeBroker()
-        let serving = broker.serve { peer in
-            let request = try peer.request()
-            peer.write(Peer.answer(.integer(999), result: Peer.token(account: "a", accessToken: "at-stray")))
-            peer.write(Peer.answer(.string("1"), result: Peer.token(account: "a", accessToken: "at-string-id")))
-            peer.write(Peer.answer(request.id, result: Peer.token(account: "a", accessToken: "at-right")))
-        }
-        let client = try BrokerClient(socketPath: broker.socketPath)
-        defer { client.close() }
-        #expect(try await client.token(account: "a").accessToken == "at-right")
-        try await serving.value
     }
 
     /// The connection breaks halfway through an answer: every call in flight fails with a
@@ -79,23 +140,9 @@ import Glibc
         try await again.value
     }
 
-    @Test func anAnswerLongerThanTheLimitFailsTheConnection() async throws {
-        let broker = try FakeBroker()
-        let serving = broker.serve { peer in
-            _ = try peer.request()
-            // 16 MiB and a little more, with no newline; the write ends when the client hangs up.
-            peer.write(String(repeating: "a", count: (16 << 20) + 65536))
-        }
-        let client = try BrokerClient(socketPath: broker.socketPath)
-        defer { client.close() }
-        let error = await #expect(throws: ConnectionError.self) { try await client.token(account: "a") }
-        #expect(error?.description.contains("longer than 16 MiB") == true, "\(String(describing: error))")
-        try await serving.value
-    }
-
     /// Every code of the contract arrives as a `BrokerError` with that code, its message and its
     /// retry hint; a code from a newer broker becomes `internal`.
-    @Test func aFailureAnswerIsThrownAsABrokerErrorWithItsCode() async throws {
+    @Test func everyErrorCodeIsThrownAsABrokerErrorWithThatCode() async throws {
         let codes = BrokerError.Code.all.map(\.rawValue) + ["a_code_from_the_future"]
         let broker = try FakeBroker()
         let serving = broker.serve { peer in
@@ -108,7 +155,6 @@ import Glibc
         defer { client.close() }
         for code in codes {
             let error = await #expect(throws: BrokerError.self) { try await client.token(account: "a") }
-            #expect(error?.code == BrokerError.Code(wire: code))
             #expect(error?.code.rawValue == (code == codes.last ? "internal" : code))
             #expect(error?.message == "said \(code)")
             #expect(error?.retryAfterMs == 1500)
@@ -132,71 +178,12 @@ import Glibc
         #expect(errors.map { ($0 as? BrokerError)?.code } == [.forbidden, .forbidden], "\(errors)")
         try await serving.value
     }
-}
 
-/// `BlockingBrokerClient`, one request per connection on the calling thread, against a
-/// scripted stand-in broker.
-@Suite struct BlockingBrokerClientTests {
-    @Test func linesForOtherIDsAreSkippedAndAnAnswerInPiecesIsReadWhole() async throws {
-        let broker = try FakeBroker()
-        let serving = broker.serve { peer in
-            let request = try peer.request()
-            peer.write(Peer.answer(.integer(77), result: Peer.token(account: "a", accessToken: "at-stray")))
-            peer.write(#"{"id":null,"ok":true,"event":"refreshed","account":"a"}"# + "\n")
-            let answer = Peer.answer(request.id, result: Peer.token(account: "a", accessToken: "at-right"))
-            for piece in [answer.prefix(5), answer.dropFirst(5).prefix(20), answer.dropFirst(25)] {
-                peer.write(String(piece))
-                usleep(20_000)
-            }
-        }
-        let client = BlockingBrokerClient(socketPath: broker.socketPath, timeout: .seconds(10))
-        #expect(try client.perform(.token(account: "a")).accessToken == "at-right")
-        try await serving.value
-    }
-
-    @Test func aFailureAnswerIsThrownAsItsBrokerError() async throws {
-        let broker = try FakeBroker()
-        let serving = broker.serve { peer in
-            let request = try peer.request()
-            peer.write(Peer.failure(request.id, code: "needs_login", message: "log in again", retryAfterMs: 250))
-        }
-        let client = BlockingBrokerClient(socketPath: broker.socketPath, timeout: .seconds(10))
-        let error = #expect(throws: BrokerError.self) { try client.perform(.token(account: "a")) }
-        #expect(error?.code == .needsLogin)
-        #expect(error?.message == "log in again")
-        #expect(error?.retryAfterMs == 250)
-        try await serving.value
-    }
-
-    @Test func aConnectionClosedMidAnswerIsAConnectionError() async throws {
-        let broker = try FakeBroker()
-        let serving = broker.serve { peer in
-            let request = try peer.request()
-            let answer = Peer.answer(request.id, result: Peer.token(account: "a", accessToken: "at-cut"))
-            peer.write(String(answer.prefix(answer.count / 2)))
-            peer.hangUp()
-        }
-        let client = BlockingBrokerClient(socketPath: broker.socketPath, timeout: .seconds(10))
-        let error = #expect(throws: ConnectionError.self) { try client.perform(.token(account: "a")) }
-        #expect(error?.description.contains("closed the connection") == true, "\(String(describing: error))")
-        try await serving.value
-    }
-
-    @Test func anAnswerLongerThanTheLimitIsRefused() async throws {
-        let broker = try FakeBroker()
-        let serving = broker.serve { peer in
-            _ = try peer.request()
-            peer.write(String(repeating: "a", count: (16 << 20) + 65536))
-        }
-        let client = BlockingBrokerClient(socketPath: broker.socketPath, timeout: .seconds(10))
-        let error = #expect(throws: ConnectionError.self) { try client.perform(.token(account: "a")) }
-        #expect(error?.description.contains("longer than 16 MiB") == true, "\(String(describing: error))")
-        try await serving.value
-    }
+    // MARK: The blocking client
 
     /// brokerctl asks with the blocking client: while it waits for its one answer, it runs on
     /// its main thread alone.
-    @Test func aSingleRequestStartsNoThread() async throws {
+    @Test func aSingleBlockingRequestStartsNoThread() async throws {
         let broker = try FakeBroker()
         let serving = broker.serve { peer in
             let request = try peer.request()
