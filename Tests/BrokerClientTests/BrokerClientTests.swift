@@ -181,6 +181,14 @@ import Testing
 
     // MARK: The blocking client
 
+    @Test func aBrokerThatDoesNotAnswerTimesOut() throws {
+        // A socket that accepts connections (the kernel queues them) and never reads or answers.
+        let broker = try FakeBroker()
+        let client = BlockingBrokerClient(socketPath: broker.socketPath, timeout: .milliseconds(300))
+        let error = #expect(throws: ConnectionError.self) { try client.perform(.token(account: "any")) }
+        #expect(error?.description.contains("did not answer in time") == true, "\(String(describing: error))")
+    }
+
     /// brokerctl asks with the blocking client: while it waits for its one answer, it runs on
     /// its main thread alone.
     @Test func aSingleBlockingRequestStartsNoThread() async throws {

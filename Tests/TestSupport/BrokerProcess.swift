@@ -90,9 +90,6 @@ public final class BrokerProcess: @unchecked Sendable {
         return process.wait()
     }
 
-    /// The running brokerd's process id.
-    public var pid: pid_t? { process?.pid }
-
     /// The running brokerd's resident memory in KiB (`VmRSS` in /proc/PID/status).
     public func residentKiB() throws -> Int {
         guard let process else { throw HarnessError("brokerd is not running") }
