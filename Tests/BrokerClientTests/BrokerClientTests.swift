@@ -19,7 +19,7 @@ import Testing
                 defer { client.close() }
                 return try await client.token(account: account)
             case .blocking:
-                let client = BlockingBrokerClient(socketPath: broker.socketPath, timeout: .seconds(10))
+                let client = BlockingBrokerClient(socketPath: broker.socketPath, timeout: .seconds(60))
                 return try client.perform(.token(account: account))
             }
         }

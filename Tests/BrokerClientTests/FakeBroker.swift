@@ -1,5 +1,6 @@
 import BrokerProtocol
 import Foundation
+import Synchronization
 import TestSupport
 
 #if canImport(Glibc)
@@ -7,48 +8,89 @@ import Glibc
 #endif
 
 /// A stand-in for brokerd: a Unix socket in a temporary directory whose connections are served
-/// by the test's script on a thread of its own, so that the test decides what is answered, in
-/// which order and in how many pieces, and when the connection ends.
+/// by the test's scripts on a thread of its own, so that the test decides what is answered, in
+/// which order and in how many pieces, and when the connection ends. Until the first `serve`
+/// nothing accepts (the kernel queues connections: a broker that never answers).
 final class FakeBroker: Sendable {
     let socketPath: String
     private let directory: TemporaryDirectory
-    private let listener: Int32
+    private let acceptor: Acceptor
 
     init() throws {
         directory = try TemporaryDirectory()
         socketPath = directory.file("broker.sock")
-        listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        let listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
         let bound = UnixSocketAddress.withAddress(socketPath) { bind(listener, $0, $1) }
+        acceptor = Acceptor(listener: listener)
         guard bound == 0, listen(listener, 8) == 0 else { throw HarnessError("cannot listen on \(socketPath)") }
     }
 
     deinit {
-        close(listener)
+        acceptor.stop()
         directory.remove()
     }
 
-    /// Accepts the next connection (within 10 seconds) and runs `script` on it, on a thread of
-    /// its own started at once (a test that blocks in the blocking client holds no task the
-    /// script needs); the task ends with what the script returned or threw. The connection is
-    /// closed when the script ends.
+    /// Runs `script` on the next connection; the task ends with what the script returned or
+    /// threw. Scripts take connections in the order they were given, one at a time; a
+    /// connection no script waits for is closed at once, so that no client waits for ever.
     func serve<Result: Sendable>(_ script: @escaping @Sendable (Peer) throws -> Result) -> Task<Result, any Error> {
         let (outcome, delivery) = AsyncStream<Swift.Result<Result, any Error>>.makeStream()
-        Thread {
-            delivery.yield(Swift.Result { try script(Peer(self.accept())) })
+        acceptor.enqueue { connection in
+            delivery.yield(
+                Swift.Result {
+                    guard let connection else { throw HarnessError("no client connected") }
+                    return try script(Peer(connection))
+                })
             delivery.finish()
-        }.start()
+        }
         return Task {
             for await result in outcome { return try result.get() }
             throw HarnessError("the script ended without an outcome")
         }
     }
+}
 
-    private func accept() throws -> RawConnection {
-        var ready = pollfd(fd: listener, events: Int16(POLLIN), revents: 0)
-        guard poll(&ready, 1, 10_000) == 1 else { throw HarnessError("no client connected") }
-        let descriptor = Glibc.accept(listener, nil, nil)
-        guard descriptor >= 0 else { throw HarnessError("accept failed: errno \(errno)") }
-        return RawConnection(accepted: descriptor)
+/// Accepts connections on a thread of its own (started by the first script) and hands each to
+/// the next script waiting; the connection closes when its script ends.
+private final class Acceptor: Sendable {
+    typealias Script = @Sendable (RawConnection?) -> Void
+
+    private let listener: Int32
+    private let state = Mutex<(scripts: [Script], started: Bool, stopped: Bool)>(([], false, false))
+
+    init(listener: Int32) { self.listener = listener }
+
+    func enqueue(_ script: @escaping Script) {
+        let start = state.withLock { state in
+            state.scripts.append(script)
+            defer { state.started = true }
+            return !state.started
+        }
+        if start { Thread { self.run() }.start() }
+    }
+
+    /// Ends the thread (scripts still waiting get no connection), which closes the listener.
+    func stop() {
+        let running = state.withLock { state in
+            state.stopped = true
+            return state.started
+        }
+        if !running { close(listener) }
+    }
+
+    private func run() {
+        while !state.withLock({ $0.stopped }) {
+            var ready = pollfd(fd: listener, events: Int16(POLLIN), revents: 0)
+            guard poll(&ready, 1, 100) == 1 else { continue }
+            let descriptor = accept(listener, nil, nil)
+            guard descriptor >= 0 else { continue }
+            // Reads wait a minute: on a busy machine the client may be slow to ask.
+            let connection = RawConnection(accepted: descriptor, readTimeout: 60)
+            let script = state.withLock { $0.scripts.isEmpty ? nil : $0.scripts.removeFirst() }
+            script?(connection)
+        }
+        for script in state.withLock({ $0.scripts }) { script(nil) }
+        close(listener)
     }
 }
 
@@ -58,7 +100,7 @@ struct Peer {
 
     init(_ connection: RawConnection) { self.connection = connection }
 
-    /// The next request line, decoded; throws when the client closed or said nothing for 10 s.
+    /// The next request line, decoded; throws when the client closed or said nothing for a minute.
     func request() throws -> Request {
         guard let line = connection.readLine() else { throw HarnessError("no request arrived") }
         return try Wire.makeDecoder().decode(Request.self, from: Data(line))

@@ -104,7 +104,6 @@ import Testing
     }
 
     @Test func pushedNumbersOutOfRangeAreRefusedAndHugeOnesCut() async throws {
-        let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: "{}"))
         try await withBroker { broker, clock, _, _ in
             for bad in [-Double.infinity, .infinity, .nan] {
                 let error = await #expect(throws: BrokerError.self) {
@@ -126,7 +125,6 @@ import Testing
             let token = try await broker.token(account: "s", minTTL: 1e8)
             #expect(token.result.expiresAt == clock.now().addingTimeInterval(Bounds.maximumLifetime))
         }
-        await idp.shutdown()
     }
 
     /// A vault written before numbers were checked (dates near the limits of `Double`) still
@@ -324,7 +322,6 @@ import Testing
         printf '{"access_token":"exec-issued-secret-91","expires_in":60}'
         """.write(toFile: script, atomically: true, encoding: .utf8)
         chmod(script, 0o755)
-        let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: "{}"))
         try await withBroker { broker, _, logs, _ in
             var spec = ProviderSpec(kind: "exec")
             spec["command"] = [.string(script)]
@@ -335,6 +332,5 @@ import Testing
             #expect(!logs.all.joined().contains("exec-issued-secret-91"))
             #expect(!line.unicodeScalars.contains { $0.value < 0x20 || $0.value == 0x1B })
         }
-        await idp.shutdown()
     }
 }

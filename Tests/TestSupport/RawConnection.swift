@@ -28,10 +28,11 @@ public final class RawConnection {
         }
     }
 
-    /// The server end of a connection accepted on a test's own listener (a stand-in broker).
-    public init(accepted descriptor: Int32) {
+    /// The server end of a connection accepted on a test's own listener (a stand-in broker),
+    /// whose reads wait `readTimeout` seconds at most.
+    public init(accepted descriptor: Int32, readTimeout: Int = 10) {
         self.descriptor = descriptor
-        Self.limitReads(descriptor)
+        Self.limitReads(descriptor, seconds: readTimeout)
     }
 
     private static func connect(_ path: String) throws -> Int32 {
@@ -42,9 +43,9 @@ public final class RawConnection {
         return descriptor
     }
 
-    /// A read waits 10 seconds at most, so that a test never hangs on a silent peer.
-    private static func limitReads(_ descriptor: Int32) {
-        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+    /// A read waits `seconds` at most, so that a test never hangs on a silent peer.
+    private static func limitReads(_ descriptor: Int32, seconds: Int = 10) {
+        var timeout = timeval(tv_sec: seconds, tv_usec: 0)
         setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
     }
 
