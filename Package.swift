@@ -151,6 +151,10 @@ let package = Package(
             swiftSettings: upcoming
         ),
         .testTarget(name: "BrokerSystemdTests", dependencies: ["BrokerSystemd"], swiftSettings: upcoming),
+        // Both clients against a scripted stand-in broker on a Unix socket.
+        .testTarget(
+            name: "BrokerClientTests", dependencies: ["BrokerClient", "BrokerProtocol", "TestSupport"],
+            swiftSettings: upcoming),
         // Runs the brokerd and brokerctl binaries that `swift build` leaves beside it; it does not
         // depend on their targets, which would link their static runtime into the test bundle.
         .testTarget(

@@ -1,7 +1,6 @@
 import BrokerProtocol
 import BrokerServer
 import FoundationEssentials
-import Logging
 import TestSupport
 import Testing
 
@@ -47,14 +46,7 @@ import Testing
             _ = try await h.broker.add(account: "api", provider: h.provider, tokens: TokenSet(refreshToken: "rt-0"))
             let first = try await h.broker.token(account: "api", minTTL: 30)
 
-            let copy = h.directory.file("restart/vault")
-            try FileManager.default.createDirectory(
-                atPath: h.directory.file("restart"), withIntermediateDirectories: true)
-            try copyVault(from: h.vaultPath, to: copy)
-            let restarted = try Broker(
-                vault: Vault(path: copy, key: VaultKey.load(path: h.keyPath, create: false)),
-                settings: BrokerSettings(),
-                http: h.http, clock: h.clock, logger: h.logs.logger())
+            let restarted = try h.restart()
             let served = try await restarted.token(account: "api", minTTL: 30)
             #expect(served.result.accessToken == first.result.accessToken)
             #expect(h.idp.callCount == 1)

@@ -1,7 +1,6 @@
 import BrokerProtocol
 import BrokerServer
 import FoundationEssentials
-import Logging
 import NIOCore
 import NIOPosix
 import TestSupport
@@ -26,29 +25,31 @@ import Testing
         case none, configured, discovered
     }
 
-    /// A broker on a test clock with one account, `api`, whose token is valid for an hour:
-    /// `oauth2` against `idp` by default, or `sliding` against `slidingIdP`.
+    /// The in-process harness's broker, on its test clock, with one account, `api`, whose token
+    /// is valid for an hour: `oauth2` against the harness's IdP by default, or `sliding` against
+    /// `slidingIdP`.
     struct Rig {
-        let directory: TemporaryDirectory
-        let clock = TestClock()
-        let idp: OAuth2TestIdP
+        let harness: BrokerHarness
         let slidingIdP: SlidingTestIdP?
-        let http: IdPClient
-        let broker: Broker
         let events: EventHub.Events
+
+        var idp: OAuth2TestIdP { harness.idp }
+        var clock: TestClock { harness.clock }
+        var broker: Broker { harness.broker }
 
         init(
             settings: BrokerSettings, endpoint: String? = nil, sliding: Bool = false,
             revocation: RevocationSource = .none
         ) async throws {
-            directory = try TemporaryDirectory()
-            idp = try await OAuth2TestIdP(initialRefreshToken: "rt-0")
-            slidingIdP = sliding ? try await SlidingTestIdP(initialRefreshToken: "rt-0") : nil
-            http = IdPClient(settings: settings)
-            let vault = try Vault(
-                path: directory.file("vault"), key: VaultKey.load(path: directory.file("key"), create: true))
-            broker = try Broker(vault: vault, settings: settings, http: http, clock: clock, logger: Logger(label: "t"))
-            events = broker.events.subscribe(accounts: nil)
+            harness = try await BrokerHarness.start(settings: settings)
+            do {
+                slidingIdP = sliding ? try await SlidingTestIdP(initialRefreshToken: "rt-0") : nil
+            } catch {
+                await harness.stop()
+                throw error
+            }
+            events = harness.broker.events.subscribe(accounts: nil)
+            let idp = harness.idp
             var provider = ProviderSpec(
                 kind: "oauth2",
                 ["token_endpoint": .string(endpoint ?? idp.tokenEndpoint), "client_id": .string(idp.clientID)])
@@ -61,9 +62,14 @@ import Testing
                 provider = ProviderSpec(kind: "sliding")
                 provider["endpoint"] = .string(slidingIdP.endpoint)
             }
-            _ = try await broker.add(
-                account: "api", provider: provider,
-                tokens: TokenSet(accessToken: "at-old", expiresIn: 3600, refreshToken: "rt-0"))
+            do {
+                _ = try await harness.broker.add(
+                    account: "api", provider: provider,
+                    tokens: TokenSet(accessToken: "at-old", expiresIn: 3600, refreshToken: "rt-0"))
+            } catch {
+                await shutdown()
+                throw error
+            }
         }
 
         /// Calls the account's IdP received.
@@ -88,10 +94,8 @@ import Testing
         func state() async throws -> String { try await broker.status(account: "api")[0].state }
 
         func shutdown() async {
-            await http.shutdown()
-            await idp.shutdown()
+            await harness.stop()
             await slidingIdP?.shutdown()
-            directory.remove()
         }
     }
 

@@ -2,40 +2,10 @@ import BrokerProtocol
 import BrokerServer
 import Foundation
 import NIOHTTP1
-import Synchronization
 import TestSupport
 import Testing
 
 @testable import BrokerCore
-
-/// An IdP on 127.0.0.1 that answers whatever the test tells it to, and counts its calls.
-final class ScriptedIdP: Sendable {
-    private final class Script: Sendable {
-        let answer: Mutex<TestHTTPResponse>
-        let calls = Mutex(0)
-        init(_ answer: TestHTTPResponse) { self.answer = Mutex(answer) }
-    }
-
-    private let script: Script
-    private let server: TestHTTPServer
-
-    init(_ response: TestHTTPResponse) async throws {
-        let script = Script(response)
-        self.script = script
-        server = try await TestHTTPServer { _ in
-            script.calls.withLock { $0 += 1 }
-            return script.answer.withLock { $0 }
-        }
-    }
-
-    var url: String { server.baseURL + "/token" }
-    var baseURL: String { server.baseURL }
-    var callCount: Int { script.calls.withLock { $0 } }
-
-    func answer(_ response: TestHTTPResponse) { script.answer.withLock { $0 = response } }
-
-    func shutdown() async { await server.shutdown() }
-}
 
 /// A broker on a real vault whose IdP answers with hostile numbers and texts: nothing traps,
 /// the vault stays loadable, and nothing secret is reflected (issue 8, classes 1, 4 and 7).
@@ -43,28 +13,13 @@ final class ScriptedIdP: Sendable {
     static let refreshToken = "rt-hostile-6a0f1c2e-5d9b-4b1e-9a51-0c1d2e3f4a5b"
     static let clientSecret = "cs-hostile-secret-77f1"
 
-    /// Runs `body` with a broker whose `api` account refreshes at `idp`.
+    /// Runs `body` with the in-process harness's broker on `settings`, its clock, its log and the
+    /// harness itself.
     private func withBroker(
-        idp: ScriptedIdP, settings: BrokerSettings = BrokerSettings(),
-        _ body: (Broker, TestClock, LogRecorder, TemporaryDirectory, IdPClient) async throws -> Void
+        settings: BrokerSettings = BrokerSettings(),
+        _ body: (Broker, TestClock, LogRecorder, BrokerHarness) async throws -> Void
     ) async throws {
-        let directory = try TemporaryDirectory()
-        let http = IdPClient(settings: settings)
-        let clock = TestClock()
-        let logs = LogRecorder()
-        defer { directory.remove() }
-        do {
-            let broker = try Broker(
-                vault: Vault(
-                    path: directory.file("state/vault"), key: VaultKey.load(path: directory.file("key"), create: true)),
-                settings: settings, http: http, clock: clock, logger: logs.logger())
-            try await body(broker, clock, logs, directory, http)
-            await broker.drain()
-        } catch {
-            await http.shutdown()
-            throw error
-        }
-        await http.shutdown()
+        try await BrokerHarness.run(settings: settings) { h in try await body(h.broker, h.clock, h.logs, h) }
     }
 
     private func oauth2(_ endpoint: String) -> ProviderSpec {
@@ -76,24 +31,13 @@ final class ScriptedIdP: Sendable {
             ])
     }
 
-    /// A second broker on a copy of the vault (a restart).
-    private func restart(_ directory: TemporaryDirectory, clock: TestClock, http: IdPClient) throws -> Broker {
-        let copy = directory.file("restart-\(UUID().uuidString)/vault")
-        try FileManager.default.createDirectory(
-            atPath: (copy as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-        try copyVault(from: directory.file("state/vault"), to: copy)
-        return try Broker(
-            vault: Vault(path: copy, key: VaultKey.load(path: directory.file("key"), create: false)),
-            settings: BrokerSettings(), http: http, clock: clock, logger: LogRecorder().logger())
-    }
-
     @Test(arguments: ["1e17", "1e300", "\"1e300\"", "1.7976931348623157e308"])
     func aHugeLifetimeIsCutToTenYearsAndSurvivesARestart(expiresIn: String) async throws {
         let idp = try await ScriptedIdP(
             TestHTTPResponse(
                 status: .ok,
                 body: #"{"access_token":"at-huge","expires_in":\#(expiresIn),"refresh_expires_in":1e300}"#))
-        try await withBroker(idp: idp) { broker, clock, _, directory, http in
+        try await withBroker { broker, clock, _, h in
             _ = try await broker.add(
                 account: "api", provider: oauth2(idp.url), tokens: TokenSet(refreshToken: Self.refreshToken))
             let token = try await broker.token(account: "api", minTTL: 30)
@@ -102,7 +46,7 @@ final class ScriptedIdP: Sendable {
             #expect(token.line(id: .integer(1), now: clock.now()).count > 0)
             let status = try #require(try await broker.status(account: "api").first)
             #expect(status.state == "valid")
-            let restarted = try restart(directory, clock: clock, http: http)
+            let restarted = try h.restart()
             #expect(try await restarted.token(account: "api", minTTL: 30).result.accessToken == "at-huge")
             #expect(try await restarted.status(account: nil).count == 1)
         }
@@ -113,7 +57,7 @@ final class ScriptedIdP: Sendable {
     func aMalformedLifetimeIsATransientFailure(expiresIn: String) async throws {
         let idp = try await ScriptedIdP(
             TestHTTPResponse(status: .ok, body: #"{"access_token":"at-bad","expires_in":\#(expiresIn)}"#))
-        try await withBroker(idp: idp) { broker, _, _, _, _ in
+        try await withBroker { broker, _, _, _ in
             _ = try await broker.add(
                 account: "api", provider: oauth2(idp.url), tokens: TokenSet(refreshToken: Self.refreshToken))
             let error = await #expect(throws: BrokerError.self) { try await broker.token(account: "api", minTTL: 0) }
@@ -132,7 +76,7 @@ final class ScriptedIdP: Sendable {
                 headers: [("Retry-After", "1" + String(repeating: "0", count: 300))]))
         var settings = BrokerSettings()
         settings.backoffCap = 120
-        try await withBroker(idp: idp, settings: settings) { broker, _, _, _, _ in
+        try await withBroker(settings: settings) { broker, _, _, _ in
             _ = try await broker.add(
                 account: "api", provider: oauth2(idp.url), tokens: TokenSet(refreshToken: Self.refreshToken))
             let error = await #expect(throws: BrokerError.self) { try await broker.token(account: "api", minTTL: 30) }
@@ -145,7 +89,7 @@ final class ScriptedIdP: Sendable {
         let idp = try await ScriptedIdP(
             TestHTTPResponse(
                 status: .serviceUnavailable, body: "{}", headers: [("Retry-After", String(repeating: "9", count: 40))]))
-        try await withBroker(idp: idp) { broker, _, _, _, _ in
+        try await withBroker { broker, _, _, _ in
             var provider = oauth2(idp.url)
             provider["revocation_endpoint"] = .string(idp.baseURL + "/revoke")
             _ = try await broker.add(
@@ -161,8 +105,7 @@ final class ScriptedIdP: Sendable {
     }
 
     @Test func pushedNumbersOutOfRangeAreRefusedAndHugeOnesCut() async throws {
-        let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: "{}"))
-        try await withBroker(idp: idp) { broker, clock, _, _, _ in
+        try await withBroker { broker, clock, _, _ in
             for bad in [-Double.infinity, .infinity, .nan] {
                 let error = await #expect(throws: BrokerError.self) {
                     try await broker.add(
@@ -183,38 +126,27 @@ final class ScriptedIdP: Sendable {
             let token = try await broker.token(account: "s", minTTL: 1e8)
             #expect(token.result.expiresAt == clock.now().addingTimeInterval(Bounds.maximumLifetime))
         }
-        await idp.shutdown()
     }
 
     /// A vault written before numbers were checked (dates near the limits of `Double`) still
     /// loads, shows and serves.
     @Test func aVaultHoldingHugeDatesStillLoads() async throws {
-        let directory = try TemporaryDirectory()
-        defer { directory.remove() }
-        let key = try VaultKey.load(path: directory.file("key"), create: true)
         var record = AccountRecord.sample("api")
         record.token?.expiresAt = Date(timeIntervalSinceReferenceDate: 1e300)
         record.token?.obtainedAt = Date(timeIntervalSinceReferenceDate: -1e300)
         record.secrets.refreshExpiresAt = Date(timeIntervalSinceReferenceDate: 1.7e308)
         record.lastRefreshAt = Date(timeIntervalSinceReferenceDate: -1.7e308)
-        do {
-            let vault = try Vault(path: directory.file("vault"), key: key)
-            try vault.save(VaultContents(accounts: [record]))
+        try await BrokerHarness.run(vault: VaultContents(accounts: [record])) { h in
+            let (broker, clock) = (h.broker, h.clock)
+            let status = try #require(try await broker.status(account: "api").first)
+            #expect(status.expiresAt == Bounds.representableDates.upperBound)
+            let token = try await broker.token(account: "api", minTTL: 30)
+            #expect(
+                token.expiresIn(at: clock.now())
+                    == Int(Bounds.representableDates.upperBound.timeIntervalSince(clock.now())))
+            #expect(Wire.rfc3339(token.result.expiresAt) == "9999-12-31T23:59:59Z")
+            #expect(await broker.summary() == "1 account: 1 valid")
         }
-        let clock = TestClock()
-        let http = IdPClient(settings: BrokerSettings())
-        defer { Task { await http.shutdown() } }
-        let broker = try Broker(
-            vault: Vault(path: directory.file("vault"), key: key), settings: BrokerSettings(), http: http,
-            clock: clock, logger: LogRecorder().logger())
-        let status = try #require(try await broker.status(account: "api").first)
-        #expect(status.expiresAt == Bounds.representableDates.upperBound)
-        let token = try await broker.token(account: "api", minTTL: 30)
-        #expect(
-            token.expiresIn(at: clock.now()) == Int(Bounds.representableDates.upperBound.timeIntervalSince(clock.now()))
-        )
-        #expect(Wire.rfc3339(token.result.expiresAt) == "9999-12-31T23:59:59Z")
-        #expect(await broker.summary() == "1 account: 1 valid")
     }
 
     // MARK: Origins (class 4)
@@ -225,7 +157,7 @@ final class ScriptedIdP: Sendable {
             TestHTTPResponse(
                 status: .ok,
                 body: #"{"access_token":"at-1","expires_in":1,"refresh_url":"\#(elsewhere.baseURL)/next-secret"}"#))
-        try await withBroker(idp: idp) { broker, clock, logs, _, _ in
+        try await withBroker { broker, clock, logs, _ in
             _ = try await broker.add(
                 account: "pph", provider: ProviderSpec(kind: "refresh_url"),
                 tokens: TokenSet(refreshURL: idp.baseURL + "/refresh/one-time-secret"))
@@ -248,7 +180,7 @@ final class ScriptedIdP: Sendable {
     @Test func aConfigThatMovesACredentialElsewhereIsRefusedUntilLogout() async throws {
         let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-1"}"#))
         let other = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-2"}"#))
-        try await withBroker(idp: idp) { broker, _, _, _, _ in
+        try await withBroker { broker, _, _, _ in
             var declared = ProviderSpec(
                 kind: "oauth2", ["token_endpoint": .string(idp.url), "client_id": "cli", "client_auth": "none"])
             try await broker.configure(BrokerConfiguration(accounts: ["api": declared]))
@@ -293,7 +225,7 @@ final class ScriptedIdP: Sendable {
 
     @Test func anIssuerChangeOnTheSameOriginIsAMoveToo() async throws {
         let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-1"}"#))
-        try await withBroker(idp: idp) { broker, _, _, _, _ in
+        try await withBroker { broker, _, _, _ in
             let pinned = ProviderSpec(
                 kind: "oauth2", ["token_endpoint": .string(idp.url), "client_id": "cli", "client_auth": "none"])
             try await broker.configure(BrokerConfiguration(accounts: ["api": pinned]))
@@ -312,7 +244,7 @@ final class ScriptedIdP: Sendable {
     @Test func aLoggedOutAccountMovesWithoutItsClientSecret() async throws {
         let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-1"}"#))
         let other = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-2"}"#))
-        try await withBroker(idp: idp) { broker, _, _, directory, _ in
+        try await withBroker { broker, _, _, h in
             _ = try await broker.add(
                 account: "api", provider: oauth2(idp.url),
                 tokens: TokenSet(accessToken: "at-0", expiresIn: 3600, refreshToken: Self.refreshToken))
@@ -321,11 +253,7 @@ final class ScriptedIdP: Sendable {
             moved["client_secret"] = nil
             moved["client_auth"] = "none"
             try await broker.configure(BrokerConfiguration(accounts: ["api": moved]))
-            let key = try VaultKey.load(path: directory.file("key"), create: false)
-            let copy = directory.file("copy/vault")
-            try FileManager.default.createDirectory(atPath: directory.file("copy"), withIntermediateDirectories: true)
-            try copyVault(from: directory.file("state/vault"), to: copy)
-            let stored = try #require(try Vault(path: copy, key: key).load()?.accounts.first)
+            let stored = try #require(try h.vaultCopy()?.accounts.first)
             #expect(stored.secrets.clientSecret == nil, "the secret issued for the old IdP is gone")
         }
         await idp.shutdown()
@@ -339,7 +267,7 @@ final class ScriptedIdP: Sendable {
     ])
     func aTokenThatCannotGoIntoAHeaderIsMalformed(body: String) async throws {
         let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: body))
-        try await withBroker(idp: idp) { broker, _, _, _, _ in
+        try await withBroker { broker, _, _, _ in
             _ = try await broker.add(
                 account: "api", provider: oauth2(idp.url), tokens: TokenSet(refreshToken: Self.refreshToken))
             let error = await #expect(throws: BrokerError.self) { try await broker.token(account: "api", minTTL: 0) }
@@ -359,7 +287,7 @@ final class ScriptedIdP: Sendable {
             TestHTTPResponse(
                 status: .ok,
                 body: #"{"status":false,"message":"RefreshTokenMismatch \#(Self.refreshToken)\u001b[2J\r\nX"}"#))
-        try await withBroker(idp: idp) { broker, _, logs, _, _ in
+        try await withBroker { broker, _, logs, _ in
             let events = broker.events.subscribe(accounts: nil)
             _ = try await broker.add(
                 account: "volt",
@@ -397,8 +325,7 @@ final class ScriptedIdP: Sendable {
         printf '{"access_token":"exec-issued-secret-91","expires_in":60}'
         """.write(toFile: script, atomically: true, encoding: .utf8)
         chmod(script, 0o755)
-        let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: "{}"))
-        try await withBroker(idp: idp) { broker, _, logs, _, _ in
+        try await withBroker { broker, _, logs, _ in
             var spec = ProviderSpec(kind: "exec")
             spec["command"] = [.string(script)]
             _ = try await broker.add(account: "ex", provider: spec, tokens: nil)
@@ -408,6 +335,5 @@ final class ScriptedIdP: Sendable {
             #expect(!logs.all.joined().contains("exec-issued-secret-91"))
             #expect(!line.unicodeScalars.contains { $0.value < 0x20 || $0.value == 0x1B })
         }
-        await idp.shutdown()
     }
 }

@@ -1,7 +1,6 @@
 import BrokerProtocol
 import BrokerServer
 import FoundationEssentials
-import Logging
 import TestSupport
 import Testing
 
@@ -13,16 +12,9 @@ import Testing
 @Suite struct LogoutTests {
     typealias Rig = FaultInjectionTests.Rig
 
-    /// A copy of the vault as it is on disk now (the broker holds the original's lock).
-    static func copyOfVault(_ rig: Rig) throws -> Vault {
-        let copy = rig.directory.file("vault-copy-\(UUID().uuidString)")
-        try copyVault(from: rig.directory.file("vault"), to: copy)
-        return try Vault(path: copy, key: VaultKey.load(path: rig.directory.file("key"), create: false))
-    }
-
     /// The account `api` as the vault on disk holds it now.
     static func stored(_ rig: Rig) throws -> AccountRecord {
-        try #require(try copyOfVault(rig).load()?.accounts.first { $0.name == "api" })
+        try #require(try rig.harness.vaultCopy()?.accounts.first { $0.name == "api" })
     }
 
     @Test(arguments: [FaultInjectionTests.RevocationSource.configured, .discovered])
@@ -152,9 +144,7 @@ import Testing
         let rig = try await Rig(settings: FaultInjectionTests.settings)
         defer { Task { await rig.shutdown() } }
         _ = try await rig.broker.logout(account: "api", force: false)
-        let restarted = try Broker(
-            vault: try Self.copyOfVault(rig), settings: FaultInjectionTests.settings, http: rig.http, clock: rig.clock,
-            logger: Logger(label: "t"))
+        let restarted = try rig.harness.restart()
         #expect(try await restarted.status(account: "api")[0].state == "logged_out")
         #expect(await restarted.runDueRefreshes() == nil, "nothing scheduled")
     }

@@ -137,10 +137,3 @@ import Testing
         #expect(!EndpointPolicy.isAllowed(parsed))
     }
 }
-
-extension Result {
-    var failure: Failure? {
-        if case .failure(let error) = self { return error }
-        return nil
-    }
-}

@@ -5,10 +5,6 @@ import Synchronization
 import TestSupport
 import Testing
 
-#if canImport(Glibc)
-import Glibc
-#endif
-
 /// `BlockingBrokerClient`: one request per connection, answered on the calling thread.
 @Suite struct BlockingClientTests {
     @Test func requestsAreAnsweredAndFailuresThrownAsTheirErrors() async throws {
@@ -66,20 +62,4 @@ import Glibc
         #expect(events.allSatisfy { $0.hasPrefix("added w") || $0.hasPrefix("removed w") }, "\(events)")
     }
 
-    @Test func aBrokerThatDoesNotAnswerTimesOut() throws {
-        let directory = "/tmp/tbt-mute-\(UInt32.random(in: 0...UInt32.max))"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        // A socket that accepts connections (the kernel queues them) and never reads or answers.
-        let listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(listener) }
-        let path = directory + "/mute.sock"
-        let bound = UnixSocketAddress.withAddress(path) { bind(listener, $0, $1) }
-        #expect(bound == 0)
-        #expect(listen(listener, 4) == 0)
-
-        let client = BlockingBrokerClient(socketPath: path, timeout: .milliseconds(300))
-        let error = #expect(throws: ConnectionError.self) { try client.perform(.token(account: "any")) }
-        #expect(error?.description.contains("did not answer in time") == true, "\(String(describing: error))")
-    }
 }

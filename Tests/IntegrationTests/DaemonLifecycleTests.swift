@@ -86,36 +86,3 @@ import Glibc
         await idp.shutdown()
     }
 }
-
-extension Result where Failure == any Error {
-    init(catching body: () async throws -> Success) async {
-        do { self = .success(try await body()) } catch { self = .failure(error) }
-    }
-}
-
-/// A datagram socket standing in for systemd's notify socket.
-final class DatagramListener {
-    let descriptor: Int32
-    let path: String
-
-    init(path: String) throws {
-        self.path = path
-        descriptor = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
-        let result = UnixSocketAddress.withAddress(path) { bind(descriptor, $0, $1) }
-        guard result == 0 else { throw HarnessError("cannot bind \(path)") }
-    }
-
-    deinit {
-        close(descriptor)
-        unlink(path)
-    }
-
-    /// The next datagram as text, or nil after `timeout` seconds.
-    func receive(timeout: Int = 30) -> String? {
-        var limit = timeval(tv_sec: timeout, tv_usec: 0)
-        setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
-        var buffer = [UInt8](repeating: 0, count: 4096)
-        let count = recv(descriptor, &buffer, buffer.count, 0)
-        return count > 0 ? String(decoding: buffer[..<count], as: UTF8.self) : nil
-    }
-}

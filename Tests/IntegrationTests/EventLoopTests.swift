@@ -42,10 +42,6 @@ import Testing
 
     /// The threads of NIO's singleton event-loop group in brokerd, counted by name.
     private func eventLoopThreads(of broker: BrokerProcess) throws -> Int {
-        let pid = try #require(broker.pid)
-        let tasks = try FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")
-        return try tasks.filter { task in
-            try String(contentsOfFile: "/proc/\(pid)/task/\(task)/comm", encoding: .utf8).hasPrefix("NIO-SGLTN-")
-        }.count
+        try #require(broker.process).threads(named: "NIO-SGLTN-")
     }
 }

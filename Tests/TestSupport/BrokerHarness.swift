@@ -10,15 +10,20 @@ public struct BrokerHarness: Sendable {
     public let idp: OAuth2TestIdP
     public let clock: TestClock
     public let logs: LogRecorder
+    public let settings: BrokerSettings
     public let http: IdPClient
     public let broker: Broker
     public let keyPath: String
     public let vaultPath: String
 
-    /// A fresh broker and IdP; `stop` shuts both down.
-    public static func start(initialRefreshToken: String = "rt-0") async throws -> BrokerHarness {
+    /// A fresh broker with `settings`, and an IdP whose first refresh token is
+    /// `initialRefreshToken`; the vault holds `vault` before the broker starts on it (empty when
+    /// `nil`). `stop` shuts both down.
+    public static func start(
+        initialRefreshToken: String = "rt-0", settings: BrokerSettings = BrokerSettings(), vault: VaultContents? = nil
+    ) async throws -> BrokerHarness {
         let directory = try TemporaryDirectory()
-        let http = IdPClient(settings: BrokerSettings())
+        let http = IdPClient(settings: settings)
         do {
             let idp = try await OAuth2TestIdP(initialRefreshToken: initialRefreshToken)
             let keyPath = directory.file("config/vault.key")
@@ -26,12 +31,14 @@ public struct BrokerHarness: Sendable {
             let clock = TestClock()
             let logs = LogRecorder()
             do {
-                let vault = try Vault(path: vaultPath, key: VaultKey.load(path: keyPath, create: true))
+                let key = try VaultKey.load(path: keyPath, create: true)
+                if let vault { try Vault(path: vaultPath, key: key).save(vault) }
                 let broker = try Broker(
-                    vault: vault, settings: BrokerSettings(), http: http, clock: clock, logger: logs.logger())
+                    vault: Vault(path: vaultPath, key: key), settings: settings, http: http, clock: clock,
+                    logger: logs.logger())
                 return BrokerHarness(
-                    directory: directory, idp: idp, clock: clock, logs: logs, http: http, broker: broker,
-                    keyPath: keyPath, vaultPath: vaultPath)
+                    directory: directory, idp: idp, clock: clock, logs: logs, settings: settings, http: http,
+                    broker: broker, keyPath: keyPath, vaultPath: vaultPath)
             } catch {
                 await idp.shutdown()
                 throw error
@@ -43,11 +50,12 @@ public struct BrokerHarness: Sendable {
         }
     }
 
-    /// Runs `body` against a fresh broker and IdP, then shuts both down.
+    /// Runs `body` against a fresh broker and IdP (see `start`), then shuts both down.
     public static func run(
-        initialRefreshToken: String = "rt-0", _ body: (BrokerHarness) async throws -> Void
+        initialRefreshToken: String = "rt-0", settings: BrokerSettings = BrokerSettings(), vault: VaultContents? = nil,
+        _ body: (BrokerHarness) async throws -> Void
     ) async throws {
-        let harness = try await start(initialRefreshToken: initialRefreshToken)
+        let harness = try await start(initialRefreshToken: initialRefreshToken, settings: settings, vault: vault)
         do {
             try await body(harness)
         } catch {
@@ -64,6 +72,13 @@ public struct BrokerHarness: Sendable {
         await http.shutdown()
         await idp.shutdown()
         directory.remove()
+    }
+
+    /// A second broker, as a restart would find the vault now: on a copy of it (the first broker
+    /// keeps its lock), with the same settings, IdP client and clock.
+    public func restart() throws -> Broker {
+        try Broker(
+            vault: copyOfVault(), settings: settings, http: http, clock: clock, logger: logs.logger())
     }
 
     /// An `oauth2` provider object pointing at the test IdP, with client_secret_basic.
@@ -93,10 +108,15 @@ public struct BrokerHarness: Sendable {
 
     /// What a fresh copy of the vault holds, read with the broker's key.
     public func vaultCopy() throws -> VaultContents? {
+        try copyOfVault().load()
+    }
+
+    /// A fresh copy of the vault as it is on disk now, opened with the broker's key.
+    private func copyOfVault() throws -> Vault {
         let copy = directory.file("copy-\(UUID().uuidString)/vault")
-        let reader = try Vault(path: copy, key: VaultKey.load(path: keyPath, create: false))
+        let vault = try Vault(path: copy, key: VaultKey.load(path: keyPath, create: false))
         try copyVault(from: vaultPath, to: copy)
-        return try reader.load()
+        return vault
     }
 }
 

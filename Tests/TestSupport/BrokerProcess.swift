@@ -10,9 +10,14 @@ import Glibc
 /// always waited for.
 public final class BrokerProcess: @unchecked Sendable {
     public let root: URL
-    private var process: ChildProcess?
+    /// The brokerd binary this runs.
+    public let brokerd: String
+    /// The running brokerd, nil when it is not running.
+    public private(set) var process: ChildProcess?
 
-    public init() throws {
+    /// A broker home for `brokerd` (default: the one built beside this program).
+    public init(brokerd: String = BrokerProcess.binary("brokerd").path) throws {
+        self.brokerd = brokerd
         root = URL(fileURLWithPath: "/tmp/tbt-\(UInt32.random(in: 0...UInt32.max))")
         for directory in ["home", "run", "config", "state"] {
             try FileManager.default.createDirectory(
@@ -54,12 +59,12 @@ public final class BrokerProcess: @unchecked Sendable {
 
     /// Starts brokerd with `NOTIFY_SOCKET` set and returns at once, without probing the socket.
     public func startWithNotifySocket(_ path: String) async throws {
-        process = try launch(Self.binary("brokerd"), arguments: [], extraEnvironment: ["NOTIFY_SOCKET": path])
+        process = try launch(brokerd, arguments: [], extraEnvironment: ["NOTIFY_SOCKET": path])
     }
 
     /// Starts brokerd and waits until its socket answers; throws with its log if it exits instead.
     public func start(arguments: [String] = [], environment extra: [String: String] = [:]) async throws {
-        let process = try launch(Self.binary("brokerd"), arguments: arguments, extraEnvironment: extra)
+        let process = try launch(brokerd, arguments: arguments, extraEnvironment: extra)
         self.process = process
         let deadline = Date().addingTimeInterval(30)
         while Date() < deadline {
@@ -84,9 +89,6 @@ public final class BrokerProcess: @unchecked Sendable {
         if !process.hasExited() { kill(process.pid, SIGTERM) }
         return process.wait()
     }
-
-    /// The running brokerd's process id.
-    public var pid: pid_t? { process?.pid }
 
     /// The running brokerd's resident memory in KiB (`VmRSS` in /proc/PID/status).
     public func residentKiB() throws -> Int {
@@ -115,7 +117,7 @@ public final class BrokerProcess: @unchecked Sendable {
 
     /// Runs brokerd expecting it to exit by itself (e.g. refusing to start); returns its status.
     public func runExpectingExit(timeout: TimeInterval = 30) throws -> Int32 {
-        let process = try launch(Self.binary("brokerd"), arguments: [])
+        let process = try launch(brokerd, arguments: [])
         let deadline = Date().addingTimeInterval(timeout)
         while !process.hasExited(), Date() < deadline { usleep(20_000) }
         if !process.hasExited() { kill(process.pid, SIGKILL) }
@@ -145,14 +147,14 @@ public final class BrokerProcess: @unchecked Sendable {
     public func client() throws -> BrokerClient { try BrokerClient(socketPath: socketPath) }
 
     /// Starts `binary` with its standard output and error appended to the broker's log.
-    private func launch(_ binary: URL, arguments: [String], extraEnvironment: [String: String] = [:]) throws
+    private func launch(_ binary: String, arguments: [String], extraEnvironment: [String: String] = [:]) throws
         -> ChildProcess
     {
         let log = open(logPath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
         guard log >= 0 else { throw HarnessError("cannot open \(logPath): errno \(errno)") }
         defer { close(log) }
         return try ChildProcess.spawn(
-            binary.path, arguments, environment: environment.merging(extraEnvironment) { $1 }, output: log)
+            binary, arguments, environment: environment.merging(extraEnvironment) { $1 }, output: log)
     }
 
     /// A product built next to this test bundle (the same `.build/<config>` directory).

@@ -5,7 +5,8 @@ import Foundation
 import Glibc
 #endif
 
-/// A bare Unix-socket connection for sending arbitrary bytes, well-formed or not.
+/// A bare Unix-socket connection for sending arbitrary bytes, well-formed or not (either end:
+/// a client of a broker, or a stand-in broker's end of a connection).
 public final class RawConnection {
     public let descriptor: Int32
     private var buffer = [UInt8]()
@@ -14,13 +15,38 @@ public final class RawConnection {
         descriptor = try Self.connect(path)
     }
 
+    /// Connects once something listens at `path`, trying for up to `seconds`.
+    public init(path: String, waitingUpTo seconds: Double) throws {
+        let deadline = Date().addingTimeInterval(seconds)
+        while true {
+            if let descriptor = try? Self.connect(path) {
+                self.descriptor = descriptor
+                return
+            }
+            guard Date() < deadline else { throw HarnessError("nothing listens on \(path)") }
+            usleep(10_000)
+        }
+    }
+
+    /// The server end of a connection accepted on a test's own listener (a stand-in broker),
+    /// whose reads wait `readTimeout` seconds at most.
+    public init(accepted descriptor: Int32, readTimeout: Int = 10) {
+        self.descriptor = descriptor
+        Self.limitReads(descriptor, seconds: readTimeout)
+    }
+
     private static func connect(_ path: String) throws -> Int32 {
         guard case .success(let descriptor) = UnixSocketAddress.connect(path) else {
             throw HarnessError("cannot connect to \(path)")
         }
-        var timeout = timeval(tv_sec: 10, tv_usec: 0)
-        setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        limitReads(descriptor)
         return descriptor
+    }
+
+    /// A read waits `seconds` at most, so that a test never hangs on a silent peer.
+    private static func limitReads(_ descriptor: Int32, seconds: Int = 10) {
+        var timeout = timeval(tv_sec: seconds, tv_usec: 0)
+        setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
     }
 
     deinit { close(descriptor) }
@@ -41,6 +67,13 @@ public final class RawConnection {
 
     @discardableResult
     public func send(_ text: String) -> Bool { send(Array(text.utf8)) }
+
+    /// Sends `line` and its newline; returns the next line as text (nil when the connection
+    /// closed or timed out).
+    public func request(_ line: String) -> String? {
+        guard send(line + "\n"), let answer = readLine() else { return nil }
+        return String(decoding: answer, as: UTF8.self)
+    }
 
     /// The next line as a JSON object, or nil when the connection closed (or timed out).
     public func readObject() -> [String: Any]? {

@@ -30,30 +30,25 @@ struct Figures {
     /// Requests each load run sends before it measures.
     let warmup = 2000
     let began = Monotonic.now()
-    /// A private directory under `$TMPDIR` (bench/run's own, removed when it ends) or /tmp.
-    let workspace = (ProcessInfo.processInfo.environment["TMPDIR"] ?? "/tmp") + "/tb-figures-\(getpid())"
 
     func run() async throws {
-        try FileManager.default.createDirectory(atPath: workspace, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: workspace) }
-        try cachedTokens()
+        try await cachedTokens()
         try await freshTokens()
-        try idleMemoryAndStart()
+        try await idleMemoryAndStart()
     }
 
     // MARK: Memory and start-up
 
     /// Resident memory of an idle broker with 1 and with 1,000 accounts, and the time from start
     /// to READY=1 with 1,000.
-    private func idleMemoryAndStart() throws {
-        let one = BrokerUnderTest(binary: tools.brokerd, root: workspace + "/one")
-        emit("rss_idle_1_mib", try idleResident(of: one, accounts: 1))
-        let many = BrokerUnderTest(binary: tools.brokerd, root: workspace + "/many")
-        emit("rss_idle_1000_mib", try idleResident(of: many, accounts: 1000))
+    private func idleMemoryAndStart() async throws {
+        emit("rss_idle_1_mib", try await idleResident(of: BrokerProcess(brokerd: tools.brokerd), accounts: 1))
+        let many = try BrokerProcess(brokerd: tools.brokerd)
+        emit("rss_idle_1000_mib", try await idleResident(of: many, accounts: 1000))
         var elapsed: [Double] = []
         for _ in 0..<starts {
-            let (child, seconds) = try many.startTimingReady()
-            child.stop()
+            let seconds = try await many.startTimingReady()
+            many.stop()
             elapsed.append(seconds * 1000)
         }
         emit("ready_1000_p50_ms", median(elapsed))
@@ -62,21 +57,21 @@ struct Figures {
 
     /// Fills a new broker with `accounts` static accounts, starts it again from its vault, lets
     /// it settle and returns its resident memory (VmRSS) in MiB.
-    private func idleResident(of broker: BrokerUnderTest, accounts: Int) throws -> Double {
+    private func idleResident(of broker: BrokerProcess, accounts: Int) async throws -> Double {
         note("filling a broker with \(accounts) account(s)")
-        let filling = try broker.start()
+        try await broker.start()
         do {
             try broker.addStaticAccounts(range: 0..<accounts)
-            emit("rss_after_adding_\(accounts)_mib", filling.residentMiB)
-            filling.stop()
+            emit("rss_after_adding_\(accounts)_mib", broker.residentMiB)
+            broker.stop()
         } catch {
-            filling.stop()
+            broker.stop()
             throw error
         }
-        let idle = try broker.start()
-        defer { idle.stop() }
+        try await broker.start()
+        defer { broker.stop() }
         sleep(settleSeconds)
-        return idle.residentMiB
+        return broker.residentMiB
     }
 
     // MARK: Cached tokens
@@ -84,16 +79,22 @@ struct Figures {
     /// Cached `token` requests from the C load client at 64 connections and at 1: against the C
     /// echo floor, brokerd as shipped, and brokerd with 1 and with 2 event loops; with the CPU
     /// time each server spent per request.
-    private func cachedTokens() throws {
-        let echoPath = workspace + "/echo.sock"
+    private func cachedTokens() async throws {
+        let workspace = try TemporaryDirectory()
+        defer { workspace.remove() }
+        let echoPath = workspace.file("echo.sock")
         let echo = try ChildProcess.spawn(tools.echoServer, [echoPath, "900"], environment: [:])
         defer { echo.stop() }
-        try Socket.waitForListener(echoPath)
+        _ = try RawConnection(path: echoPath, waitingUpTo: 5)
         var servers = [(name: "echo", path: echoPath, process: echo)]
-        defer { servers.dropFirst().forEach { $0.process.stop() } }
+        var brokers: [BrokerProcess] = []
+        defer { brokers.forEach { $0.stop() } }
         for (name, loops) in [("token", nil), ("loops1", 1), ("loops2", 2)] as [(String, Int?)] {
-            let broker = BrokerUnderTest(binary: tools.brokerd, root: workspace + "/" + name, eventLoops: loops)
-            servers.append((name, broker.socketPath, try broker.start()))
+            let broker = try BrokerProcess(brokerd: tools.brokerd)
+            brokers.append(broker)
+            try await broker.start(environment: loops.map { ["TOKENBROKER_EVENT_LOOPS": String($0)] } ?? [:])
+            guard let process = broker.process else { throw BenchError("brokerd \(name) is not running") }
+            servers.append((name, broker.socketPath, process))
             try broker.addStaticAccounts(range: 0..<1)
         }
         emit("default_event_loops", Double(servers[1].process.threads(named: "NIO-SGLTN-")))
@@ -144,17 +145,16 @@ struct Figures {
     /// refresh shared by all), and the same after a `reject`; the in-process test IdP on
     /// loopback stamps each call it answers, so the figures are taken from its answer too.
     private func freshTokens() async throws {
-        let broker = BrokerUnderTest(binary: tools.brokerd, root: workspace + "/fresh")
-        let child = try broker.start()
-        defer { child.stop() }
+        let broker = try BrokerProcess(brokerd: tools.brokerd)
+        try await broker.start()
+        defer { broker.stop() }
         let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-bench", lifetime: 3600)
         do {
             try broker.addOAuth2Account(
                 name: "fresh", endpoint: idp.tokenEndpoint, clientID: idp.clientID, refreshToken: "rt-bench")
             for waiting in [1, 1000] {
                 // The same connections for every run: the broker never holds two sets at once.
-                let clients = try (0..<waiting).map { _ in try Socket.connect(broker.socketPath) }
-                defer { clients.forEach { close($0) } }
+                let clients = try (0..<waiting).map { _ in try RawConnection(path: broker.socketPath) }
                 try measureRefreshes(idp: idp, key: "expired_\(waiting)") {
                     try broker.expiredLatency(
                         account: "fresh", clients: clients, refreshToken: idp.issuedRefreshTokens.last ?? "")

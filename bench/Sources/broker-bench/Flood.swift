@@ -10,33 +10,31 @@ import Glibc
 /// another client asks for cached tokens. Prints the broker's resident memory and that
 /// client's p50/p99 before and during the flood, next to the echo floor of the same run.
 enum Flood {
-    static func run(brokerd: String, seconds: Double) throws {
-        let workspace = "/tmp/tb-flood-\(getpid())"
-        defer { try? FileManager.default.removeItem(atPath: workspace) }
-        try FileManager.default.createDirectory(atPath: workspace, withIntermediateDirectories: true)
+    static func run(brokerd: String, seconds: Double) async throws {
+        let workspace = try TemporaryDirectory()
+        defer { workspace.remove() }
         let tokenLine = #"{"id":1,"op":"token","account":"bench-0"}"# + "\n"
 
-        let echoPath = workspace + "/echo.sock"
+        let echoPath = workspace.file("echo.sock")
         let echo = try ChildProcess.spawn(CommandLine.arguments[0], ["echo-server", echoPath], environment: [:])
-        try Socket.waitForListener(echoPath)
+        _ = try RawConnection(path: echoPath, waitingUpTo: 5)
         let floor = try Load.run(path: echoPath, line: tokenLine, clients: 1, seconds: seconds)
         echo.stop()
 
-        let broker = BrokerUnderTest(binary: brokerd, root: workspace + "/broker")
-        let process = try broker.start()
-        defer { process.stop() }
+        let broker = try BrokerProcess(brokerd: brokerd)
+        try await broker.start()
+        defer { broker.stop() }
         try broker.addStaticAccounts(range: 0..<1)
         // The measured client keeps one connection, opened before the flood takes every slot.
-        let client = try Socket.connect(broker.socketPath)
-        defer { close(client) }
+        let client = try RawConnection(path: broker.socketPath)
         let before = try Load.run(on: [client], line: tokenLine, seconds: seconds)
-        let residentBefore = process.residentMiB
+        let residentBefore = broker.residentMiB
 
         let attack = try Attack(path: broker.socketPath)
         usleep(1_000_000)
-        var residentDuring = process.residentMiB
+        var residentDuring = broker.residentMiB
         let during = try Load.run(on: [client], line: tokenLine, seconds: seconds)
-        residentDuring = max(residentDuring, process.residentMiB)
+        residentDuring = max(residentDuring, broker.residentMiB)
         let report = attack.stop()
 
         print("flood from one process, held while the other client is measured:\n  \(report)")
@@ -58,8 +56,8 @@ enum Flood {
 final class Attack: @unchecked Sendable {
     private let path: String
     /// The flood's connections by kind, in the order they were opened.
-    private var held: [(kind: String, descriptors: [Int32])] = []
-    private let pipeliner: Int32
+    private var held: [(kind: String, connections: [RawConnection])] = []
+    private let pipeliner: RawConnection
     private let stopping = NSLock()
     private var stopped = false
     private var pipelinedBytes = 0
@@ -68,13 +66,15 @@ final class Attack: @unchecked Sendable {
     init(path: String) throws {
         self.path = path
         // A connection that pipelines cached-token requests and never reads an answer.
-        pipeliner = try Socket.connect(path)
+        pipeliner = try RawConnection(path: path)
         var timeout = timeval(tv_sec: 0, tv_usec: 200_000)
-        setsockopt(pipeliner, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(pipeliner.descriptor, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         Thread { [self] in
             let chunk = Array(String(repeating: #"{"id":1,"op":"token","account":"bench-0"}"# + "\n", count: 100).utf8)
             while stopping.withLock({ !stopped }) {
-                let sent = chunk.withUnsafeBytes { send(pipeliner, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                let sent = chunk.withUnsafeBytes {
+                    send(pipeliner.descriptor, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
+                }
                 if sent > 0 { stopping.withLock { pipelinedBytes += sent } }
                 if sent < 0, errno != EAGAIN { break }
             }
@@ -92,15 +92,17 @@ final class Attack: @unchecked Sendable {
     }
 
     private func hold(_ kind: String, count: Int, sending bytes: [UInt8]) throws {
-        var descriptors: [Int32] = []
+        var connections: [RawConnection] = []
         for _ in 0..<count {
-            let fd = try Socket.connect(path)
+            let connection = try RawConnection(path: path)
             var timeout = timeval(tv_sec: 1, tv_usec: 0)
-            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-            if !bytes.isEmpty { _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } }
-            descriptors.append(fd)
+            setsockopt(connection.descriptor, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+            if !bytes.isEmpty {
+                _ = bytes.withUnsafeBytes { send(connection.descriptor, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            }
+            connections.append(connection)
         }
-        held.append((kind, descriptors))
+        held.append((kind, connections))
     }
 
     /// Ends the flood and says what the broker made of it.
@@ -108,16 +110,15 @@ final class Attack: @unchecked Sendable {
         stopping.withLock { stopped = true }
         pipelinerDone.wait()
         let pipelined = stopping.withLock { pipelinedBytes }
-        close(pipeliner)
         var lines = [
             "a connection pipelining cached-token requests, never reading: \(pipelined / 1024) KiB sent "
                 + "before the broker stopped reading (socket buffers included)"
         ]
-        for (kind, descriptors) in held {
-            let answeredBusy = descriptors.filter(Self.gotBusy).count
-            descriptors.forEach { close($0) }
-            lines.append("\(descriptors.count) \(kind): \(answeredBusy) answered busy (over a limit)")
+        for (kind, connections) in held {
+            let answeredBusy = connections.map(\.descriptor).filter(Self.gotBusy).count
+            lines.append("\(connections.count) \(kind): \(answeredBusy) answered busy (over a limit)")
         }
+        held = []
         return lines.joined(separator: "\n  ")
     }
 

@@ -32,16 +32,16 @@ setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &fileLimit)
 do {
     switch arguments.count >= 2 ? arguments[1] : "" {
     case "flood" where arguments.count >= 3:
-        try Flood.run(brokerd: arguments[2], seconds: arguments.count >= 4 ? Double(arguments[3]) ?? 3 : 3)
+        try await Flood.run(brokerd: arguments[2], seconds: arguments.count >= 4 ? Double(arguments[3]) ?? 3 : 3)
     case "figures" where arguments.count >= 5:
         let seconds = arguments.count >= 6 ? Double(arguments[5]) ?? 2 : 2
         guard (0.5...30).contains(seconds) else { throw BenchError("seconds per load run: 0.5 to 30") }
         let tools = Figures.Tools(brokerd: arguments[2], loadClient: arguments[3], echoServer: arguments[4])
         try await Figures(tools: tools, secondsPerLoad: seconds).run()
     case "save":
-        let directory = "/tmp/tb-vault-save-\(getpid())"
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        try VaultSaveBench.run(directory: directory)
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        try VaultSaveBench.run(directory: directory.path)
     case "table":
         Table.printTable(figures: Table.readFigures())
     default:
@@ -64,13 +64,13 @@ struct LoadResult {
 /// thread drives all connections with poll(2), so the load generator takes at most one core.
 enum Load {
     static func run(path: String, line: String, clients: Int, seconds: Double) throws -> LoadResult {
-        let descriptors = try (0..<clients).map { _ in try Socket.connect(path) }
-        defer { descriptors.forEach { close($0) } }
-        return try run(on: descriptors, line: line, seconds: seconds)
+        let connections = try (0..<clients).map { _ in try RawConnection(path: path) }
+        return try run(on: connections, line: line, seconds: seconds)
     }
 
     /// The same on connections opened beforehand (each with nothing in flight).
-    static func run(on descriptors: [Int32], line: String, seconds: Double) throws -> LoadResult {
+    static func run(on connections: [RawConnection], line: String, seconds: Double) throws -> LoadResult {
+        let descriptors = connections.map(\.descriptor)
         let clients = descriptors.count
         let request = Array(line.utf8)
         var started = [Double](repeating: 0, count: clients)
@@ -105,191 +105,107 @@ enum Load {
     }
 }
 
-/// The real brokerd in a private directory.
-struct BrokerUnderTest {
-    let binary: String
-    let root: String
-    /// `TOKENBROKER_EVENT_LOOPS`, or nil for brokerd's default.
-    var eventLoops: Int? = nil
-    var socketPath: String { root + "/run/broker.sock" }
-
-    var environment: [String: String] {
-        var environment = [
-            "HOME": root, "XDG_RUNTIME_DIR": root + "/run", "XDG_CONFIG_HOME": root + "/config",
-            "XDG_STATE_HOME": root + "/state", "TOKENBROKER_SOCKET": socketPath,
-        ]
-        environment["TOKENBROKER_EVENT_LOOPS"] = eventLoops.map(String.init)
-        return environment
-    }
-
-    func start() throws -> ChildProcess {
-        try FileManager.default.createDirectory(atPath: root + "/run", withIntermediateDirectories: true)
-        let child = try ChildProcess.spawn(binary, [], environment: environment)
-        try Socket.waitForListener(socketPath)
-        return child
-    }
-
+/// What the figures ask of the real brokerd, over its socket.
+extension BrokerProcess {
     /// Adds `bench-N` static accounts over the socket, one at a time, each holding an 800-byte
     /// token (the size of a realistic JWT).
     func addStaticAccounts(range: Range<Int>) throws {
-        let fd = try Socket.connect(socketPath)
-        defer { close(fd) }
-        var buffer = [UInt8](repeating: 0, count: 65536)
+        let connection = try RawConnection(path: socketPath)
         for index in range {
             let prefix = "bench-token-\(index)-"
             let token = prefix + String(repeating: "x", count: 800 - prefix.utf8.count)
-            let line =
+            let answer = connection.request(
                 #"{"id":\#(index),"op":"add","account":"bench-\#(index)","provider":{"kind":"static"},"tokens":{"access_token":"\#(token)","expires_in":86400}}"#
-                + "\n"
-            _ = Array(line.utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-            let count = recv(fd, &buffer, buffer.count, 0)
-            guard count > 0, String(decoding: buffer[0..<count], as: UTF8.self).contains("\"ok\":true") else {
-                throw BenchError(
-                    "adding account \(index) failed: \(String(decoding: buffer[0..<max(0, count)], as: UTF8.self))")
+            )
+            guard let answer, answer.contains(#""ok":true"#) else {
+                throw BenchError("adding account \(index) failed: \(answer ?? "no answer")")
             }
         }
     }
 
     /// Adds an `oauth2` account and waits for its first token.
     func addOAuth2Account(name: String, endpoint: String, clientID: String, refreshToken: String) throws {
-        let fd = try Socket.connect(socketPath)
-        defer { close(fd) }
+        let connection = try RawConnection(path: socketPath)
         let add =
             #"{"id":1,"op":"add","account":"\#(name)","provider":{"kind":"oauth2","token_endpoint":"\#(endpoint)","client_id":"\#(clientID)"},"tokens":{"refresh_token":"\#(refreshToken)"}}"#
         let token = #"{"id":2,"op":"token","account":"\#(name)"}"#
         for line in [add, token] {
-            guard Socket.exchange(fd, line).contains("\"ok\":true") else { throw BenchError("cannot set up \(name)") }
+            guard connection.request(line)?.contains(#""ok":true"#) == true else {
+                throw BenchError("cannot set up \(name)")
+            }
         }
     }
 
     /// Every one of `clients` (open connections, each with nothing in flight) rejects the
     /// current token at once; returns when the first and the last of them holds the replacement.
-    func rejectLatency(account: String, clients descriptors: [Int32]) throws -> FreshTokenTimes {
-        let probe = try Socket.connect(socketPath)
-        let current = Socket.exchange(probe, #"{"id":0,"op":"token","account":"\#(account)","min_ttl":0}"#)
-        close(probe)
+    func rejectLatency(account: String, clients: [RawConnection]) throws -> FreshTokenTimes {
+        let current =
+            try RawConnection(path: socketPath).request(
+                #"{"id":0,"op":"token","account":"\#(account)","min_ttl":0}"#) ?? ""
         guard let range = current.range(of: #""access_token":""#),
             let end = current[range.upperBound...].firstIndex(of: "\"")
         else { throw BenchError("no token for \(account)") }
         let token = String(current[range.upperBound..<end])
         let request = #"{"id":1,"op":"reject","account":"\#(account)","access_token":"\#(token)"}"#
-        return try freshTokenLatency(request: request, start: WallClock.now(), on: descriptors)
+        return try freshTokenLatency(request: request, start: WallClock.now(), on: clients)
     }
 
     /// The account's token expires (pushed as expired, with the IdP's current refresh token);
     /// then every one of `clients` (open connections, each with nothing in flight) asks for a
     /// token. Returns when the token expired and when the first and the last of them held a
     /// fresh one.
-    func expiredLatency(account: String, clients descriptors: [Int32], refreshToken: String) throws
+    func expiredLatency(account: String, clients: [RawConnection], refreshToken: String) throws
         -> FreshTokenTimes
     {
-        let admin = try Socket.connect(socketPath)
-        defer { close(admin) }
+        let admin = try RawConnection(path: socketPath)
         let start = WallClock.now()
-        let pushed = Socket.exchange(
-            admin,
+        let pushed = admin.request(
             #"{"id":0,"op":"set_tokens","account":"\#(account)","tokens":{"access_token":"expired","expires_at":"2000-01-01T00:00:00Z","refresh_token":"\#(refreshToken)"}}"#
         )
-        guard pushed.contains(#""ok":true"#) else { throw BenchError("set_tokens failed") }
+        guard pushed?.contains(#""ok":true"#) == true else { throw BenchError("set_tokens failed") }
         let request = #"{"id":1,"op":"token","account":"\#(account)","min_ttl":60}"#
-        return try freshTokenLatency(request: request, start: start, on: descriptors)
+        return try freshTokenLatency(request: request, start: start, on: clients)
     }
 
-    /// Sends `request` on every one of `descriptors` and returns when the first and the last
+    /// Sends `request` on every one of `clients` and returns when the first and the last
     /// successful answer arrived. Answered connections leave the poll set at once, so that
     /// waiting for the last of 1,000 costs the bench little.
-    private func freshTokenLatency(request text: String, start: Double, on descriptors: [Int32]) throws
+    private func freshTokenLatency(request: String, start: Double, on clients: [RawConnection]) throws
         -> FreshTokenTimes
     {
-        let request = Array((text + "\n").utf8)
-        for fd in descriptors {
-            _ = request.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-        }
+        for client in clients { client.send(request + "\n") }
         var times = FreshTokenTimes(start: start, first: .infinity, last: 0)
-        var buffer = [UInt8](repeating: 0, count: 4096)
-        var polls = descriptors.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
-        while !polls.isEmpty {
+        var waiting = Dictionary(uniqueKeysWithValues: clients.map { ($0.descriptor, $0) })
+        while !waiting.isEmpty {
+            var polls = waiting.keys.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
             guard poll(&polls, nfds_t(polls.count), 10_000) > 0 else { throw BenchError("token answers timed out") }
             for entry in polls where entry.revents != 0 {
-                let count = recv(entry.fd, &buffer, buffer.count, 0)
+                guard let line = waiting.removeValue(forKey: entry.fd)?.readLine() else {
+                    throw BenchError("connection closed")
+                }
                 let now = WallClock.now()
-                guard count > 0 else { throw BenchError("connection closed") }
-                let answer = String(decoding: buffer[0..<count], as: UTF8.self)
+                let answer = String(decoding: line, as: UTF8.self)
                 guard answer.contains(#""ok":true"#) else { throw BenchError("no fresh token: \(answer)") }
                 times.first = min(times.first, now)
                 times.last = max(times.last, now)
             }
-            polls.removeAll { $0.revents != 0 }
         }
         return times
     }
 
     /// Starts brokerd with a NOTIFY_SOCKET and returns the time until READY=1 arrives.
-    func startTimingReady() throws -> (ChildProcess, Double) {
-        let notifyPath = root + "/notify.sock"
-        unlink(notifyPath)
-        let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
-        defer { close(fd); unlink(notifyPath) }
-        try Socket.bind(fd, notifyPath)
-        var environment = self.environment
-        environment["NOTIFY_SOCKET"] = notifyPath
+    func startTimingReady() async throws -> Double {
+        let notify = try DatagramListener(path: root.appendingPathComponent("notify.sock").path)
         let start = Monotonic.now()
-        let child = try ChildProcess.spawn(binary, [], environment: environment)
-        var buffer = [UInt8](repeating: 0, count: 4096)
-        var timeout = timeval(tv_sec: 10, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        try await startWithNotifySocket(notify.path)
         while true {
-            let count = recv(fd, &buffer, buffer.count, 0)
-            guard count > 0 else { throw BenchError("no READY=1 from brokerd") }
-            if String(decoding: buffer[0..<count], as: UTF8.self).contains("READY=1") { break }
+            guard let message = notify.receive(timeout: 10) else { throw BenchError("no READY=1 from brokerd") }
+            if message.contains("READY=1") { return Monotonic.now() - start }
         }
-        return (child, Monotonic.now() - start)
     }
-}
 
-extension ChildProcess {
-    /// The child's resident memory in MiB (0 when it cannot be read).
+    /// The running broker's resident memory in MiB (0 when it cannot be read).
     var residentMiB: Double { Double((try? residentKiB()) ?? 0) / 1024 }
-}
-
-enum Socket {
-    /// Returns once something accepts connections on `path` (5 s at most).
-    static func waitForListener(_ path: String) throws {
-        for _ in 0..<500 {
-            if let fd = try? Socket.connect(path) {
-                close(fd)
-                return
-            }
-            usleep(10_000)
-        }
-        throw BenchError("nothing listens on \(path)")
-    }
-
-    /// Sends one request line and returns the response line (blocking).
-    static func exchange(_ fd: Int32, _ line: String) -> String {
-        _ = Array((line + "\n").utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-        var response = [UInt8]()
-        var buffer = [UInt8](repeating: 0, count: 65536)
-        while response.last != 0x0A {
-            let count = recv(fd, &buffer, buffer.count, 0)
-            if count <= 0 { break }
-            response += buffer[0..<count]
-        }
-        return String(decoding: response, as: UTF8.self)
-    }
-
-    static func connect(_ path: String) throws -> Int32 {
-        guard case .success(let fd) = UnixSocketAddress.connect(path) else {
-            throw BenchError("cannot connect to \(path)")
-        }
-        return fd
-    }
-
-    static func bind(_ fd: Int32, _ path: String) throws {
-        guard UnixSocketAddress.withAddress(path, { Glibc.bind(fd, $0, $1) }) == 0 else {
-            throw BenchError("cannot bind \(path)")
-        }
-    }
 }
 
 /// When a fresh token reached waiting clients: wall-clock seconds since 1970, the clock the

@@ -1,0 +1,212 @@
+import BrokerClient
+import BrokerProtocol
+import Foundation
+import TestSupport
+import Testing
+
+/// Both clients against a scripted stand-in broker: `BrokerClient`, pipelined on one shared
+/// connection, and `BlockingBrokerClient`, one request per connection on the calling thread.
+@Suite struct BrokerClientTests {
+    /// The two clients, for what holds for both.
+    enum Client: CaseIterable, Sendable {
+        case pipelined, blocking
+
+        /// Asks `broker` for a token of `account` with this client, on a connection of its own.
+        func token(_ account: String, from broker: FakeBroker) async throws -> TokenResult {
+            switch self {
+            case .pipelined:
+                let client = try BrokerClient(socketPath: broker.socketPath)
+                defer { client.close() }
+                return try await client.token(account: account)
+            case .blocking:
+                let client = BlockingBrokerClient(socketPath: broker.socketPath, timeout: .seconds(60))
+                return try client.perform(.token(account: account))
+            }
+        }
+    }
+
+    // MARK: Both clients
+
+    @Test(arguments: Client.allCases)
+    func linesForOtherIDsAreSkippedAndAnAnswerInPiecesIsReadWhole(client: Client) async throws {
+        let broker = try FakeBroker()
+        let serving = broker.serve { peer in
+            let request = try peer.request()
+            peer.write(Peer.answer(.integer(999), result: Peer.token(account: "a", accessToken: "at-stray")))
+            peer.write(Peer.answer(.string("1"), result: Peer.token(account: "a", accessToken: "at-string-id")))
+            peer.write(#"{"id":null,"ok":true,"event":"refreshed","account":"a"}"# + "\n")
+            let answer = Peer.answer(request.id, result: Peer.token(account: "a", accessToken: "at-right"))
+            for piece in [answer.prefix(5), answer.dropFirst(5).prefix(20), answer.dropFirst(25)] {
+                peer.write(String(piece))
+                usleep(20_000)
+            }
+        }
+        #expect(try await client.token("a", from: broker).accessToken == "at-right")
+        try await serving.value
+    }
+
+    @Test(arguments: Client.allCases)
+    func aFailureAnswerIsThrownAsItsBrokerError(client: Client) async throws {
+        let broker = try FakeBroker()
+        let serving = broker.serve { peer in
+            let request = try peer.request()
+            peer.write(Peer.failure(request.id, code: "needs_login", message: "log in again", retryAfterMs: 250))
+        }
+        let error = await #expect(throws: BrokerError.self) { try await client.token("a", from: broker) }
+        #expect(error?.code == .needsLogin)
+        #expect(error?.message == "log in again")
+        #expect(error?.retryAfterMs == 250)
+        try await serving.value
+    }
+
+    @Test(arguments: Client.allCases)
+    func aConnectionClosedMidAnswerIsAConnectionError(client: Client) async throws {
+        let broker = try FakeBroker()
+        let serving = broker.serve { peer in
+            let request = try peer.request()
+            let answer = Peer.answer(request.id, result: Peer.token(account: "a", accessToken: "at-cut"))
+            peer.write(String(answer.prefix(answer.count / 2)))
+            peer.hangUp()
+        }
+        let error = await #expect(throws: ConnectionError.self) { try await client.token("a", from: broker) }
+        #expect(error?.description.contains("closed the connection") == true, "\(String(describing: error))")
+        try await serving.value
+    }
+
+    @Test(arguments: Client.allCases)
+    func anAnswerLongerThanTheLimitIsRefused(client: Client) async throws {
+        let broker = try FakeBroker()
+        let serving = broker.serve { peer in
+            _ = try peer.request()
+            // 16 MiB and a little more, with no newline; the write ends when the client hangs up.
+            peer.write(String(repeating: "a", count: (16 << 20) + 65536))
+        }
+        let error = await #expect(throws: ConnectionError.self) { try await client.token("a", from: broker) }
+        #expect(error?.description.contains("longer than 16 MiB") == true, "\(String(describing: error))")
+        try await serving.value
+    }
+
+    // MARK: The pipelined client
+
+    @Test func requestsInFlightTogetherAreMatchedToTheirAnswersByID() async throws {
+        let broker = try FakeBroker()
+        let serving = broker.serve { peer in
+            // All three arrive before any is answered: they are in flight together.
+            let requests = try (0..<3).map { _ in try peer.request() }
+            // Answered last first, two of them in one write.
+            let answers = requests.reversed().map {
+                Peer.answer($0.id, result: Peer.token(account: $0.account, accessToken: "at-\($0.account ?? "")"))
+            }
+            peer.write(answers[0] + answers[1])
+            peer.write(answers[2])
+            return Set(requests.compactMap(\.id)).count
+        }
+        let client = try BrokerClient(socketPath: broker.socketPath)
+        defer { client.close() }
+        async let a = client.token(account: "a")
+        async let b = client.token(account: "b")
+        async let c = client.token(account: "c")
+        let tokens = try await [a, b, c].map(\.accessToken)
+        #expect(tokens == ["at-a", "at-b", "at-c"])
+        #expect(try await serving.value == 3, "each request carried an id of its own")
+    }
+
+    /// The connection breaks halfway through an answer: every call in flight fails with a
+    /// `ConnectionError` at once, and the next call connects again.
+    @Test func aConnectionClosedMidAnswerFailsEveryCallInFlight() async throws {
+        let broker = try FakeBroker()
+        let breaking = broker.serve { peer in
+            let first = try peer.request()
+            _ = try peer.request()
+            let answer = Peer.answer(first.id, result: Peer.token(account: "a", accessToken: "at-cut"))
+            peer.write(String(answer.prefix(answer.count / 2)))
+            peer.hangUp()
+        }
+        let client = try BrokerClient(socketPath: broker.socketPath)
+        defer { client.close() }
+        async let first = Result { try await client.token(account: "a") }
+        async let second = Result { try await client.token(account: "b") }
+        for result in await [first, second] {
+            let error = try #require(result.failure as? ConnectionError, "\(result)")
+            #expect(error.description.contains("closed the connection"), "\(error)")
+        }
+        try await breaking.value
+
+        let again = broker.serve { peer in
+            let request = try peer.request()
+            peer.write(Peer.answer(request.id, result: Peer.token(account: "a", accessToken: "at-again")))
+        }
+        #expect(try await client.token(account: "a").accessToken == "at-again")
+        try await again.value
+    }
+
+    /// Every code of the contract arrives as a `BrokerError` with that code, its message and its
+    /// retry hint; a code from a newer broker becomes `internal`.
+    @Test func everyErrorCodeIsThrownAsABrokerErrorWithThatCode() async throws {
+        let codes = BrokerError.Code.all.map(\.rawValue) + ["a_code_from_the_future"]
+        let broker = try FakeBroker()
+        let serving = broker.serve { peer in
+            for code in codes {
+                let request = try peer.request()
+                peer.write(Peer.failure(request.id, code: code, message: "said \(code)", retryAfterMs: 1500))
+            }
+        }
+        let client = try BrokerClient(socketPath: broker.socketPath)
+        defer { client.close() }
+        for code in codes {
+            let error = await #expect(throws: BrokerError.self) { try await client.token(account: "a") }
+            #expect(error?.code.rawValue == (code == codes.last ? "internal" : code))
+            #expect(error?.message == "said \(code)")
+            #expect(error?.retryAfterMs == 1500)
+        }
+        try await serving.value
+    }
+
+    /// A failure about the connection itself (no id, e.g. `forbidden`) fails every call in flight.
+    @Test func aFailureWithoutAnIDFailsEveryCallInFlight() async throws {
+        let broker = try FakeBroker()
+        let serving = broker.serve { peer in
+            _ = try peer.request()
+            _ = try peer.request()
+            peer.write(Peer.failure(nil, code: "forbidden", message: "not your broker"))
+        }
+        let client = try BrokerClient(socketPath: broker.socketPath)
+        defer { client.close() }
+        async let first = Result { try await client.token(account: "a") }
+        async let second = Result { try await client.status() }
+        let errors = await [first.failure, second.failure]
+        #expect(errors.map { ($0 as? BrokerError)?.code } == [.forbidden, .forbidden], "\(errors)")
+        try await serving.value
+    }
+
+    // MARK: The blocking client
+
+    @Test func aBrokerThatDoesNotAnswerTimesOut() throws {
+        // A socket that accepts connections (the kernel queues them) and never reads or answers.
+        let broker = try FakeBroker()
+        let client = BlockingBrokerClient(socketPath: broker.socketPath, timeout: .milliseconds(300))
+        let error = #expect(throws: ConnectionError.self) { try client.perform(.token(account: "any")) }
+        #expect(error?.description.contains("did not answer in time") == true, "\(String(describing: error))")
+    }
+
+    /// brokerctl asks with the blocking client: while it waits for its one answer, it runs on
+    /// its main thread alone.
+    @Test func aSingleBlockingRequestStartsNoThread() async throws {
+        let broker = try FakeBroker()
+        let serving = broker.serve { peer in
+            let request = try peer.request()
+            guard let pid = peer.clientPID else { throw HarnessError("no peer credentials") }
+            let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
+            let threads = status.split(separator: "\n").first { $0.hasPrefix("Threads:") }
+            peer.write(Peer.answer(request.id, result: Peer.token(account: request.account, accessToken: "at-cli")))
+            return threads.map { $0.split(separator: "\t").last.map(String.init) ?? "" }
+        }
+        var environment = ProcessInfo.processInfo.environment
+        environment["TOKENBROKER_SOCKET"] = broker.socketPath
+        let result = try ChildProcess.run(
+            BrokerProcess.binary("brokerctl").path, ["token", "api"], environment: environment)
+        #expect(result.status == 0, "\(result.output)")
+        #expect(result.output == "at-cli\n")
+        #expect(try await serving.value == "1", "threads of brokerctl while it waited for its answer")
+    }
+}
