@@ -9,18 +9,22 @@ import Testing
 @Suite struct BrokerClientTests {
     /// The two clients, for what holds for both.
     enum Client: CaseIterable, Sendable {
-        case pipelined, blocking
+        /// `BrokerClient`; `BlockingBrokerClient.perform`; `BlockingBrokerClient.accessToken`,
+        /// which reads the usual answer without the decoder.
+        case pipelined, blocking, blockingAccessToken
 
-        /// Asks `broker` for a token of `account` with this client, on a connection of its own.
-        func token(_ account: String, from broker: FakeBroker) async throws -> TokenResult {
+        /// Asks `broker` for the access token of `account` with this client, on a connection of its own.
+        func accessToken(_ account: String, from broker: FakeBroker) async throws -> String {
+            let blocking = BlockingBrokerClient(socketPath: broker.socketPath, timeout: .seconds(60))
             switch self {
             case .pipelined:
                 let client = try BrokerClient(socketPath: broker.socketPath)
                 defer { client.close() }
-                return try await client.token(account: account)
+                return try await client.token(account: account).accessToken
             case .blocking:
-                let client = BlockingBrokerClient(socketPath: broker.socketPath, timeout: .seconds(60))
-                return try client.perform(.token(account: account))
+                return try blocking.perform(.token(account: account)).accessToken
+            case .blockingAccessToken:
+                return try blocking.accessToken(account: account)
             }
         }
     }
@@ -41,7 +45,7 @@ import Testing
                 usleep(20_000)
             }
         }
-        #expect(try await client.token("a", from: broker).accessToken == "at-right")
+        #expect(try await client.accessToken("a", from: broker) == "at-right")
         try await serving.value
     }
 
@@ -52,7 +56,7 @@ import Testing
             let request = try peer.request()
             peer.write(Peer.failure(request.id, code: "needs_login", message: "log in again", retryAfterMs: 250))
         }
-        let error = await #expect(throws: BrokerError.self) { try await client.token("a", from: broker) }
+        let error = await #expect(throws: BrokerError.self) { try await client.accessToken("a", from: broker) }
         #expect(error?.code == .needsLogin)
         #expect(error?.message == "log in again")
         #expect(error?.retryAfterMs == 250)
@@ -68,7 +72,7 @@ import Testing
             peer.write(String(answer.prefix(answer.count / 2)))
             peer.hangUp()
         }
-        let error = await #expect(throws: ConnectionError.self) { try await client.token("a", from: broker) }
+        let error = await #expect(throws: ConnectionError.self) { try await client.accessToken("a", from: broker) }
         #expect(error?.description.contains("closed the connection") == true, "\(String(describing: error))")
         try await serving.value
     }
@@ -81,7 +85,7 @@ import Testing
             // 16 MiB and a little more, with no newline; the write ends when the client hangs up.
             peer.write(String(repeating: "a", count: (16 << 20) + 65536))
         }
-        let error = await #expect(throws: ConnectionError.self) { try await client.token("a", from: broker) }
+        let error = await #expect(throws: ConnectionError.self) { try await client.accessToken("a", from: broker) }
         #expect(error?.description.contains("longer than 16 MiB") == true, "\(String(describing: error))")
         try await serving.value
     }
