@@ -64,18 +64,45 @@ public actor Broker {
     // MARK: Client operations
 
     /// A token valid for `minTTL` seconds, refreshing (once, shared) when the cached one falls short.
-    public func token(for account: AccountName, minTTL: TimeInterval) async throws(BrokerFailure) -> PreparedToken {
+    ///
+    /// Waits for the refresh off the actor: when it ends, every caller waiting for it (a
+    /// thousand clients of an expired token) takes its token from the cache in parallel, none
+    /// queued behind the others on the actor.
+    public nonisolated func token(for account: AccountName, minTTL: TimeInterval) async throws(BrokerFailure)
+        -> PreparedToken
+    {
         let name = account.rawValue
         if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return token }
+        switch try await refreshForToken(name, minTTL: minTTL) {
+        case .ready(let token):
+            return token
+        case .refreshing(let refresh, let source):
+            let outcome = await refresh.value
+            if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return token }
+            if case .failure(let error) = outcome { throw error }
+            throw .tokenTooShort(heldBy: source, minTTL: minTTL)
+        }
+    }
+
+    /// What a `token` call for `name` that missed the cache gets on the actor.
+    private enum TokenWait {
+        /// A refresh that ended since the call looked filled the cache.
+        case ready(PreparedToken)
+        /// The refresh to wait for (joined if one is under way), and what holds the tokens.
+        case refreshing(Task<Result<Void, BrokerFailure>, Never>, BrokerFailure.TokenSource)
+    }
+
+    /// The token, or the refresh a `token` call for `name` waits for; refuses an account that
+    /// cannot give a token for `minTTL`. Looks at the cache again first, on the actor, so a
+    /// call that missed it just before a refresh ended does not start another.
+    private func refreshForToken(_ name: String, minTTL: TimeInterval) throws(BrokerFailure) -> TokenWait {
+        if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return .ready(token) }
         let machine = try self.machine(name)
         try checkRefreshable(machine)
         try checkLifetime(machine, covers: minTTL)
-        let outcome = await refreshShared(name)
-        if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return token }
-        if case .failure(let error) = outcome { throw error }
         let source: BrokerFailure.TokenSource =
             machine.record.provider.renewal.watchesSource ? .watched(kind: machine.record.provider.kind) : .issued
-        throw .tokenTooShort(heldBy: source, minTTL: minTTL)
+        return .refreshing(startRefresh(name), source)
     }
 
     /// Handles a token a resource server refused: refreshes once if it is still current,
