@@ -27,7 +27,7 @@ public struct BlockingBrokerClient: Sendable {
         let fd = try BrokerSocket.connect(socketPath)
         defer { close(fd) }
         var reader = LineReader(descriptor: fd)
-        return try BrokerCall.result(of: exchange(fd, call, reader: &reader))
+        return try BrokerCall.result(of: exchange(fd, call, reader: &reader).line)
     }
 
     /// The access token of `account`, valid for at least `minTTL` seconds: `perform(.token(…))`
@@ -36,9 +36,8 @@ public struct BlockingBrokerClient: Sendable {
         let fd = try BrokerSocket.connect(socketPath)
         defer { close(fd) }
         var reader = LineReader(descriptor: fd)
-        let line = try exchange(fd, BrokerCall.token(account: account, minTTL: minTTL), reader: &reader)
-        if let answer = line.withUnsafeBytes(FlatTokenAnswer.parse) { return answer.accessToken }
-        return try BrokerCall<TokenResult>.result(of: line).accessToken
+        let answer = try exchange(fd, BrokerCall.token(account: account, minTTL: minTTL), reader: &reader)
+        return try answer.accessToken ?? BrokerCall<TokenResult>.result(of: answer.line).accessToken
     }
 
     /// Subscribes to the events of `accounts` (all when `nil`) and hands each to `body`, until
@@ -49,7 +48,7 @@ public struct BlockingBrokerClient: Sendable {
         defer { close(fd) }
         var reader = LineReader(descriptor: fd)
         let call = BrokerCall.subscribe(accounts: accounts)
-        _ = try BrokerCall<SubscribeResult>.result(of: exchange(fd, call, reader: &reader))
+        _ = try BrokerCall<SubscribeResult>.result(of: exchange(fd, call, reader: &reader).line)
         let decoder = Wire.makeDecoder()
         while let line = try reader.next() {
             let head = try? decoder.decode(ResponseHead.self, from: line)
@@ -63,18 +62,25 @@ public struct BlockingBrokerClient: Sendable {
         throw ConnectionError(description: "the broker closed the connection")
     }
 
-    /// Writes `call`'s line and reads lines until the answer to it (at most `timeout`).
-    private func exchange<Result>(_ fd: Int32, _ call: BrokerCall<Result>, reader: inout LineReader) throws -> Data {
+    /// Writes `call`'s line and reads lines until the answer to it (at most `timeout`): the
+    /// line, and its access token when it is a token answer in the usual shape (`FlatTokenAnswer`,
+    /// read without the decoder).
+    private func exchange<Result>(_ fd: Int32, _ call: BrokerCall<Result>, reader: inout LineReader) throws -> (
+        line: Data, accessToken: String?
+    ) {
         let deadline = timeout.map { ContinuousClock.now + $0 }
-        let id = RequestID.integer(1)
+        let number: Int64 = 1
+        let id = RequestID.integer(number)
         // A failed send means the broker went away; what it said before closing (e.g.
         // forbidden) is still read below.
         if !BrokerSocket.send(fd, try call.line(id: id)) { shutdown(fd, Int32(SHUT_WR)) }
         let decoder = Wire.makeDecoder()
         while let line = try reader.next(deadline: deadline) {
-            if case .integer(let number) = id, line.withUnsafeBytes(FlatTokenAnswer.parse)?.id == number { return line }
+            if let answer = line.withUnsafeBytes(FlatTokenAnswer.parse), answer.id == number {
+                return (line, answer.accessToken)
+            }
             guard let head = try? decoder.decode(ResponseHead.self, from: line) else { continue }
-            if head.id == id, head.event == nil { return line }
+            if head.id == id, head.event == nil { return (line, nil) }
             // An error about the connection itself (e.g. forbidden) answers this request too.
             if head.id == nil || head.id == .null, let error = head.error { throw error.brokerError }
         }
