@@ -143,6 +143,8 @@ public struct RequestDispatcher: Sendable {
                     request, try await broker.logout(account: request.account, force: request.force ?? false), encoder)
             case .reload:
                 return try success(request, try await broker.reload(), encoder)
+            case .login:
+                throw BrokerError(.unknownOp, "login is not available in this broker yet")
             case .subscribe, nil:
                 throw BrokerError(.unknownOp, "unknown op")
             }

@@ -1,0 +1,44 @@
+import AsyncHTTPClient
+import Foundation
+import NIOCore
+import NIOHTTP1
+
+/// The test playing the user's browser: one GET, redirects not followed, so the test sees
+/// where the IdP sends the browser and then goes there itself.
+public enum TestBrowser {
+    /// What a page answered.
+    public struct Page: Sendable {
+        public var status: Int
+        /// The `Location` header of a redirect.
+        public var location: String?
+        public var body: String
+    }
+
+    /// GETs `url` without following a redirect.
+    public static func get(_ url: String) async throws -> Page {
+        let client = HTTPClient(
+            eventLoopGroupProvider: .singleton,
+            configuration: HTTPClient.Configuration(
+                redirectConfiguration: .disallow, timeout: .init(connect: .seconds(5))))
+        do {
+            let response = try await client.execute(HTTPClientRequest(url: url), deadline: .now() + .seconds(10))
+            let body = try await response.body.collect(upTo: 1 << 20)
+            try await client.shutdown()
+            return Page(
+                status: Int(response.status.code), location: response.headers.first(name: "Location"),
+                body: String(buffer: body))
+        } catch {
+            try? await client.shutdown()
+            throw error
+        }
+    }
+
+    /// GETs the authorization URL, expects the IdP's redirect, and returns where it points.
+    public static func authorize(_ url: String) async throws -> String {
+        let page = try await get(url)
+        guard page.status == 302, let location = page.location else {
+            throw HarnessError("the authorization endpoint answered \(page.status) without a redirect: \(page.body)")
+        }
+        return location
+    }
+}
