@@ -111,7 +111,7 @@ struct LineReader {
                 throw ConnectionError(description: "the broker sent a line longer than 16 MiB")
             }
             if let deadline, try !wait(until: deadline) { return .timedOut }
-            let count = read(descriptor, &chunk, chunk.count)
+            let count = Glibc.read(descriptor, &chunk, chunk.count)
             if count < 0 {
                 if errno == EINTR { continue }
                 throw ConnectionError(

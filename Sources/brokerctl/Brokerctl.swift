@@ -158,7 +158,8 @@ struct Status: ParsableCommand {
 
     func run() throws {
         try options.run(.status(account: account)) { result in
-            ([StatusTable.render(result.accounts, now: Date())] + StatusTable.hints(result.accounts, socket: options.socket))
+            ([StatusTable.render(result.accounts, now: Date())]
+                + StatusTable.hints(result.accounts, socket: options.socket))
                 .joined(separator: "\n")
         }
     }
@@ -395,10 +396,12 @@ func padded(_ text: String, to width: Int) -> String {
 enum ShellWord {
     /// `text` as it is when it holds only characters no shell reads specially, else in single quotes.
     static func quoted(_ text: String) -> String {
-        let plain = !text.isEmpty && text.utf8.allSatisfy { byte in
-            (0x30...0x39).contains(byte) || (0x41...0x5A).contains(byte) || (0x61...0x7A).contains(byte)
-                || Array("/._-@%+=:,".utf8).contains(byte)
-        }
+        let plain =
+            !text.isEmpty
+            && text.utf8.allSatisfy { byte in
+                (0x30...0x39).contains(byte) || (0x41...0x5A).contains(byte) || (0x61...0x7A).contains(byte)
+                    || Array("/._-@%+=:,".utf8).contains(byte)
+            }
         return plain ? text : "'" + text.replacing("'", with: #"'\''"#) + "'"
     }
 }

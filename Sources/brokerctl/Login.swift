@@ -8,7 +8,7 @@ import Synchronization
 import Glibc
 #endif
 
-extension LoginFlow: @retroactive ExpressibleByArgument {}
+extension LoginFlow: ExpressibleByArgument {}
 
 /// `brokerctl login NAME`: signs an oauth2 account in at its IdP. The broker runs the grant,
 /// talks to the token endpoint and keeps every token; brokerctl only shows the user where to go
@@ -18,14 +18,19 @@ struct Login: ParsableCommand {
         commandName: "login",
         abstract: "Sign in to an oauth2 account at its IdP (a code to enter, or the browser); creates or restores it.",
         discussion: """
-            brokerctl login work --issuer https://accounts.example.com --client-id my-cli --scope "openid offline_access"
-            The broker runs the sign-in and keeps the tokens: none passes through brokerctl. A new account is
-            created when the sign-in succeeds; an existing one (e.g. in needs login) is restored in place with
-            its own settings (give no provider options, or the same ones). A client secret is read by the
-            broker itself from --secrets (a file, or - for stdin), as {"client_secret": "..."}.
+            Example: brokerctl login work --issuer https://accounts.example.com --client-id my-cli \
+            --scope "openid offline_access"
+
+            The broker runs the sign-in and keeps the tokens: none passes through brokerctl. A new \
+            account is created when the sign-in succeeds; an existing one (e.g. in needs login) is \
+            restored in place with its own settings (give no provider options, or the same ones). A \
+            client secret is read by the broker itself from --secrets (a file, or - for stdin), as \
+            {"client_secret": "..."}.
+
             The code or URL goes to stderr (with a countdown on a terminal), the result to stdout.
-            Exit codes: 0 signed in, 5 denied, expired or timed out, 6 IdP unavailable, 4 no such account
-            (give its provider options), 130 cancelled with Ctrl-C.
+
+            Exit codes: 0 signed in, 5 denied, expired or timed out, 6 IdP unavailable, 4 no such \
+            account (give its provider options), 130 cancelled with Ctrl-C.
             """)
 
     @OptionGroup var connection: ConnectionOptions
@@ -34,12 +39,18 @@ struct Login: ParsableCommand {
     @OptionGroup var provider: ProviderOptions
     @Option(help: "File holding {\"client_secret\": ...}, or - for stdin; the broker reads it, brokerctl does not.")
     var secrets: String?
-    @Option(help: "device (enter a code on any device) or browser (sign in on this machine). Default: device over SSH or without a display, else browser.")
+    @Option(
+        help:
+            "device (enter a code on any device) or browser (sign in on this machine). Default: device over SSH or without a display, else browser."
+    )
     var flow: LoginFlow?
     @Flag(help: "Do not open a browser; only print the URL.") var noBrowser = false
     @Option(help: "Seconds you have to sign in, 1-3600 (default: 180 for browser, the code's lifetime for device).")
     var timeout: Double?
-    @Option(help: "browser: the loopback port the IdP redirects to, for IdPs that register a fixed one (default: any free port).")
+    @Option(
+        help:
+            "browser: the loopback port the IdP redirects to, for IdPs that register a fixed one (default: any free port)."
+    )
     var redirectPort: Int?
 
     func validate() throws {

@@ -4,8 +4,8 @@ import Glibc
 
 /// `xdg-open URL`, started with posix_spawn (found on `PATH`, no shell): standard input and
 /// output on /dev/null, so nothing the browser prints reaches brokerctl's output, and in a
-/// session of its own, so Ctrl-C at brokerctl's terminal does not reach it. Reaped with
-/// `reap()`.
+/// process group of its own, so Ctrl-C at brokerctl's terminal does not reach it (nor a
+/// browser it starts). Reaped with `reap()`.
 struct BrowserLauncher {
     let pid: pid_t
 
@@ -24,8 +24,10 @@ struct BrowserLauncher {
         sigemptyset(&defaults)
         sigaddset(&defaults, SIGINT)
         posix_spawnattr_setsigdefault(&attributes, &defaults)
-        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF))
-        let argv = ["xdg-open", url].map { strdup($0) } + [nil]
+        posix_spawnattr_setpgroup(&attributes, 0)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF))
+        let words = ["xdg-open", url]
+        let argv = words.map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }
         var pid: pid_t = 0
         let result = posix_spawnp(&pid, "xdg-open", &actions, &attributes, argv, environ)

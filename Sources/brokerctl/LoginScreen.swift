@@ -82,7 +82,8 @@ final class LoginScreen {
         var text = "\r\u{1B}[K\(spinner) "
         if let countdownEnd {
             let left = max(0, now.duration(to: countdownEnd).components.seconds)
-            text += "waiting for you to sign in (\(left / 60):\(left % 60 < 10 ? "0" : "")\(left % 60) left; Ctrl-C cancels)"
+            text +=
+                "waiting for you to sign in (\(left / 60):\(left % 60 < 10 ? "0" : "")\(left % 60) left; Ctrl-C cancels)"
         } else {
             text += "starting the sign-in"
         }
@@ -140,7 +141,9 @@ final class LoginScreen {
 
     /// A text from the IdP as it may reach a terminal: no control characters, at most 8 KiB.
     static func printable(_ text: String) -> String {
-        String(String.UnicodeScalarView(text.unicodeScalars.filter { $0.properties.generalCategory != .control }.prefix(8192)))
+        String(
+            String.UnicodeScalarView(
+                text.unicodeScalars.filter { $0.properties.generalCategory != .control }.prefix(8192)))
     }
 }
 

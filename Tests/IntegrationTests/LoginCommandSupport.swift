@@ -31,7 +31,8 @@ final class BackgroundBrokerctl {
         var input: Int32?
         if let stdin {
             var ends: [Int32] = [-1, -1]
-            guard pipe2(&ends, O_CLOEXEC) == 0 else { throw HarnessError("pipe failed: errno \(errno)") }
+            guard pipe(&ends) == 0 else { throw HarnessError("pipe failed: errno \(errno)") }
+            for end in ends { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
             _ = Array(stdin.utf8).withUnsafeBytes { write(ends[1], $0.baseAddress, $0.count) }
             close(ends[1])
             input = ends[0]
@@ -137,7 +138,8 @@ final class TmuxTerminal {
     func run(_ argv: [String]) throws {
         let line = argv.map { "'" + $0.replacingOccurrences(of: "'", with: #"'\''"#) + "'" }.joined(separator: " ")
         try command([
-            "new-session", "-d", "-s", "test", "-x", "250", "-y", "50", "\(line); echo $? > \(directory.file("status"))",
+            "new-session", "-d", "-s", "test", "-x", "250", "-y", "50",
+            "\(line); echo $? > \(directory.file("status"))",
         ])
     }
 
@@ -178,7 +180,9 @@ func acceptsConnections(port: Int) -> Bool {
     address.sin_port = in_port_t(UInt16(port).bigEndian)
     address.sin_addr.s_addr = inet_addr("127.0.0.1")
     let result = withUnsafePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+            connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+        }
     }
     return result == 0
 }

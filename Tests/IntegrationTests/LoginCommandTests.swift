@@ -88,11 +88,14 @@ import Glibc
         let login = try BackgroundBrokerctl(
             broker, ["login", "slow", "--flow", "device", "--json"] + Self.provider(idp))
         let code = try await login.jsonEvent("device_code")
-        #expect(Set(code.keys) == ["event", "verification_uri", "verification_uri_complete", "user_code", "expires_in"])
+        #expect(
+            Set(code.keys) == ["event", "verification_uri", "verification_uri_complete", "user_code", "expires_in"])
         #expect(code["expires_in"] as? Int == 300)
         let userCode = try #require(code["user_code"] as? String)
-        #expect(code["verification_uri_complete"] as? String == "\(code["verification_uri"] as? String ?? "")?user_code=\(userCode)")
-        #expect(try await eventually { idp.devicePolls.count >= 2 })
+        #expect(
+            code["verification_uri_complete"] as? String
+                == "\(code["verification_uri"] as? String ?? "")?user_code=\(userCode)")
+        #expect(await eventually { idp.devicePolls.count >= 2 })
         #expect(try await idp.decide(.approve, at: try #require(code["verification_uri_complete"] as? String)) == 200)
         #expect(await login.finish() == 0, "\(login.stderr)")
 
@@ -168,7 +171,7 @@ import Glibc
         let desktop = try BackgroundBrokerctl(
             broker, ["login", "desk", "--json"] + Self.provider(idp), environment: ["DISPLAY": ":9", "PATH": path])
         let url = try #require(try await desktop.jsonEvent("authorization_url")["url"] as? String)
-        #expect(try await eventually { (try? String(contentsOfFile: bin.file("opened"), encoding: .utf8)) == url })
+        #expect(await eventually { (try? String(contentsOfFile: bin.file("opened"), encoding: .utf8)) == url })
         let location = try await TestBrowser.authorize(url)
         #expect(try await TestBrowser.get(location).status == 200)
         #expect(await desktop.finish() == 0, "\(desktop.stderr)")
@@ -221,10 +224,10 @@ import Glibc
         let row = try #require(first.firstIndex(where: progress))
         #expect(second.firstIndex(where: progress) == row, "the same line")
         #expect(first[row] != second[row], "updated in place: \(first[row]) / \(second[row])")
-        #expect(try await eventually { idp.devicePolls.count >= 1 })
+        #expect(await eventually { idp.devicePolls.count >= 1 })
 
         try terminal.press("C-c")
-        #expect(try await eventually { terminal.exitStatus != nil })
+        #expect(await eventually { terminal.exitStatus != nil })
         #expect(terminal.exitStatus == 130)
         let after = try terminal.screen()
         #expect(after.contains("brokerctl: cancelled"))
@@ -256,9 +259,9 @@ import Glibc
         #expect(acceptsConnections(port: port))
 
         try terminal.press("C-c")
-        #expect(try await eventually { terminal.exitStatus != nil })
+        #expect(await eventually { terminal.exitStatus != nil })
         #expect(terminal.exitStatus == 130)
-        #expect(try await eventually { !acceptsConnections(port: port) }, "the listener is closed")
+        #expect(await eventually { !acceptsConnections(port: port) }, "the listener is closed")
         #expect(try Self.status(broker, "tty") == nil)
         await idp.shutdown()
     }
@@ -332,7 +335,8 @@ import Glibc
         _ = try broker.brokerctl(
             ["add", "fixed", "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"t","expires_in":600}"#)
         #expect(try broker.brokerctl(["logout", "fixed"]).status == 0)
-        #expect(try broker.brokerctl(["status"]).stdout.contains("fixed: push new tokens with: brokerctl set-tokens fixed"))
+        #expect(
+            try broker.brokerctl(["status"]).stdout.contains("fixed: push new tokens with: brokerctl set-tokens fixed"))
         await idp.shutdown()
     }
 
