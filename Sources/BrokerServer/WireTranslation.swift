@@ -55,6 +55,26 @@ public enum WireTranslation {
         }
     }
 
+    /// The `flow`, `redirect_port` and `timeout` of a `login` request, checked.
+    public static func loginOptions(_ request: Request) throws(BrokerError) -> LoginOptions {
+        guard let text = request.flow else {
+            throw BrokerError(.badRequest, "the field \"flow\" is required: device or browser")
+        }
+        guard let flow = LoginFlow(rawValue: text) else {
+            throw BrokerError(.badRequest, "\"flow\" is device or browser")
+        }
+        if let port = request.redirectPort, !(1...65535).contains(port) {
+            throw BrokerError(.badRequest, "\"redirect_port\" must be 1 to 65535")
+        }
+        if let timeout = request.timeout, !(timeout.isFinite && LoginOptions.timeouts.contains(timeout)) {
+            let range = LoginOptions.timeouts
+            throw BrokerError(
+                .badRequest,
+                "\"timeout\" must be \(Int(range.lowerBound)) to \(Int(range.upperBound)) seconds")
+        }
+        return LoginOptions(flow: flow, redirectPort: request.redirectPort, timeout: request.timeout)
+    }
+
     // MARK: Results
 
     /// An account's entry in `status`.
