@@ -247,15 +247,19 @@ import Glibc
         defer { broker.stop() }
         let idp = try await OAuth2TestIdP()
         let terminal = try await TmuxTerminal(environment: Self.terminalEnvironment(broker))
+        let fixedPort = try freePort()
         try terminal.run(
-            [BrokerProcess.binary("brokerctl").path, "login", "tty", "--flow", "browser", "--no-browser"]
-                + Self.provider(idp))
+            [
+                BrokerProcess.binary("brokerctl").path, "login", "tty", "--flow", "browser", "--no-browser",
+                "--redirect-port", String(fixedPort),
+            ] + Self.provider(idp))
         let screen = try await terminal.waitForScreen("the URL and the progress line") { lines in
             lines.contains { $0.contains("waiting for you to sign in") } && lines.contains { $0.hasPrefix("http") }
         }
         let url = try #require(screen.first { $0.hasPrefix("http") })
         let redirect = try #require(queryValue("redirect_uri", in: url))
         let port = try #require(URLComponents(string: redirect)?.port)
+        #expect(port == fixedPort, "--redirect-port")
         #expect(acceptsConnections(port: port))
 
         try terminal.press("C-c")
@@ -263,6 +267,47 @@ import Glibc
         #expect(terminal.exitStatus == 130)
         #expect(await eventually { !acceptsConnections(port: port) }, "the listener is closed")
         #expect(try Self.status(broker, "tty") == nil)
+        await idp.shutdown()
+    }
+
+    /// The other endings and their exit codes: the user's time runs out (5), the IdP is down
+    /// (6), an account that does not exist and no provider to create it (4), a device flow the
+    /// IdP does not offer (1); none leaves an account.
+    @Test func timeoutsAndFailuresExitWithTheirCodes() async throws {
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        let idp = try await OAuth2TestIdP()
+        idp.setDeviceTiming(interval: 1)
+
+        let browser = try BackgroundBrokerctl(
+            broker,
+            ["login", "late", "--flow", "browser", "--no-browser", "--timeout", "1", "--json"] + Self.provider(idp))
+        let url = try #require(try await browser.jsonEvent("authorization_url")["url"] as? String)
+        let port = try #require(queryValue("redirect_uri", in: url).flatMap { URLComponents(string: $0)?.port })
+        #expect(await browser.finish() == 5, "\(browser.stdout)")
+        #expect(browser.jsonLines.last?["code"] as? String == "needs_login")
+        #expect(!acceptsConnections(port: port))
+        let device = try BackgroundBrokerctl(
+            broker, ["login", "late", "--flow", "device", "--timeout", "2"] + Self.provider(idp))
+        #expect(await device.finish() == 5, "\(device.stderr)")
+        #expect(device.stderr.contains("enter the code"))
+
+        let missing = try broker.brokerctl(["login", "nobody", "--flow", "device"])
+        #expect(missing.status == 4)
+        #expect(missing.stderr.contains("--issuer"), "\(missing.stderr)")
+
+        let browserOnly = try await OAuth2TestIdP()
+        browserOnly.setOffersDeviceEndpoint(false)
+        let noDevice = try broker.brokerctl(["login", "nodevice", "--flow", "device"] + Self.provider(browserOnly))
+        #expect(noDevice.status == 1)
+        #expect(noDevice.stderr.contains("--flow browser"), "\(noDevice.stderr)")
+        await browserOnly.shutdown()
+
+        idp.setBehavior(.status(503, retryAfter: nil))
+        let down = try broker.brokerctl(["login", "down", "--flow", "device"] + Self.provider(idp))
+        #expect(down.status == 6, "\(down.stderr)")
+        for account in ["late", "nobody", "nodevice", "down"] { #expect(try Self.status(broker, account) == nil) }
         await idp.shutdown()
     }
 
