@@ -108,7 +108,8 @@ extension Broker {
         if var spec = request.provider {
             if let clientSecret {
                 guard spec["client_secret"] == nil else {
-                    throw BrokerError(.badRequest, "give the client secret in \"secrets_file\" or in \"provider\", not both")
+                    throw BrokerError(
+                        .badRequest, "give the client secret in \"secrets_file\" or in \"provider\", not both")
                 }
                 spec["client_secret"] = .string(clientSecret)
             }
