@@ -67,21 +67,6 @@ import Testing
         (try? await harness.broker.status(account: name)) != nil
     }
 
-    /// Whether something accepts TCP connections on 127.0.0.1:`port`.
-    static func listens(_ port: Int) -> Bool {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        return withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
-            }
-        }
-    }
-
     /// A TCP port on 127.0.0.1 that was free a moment ago.
     static func freePort() throws -> Int {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
@@ -246,7 +231,7 @@ import Testing
             #expect(offer.expiresIn == 180)
             let port = try Self.port(of: offer.redirectURI)
             #expect(offer.redirectURI == "http://127.0.0.1:\(port)/callback")
-            #expect(Self.listens(port))
+            #expect(TestBrowser.isListening(port))
 
             let location = try await TestBrowser.authorize(url)
             #expect(location.hasPrefix(try #require(offer.redirectURI) + "?code="))
@@ -255,7 +240,7 @@ import Testing
 
             #expect(try await login.value == LoginResult(account: "work", state: "valid", idToken: true))
             #expect(harness.idp.rejectedCodeExchanges.isEmpty)
-            #expect(!Self.listens(port))
+            #expect(!TestBrowser.isListening(port))
             let token = try await harness.broker.token(account: "work", minTTL: 60)
             #expect(harness.idp.issuedAccessTokens == [token.result.accessToken])
         }
@@ -295,7 +280,7 @@ import Testing
             let error = try #require(await Self.failure(login))
             #expect(error.code == .needsLogin)
             #expect(error.message.contains("(access_denied)"))
-            #expect(!Self.listens(try Self.port(of: offer.redirectURI)))
+            #expect(!TestBrowser.isListening(try Self.port(of: offer.redirectURI)))
             #expect(!(await Self.accountExists(harness)))
         }
     }
@@ -309,7 +294,7 @@ import Testing
             #expect(offer.expiresIn == 1)
             let error = try #require(await Self.failure(login))
             #expect(error.code == .needsLogin)
-            #expect(!Self.listens(try Self.port(of: offer.redirectURI)))
+            #expect(!TestBrowser.isListening(try Self.port(of: offer.redirectURI)))
             #expect(!(await Self.accountExists(harness)))
         }
     }
@@ -349,10 +334,10 @@ import Testing
                 harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
             let offer = try await progress.first(.authorizationURL)
             let port = try Self.port(of: offer.redirectURI)
-            #expect(Self.listens(port))
+            #expect(TestBrowser.isListening(port))
             login.cancel()
             #expect(await Self.failure(login) != nil)
-            #expect(!Self.listens(port))
+            #expect(!TestBrowser.isListening(port))
             #expect(!(await Self.accountExists(harness)))
         }
     }

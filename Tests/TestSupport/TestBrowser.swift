@@ -33,6 +33,22 @@ public enum TestBrowser {
         }
     }
 
+    /// Whether something accepts TCP connections on 127.0.0.1:`port` (one plain `connect`:
+    /// the HTTP client retries a refused connection until its connect timeout).
+    public static func isListening(_ port: Int) -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
+            }
+        }
+    }
+
     /// GETs the authorization URL, expects the IdP's redirect, and returns where it points.
     public static func authorize(_ url: String) async throws -> String {
         let page = try await get(url)
