@@ -592,6 +592,47 @@ import Testing
         #expect("\(refusals)".contains("symbolic link"))
     }
 
+    // MARK: The test IdP
+
+    /// The test IdP refuses what real IdPs refuse, so the browser-flow tests mean something.
+    @Test func theTestIdPRefusesAWrongVerifierAnotherRedirectAReusedCodeAndAnUnregisteredRedirect() async throws {
+        let idp = try await OAuth2TestIdP()
+        let verifier = "a-verifier-of-forty-three-characters-0123456"
+        let registered = "http://127.0.0.1:5555/callback"
+        let escape = { (text: String) in text.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? "" }
+        func authorize(_ redirect: String) async throws -> TestBrowser.Page {
+            try await TestBrowser.get(
+                idp.authorizationEndpoint + "?response_type=code&client_id=\(idp.clientID)&redirect_uri="
+                    + escape(redirect) + "&state=s1&code_challenge=" + OAuth2TestIdP.challenge(for: verifier)
+                    + "&code_challenge_method=S256&scope=openid")
+        }
+        func code() async throws -> String {
+            let page = try await authorize(registered)
+            #expect(page.status == 302)
+            let items = URLComponents(string: try #require(page.location))?.queryItems ?? []
+            #expect(items.first { $0.name == "state" }?.value == "s1")
+            return try #require(items.first { $0.name == "code" }?.value)
+        }
+        for unregistered in [
+            "http://evil.example/callback", "http://127.0.0.1/callback", "http://127.0.0.1:5555/other",
+        ] {
+            let page = try await authorize(unregistered)
+            #expect(page.status == 400 && page.location == nil)
+        }
+        #expect(
+            try await idp.exchange(code: try await code(), verifier: verifier + "x", redirectURI: registered) == 400)
+        #expect(
+            try await idp.exchange(
+                code: try await code(), verifier: verifier, redirectURI: "http://127.0.0.1:6666/callback") == 400)
+        let good = try await code()
+        #expect(try await idp.exchange(code: good, verifier: verifier, redirectURI: registered) == 200)
+        #expect(try await idp.exchange(code: good, verifier: verifier, redirectURI: registered) == 400)
+        #expect(
+            idp.rejectedCodeExchanges == ["code_verifier does not match", "redirect_uri differs", "code already used"])
+        #expect(idp.issuedIDTokens.count == 1)
+        await idp.shutdown()
+    }
+
     // MARK: Units
 
     @Test func pkceChallengeIsRFC7636AppendixB() {

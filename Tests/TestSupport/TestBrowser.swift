@@ -3,7 +3,7 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 
-/// The test playing the user's browser: one GET, redirects not followed, so the test sees
+/// The test playing the user's browser: one request, redirects not followed, so the test sees
 /// where the IdP sends the browser and then goes there itself.
 public enum TestBrowser {
     /// What a page answered.
@@ -16,12 +16,25 @@ public enum TestBrowser {
 
     /// GETs `url` without following a redirect.
     public static func get(_ url: String) async throws -> Page {
+        try await send(HTTPClientRequest(url: url))
+    }
+
+    /// POSTs an `application/x-www-form-urlencoded` body to `url`.
+    public static func post(_ url: String, form: String) async throws -> Page {
+        var request = HTTPClientRequest(url: url)
+        request.method = .POST
+        request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
+        request.body = .bytes(ByteBuffer(string: form))
+        return try await send(request)
+    }
+
+    private static func send(_ request: HTTPClientRequest) async throws -> Page {
         let client = HTTPClient(
             eventLoopGroupProvider: .singleton,
             configuration: HTTPClient.Configuration(
                 redirectConfiguration: .disallow, timeout: .init(connect: .seconds(5))))
         do {
-            let response = try await client.execute(HTTPClientRequest(url: url), deadline: .now() + .seconds(10))
+            let response = try await client.execute(request, deadline: .now() + .seconds(10))
             let body = try await response.body.collect(upTo: 1 << 20)
             try await client.shutdown()
             return Page(
