@@ -112,7 +112,7 @@ let package = Package(
         .target(
             name: "TestSupport",
             dependencies: [
-                "BrokerClient", "BrokerCore", "BrokerProtocol", "BrokerServer", "CSodium",
+                "BrokerClient", "BrokerCore", "BrokerProtocol", "BrokerServer", "CSodium", "CSpawn",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -67,21 +67,6 @@ import Testing
         (try? await harness.broker.status(account: name)) != nil
     }
 
-    /// Whether something accepts TCP connections on 127.0.0.1:`port`.
-    static func listens(_ port: Int) -> Bool {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        return withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
-            }
-        }
-    }
-
     /// A TCP port on 127.0.0.1 that was free a moment ago.
     static func freePort() throws -> Int {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
@@ -246,7 +231,7 @@ import Testing
             #expect(offer.expiresIn == 180)
             let port = try Self.port(of: offer.redirectURI)
             #expect(offer.redirectURI == "http://127.0.0.1:\(port)/callback")
-            #expect(Self.listens(port))
+            #expect(TestBrowser.isListening(port))
 
             let location = try await TestBrowser.authorize(url)
             #expect(location.hasPrefix(try #require(offer.redirectURI) + "?code="))
@@ -255,7 +240,7 @@ import Testing
 
             #expect(try await login.value == LoginResult(account: "work", state: "valid", idToken: true))
             #expect(harness.idp.rejectedCodeExchanges.isEmpty)
-            #expect(!Self.listens(port))
+            #expect(!TestBrowser.isListening(port))
             let token = try await harness.broker.token(account: "work", minTTL: 60)
             #expect(harness.idp.issuedAccessTokens == [token.result.accessToken])
         }
@@ -295,7 +280,7 @@ import Testing
             let error = try #require(await Self.failure(login))
             #expect(error.code == .needsLogin)
             #expect(error.message.contains("(access_denied)"))
-            #expect(!Self.listens(try Self.port(of: offer.redirectURI)))
+            #expect(!TestBrowser.isListening(try Self.port(of: offer.redirectURI)))
             #expect(!(await Self.accountExists(harness)))
         }
     }
@@ -309,7 +294,7 @@ import Testing
             #expect(offer.expiresIn == 1)
             let error = try #require(await Self.failure(login))
             #expect(error.code == .needsLogin)
-            #expect(!Self.listens(try Self.port(of: offer.redirectURI)))
+            #expect(!TestBrowser.isListening(try Self.port(of: offer.redirectURI)))
             #expect(!(await Self.accountExists(harness)))
         }
     }
@@ -349,10 +334,10 @@ import Testing
                 harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
             let offer = try await progress.first(.authorizationURL)
             let port = try Self.port(of: offer.redirectURI)
-            #expect(Self.listens(port))
+            #expect(TestBrowser.isListening(port))
             login.cancel()
             #expect(await Self.failure(login) != nil)
-            #expect(!Self.listens(port))
+            #expect(!TestBrowser.isListening(port))
             #expect(!(await Self.accountExists(harness)))
         }
     }
@@ -605,6 +590,47 @@ import Testing
             #expect(!reason.contains("do-not-echo"))
         }
         #expect("\(refusals)".contains("symbolic link"))
+    }
+
+    // MARK: The test IdP
+
+    /// The test IdP refuses what real IdPs refuse, so the browser-flow tests mean something.
+    @Test func theTestIdPRefusesAWrongVerifierAnotherRedirectAReusedCodeAndAnUnregisteredRedirect() async throws {
+        let idp = try await OAuth2TestIdP()
+        let verifier = "a-verifier-of-forty-three-characters-0123456"
+        let registered = "http://127.0.0.1:5555/callback"
+        let escape = { (text: String) in text.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? "" }
+        func authorize(_ redirect: String) async throws -> TestBrowser.Page {
+            try await TestBrowser.get(
+                idp.authorizationEndpoint + "?response_type=code&client_id=\(idp.clientID)&redirect_uri="
+                    + escape(redirect) + "&state=s1&code_challenge=" + OAuth2TestIdP.challenge(for: verifier)
+                    + "&code_challenge_method=S256&scope=openid")
+        }
+        func code() async throws -> String {
+            let page = try await authorize(registered)
+            #expect(page.status == 302)
+            let items = URLComponents(string: try #require(page.location))?.queryItems ?? []
+            #expect(items.first { $0.name == "state" }?.value == "s1")
+            return try #require(items.first { $0.name == "code" }?.value)
+        }
+        for unregistered in [
+            "http://evil.example/callback", "http://127.0.0.1/callback", "http://127.0.0.1:5555/other",
+        ] {
+            let page = try await authorize(unregistered)
+            #expect(page.status == 400 && page.location == nil)
+        }
+        #expect(
+            try await idp.exchange(code: try await code(), verifier: verifier + "x", redirectURI: registered) == 400)
+        #expect(
+            try await idp.exchange(
+                code: try await code(), verifier: verifier, redirectURI: "http://127.0.0.1:6666/callback") == 400)
+        let good = try await code()
+        #expect(try await idp.exchange(code: good, verifier: verifier, redirectURI: registered) == 200)
+        #expect(try await idp.exchange(code: good, verifier: verifier, redirectURI: registered) == 400)
+        #expect(
+            idp.rejectedCodeExchanges == ["code_verifier does not match", "redirect_uri differs", "code already used"])
+        #expect(idp.issuedIDTokens.count == 1)
+        await idp.shutdown()
     }
 
     // MARK: Units

@@ -1,3 +1,4 @@
+import CSpawn
 import FoundationEssentials
 import Synchronization
 
@@ -26,6 +27,9 @@ public final class ChildProcess: Sendable {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
+        // NIO's sockets are not close-on-exec: without this, a child would keep the listeners of
+        // the tests running beside it in this process (an IdP, a login's redirect port) open.
+        tokenbroker_spawn_close_from(&actions, 3)
         if let input {
             posix_spawn_file_actions_adddup2(&actions, input, 0)
         } else {

@@ -103,6 +103,19 @@ extension OAuth2TestIdP {
         return try await TestBrowser.get(verificationURIComplete + "&decision=\(word)").status
     }
 
+    /// Plays a client at the token endpoint: exchanges `code` with `verifier` for `redirectURI`
+    /// (client_secret_post); returns the HTTP status.
+    public func exchange(code: String, verifier: String, redirectURI: String) async throws -> Int {
+        let form = [
+            ("grant_type", "authorization_code"), ("code", code), ("code_verifier", verifier),
+            ("redirect_uri", redirectURI), ("client_id", clientID), ("client_secret", clientSecret),
+        ].map { "\($0.0)=\(FormBody.escape($0.1))" }.joined(separator: "&")
+        return try await TestBrowser.post(tokenEndpoint, form: form).status
+    }
+
+    /// The S256 code challenge of `verifier` (RFC 7636 section 4.2), computed as the IdP checks it.
+    public static func challenge(for verifier: String) -> String { s256(verifier) }
+
     // MARK: Endpoints
 
     /// The answer of a login endpoint, or `nil` when `request` is for another endpoint.
