@@ -137,7 +137,7 @@ import Glibc
         #expect(await login.finish() == 0, "\(login.stderr)")
         #expect(login.jsonLines.last as? [String: String] == ["event": "done", "account": "web", "state": "valid"])
         #expect(try Self.status(broker, "web")?["state"] as? String == "valid")
-        #expect(!acceptsConnections(port: port), "the redirect listener is closed")
+        #expect(!TestBrowser.isListening(port), "the redirect listener is closed")
 
         // Another login receives the first login's code (with its own state, as an attacker
         // who saw the code would send it): the broker tries it and the IdP refuses it.
@@ -260,12 +260,12 @@ import Glibc
         let redirect = try #require(queryValue("redirect_uri", in: url))
         let port = try #require(URLComponents(string: redirect)?.port)
         #expect(port == fixedPort, "--redirect-port")
-        #expect(acceptsConnections(port: port))
+        #expect(TestBrowser.isListening(port))
 
         try terminal.press("C-c")
         #expect(await eventually { terminal.exitStatus != nil })
         #expect(terminal.exitStatus == 130)
-        #expect(await eventually { !acceptsConnections(port: port) }, "the listener is closed")
+        #expect(await eventually { !TestBrowser.isListening(port) }, "the listener is closed")
         #expect(try Self.status(broker, "tty") == nil)
         await idp.shutdown()
     }
@@ -287,7 +287,7 @@ import Glibc
         let port = try #require(queryValue("redirect_uri", in: url).flatMap { URLComponents(string: $0)?.port })
         #expect(await browser.finish() == 5, "\(browser.stdout)")
         #expect(browser.jsonLines.last?["code"] as? String == "needs_login")
-        #expect(!acceptsConnections(port: port))
+        #expect(!TestBrowser.isListening(port))
         let device = try BackgroundBrokerctl(
             broker, ["login", "late", "--flow", "device", "--timeout", "2"] + Self.provider(idp))
         #expect(await device.finish() == 5, "\(device.stderr)")
