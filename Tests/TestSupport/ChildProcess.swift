@@ -27,9 +27,6 @@ public final class ChildProcess: Sendable {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
-        // NIO's sockets are not close-on-exec: without this, a child would keep the listeners of
-        // the tests running beside it in this process (an IdP, a login's redirect port) open.
-        tokenbroker_spawn_close_from(&actions, 3)
         if let input {
             posix_spawn_file_actions_adddup2(&actions, input, 0)
         } else {
@@ -42,6 +39,10 @@ public final class ChildProcess: Sendable {
                 posix_spawn_file_actions_addopen(&actions, target, "/dev/null", O_WRONLY, 0)
             }
         }
+        // After the dup2s, which read their sources. NIO's sockets are not close-on-exec: without
+        // this, a child would keep open the listeners of the tests running beside it in this
+        // process (an IdP, a login's redirect port).
+        tokenbroker_spawn_close_from(&actions, 3)
         let argv = ([path] + arguments).map { strdup($0) } + [nil]
         let envp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
         defer { (argv + envp).forEach { free($0) } }
