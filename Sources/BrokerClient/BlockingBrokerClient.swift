@@ -68,8 +68,9 @@ public struct BlockingBrokerClient: Sendable {
     ///
     /// No read timeout applies (`timeout` is not used): the operation bounds itself (a login
     /// ends at its own timeout) and progress lines may be minutes apart. `idle` runs every
-    /// `idleInterval` while no line arrives; it bounds the wait, or stops it on Ctrl-C, by
-    /// throwing. The connection is closed on every exit, which cancels an unfinished operation.
+    /// `idleInterval` until the final line, whether progress lines come or not; it bounds the
+    /// wait, or stops it on Ctrl-C, by throwing. The connection is closed on every exit, which
+    /// cancels an unfinished operation.
     public func perform<Result>(
         _ call: BrokerCall<Result>, idleInterval: Duration = .milliseconds(250), idle: () throws -> Void = {},
         progress: (Data) throws -> Void
@@ -80,10 +81,12 @@ public struct BlockingBrokerClient: Sendable {
         let id = RequestID.integer(1)
         if !BrokerSocket.send(fd, try call.line(id: id)) { shutdown(fd, Int32(SHUT_WR)) }
         let decoder = Wire.makeDecoder()
+        var nextIdle = ContinuousClock.now + idleInterval
         while true {
-            switch try reader.read(until: ContinuousClock.now + idleInterval) {
+            switch try reader.read(until: nextIdle) {
             case .timedOut:
                 try idle()
+                nextIdle = ContinuousClock.now + idleInterval
             case .end:
                 throw ConnectionError(description: "the broker closed the connection")
             case .line(let line):

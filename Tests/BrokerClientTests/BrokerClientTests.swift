@@ -224,6 +224,31 @@ import Testing
         #expect(request.secretsFile == "/proc/1/fd/0")
     }
 
+    /// `idle` runs on time even while progress lines keep coming (it is what notices Ctrl-C).
+    @Test func idleRunsBetweenProgressLinesThatComeFast() async throws {
+        let broker = try FakeBroker()
+        let serving = broker.serve { peer in
+            let request = try peer.request()
+            let id = try #require(request.id)
+            for _ in 0..<40 {
+                peer.write(#"{"id":\#(Self.json(id)),"event":"slow_down","interval":10}"# + "\n")
+                usleep(10_000)
+            }
+            peer.write(Peer.answer(id, result: #"{"account":"work","state":"valid","id_token":false}"#))
+        }
+        let client = BlockingBrokerClient(socketPath: broker.socketPath)
+        var idle = 0
+        var progress = 0
+        _ = try client.perform(.login(account: "work", flow: .device), idleInterval: .milliseconds(50)) {
+            idle += 1
+        } progress: { _ in
+            progress += 1
+        }
+        #expect(progress == 40)
+        #expect(idle >= 3, "lines every 10 ms for 400 ms, idle every 50 ms")
+        try await serving.value
+    }
+
     /// `idle` throwing (Ctrl-C, a deadline) ends the wait with its error and closes the
     /// connection, which is how the broker learns the login was given up.
     @Test func idleThrowingEndsTheWaitAndClosesTheConnection() async throws {
