@@ -57,6 +57,7 @@ let package = Package(
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
@@ -111,7 +112,8 @@ let package = Package(
         .target(
             name: "TestSupport",
             dependencies: [
-                "BrokerClient", "BrokerCore", "BrokerProtocol", "BrokerServer",
+                "BrokerClient", "BrokerCore", "BrokerProtocol", "BrokerServer", "CSodium", "CSpawn",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

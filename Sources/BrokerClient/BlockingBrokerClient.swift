@@ -62,6 +62,43 @@ public struct BlockingBrokerClient: Sendable {
         throw ConnectionError(description: "the broker closed the connection")
     }
 
+    /// Sends `call`, which the broker answers with progress lines before its final line (as it
+    /// answers `login`), hands each progress line to `progress`, and returns the final line's
+    /// result (a failure line is thrown as its `BrokerError`).
+    ///
+    /// No read timeout applies (`timeout` is not used): the operation bounds itself (a login
+    /// ends at its own timeout) and progress lines may be minutes apart. `idle` runs every
+    /// `idleInterval` until the final line, whether progress lines come or not; it bounds the
+    /// wait, or stops it on Ctrl-C, by throwing. The connection is closed on every exit, which
+    /// cancels an unfinished operation.
+    public func perform<Result>(
+        _ call: BrokerCall<Result>, idleInterval: Duration = .milliseconds(250), idle: () throws -> Void = {},
+        progress: (Data) throws -> Void
+    ) throws -> Result {
+        let fd = try BrokerSocket.connect(socketPath)
+        defer { close(fd) }
+        var reader = LineReader(descriptor: fd)
+        let id = RequestID.integer(1)
+        if !BrokerSocket.send(fd, try call.line(id: id)) { shutdown(fd, Int32(SHUT_WR)) }
+        let decoder = Wire.makeDecoder()
+        var nextIdle = ContinuousClock.now + idleInterval
+        while true {
+            switch try reader.read(until: nextIdle) {
+            case .timedOut:
+                try idle()
+                nextIdle = ContinuousClock.now + idleInterval
+            case .end:
+                throw ConnectionError(description: "the broker closed the connection")
+            case .line(let line):
+                guard let head = try? decoder.decode(ResponseHead.self, from: line) else { continue }
+                if head.id == id, head.ok != nil { return try BrokerCall.result(of: line) }
+                if head.id == id, head.event != nil { try progress(line) }
+                // An error about the connection itself (e.g. forbidden) answers this request too.
+                if head.id == nil || head.id == .null, let error = head.error { throw error.brokerError }
+            }
+        }
+    }
+
     /// Writes `call`'s line and reads lines until the answer to it (at most `timeout`): the
     /// line, and its access token when it is a token answer in the usual shape (`FlatTokenAnswer`,
     /// read without the decoder).

@@ -42,6 +42,32 @@ extension BrokerCall where Result == TokenResult {
     }
 }
 
+extension BrokerCall where Result == IDTokenResult {
+    /// The account's OpenID Connect id token (`token` with `id_token`); `not_found` when the
+    /// IdP issued none.
+    public static func idToken(account: String, minTTL: TimeInterval? = nil) -> Self {
+        Self(Request(id: nil, op: "token", account: account, minTTL: minTTL, idToken: true))
+    }
+}
+
+extension BrokerCall where Result == LoginResult {
+    /// Signs `account` in at its IdP with `flow` (owner only): the broker runs the grant and
+    /// stores the tokens, creating the account (from `provider`) or restoring it in place. The
+    /// broker answers with `LoginProgress` lines before the result: send it with
+    /// `BlockingBrokerClient.perform(_:idleInterval:idle:progress:)`. `secretsFile` is the
+    /// absolute path of `{"client_secret": ...}` for the broker to read; `timeout` the seconds
+    /// the user has.
+    public static func login(
+        account: String, flow: LoginFlow, provider: ProviderSpec? = nil, secretsFile: String? = nil,
+        redirectPort: Int? = nil, timeout: Double? = nil
+    ) -> Self {
+        Self(
+            Request(
+                id: nil, op: "login", account: account, provider: provider, flow: flow.rawValue,
+                secretsFile: secretsFile, redirectPort: redirectPort, timeout: timeout))
+    }
+}
+
 extension BrokerCall where Result == HelloResult {
     /// The broker's protocol version, name and operations.
     public static func hello(client: String? = nil) -> Self {

@@ -8,6 +8,8 @@ import Glibc
 /// The broker could not be reached, or the connection to it broke.
 public struct ConnectionError: Error, CustomStringConvertible, Sendable {
     public let description: String
+
+    public init(description: String) { self.description = description }
 }
 
 /// Blocking Unix-socket primitives both clients use.
@@ -76,27 +78,46 @@ struct LineReader {
 
     init(descriptor: Int32) { self.descriptor = descriptor }
 
+    /// What one wait for a line ended with.
+    enum Outcome {
+        /// A line, without its newline.
+        case line(Data)
+        /// The end of the stream.
+        case end
+        /// The wait's deadline passed first (a partial line stays buffered).
+        case timedOut
+    }
+
     /// The next line without its newline; `nil` at the end of the stream. Waits for it until
-    /// `deadline` (forever when `nil`).
+    /// `deadline` (forever when `nil`), then throws.
     mutating func next(deadline: ContinuousClock.Instant? = nil) throws(ConnectionError) -> Data? {
+        switch try read(until: deadline) {
+        case .line(let line): return line
+        case .end: return nil
+        case .timedOut: throw ConnectionError(description: "the broker did not answer in time")
+        }
+    }
+
+    /// The next line, the end of the stream, or `timedOut` once `deadline` passes (never when `nil`).
+    mutating func read(until deadline: ContinuousClock.Instant?) throws(ConnectionError) -> Outcome {
         while true {
             if let newline = buffer[searched...].firstIndex(of: 0x0A) {
                 let line = Data(buffer[start..<newline])
                 start = newline + 1
                 searched = start
-                return line
+                return .line(line)
             }
             guard buffer.count - start <= Self.maximumLineLength else {
                 throw ConnectionError(description: "the broker sent a line longer than 16 MiB")
             }
-            if let deadline { try wait(until: deadline) }
-            let count = read(descriptor, &chunk, chunk.count)
+            if let deadline, try !wait(until: deadline) { return .timedOut }
+            let count = Glibc.read(descriptor, &chunk, chunk.count)
             if count < 0 {
                 if errno == EINTR { continue }
                 throw ConnectionError(
                     description: "reading from the broker failed: \(String(cString: strerror(errno)))")
             }
-            if count == 0 { return nil }
+            if count == 0 { return .end }
             // What was returned goes before more is read, so the buffer holds one partial line at most.
             buffer.removeFirst(start)
             start = 0
@@ -105,15 +126,15 @@ struct LineReader {
         }
     }
 
-    /// Returns once the socket is readable; throws when `deadline` passes first.
-    private func wait(until deadline: ContinuousClock.Instant) throws(ConnectionError) {
+    /// Waits until the socket is readable (`true`) or `deadline` passes (`false`).
+    private func wait(until deadline: ContinuousClock.Instant) throws(ConnectionError) -> Bool {
         while true {
             let left = ContinuousClock.now.duration(to: deadline)
             let milliseconds = left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000
-            guard milliseconds > 0 else { throw ConnectionError(description: "the broker did not answer in time") }
+            guard milliseconds > 0 else { return false }
             var ready = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
             let result = poll(&ready, 1, Int32(clamping: milliseconds))
-            if result > 0 { return }
+            if result > 0 { return true }
             if result < 0, errno != EINTR {
                 throw ConnectionError(description: "waiting for the broker failed: \(String(cString: strerror(errno)))")
             }

@@ -175,7 +175,10 @@ struct AccountMachine: Sendable {
             settle(.idle, nextRefreshAt: Self.next(after: record, planner, now: now))
             return .applied([])
         }
-        record.token = grant.token
+        // An answer without an id token keeps the one held (some IdPs send it only at login).
+        var token = grant.token
+        if token.idToken == nil { token.idToken = record.token?.idToken }
+        record.token = token
         if let refreshToken = grant.refreshToken {
             // A rotated refresh token carries its own expiry (or none); the old one's no longer applies.
             record.secrets.refreshToken = refreshToken
@@ -188,7 +191,7 @@ struct AccountMachine: Sendable {
         record.lastError = nil
         failures = 0
         settle(.idle, nextRefreshAt: Self.next(after: record, planner, now: now))
-        return .applied([.persist, .publish(grant.token), .emit(.refreshed)])
+        return .applied([.persist, .publish(token), .emit(.refreshed)])
     }
 
     /// The vault could not save what refresh `serial` brought: try again after `backoffBase`.

@@ -30,6 +30,8 @@ public actor Broker {
     /// Accounts changed in memory whose last save failed: the next save writes them too.
     private var unsaved: Set<String> = []
     private var refreshSerial = 0
+    /// Accounts a login is running for.
+    private var loginsRunning: Set<String> = []
 
     /// Loads every account from `vault` (refusing a wrong key or tampered file) and schedules it.
     public init(
@@ -152,13 +154,23 @@ public actor Broker {
     public func add(
         _ account: AccountName, provider: ProviderConfig, clientSecret: String?, tokens: TokenPush?
     ) throws(BrokerFailure) -> AccountSnapshot {
+        try create(account, provider: provider, clientSecret: clientSecret) { record, now in
+            if let tokens { apply(tokens, to: &record, now: now) }
+        }
+    }
+
+    /// Creates an account with `provider` and the tokens `fill` puts into its record.
+    private func create(
+        _ account: AccountName, provider: ProviderConfig, clientSecret: String?,
+        filling fill: (inout AccountRecord, Date) -> Void
+    ) throws(BrokerFailure) -> AccountSnapshot {
         let name = account.rawValue
         guard accounts[name] == nil else { throw .accountExists(account) }
         let now = clock.now()
         var record = AccountRecord(
             name: name, provider: provider, secrets: AccountSecrets(clientSecret: clientSecret), token: nil,
             needsLogin: false, lastError: nil, lastRefreshAt: nil)
-        if let tokens { apply(tokens, to: &record, now: now) }
+        fill(&record, now)
         var machine = AccountMachine(record: record, planner: planner, now: now)
         let effects = machine.tokensReplaced(by: record, planner: planner, now: now)
         accounts[name] = machine
@@ -171,18 +183,113 @@ public actor Broker {
 
     /// Replaces an account's tokens; clears a denial, a logout and any backoff.
     public func setTokens(of account: AccountName, to tokens: TokenPush) throws(BrokerFailure) -> AccountSnapshot {
+        _ = try machine(account.rawValue)
+        guard !tokens.isEmpty else { throw .nothingToPush }
+        return try replaceTokens(of: account) { record, now in apply(tokens, to: &record, now: now) }
+    }
+
+    /// Replaces an account's tokens with those `fill` puts into its record; clears a denial, a
+    /// logout and any backoff.
+    private func replaceTokens(of account: AccountName, filling fill: (inout AccountRecord, Date) -> Void)
+        throws(BrokerFailure) -> AccountSnapshot
+    {
         let name = account.rawValue
         var machine = try self.machine(name)
-        guard !tokens.isEmpty else { throw .nothingToPush }
         try checkNotLoggingOut(machine)
         let now = clock.now()
         var record = machine.record
-        apply(tokens, to: &record, now: now)
+        fill(&record, now)
         let effects = machine.tokensReplaced(by: record, planner: planner, now: now)
         accounts[name] = machine
         try run(effects, for: name)
         logger.info("tokens replaced", metadata: ["account": "\(name)"])
         return describe(try self.machine(name), now: clock.now())
+    }
+
+    /// Signs the user in at the IdP of `account` and stores the tokens it issues: creates the
+    /// account with `provider` (and `clientSecret`) when it does not exist, otherwise restores it
+    /// in place with its own settings, as `setTokens` would. Waits for the user off the actor;
+    /// `progress` receives what to show them. A cancelled login stores nothing.
+    public func login(
+        _ account: AccountName, provider: ProviderConfig?, clientSecret: String?, options: LoginOptions,
+        progress: @escaping @Sendable (LoginProgress) async -> Void
+    ) async throws(BrokerFailure) -> (snapshot: AccountSnapshot, hasIDToken: Bool) {
+        let name = account.rawValue
+        let (config, secret) = try loginSettings(account, provider: provider, clientSecret: clientSecret)
+        guard let settings = config.settings as? OAuth2Settings else {
+            throw .invalid("\(name) is a \(config.kind) account; only oauth2 accounts can log in")
+        }
+        guard loginsRunning.insert(name).inserted else { throw .loginRunning(account) }
+        defer { loginsRunning.remove(name) }
+        let context = LoginContext(
+            account: account, settings: settings, clientSecret: secret, http: http, clock: clock,
+            defaultLifetime: self.settings.defaultLifetime, progress: progress)
+        let grant: Grant
+        switch options.flow {
+        case .device: grant = try await DeviceAuthorization.run(context, timeout: options.timeout)
+        case .browser:
+            grant = try await AuthorizationCodeLogin.run(
+                context, redirectPort: options.redirectPort, timeout: options.timeout)
+        }
+        if Task.isCancelled { throw context.cancelled }
+        // The account may have been added, removed or reconfigured while the user signed in.
+        _ = try loginSettings(account, provider: config, clientSecret: secret)
+        let snapshot: AccountSnapshot
+        if accounts[name] == nil {
+            snapshot = try create(account, provider: config, clientSecret: secret) { record, _ in
+                apply(grant, to: &record)
+            }
+        } else {
+            snapshot = try replaceTokens(of: account) { record, _ in apply(grant, to: &record) }
+        }
+        logger.info("logged in", metadata: ["account": "\(name)", "flow": "\(options.flow.rawValue)"])
+        return (snapshot, grant.token.idToken != nil)
+    }
+
+    /// The settings and client secret a login of `account` uses: an existing account's own
+    /// (a provider or secret given must be the same), else the ones given.
+    private func loginSettings(_ account: AccountName, provider: ProviderConfig?, clientSecret: String?)
+        throws(BrokerFailure) -> (ProviderConfig, String?)
+    {
+        guard let machine = accounts[account.rawValue] else {
+            guard let provider else { throw .loginNeedsProvider(account) }
+            return (provider, clientSecret)
+        }
+        try checkNotLoggingOut(machine)
+        let record = machine.record
+        if let provider, provider != record.provider { throw .loginSettingsDiffer(account) }
+        if let clientSecret, clientSecret != record.secrets.clientSecret { throw .loginSettingsDiffer(account) }
+        return (record.provider, record.secrets.clientSecret)
+    }
+
+    /// A token answer for `account`'s id token, valid for `minTTL` seconds when its payload
+    /// states an expiry. The access token is obtained first, as `token` does (a due refresh
+    /// runs, and may bring a new id token); an id token still too short forces one refresh.
+    public nonisolated func idToken(for account: AccountName, minTTL: TimeInterval) async throws(BrokerFailure)
+        -> (idToken: String, expiresAt: Date?)
+    {
+        _ = try await token(for: account, minTTL: minTTL)
+        var held = try await heldIDToken(account)
+        if let expiry = IDToken.expiry(of: held), expiry < clock.now().addingTimeInterval(minTTL) {
+            do {
+                _ = try await refreshNow(account)
+            } catch .neverRefreshes {
+                throw .idTokenExpired(account)
+            }
+            held = try await heldIDToken(account)
+            if let renewed = IDToken.expiry(of: held), renewed < clock.now().addingTimeInterval(minTTL) {
+                throw .idTokenExpired(account)
+            }
+        }
+        return (held, IDToken.expiry(of: held).map(Bounds.date))
+    }
+
+    /// The id token `account` holds.
+    private func heldIDToken(_ account: AccountName) throws(BrokerFailure) -> String {
+        guard let idToken = try machine(account.rawValue).servableToken?.idToken else {
+            throw .noIDToken(account)
+        }
+        return idToken
     }
 
     /// Deletes an account and its secrets.
@@ -520,6 +627,15 @@ public actor Broker {
             record.secrets.refreshExpiresAt = tokens.refreshExpiry?.date(receivedAt: now)
         }
         if let refreshURL = tokens.refreshURL { record.secrets.refreshURL = refreshURL }
+    }
+
+    /// Puts the tokens a login obtained into `record`: they replace every token and refresh
+    /// credential it held (a login without an id token leaves none).
+    private func apply(_ grant: Grant, to record: inout AccountRecord) {
+        record.token = grant.token
+        record.secrets.refreshToken = grant.refreshToken
+        record.secrets.refreshExpiresAt = grant.refreshExpiresAt
+        record.secrets.refreshURL = nil
     }
 
     /// Runs a transition's effects in order; a failed save stops the rest and is thrown.

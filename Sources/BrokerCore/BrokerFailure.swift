@@ -45,6 +45,22 @@ public enum BrokerFailure: Error, Sendable, Equatable {
     /// The config would move a credential the account holds elsewhere (`move` says how).
     case credentialWouldMove(AccountName, move: String)
 
+    /// A login ended without tokens for a reason only the user can fix (denied, expired, timed
+    /// out, refused by the IdP); `reason` says which, already cleaned.
+    case loginFailed(AccountName, reason: String)
+    /// A login could not reach the IdP, or the IdP answered with an error or garbage.
+    case loginUnavailable(reason: String)
+    /// A login of the account is already running.
+    case loginRunning(AccountName)
+    /// `login` names no account and gives no provider to create it with.
+    case loginNeedsProvider(AccountName)
+    /// `login` gives an existing account other settings than it has.
+    case loginSettingsDiffer(AccountName)
+    /// The account holds no id token: its IdP returned none.
+    case noIDToken(AccountName)
+    /// The account's id token expires before the time asked for, and a refresh did not renew it.
+    case idTokenExpired(AccountName)
+
     /// Where a token that fell short came from.
     public enum TokenSource: Sendable, Equatable {
         /// An IdP or helper issued it to the broker.

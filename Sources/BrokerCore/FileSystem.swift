@@ -186,8 +186,24 @@ public enum FileSystem {
         return try openPrivateFile(path, role: role, flags: O_WRONLY | O_CREAT | O_EXCL | flags)
     }
 
+    /// The content of a file the user hands brokerd (a secrets file), at most `limit` bytes:
+    /// opened without following a symbolic link, a regular file of this uid. `nil` when it
+    /// does not exist. The caller wipes it when it holds a secret.
+    static func readOwnedFile(_ path: String, role: String, limit: Int) throws -> Data? {
+        guard let (fd, info) = try openCheckedFileIfPresent(path, role: role, flags: O_RDONLY, trust: .owned) else {
+            return nil
+        }
+        defer { close(fd) }
+        guard info.st_size <= limit else {
+            throw FileAccessError("refusing the \(role) \(path): it is larger than \(limit / 1024) KiB")
+        }
+        return try readContent(fd, limit: Int(info.st_size), path: path, role: role)
+    }
+
     /// Who may own a file brokerd opens, and who else may use it.
     enum FileTrust {
+        /// A file the user hands brokerd to read once: this uid's.
+        case owned
         /// brokerd's own files (vault, vault key): this uid's, and no one else may read or write them.
         case ownPrivate
         /// A file another program of this user keeps (a token file): this uid's or root's, and no
@@ -230,6 +246,11 @@ public enum FileSystem {
             throw FileAccessError("refusing the \(role) \(path): it is not a regular file")
         }
         switch trust {
+        case .owned:
+            guard info.st_uid == getuid() else {
+                throw FileAccessError(
+                    "refusing the \(role) \(path): it belongs to uid \(info.st_uid), not to you (uid \(getuid()))")
+            }
         case .ownPrivate:
             guard info.st_uid == getuid() else {
                 throw FileAccessError(

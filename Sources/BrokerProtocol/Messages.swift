@@ -10,12 +10,12 @@ public let maximumLineLength = 64 * 1024
 public enum Operation: String, Sendable, CaseIterable, Codable {
     case hello, token, reject, status, subscribe, add
     case setTokens = "set_tokens"
-    case remove, refresh, logout, reload
+    case remove, refresh, logout, reload, login
 
     /// Operations reserved for the broker's owner (brokerctl).
     public var isOwnerOnly: Bool {
         switch self {
-        case .add, .setTokens, .remove, .refresh, .logout, .reload: return true
+        case .add, .setTokens, .remove, .refresh, .logout, .reload, .login: return true
         case .hello, .token, .reject, .status, .subscribe: return false
         }
     }
@@ -37,11 +37,22 @@ public struct Request: Codable, Sendable {
     public var tokens: TokenSet?
     /// `logout`: discard the credential even when the IdP cannot be reached to revoke it.
     public var force: Bool?
+    /// `login`: the grant, `device` (RFC 8628) or `browser` (authorization code with PKCE).
+    public var flow: String?
+    /// `login`: the absolute path of a JSON object `{"client_secret": ...}` the broker reads itself.
+    public var secretsFile: String?
+    /// `login`, browser flow: the loopback port to listen on for the redirect (default: any free one).
+    public var redirectPort: Int?
+    /// `login`: seconds to wait for the user.
+    public var timeout: Double?
+    /// `token`: answer with the account's id token instead of its access token.
+    public var idToken: Bool?
 
     public init(
         id: RequestID?, op: String, account: String? = nil, minTTL: Double? = nil, accessToken: String? = nil,
         versions: [Int]? = nil, client: String? = nil, provider: ProviderSpec? = nil, tokens: TokenSet? = nil,
-        force: Bool? = nil
+        force: Bool? = nil, flow: String? = nil, secretsFile: String? = nil, redirectPort: Int? = nil,
+        timeout: Double? = nil, idToken: Bool? = nil
     ) {
         self.id = id
         self.op = op
@@ -53,12 +64,20 @@ public struct Request: Codable, Sendable {
         self.provider = provider
         self.tokens = tokens
         self.force = force
+        self.flow = flow
+        self.secretsFile = secretsFile
+        self.redirectPort = redirectPort
+        self.timeout = timeout
+        self.idToken = idToken
     }
 
     enum CodingKeys: String, CodingKey {
-        case id, op, account, accounts, versions, client, provider, tokens, force
+        case id, op, account, accounts, versions, client, provider, tokens, force, flow, timeout
         case minTTL = "min_ttl"
         case accessToken = "access_token"
+        case secretsFile = "secrets_file"
+        case redirectPort = "redirect_port"
+        case idToken = "id_token"
     }
 }
 

@@ -10,6 +10,9 @@ enum ConnectionWork: Sendable {
     case run(Request)
     /// A subscription whose events are to be written as they come.
     case subscribe(id: RequestID, events: EventHub.Events)
+    /// A `login` from process `peerPID`: its progress comes back as `ConnectionReply.event`
+    /// lines, its answer as `ConnectionReply.answer`; it is cancelled when the connection closes.
+    case login(Request, peerPID: Int32)
 }
 
 /// What a connection's task writes back.
@@ -187,14 +190,9 @@ final class ConnectionHandler: ChannelDuplexHandler {
         case .immediate(let bytes):
             write(bytes, context: context)
         case .deferred(let request):
-            guard quota.reserve(.request, uid: peer.uid) else {
-                limitLog.hit("requests per uid", peer: peer)
-                let message = "uid \(peer.uid) has \(limits.requestsPerUID) requests running"
-                write(busy(id: request.id, message), context: context)
-                return
-            }
-            requests += 1
-            pass(.run(request), context: context)
+            run(request, as: .run(request), context: context)
+        case .login(let request):
+            run(request, as: .login(request, peerPID: peer.pid), context: context)
         case .subscribe(let ack, let id, let events):
             // A refused subscription ends here: dropping `events` ends it in the hub.
             guard subscriptions < limits.subscriptionsPerConnection else {
@@ -213,6 +211,19 @@ final class ConnectionHandler: ChannelDuplexHandler {
             write(ack, context: context)
             pass(.subscribe(id: id, events: events), context: context)
         }
+    }
+
+    /// Hands `request` to the task as `work`, counted as a running request, unless the peer's
+    /// uid runs too many.
+    private func run(_ request: Request, as work: ConnectionWork, context: ChannelHandlerContext) {
+        guard quota.reserve(.request, uid: peer.uid) else {
+            limitLog.hit("requests per uid", peer: peer)
+            let message = "uid \(peer.uid) has \(limits.requestsPerUID) requests running"
+            write(busy(id: request.id, message), context: context)
+            return
+        }
+        requests += 1
+        pass(work, context: context)
     }
 
     private func pass(_ work: ConnectionWork, context: ChannelHandlerContext) {

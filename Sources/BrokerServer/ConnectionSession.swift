@@ -35,9 +35,9 @@ enum ConnectionSession {
         dispatcher: RequestDispatcher, retryAfterMs: Int
     ) async {
         // Requests are never cancelled (a refresh may be shared with other clients);
-        // subscriptions end with the connection.
+        // subscriptions and logins (whose user is gone) end with the connection.
         await withDiscardingTaskGroup { requests in
-            await withDiscardingTaskGroup { subscriptions in
+            await withDiscardingTaskGroup { endingWithConnection in
                 var next: ConnectionWork? = first
                 while let item = next {
                     switch item {
@@ -46,8 +46,15 @@ enum ConnectionSession {
                             let line = await dispatcher.run(request)
                             try? await outbound.write(.answer(allocator.buffer(bytes: line)))
                         }
+                    case .login(let request, let peerPID):
+                        endingWithConnection.addTask {
+                            let line = await dispatcher.runLogin(request, peerPID: peerPID) { progress in
+                                try? await outbound.write(.event(allocator.buffer(bytes: progress)))
+                            }
+                            try? await outbound.write(.answer(allocator.buffer(bytes: line)))
+                        }
                     case .subscribe(let id, let events):
-                        subscriptions.addTask {
+                        endingWithConnection.addTask {
                             await forward(
                                 events, id: id, to: outbound, allocator: allocator, dispatcher: dispatcher,
                                 retryAfterMs: retryAfterMs)
@@ -55,7 +62,7 @@ enum ConnectionSession {
                     }
                     next = try? await work.next()
                 }
-                subscriptions.cancelAll()
+                endingWithConnection.cancelAll()
             }
         }
     }

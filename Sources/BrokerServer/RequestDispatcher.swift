@@ -20,6 +20,8 @@ public struct RequestDispatcher: Sendable {
         case deferred(Request)
         /// Acknowledge with the first line, then stream the events as lines on the same connection.
         case subscribe(ack: [UInt8], id: RequestID, events: EventHub.Events)
+        /// Run a `login` (`runLogin`): progress lines, then its answer; cancelled with the connection.
+        case login(Request)
     }
 
     /// Parses `line` and answers at once whatever needs no waiting: cached tokens (through the
@@ -74,7 +76,7 @@ public struct RequestDispatcher: Sendable {
                 ?? errorLine(id: request.id, BrokerError(.internal, "the broker could not encode its answer"))
             return .subscribe(ack: line, id: id, events: events)
         }
-        return .deferred(request)
+        return operation == .login ? .login(request) : .deferred(request)
     }
 
     /// The answer to a line that `JSONLine` refused. It echoes the line's id unless the line
@@ -112,6 +114,10 @@ public struct RequestDispatcher: Sendable {
                 let hello = HelloResult(
                     protocol: protocolVersion, server: Self.serverName, ops: Operation.allCases.map(\.rawValue))
                 return try success(request, hello, encoder)
+            case .token where request.idToken == true:
+                let idToken = try await broker.idToken(
+                    account: try AccountField.required(request.account), minTTL: minTTL(request.minTTL))
+                return try success(request, idToken, encoder)
             case .token:
                 let token = try await broker.token(
                     account: try AccountField.required(request.account), minTTL: minTTL(request.minTTL))
@@ -143,9 +149,29 @@ public struct RequestDispatcher: Sendable {
                     request, try await broker.logout(account: request.account, force: request.force ?? false), encoder)
             case .reload:
                 return try success(request, try await broker.reload(), encoder)
-            case .subscribe, nil:
+            case .subscribe, .login, nil:
                 throw BrokerError(.unknownOp, "unknown op")
             }
+        } catch let error as BrokerError {
+            return errorLine(id: request.id, error)
+        } catch {
+            return errorLine(id: request.id, BrokerError(.internal, "the broker could not encode its answer"))
+        }
+    }
+
+    /// Runs a `login`: writes each progress line with `write` as it comes, and returns the
+    /// final line. `peerPID` is the process on the other end of the connection.
+    public func runLogin(_ request: Request, peerPID: Int32, write: @escaping @Sendable ([UInt8]) async -> Void)
+        async -> [UInt8]
+    {
+        let id = request.id ?? .null
+        do {
+            let result = try await broker.login(request, peerPID: peerPID) { progress in
+                var line = (try? Wire.makeEncoder().encode(LoginProgressLine(id: id, progress: progress))) ?? Data()
+                line.append(0x0A)
+                await write(Array(line))
+            }
+            return try success(request, result, Wire.makeEncoder())
         } catch let error as BrokerError {
             return errorLine(id: request.id, error)
         } catch {

@@ -78,6 +78,50 @@ extension Broker {
         return LogoutResult(account: name.rawValue, state: "logged_out", revoked: outcome == .revoked)
     }
 
+    /// `token` with `"id_token": true`: the id token of `account`, with the expiry its payload states.
+    public nonisolated func idToken(account: String, minTTL: TimeInterval) async throws(BrokerError) -> IDTokenResult {
+        let name = try WireTranslation.existingAccountName(account)
+        let held = try await translating { () async throws(BrokerFailure) in
+            try await idToken(for: name, minTTL: minTTL)
+        }
+        let now = clock.now()
+        return IDTokenResult(
+            account: name.rawValue, idToken: held.idToken, expiresAt: held.expiresAt,
+            expiresIn: held.expiresAt.map { Bounds.wholeSeconds(max(0, $0.timeIntervalSince(now))) })
+    }
+
+    /// `login`: signs the user in at the account's IdP with the request's flow; `progress`
+    /// receives what to show them. `peerPID` is the connecting process, whose descriptors
+    /// alone a `secrets_file` under /proc may name.
+    public nonisolated func login(
+        _ request: Request, peerPID: Int32, progress: @escaping @Sendable (LoginProgress) async -> Void
+    ) async throws(BrokerError) -> LoginResult {
+        let name = try WireTranslation.accountName(request.account)
+        let options = try WireTranslation.loginOptions(request)
+        var clientSecret: String?
+        if let path = request.secretsFile {
+            clientSecret = try await translating { () async throws(BrokerFailure) in
+                try await SecretsFile.clientSecret(at: path, peerPID: peerPID)
+            }
+        }
+        var provider: ProviderConfig?
+        if var spec = request.provider {
+            if let clientSecret {
+                guard spec["client_secret"] == nil else {
+                    throw BrokerError(
+                        .badRequest, "give the client secret in \"secrets_file\" or in \"provider\", not both")
+                }
+                spec["client_secret"] = .string(clientSecret)
+            }
+            (provider, clientSecret) = try WireTranslation.provider(spec)
+        }
+        let outcome = try await translating { [clientSecret, provider] () async throws(BrokerFailure) in
+            try await login(name, provider: provider, clientSecret: clientSecret, options: options, progress: progress)
+        }
+        return LoginResult(
+            account: name.rawValue, state: outcome.snapshot.state.rawValue, idToken: outcome.hasIDToken)
+    }
+
     /// `reload`.
     public nonisolated func reload() async throws(BrokerError) -> ReloadResult {
         let count = try await translating { () async throws(BrokerFailure) in try await reloadConfiguration() }

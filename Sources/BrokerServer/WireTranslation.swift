@@ -55,6 +55,26 @@ public enum WireTranslation {
         }
     }
 
+    /// The `flow`, `redirect_port` and `timeout` of a `login` request, checked.
+    public static func loginOptions(_ request: Request) throws(BrokerError) -> LoginOptions {
+        guard let text = request.flow else {
+            throw BrokerError(.badRequest, "the field \"flow\" is required: device or browser")
+        }
+        guard let flow = LoginFlow(rawValue: text) else {
+            throw BrokerError(.badRequest, "\"flow\" is device or browser")
+        }
+        if let port = request.redirectPort, !(1...65535).contains(port) {
+            throw BrokerError(.badRequest, "\"redirect_port\" must be 1 to 65535")
+        }
+        if let timeout = request.timeout, !(timeout.isFinite && LoginOptions.timeouts.contains(timeout)) {
+            let range = LoginOptions.timeouts
+            throw BrokerError(
+                .badRequest,
+                "\"timeout\" must be \(Int(range.lowerBound)) to \(Int(range.upperBound)) seconds")
+        }
+        return LoginOptions(flow: flow, redirectPort: request.redirectPort, timeout: request.timeout)
+    }
+
     // MARK: Results
 
     /// An account's entry in `status`.
@@ -171,6 +191,27 @@ extension BrokerError {
             self.init(.badRequest, "config not reloaded: \(reason)")
         case .configNotApplied(let account, let because):
             self.init(.badRequest, "config not applied: accounts.\(account): \(BrokerError(because).message)")
+        case .loginFailed(let name, let reason):
+            self.init(.needsLogin, "\(reason); run brokerctl login \(name) again")
+        case .loginUnavailable(let reason):
+            self.init(.unavailable, reason)
+        case .loginRunning(let name):
+            self.init(.busy, "a login of \(name) is already running; finish or cancel it first")
+        case .loginNeedsProvider(let name):
+            self.init(
+                .notFound,
+                "no account \(name); give its provider: --issuer URL (or --token-endpoint ...) and --client-id")
+        case .loginSettingsDiffer(let name):
+            self.init(
+                .badRequest,
+                "\(name) exists with other settings; brokerctl login restores it with its own settings "
+                    + "(remove it first to change them)")
+        case .noIDToken(let name):
+            self.init(.notFound, "\(name) holds no id token: its IdP returned none")
+        case .idTokenExpired(let name):
+            self.init(
+                .needsLogin,
+                "the id token of \(name) expired and its IdP does not renew it on refresh; run brokerctl login \(name)")
         case .credentialWouldMove(let name, let move):
             self.init(
                 .badRequest,

@@ -16,21 +16,29 @@ struct Brokerctl: ParsableCommand {
             6 unavailable, 7 forbidden, 8 locked.
             """,
         subcommands: [
-            Status.self, Token.self, Watch.self, Add.self, SetTokens.self, Remove.self, Refresh.self, Logout.self,
-            Reload.self,
+            Status.self, Token.self, Watch.self, Login.self, Add.self, SetTokens.self, Remove.self, Refresh.self,
+            Logout.self, Reload.self,
         ])
 }
 
-/// Options every subcommand takes.
-struct GlobalOptions: ParsableArguments {
+/// Where the broker is and how to print: options every subcommand takes.
+struct ConnectionOptions: ParsableArguments {
     @Option(help: "Socket path (default: $TOKENBROKER_SOCKET or $XDG_RUNTIME_DIR/tokenbroker/broker.sock).")
     var socket: String?
 
     @Flag(help: "Print the result as JSON.")
     var json = false
+}
+
+/// Options every subcommand but `login` takes (its `--timeout` is the time the user has to sign in).
+struct GlobalOptions: ParsableArguments {
+    @OptionGroup var connection: ConnectionOptions
 
     @Option(help: "Seconds to wait for the broker's answer (it may be refreshing at the IdP).")
     var timeout: Double = 120
+
+    var socket: String? { connection.socket }
+    var json: Bool { connection.json }
 
     /// Sends `call`, prints its result, and turns failures into a message on stderr and a
     /// distinct exit code.
@@ -150,7 +158,9 @@ struct Status: ParsableCommand {
 
     func run() throws {
         try options.run(.status(account: account)) { result in
-            StatusTable.render(result.accounts, now: Date())
+            ([StatusTable.render(result.accounts, now: Date())]
+                + StatusTable.hints(result.accounts, socket: options.socket))
+                .joined(separator: "\n")
         }
     }
 }
@@ -165,9 +175,15 @@ struct Token: ParsableCommand {
     @OptionGroup var options: GlobalOptions
     @Argument(help: "Account name.") var account: String
     @Option(help: "Seconds the token must stay valid.") var minTTL: Double?
+    @Flag(help: "Print the account's OpenID Connect id token instead (exit 4 when its IdP issued none).")
+    var idToken = false
 
     func run() throws {
-        try options.run(.token(account: account, minTTL: minTTL)) { $0.accessToken }
+        if idToken {
+            try options.run(.idToken(account: account, minTTL: minTTL)) { $0.idToken }
+        } else {
+            try options.run(.token(account: account, minTTL: minTTL)) { $0.accessToken }
+        }
     }
 }
 
@@ -219,11 +235,12 @@ struct Add: ParsableCommand {
 
     @OptionGroup var options: GlobalOptions
     @Argument(help: "Account name.") var account: String
+    @Option(help: "Provider kind: oauth2, refresh_url, sliding, exec, file or static.") var kind: String
     @OptionGroup var provider: ProviderOptions
     @Option(help: "File with the secrets as JSON, or - for stdin.") var secrets: String?
 
     func run() throws {
-        var spec = provider.spec
+        var spec = provider.spec(kind: kind)
         var tokens: TokenSet?
         if let secrets {
             let input = try SecretInput.read(secrets, as: AddSecrets.self)
@@ -347,6 +364,19 @@ enum StatusTable {
         }.joined(separator: "\n")
     }
 
+    /// For each account that waits for its owner (`needs_login`, `logged_out`), the command
+    /// that restores it: `brokerctl login` for oauth2 accounts, `brokerctl set-tokens` for the
+    /// others; preceded by a blank line when there are any.
+    static func hints(_ accounts: [AccountStatus], socket: String?) -> [String] {
+        let socketOption = socket.map { " --socket " + ShellWord.quoted($0) } ?? ""
+        let hints = accounts.filter { ["needs_login", "logged_out"].contains($0.state) }.map { account in
+            account.provider == "oauth2"
+                ? "\(account.account): sign in again with: brokerctl login \(account.account)\(socketOption)"
+                : "\(account.account): push new tokens with: brokerctl set-tokens \(account.account)\(socketOption)"
+        }
+        return hints.isEmpty ? [] : [""] + hints
+    }
+
     static func duration(_ seconds: TimeInterval) -> String {
         if seconds <= 0 { return "expired" }
         let whole = Bounds.wholeSeconds(seconds)
@@ -360,4 +390,18 @@ enum StatusTable {
 /// `text` with spaces added up to `width` characters.
 func padded(_ text: String, to width: Int) -> String {
     text + String(repeating: " ", count: max(0, width - text.count))
+}
+
+/// Text quoted for a POSIX shell, so a command shown to the user can be pasted as it is.
+enum ShellWord {
+    /// `text` as it is when it holds only characters no shell reads specially, else in single quotes.
+    static func quoted(_ text: String) -> String {
+        let plain =
+            !text.isEmpty
+            && text.utf8.allSatisfy { byte in
+                (0x30...0x39).contains(byte) || (0x41...0x5A).contains(byte) || (0x61...0x7A).contains(byte)
+                    || Array("/._-@%+=:,".utf8).contains(byte)
+            }
+        return plain ? text : "'" + text.replacing("'", with: #"'\''"#) + "'"
+    }
 }

@@ -22,8 +22,8 @@ enum Main {
 /// scripts run before every request, read without ArgumentParser: building its command tree
 /// cost more CPU than the rest of the call (2.9 of 4.9 ms, measured with `perf record` over 300
 /// calls). Only these plain forms are taken (values of digits and one `.`, each option once,
-/// no `--json`, `--help` or `--`); any other command line goes to ArgumentParser, which reads it
-/// as before. The answer, the output and the exit codes are those of the `Token` command.
+/// no `--json`, `--id-token`, `--help` or `--`); any other command line goes to ArgumentParser,
+/// which reads it as before. The answer, the output and the exit codes are those of the `Token` command.
 struct TokenCall {
     var account: String
     var minTTL: Double?

@@ -193,6 +193,103 @@ import Testing
         #expect(error?.description.contains("did not answer in time") == true, "\(String(describing: error))")
     }
 
+    /// A `login` answer: each progress line of the request reaches the callback, in order (other
+    /// ids' lines do not), `idle` runs while the broker is silent, and the final line's result
+    /// is returned.
+    @Test func progressLinesAreHandedOnUntilTheFinalLine() async throws {
+        let broker = try FakeBroker()
+        let serving = broker.serve { peer in
+            let request = try peer.request()
+            let id = try #require(request.id)
+            peer.write(
+                #"{"id":\#(Self.json(id)),"event":"device_code","user_code":"WDJB-MJHT","expires_in":600}"# + "\n")
+            peer.write(#"{"id":999,"event":"slow_down","interval":10}"# + "\n")
+            usleep(300_000)
+            peer.write(#"{"id":\#(Self.json(id)),"event":"slow_down","interval":10}"# + "\n")
+            peer.write(Peer.answer(id, result: #"{"account":"work","state":"valid","id_token":true}"#))
+            return request
+        }
+        let client = BlockingBrokerClient(socketPath: broker.socketPath, timeout: .milliseconds(50))
+        var progress: [String] = []
+        var idle = 0
+        let call = BrokerCall.login(account: "work", flow: .device, secretsFile: "/proc/1/fd/0", timeout: 60)
+        let result = try client.perform(call, idleInterval: .milliseconds(50), idle: { idle += 1 }) { line in
+            progress.append(try Wire.makeDecoder().decode(LoginProgress.self, from: line).event.rawValue)
+        }
+        #expect(result == LoginResult(account: "work", state: "valid", idToken: true))
+        #expect(progress == ["device_code", "slow_down"])
+        #expect(idle >= 2, "idle ran while the broker was silent, with no read timeout")
+        let request = try await serving.value
+        #expect(request.op == "login" && request.flow == "device" && request.timeout == 60)
+        #expect(request.secretsFile == "/proc/1/fd/0")
+    }
+
+    /// `idle` runs on time even while progress lines keep coming (it is what notices Ctrl-C).
+    @Test func idleRunsBetweenProgressLinesThatComeFast() async throws {
+        let broker = try FakeBroker()
+        let serving = broker.serve { peer in
+            let request = try peer.request()
+            let id = try #require(request.id)
+            for _ in 0..<40 {
+                peer.write(#"{"id":\#(Self.json(id)),"event":"slow_down","interval":10}"# + "\n")
+                usleep(10_000)
+            }
+            peer.write(Peer.answer(id, result: #"{"account":"work","state":"valid","id_token":false}"#))
+        }
+        let client = BlockingBrokerClient(socketPath: broker.socketPath)
+        var idle = 0
+        var progress = 0
+        _ = try client.perform(.login(account: "work", flow: .device), idleInterval: .milliseconds(50)) {
+            idle += 1
+        } progress: { _ in
+            progress += 1
+        }
+        #expect(progress == 40)
+        #expect(idle >= 3, "lines every 10 ms for 400 ms, idle every 50 ms")
+        try await serving.value
+    }
+
+    /// `idle` throwing (Ctrl-C, a deadline) ends the wait with its error and closes the
+    /// connection, which is how the broker learns the login was given up.
+    @Test func idleThrowingEndsTheWaitAndClosesTheConnection() async throws {
+        struct Stop: Error {}
+        let broker = try FakeBroker()
+        let serving = broker.serve { peer in
+            let request = try peer.request()
+            peer.write(#"{"id":\#(Self.json(try #require(request.id))),"event":"authorization_url","url":"u"}"# + "\n")
+            return peer.connection.waitForClose(seconds: 30)
+        }
+        let client = BlockingBrokerClient(socketPath: broker.socketPath)
+        var idle = 0
+        #expect(throws: Stop.self) {
+            try client.perform(.login(account: "work", flow: .browser), idleInterval: .milliseconds(20)) {
+                idle += 1
+                if idle == 3 { throw Stop() }
+            } progress: { _ in
+            }
+        }
+        #expect(try await serving.value, "the client closed the connection")
+    }
+
+    /// The id token request carries `id_token`, so no path of the broker answers it with an
+    /// access token.
+    @Test func theIDTokenRequestSaysSo() async throws {
+        let broker = try FakeBroker()
+        let serving = broker.serve { peer in
+            let request = try peer.request()
+            peer.write(Peer.answer(request.id, result: #"{"account":"a","id_token":"h.p.s"}"#))
+            return request
+        }
+        let client = BlockingBrokerClient(socketPath: broker.socketPath)
+        #expect(try client.perform(.idToken(account: "a")).idToken == "h.p.s")
+        let request = try await serving.value
+        #expect(request.op == "token" && request.idToken == true)
+    }
+
+    private static func json(_ id: RequestID) -> String {
+        String(decoding: (try? JSONEncoder().encode(id)) ?? Data("null".utf8), as: UTF8.self)
+    }
+
     /// brokerctl asks with the blocking client: while it waits for its one answer, it runs on
     /// its main thread alone.
     @Test func aSingleBlockingRequestStartsNoThread() async throws {

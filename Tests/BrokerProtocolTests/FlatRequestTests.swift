@@ -30,6 +30,10 @@ import Testing
 
     @Test(arguments: [
         #"{"id":1,"op":"add","provider":{"kind":"static"}}"#,
+        // The id-token answer is the full path's: the scanner must not answer it with the access token.
+        #"{"id":1,"op":"token","account":"api","id_token":true}"#,
+        #"{"id":1,"op":"token","account":"api","id_token":false}"#,
+        #"{"id":1,"op":"login","account":"api","flow":"device","timeout":60}"#,
         #"{"id":true,"op":"token"}"#,
         #"{"id":null,"op":"token"}"#,
         #"{"id":1,"op":"token","min_ttl":"60"}"#,

@@ -93,5 +93,16 @@ import Testing
             FlatRequest.line(of: Request(id: nil, op: "reject", account: "a", accessToken: "t"), id: .integer(1)) == nil
         )
         #expect(FlatRequest.line(of: Request(id: nil, op: "logout", account: "a", force: true), id: .integer(1)) == nil)
+        // An id-token request written by hand would lose `id_token` and ask for the access token.
+        #expect(
+            FlatRequest.line(of: Request(id: nil, op: "token", account: "a", idToken: true), id: .integer(1)) == nil)
+        for login in [
+            Request(id: nil, op: "login", account: "a", flow: "device"),
+            Request(id: nil, op: "login", account: "a", secretsFile: "/s"),
+            Request(id: nil, op: "login", account: "a", redirectPort: 8400),
+            Request(id: nil, op: "login", account: "a", timeout: 60),
+        ] {
+            #expect(FlatRequest.line(of: login, id: .integer(1)) == nil)
+        }
     }
 }

@@ -1,3 +1,4 @@
+import CSpawn
 import FoundationEssentials
 import Synchronization
 
@@ -38,6 +39,10 @@ public final class ChildProcess: Sendable {
                 posix_spawn_file_actions_addopen(&actions, target, "/dev/null", O_WRONLY, 0)
             }
         }
+        // After the dup2s, which read their sources. NIO's sockets are not close-on-exec: without
+        // this, a child would keep open the listeners of the tests running beside it in this
+        // process (an IdP, a login's redirect port).
+        tokenbroker_spawn_close_from(&actions, 3)
         let argv = ([path] + arguments).map { strdup($0) } + [nil]
         let envp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
         defer { (argv + envp).forEach { free($0) } }

@@ -5,7 +5,11 @@ import NIOHTTP1
 /// every refresh rotates the refresh token, and a reused (or unknown) refresh token is
 /// answered with `400 invalid_grant`. Faults can be switched on to imitate outages (they
 /// apply to the revocation endpoint too). It also serves an RFC 7009 revocation endpoint and
-/// an OIDC discovery document for `issuer` that names both endpoints.
+/// an OIDC discovery document for `issuer` that names both endpoints, and the endpoints of
+/// `brokerctl login` (see `OAuth2TestIdP+Login.swift`): a device authorization endpoint
+/// (RFC 8628) and an authorization endpoint with PKCE (RFC 7636) and loopback redirects
+/// (RFC 8252), whose codes the token endpoint exchanges; grants asked with scope `openid`
+/// carry an id token.
 public final class OAuth2TestIdP: Sendable {
     /// How the endpoint answers the next requests.
     public enum Behavior: Sendable, Equatable {
@@ -20,13 +24,14 @@ public final class OAuth2TestIdP: Sendable {
 
     /// One request the endpoint received.
     public struct Call: Sendable, Equatable {
+        public var grantType: String?
         public var refreshToken: String?
         public var clientID: String?
         public var clientSecret: String?
         public var at: Date
     }
 
-    fileprivate struct State {
+    struct State {
         var currentRefreshToken: String
         var serial = 0
         var issuedAccessTokens: [String] = []
@@ -39,6 +44,7 @@ public final class OAuth2TestIdP: Sendable {
         var discoveryBehavior = Behavior.normal
         var discoveryCount = 0
         var revocations: [Revocation] = []
+        var login = LoginState()
     }
 
     /// One request the revocation endpoint received.
@@ -53,7 +59,7 @@ public final class OAuth2TestIdP: Sendable {
 
     public let clientID: String
     public let clientSecret: String
-    private let state: Box<State>
+    let state: Box<State>
     private let server: TestHTTPServer
 
     /// The token endpoint's URL.
@@ -79,6 +85,9 @@ public final class OAuth2TestIdP: Sendable {
         server = try await TestHTTPServer { request in
             if request.method == .GET, request.path == issuerPath + "/.well-known/openid-configuration" {
                 return Self.discovery(request, state: state, issuerPath: issuerPath)
+            }
+            if let answer = Self.loginEndpoint(request, state: state, clientID: clientID, clientSecret: secret) {
+                return answer
             }
             let client = Self.client(FormBody.parse(request.body), authorization: request.header("Authorization"))
             if request.path == "/revoke" {
@@ -116,7 +125,7 @@ public final class OAuth2TestIdP: Sendable {
     /// How many times the discovery document was fetched.
     public var discoveryCount: Int { state.withLock { $0.discoveryCount } }
 
-    fileprivate typealias Answer = TestHTTPResponse
+    typealias Answer = TestHTTPResponse
 
     fileprivate static func discovery(_ request: TestHTTPRequest, state: Box<State>, issuerPath: String) -> Answer {
         let base = "http://" + (request.header("Host") ?? "127.0.0.1")
@@ -130,9 +139,13 @@ public final class OAuth2TestIdP: Sendable {
                     status: HTTPResponseStatus(statusCode: code), body: #"{"error":"unavailable"}"#,
                     headers: retryAfter.map { [("Retry-After", String($0))] } ?? [])
             case .normal:
+                let device =
+                    state.login.offersDeviceEndpoint
+                    ? #""device_authorization_endpoint":"\#(base)/device/code","# : ""
                 let body = """
                     {"issuer":"\(base + issuerPath)","token_endpoint":"\(base)/token","revocation_endpoint":"\(base)/revoke",\
-                    "authorization_endpoint":"\(base)/authorize","grant_types_supported":["refresh_token"]}
+                    "authorization_endpoint":"\(base)/authorize",\(device)\
+                    "grant_types_supported":["refresh_token","authorization_code"]}
                     """
                 return Answer(status: .ok, body: body)
             }
@@ -140,7 +153,7 @@ public final class OAuth2TestIdP: Sendable {
     }
 
     /// The client id and secret a request presents, in the form or as HTTP Basic.
-    fileprivate static func client(_ form: [String: String], authorization: String?) -> (id: String?, secret: String?) {
+    static func client(_ form: [String: String], authorization: String?) -> (id: String?, secret: String?) {
         if let authorization, authorization.hasPrefix("Basic "),
             let decoded = Data(base64Encoded: String(authorization.dropFirst(6))).map({
                 String(decoding: $0, as: UTF8.self)
@@ -184,8 +197,8 @@ public final class OAuth2TestIdP: Sendable {
         return state.withLock { state in
             state.calls.append(
                 Call(
-                    refreshToken: form["refresh_token"], clientID: presentedID, clientSecret: presentedSecret,
-                    at: Date()))
+                    grantType: form["grant_type"], refreshToken: form["refresh_token"], clientID: presentedID,
+                    clientSecret: presentedSecret, at: Date()))
             let delay = state.delay
             switch state.behavior {
             case .hang:
@@ -199,11 +212,14 @@ public final class OAuth2TestIdP: Sendable {
             case .normal:
                 break
             }
-            guard form["grant_type"] == "refresh_token" else {
-                return Answer(status: .badRequest, body: #"{"error":"unsupported_grant_type"}"#, delay: delay)
-            }
             guard presentedID == clientID, presentedSecret == nil || presentedSecret == clientSecret else {
                 return Answer(status: .unauthorized, body: #"{"error":"invalid_client"}"#, delay: delay)
+            }
+            switch form["grant_type"] {
+            case "refresh_token": break
+            case Self.deviceGrantType: return deviceGrant(form, state: &state, clientID: clientID, delay: delay)
+            case "authorization_code": return codeGrant(form, state: &state, clientID: clientID, delay: delay)
+            default: return Answer(status: .badRequest, body: #"{"error":"unsupported_grant_type"}"#, delay: delay)
             }
             guard form["refresh_token"] == state.currentRefreshToken else {
                 state.rejectedReuse += 1
@@ -211,15 +227,29 @@ public final class OAuth2TestIdP: Sendable {
                     status: .badRequest,
                     body: #"{"error":"invalid_grant","error_description":"refresh token is not valid"}"#, delay: delay)
             }
-            state.serial += 1
-            let access = "at-\(state.serial)-\(UInt32.random(in: 0...UInt32.max))"
-            let refresh = "rt-\(state.serial)-\(UInt32.random(in: 0...UInt32.max))"
-            state.currentRefreshToken = refresh
-            state.issuedAccessTokens.append(access)
-            state.issuedRefreshTokens.append(refresh)
-            let body =
-                #"{"access_token":"\#(access)","token_type":"Bearer","expires_in":\#(state.lifetime),"refresh_token":"\#(refresh)"}"#
-            return Answer(status: .ok, body: body, delay: delay)
+            let scope = form["scope"] ?? state.login.grantedScope
+            return Answer(
+                status: .ok,
+                body: issue(&state, idToken: state.login.idTokensOnRefresh && hasOpenID(scope), clientID: clientID),
+                delay: delay)
         }
+    }
+
+    /// A token answer with a new access token and a rotated refresh token (the old one dies),
+    /// and an id token when `idToken`.
+    static func issue(_ state: inout State, idToken: Bool, clientID: String) -> String {
+        state.serial += 1
+        let access = "at-\(state.serial)-\(UInt32.random(in: 0...UInt32.max))"
+        let refresh = "rt-\(state.serial)-\(UInt32.random(in: 0...UInt32.max))"
+        state.currentRefreshToken = refresh
+        state.issuedAccessTokens.append(access)
+        state.issuedRefreshTokens.append(refresh)
+        var body =
+            #"{"access_token":"\#(access)","token_type":"Bearer","expires_in":\#(state.lifetime),"refresh_token":"\#(refresh)""#
+        if idToken {
+            let token = makeIDToken(&state, clientID: clientID)
+            body += #","id_token":"\#(token)""#
+        }
+        return body + "}"
     }
 }

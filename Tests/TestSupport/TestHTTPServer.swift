@@ -137,6 +137,12 @@ enum FormBody {
         }
         return result
     }
+
+    /// `text` with everything but unreserved characters percent-encoded.
+    static func escape(_ text: String) -> String {
+        text.addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: "-._~")))
+            ?? ""
+    }
 }
 
 /// A mutex-protected value that can be shared by reference (a `Mutex` itself cannot be copied).

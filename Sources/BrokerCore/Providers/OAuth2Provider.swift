@@ -22,6 +22,12 @@ public struct OAuth2Settings: Codable, Sendable, Equatable {
     public var issuer: URL? = nil
     /// Where `logout` revokes the refresh token (RFC 7009); discovered from `issuer` when `nil`.
     public var revocationEndpoint: URL? = nil
+    /// Where `login --flow browser` sends the user (RFC 6749 section 3.1); discovered from
+    /// `issuer` when `nil`.
+    public var authorizationEndpoint: URL? = nil
+    /// Where `login --flow device` asks for a user code (RFC 8628 section 3.1); discovered from
+    /// `issuer` when `nil`.
+    public var deviceAuthorizationEndpoint: URL? = nil
 }
 
 extension OAuth2Settings: ProviderSettings {
@@ -30,6 +36,8 @@ extension OAuth2Settings: ProviderSettings {
         ProviderField(name: "token_endpoint", type: .text), ProviderField(name: "issuer", type: .text),
         ProviderField(name: "client_id", type: .text), .clientSecret, ProviderField(name: "client_auth", type: .text),
         ProviderField(name: "scope", type: .text), ProviderField(name: "revocation_endpoint", type: .text),
+        ProviderField(name: "authorization_endpoint", type: .text),
+        ProviderField(name: "device_authorization_endpoint", type: .text),
     ]
     static let renewal = Renewal.refreshes
 
@@ -69,16 +77,23 @@ extension OAuth2Settings: ProviderSettings {
             throw .invalid("client_auth \(clientAuth.rawValue) needs \"client_secret\"")
         }
         scope = try fields.text("scope")
-        revocationEndpoint = try fields.text("revocation_endpoint").map { text throws(BrokerFailure) in
-            try EndpointPolicy.checkedURL(text, field: "revocation_endpoint")
-        }
+        revocationEndpoint = try Self.endpoint("revocation_endpoint", in: fields)
+        authorizationEndpoint = try Self.endpoint("authorization_endpoint", in: fields)
+        deviceAuthorizationEndpoint = try Self.endpoint("device_authorization_endpoint", in: fields)
+    }
+
+    /// The optional endpoint URL of `field`, checked like the token endpoint.
+    private static func endpoint(_ field: String, in fields: ProviderFields) throws(BrokerFailure) -> URL? {
+        try fields.text(field).map { text throws(BrokerFailure) in try EndpointPolicy.checkedURL(text, field: field) }
     }
 
     func makeProvider(_ context: ProviderContext) -> any TokenProvider {
         OAuth2Provider(settings: self, http: context.http, defaultLifetime: context.settings.defaultLifetime)
     }
 
-    var credentialURLs: [URL?] { [tokenEndpoint ?? issuer, revocationEndpoint] }
+    /// The device authorization endpoint is sent the client secret; the authorization endpoint
+    /// only the user's browser, with no secret.
+    var credentialURLs: [URL?] { [tokenEndpoint ?? issuer, revocationEndpoint, deviceAuthorizationEndpoint] }
 
     /// A credential belongs to its client, and an issuer is kept whole, not just its origin:
     /// its discovery document, wherever it names, decides where the credential goes.
@@ -86,6 +101,37 @@ extension OAuth2Settings: ProviderSettings {
         if clientID != new.clientID { return "changes its client_id" }
         if issuer != new.issuer { return "changes its issuer (or switches issuer and token_endpoint)" }
         return nil
+    }
+}
+
+extension OAuth2Settings {
+    /// Adds the client authentication of `clientAuth` to a form (RFC 6749 section 2.3.1) and
+    /// returns the request headers.
+    func authenticate(_ form: inout [(String, String)], secret: String?) -> HTTPHeaders {
+        var headers = HTTPHeaders()
+        switch clientAuth {
+        case .clientSecretBasic:
+            let user = FormEncoding.escape(clientID)
+            let password = FormEncoding.escape(secret ?? "")
+            headers.add(name: "Authorization", value: "Basic " + Data("\(user):\(password)".utf8).base64EncodedString())
+        case .clientSecretPost:
+            form.append(("client_id", clientID))
+            form.append(("client_secret", secret ?? ""))
+        case .none:
+            form.append(("client_id", clientID))
+        }
+        headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
+        headers.add(name: "Accept", value: "application/json")
+        return headers
+    }
+
+    /// The configured token endpoint, or the one the issuer's discovery document names.
+    func tokenEndpoint(http: IdPClient) async -> Result<URL, RefreshFailure> {
+        if let tokenEndpoint { return .success(tokenEndpoint) }
+        guard let issuer else {
+            return .failure(.denial("the account has neither a token endpoint nor an issuer; add it again"))
+        }
+        return await http.discovery.tokenEndpoint(issuer: issuer, http: http)
     }
 }
 
@@ -159,33 +205,12 @@ struct OAuth2Provider: TokenProvider {
         }
     }
 
-    /// Adds the client authentication of `settings.clientAuth` to a form (RFC 6749 section
-    /// 2.3.1) and returns the request headers.
     private func authenticate(_ form: inout [(String, String)], secret: String?) -> HTTPHeaders {
-        var headers = HTTPHeaders()
-        switch settings.clientAuth {
-        case .clientSecretBasic:
-            let user = FormEncoding.escape(settings.clientID)
-            let password = FormEncoding.escape(secret ?? "")
-            headers.add(name: "Authorization", value: "Basic " + Data("\(user):\(password)".utf8).base64EncodedString())
-        case .clientSecretPost:
-            form.append(("client_id", settings.clientID))
-            form.append(("client_secret", secret ?? ""))
-        case .none:
-            form.append(("client_id", settings.clientID))
-        }
-        headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
-        headers.add(name: "Accept", value: "application/json")
-        return headers
+        settings.authenticate(&form, secret: secret)
     }
 
-    /// The configured token endpoint, or the one the issuer's discovery document names.
     private func tokenEndpoint() async -> Result<URL, RefreshFailure> {
-        if let endpoint = settings.tokenEndpoint { return .success(endpoint) }
-        guard let issuer = settings.issuer else {
-            return .failure(.denial("the account has neither a token endpoint nor an issuer; add it again"))
-        }
-        return await http.discovery.tokenEndpoint(issuer: issuer, http: http)
+        await settings.tokenEndpoint(http: http)
     }
 
     /// Classifies a token endpoint's answer (RFC 6749 sections 5.1 and 5.2).

@@ -48,7 +48,8 @@ actor DiscoveryCache {
         URL(string: normalized(issuer) + "/.well-known/openid-configuration")!
     }
 
-    /// Reads `token_endpoint` (and `revocation_endpoint`, RFC 8414) from a discovery document.
+    /// Reads `token_endpoint` (and `revocation_endpoint`, RFC 8414, `authorization_endpoint` and
+    /// `device_authorization_endpoint`, RFC 8628) from a discovery document.
     /// Every failure is transient: the account's refresh credential is not in question.
     static func interpret(_ reply: IdPReply, issuer: URL) -> Result<DiscoveredEndpoints, RefreshFailure> {
         let host = issuer.host ?? "?"
@@ -74,10 +75,17 @@ actor DiscoveryCache {
                     "the discovery document of \(host) has no usable token_endpoint (https, or http on loopback "
                         + "for an http issuer; a port from 1 to 65535)"))
         }
-        // An unusable revocation endpoint only means logout cannot revoke; refreshes still work.
-        let revocation = (object["revocation_endpoint"] as? String).flatMap(URL.init(string:))
-            .flatMap { EndpointPolicy.isAllowed($0, handedOverBy: issuer) ? $0 : nil }
-        return .success(DiscoveredEndpoints(token: endpoint, revocation: revocation))
+        // An unusable revocation, authorization or device endpoint only means logout cannot
+        // revoke or that login flow is not offered; refreshes still work.
+        let optional = { (field: String) -> URL? in
+            (object[field] as? String).flatMap(URL.init(string:))
+                .flatMap { EndpointPolicy.isAllowed($0, handedOverBy: issuer) ? $0 : nil }
+        }
+        return .success(
+            DiscoveredEndpoints(
+                token: endpoint, revocation: optional("revocation_endpoint"),
+                authorization: optional("authorization_endpoint"),
+                deviceAuthorization: optional("device_authorization_endpoint")))
     }
 
     private static func normalized(_ issuer: URL) -> String { issuer.absoluteString.trimmingSuffix("/") }
@@ -87,6 +95,8 @@ actor DiscoveryCache {
 struct DiscoveredEndpoints: Sendable, Equatable {
     var token: URL
     var revocation: URL?
+    var authorization: URL? = nil
+    var deviceAuthorization: URL? = nil
 }
 
 extension String {

@@ -1,7 +1,7 @@
 import CSodium
 import FoundationEssentials
 
-/// The broker's only door to libsodium: guarded key memory and XChaCha20-Poly1305.
+/// The broker's only door to libsodium: guarded key memory, XChaCha20-Poly1305, random bytes and SHA-256.
 enum Sodium {
     static let keyLength = Int(crypto_aead_xchacha20poly1305_ietf_KEYBYTES)
     static let nonceLength = Int(crypto_aead_xchacha20poly1305_ietf_NPUBBYTES)
@@ -16,6 +16,14 @@ enum Sodium {
         var bytes = [UInt8](repeating: 0, count: count)
         randombytes_buf(&bytes, count)
         return bytes
+    }
+
+    /// The SHA-256 digest of `bytes` (the PKCE S256 challenge, RFC 7636 section 4.2).
+    static func sha256(_ bytes: [UInt8]) -> [UInt8] {
+        precondition(ready, "libsodium failed to initialise")
+        var digest = [UInt8](repeating: 0, count: Int(crypto_hash_sha256_BYTES))
+        crypto_hash_sha256(&digest, bytes, UInt64(bytes.count))
+        return digest
     }
 
     /// Overwrites `data` with zeros in a way the compiler cannot elide.

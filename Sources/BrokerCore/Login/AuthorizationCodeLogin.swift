@@ -1,0 +1,58 @@
+import BrokerProtocol
+import FoundationEssentials
+
+/// The authorization code grant with PKCE S256 (RFC 7636) and a loopback redirect (RFC 8252):
+/// the client opens the authorization URL in a browser, the IdP sends the browser back to the
+/// broker's listener with a code, and the broker exchanges the code with its verifier.
+enum AuthorizationCodeLogin {
+    /// Runs the grant; waits at most `timeout` seconds for the browser to come back. The
+    /// listener is closed on every path.
+    static func run(_ context: LoginContext, redirectPort: Int?, timeout: TimeInterval?) async throws(BrokerFailure)
+        -> Grant
+    {
+        guard
+            let endpoint = try await context.endpoint(
+                context.settings.authorizationEndpoint, discovered: \.authorization)
+        else {
+            throw .invalid(
+                "the IdP offers no authorization endpoint; give --authorization-endpoint or use --flow device")
+        }
+        let pkce = PKCE()
+        let listener = try await LoopbackRedirect(port: redirectPort ?? 0, state: pkce.state)
+        let wait = timeout ?? LoginOptions.defaultTimeout
+        let deadline = ContinuousClock.now + .seconds(wait)
+        let url = authorizationURL(endpoint, settings: context.settings, pkce: pkce, redirectURI: listener.redirectURI)
+        await context.progress(
+            LoginProgress(
+                event: .authorizationURL, expiresIn: Bounds.wholeSeconds(wait), url: url,
+                redirectURI: listener.redirectURI))
+        let callback = await listener.callback(until: deadline)
+        await listener.close()
+        if Task.isCancelled { throw context.cancelled }
+        switch callback {
+        case nil:
+            throw .loginFailed(context.account, reason: "the browser did not come back in time")
+        case .error(let error):
+            throw .loginFailed(context.account, reason: "the sign-in was denied at the IdP (\(context.clean(error)))")
+        case .code(let code):
+            return try await context.exchange(
+                [
+                    ("grant_type", "authorization_code"), ("code", code), ("redirect_uri", listener.redirectURI),
+                    ("code_verifier", pkce.verifier),
+                ], refusal: "the code exchange")
+        }
+    }
+
+    /// `endpoint` with the request of RFC 6749 section 4.1.1 and RFC 7636 section 4.3 added to
+    /// any query it has.
+    static func authorizationURL(_ endpoint: URL, settings: OAuth2Settings, pkce: PKCE, redirectURI: String) -> String {
+        var pairs = [
+            ("response_type", "code"), ("client_id", settings.clientID), ("redirect_uri", redirectURI),
+        ]
+        if let scope = settings.scope { pairs.append(("scope", scope)) }
+        pairs += [("state", pkce.state), ("code_challenge", pkce.challenge), ("code_challenge_method", "S256")]
+        let base = endpoint.absoluteString
+        let separator = endpoint.query == nil ? "?" : "&"
+        return base + separator + FormEncoding.encode(pairs)
+    }
+}

@@ -1,0 +1,111 @@
+import BrokerProtocol
+import FoundationEssentials
+import NIOHTTP1
+
+/// What a login asks of the broker: the grant to run and how long to wait for the user.
+public struct LoginOptions: Sendable {
+    public var flow: LoginFlow
+    /// Browser flow: the loopback port for the redirect (`nil`: any free one).
+    public var redirectPort: Int?
+    /// Seconds to wait for the user (`nil`: the flow's default).
+    public var timeout: TimeInterval?
+
+    /// The default wait of the browser flow.
+    public static let defaultTimeout: TimeInterval = 180
+    /// The waits a request may ask for.
+    public static let timeouts: ClosedRange<TimeInterval> = 1...3600
+
+    public init(flow: LoginFlow, redirectPort: Int? = nil, timeout: TimeInterval? = nil) {
+        self.flow = flow
+        self.redirectPort = redirectPort
+        self.timeout = timeout
+    }
+}
+
+/// What every login flow works with: the account's settings and client secret, the IdP client,
+/// and where progress goes. Its methods are the steps the flows share.
+struct LoginContext: Sendable {
+    let account: AccountName
+    let settings: OAuth2Settings
+    let clientSecret: String?
+    let http: IdPClient
+    let clock: any WallClock
+    let defaultLifetime: TimeInterval
+    let progress: @Sendable (LoginProgress) async -> Void
+
+    /// Text from the IdP made fit for a line: bounded, printable, the client secret redacted.
+    func clean(_ text: String) -> String {
+        OutsideText(secrets: [clientSecret]).clean(text, or: "?")
+    }
+
+    /// The endpoint `configured`, else the one the issuer's discovery document names
+    /// (`discovered`); `nil` when neither gives one.
+    func endpoint(_ configured: URL?, discovered: KeyPath<DiscoveredEndpoints, URL?>) async throws(BrokerFailure)
+        -> URL?
+    {
+        if let configured { return configured }
+        guard let issuer = settings.issuer else { return nil }
+        switch await http.discovery.endpoints(issuer: issuer, http: http) {
+        case .success(let endpoints): return endpoints[keyPath: discovered]
+        case .failure(let failure): throw .loginUnavailable(reason: clean(failure.message))
+        }
+    }
+
+    /// POSTs `form` with the client's authentication to `url`.
+    func post(_ form: [(String, String)], to url: URL) async -> Result<IdPReply, RefreshFailure> {
+        var form = form
+        let headers = settings.authenticate(&form, secret: clientSecret)
+        return await http.post(url, headers: headers, body: FormEncoding.encode(form))
+    }
+
+    /// Sends a grant to the token endpoint and reads the tokens it answers with; `refusal`
+    /// names the grant in the message of a refused one ("the code exchange").
+    func exchange(_ form: [(String, String)], refusal: String) async throws(BrokerFailure) -> Grant {
+        let reply = try await tokenEndpointReply(form)
+        return try grant(from: reply, refusal: refusal)
+    }
+
+    /// The token endpoint's answer to a grant, or `unavailable` when it cannot be reached.
+    func tokenEndpointReply(_ form: [(String, String)]) async throws(BrokerFailure) -> IdPReply {
+        let endpoint: URL
+        switch await settings.tokenEndpoint(http: http) {
+        case .success(let url): endpoint = url
+        case .failure(let failure): throw .loginUnavailable(reason: clean(failure.message))
+        }
+        switch await post(form, to: endpoint) {
+        case .success(let reply): return reply
+        case .failure(let failure): throw .loginUnavailable(reason: clean(failure.message))
+        }
+    }
+
+    /// The tokens of a token endpoint's answer (RFC 6749 section 5); a refusal (400, 401) ends
+    /// the login (`needs_login`), anything else is `unavailable`.
+    func grant(from reply: IdPReply, refusal: String) throws(BrokerFailure) -> Grant {
+        switch OAuth2Provider.interpret(reply, now: clock.now(), defaultLifetime: defaultLifetime) {
+        case .success(let grant):
+            return grant
+        case .failure(let failure) where failure.kind == .denial:
+            let code = Self.errorCode(reply).map { " (\(clean($0)))" } ?? ""
+            throw .loginFailed(account, reason: "the IdP refused \(refusal): HTTP \(reply.status)\(code)")
+        case .failure(let failure):
+            throw .loginUnavailable(reason: clean(failure.message))
+        }
+    }
+
+    /// The `error` of an OAuth error answer (RFC 6749 section 5.2), as the IdP wrote it.
+    static func errorCode(_ reply: IdPReply) -> String? {
+        UntypedJSON.object(reply.body)?["error"] as? String
+    }
+
+    /// Sleeps until `deadline`; a cancelled login ends here.
+    func sleep(until deadline: ContinuousClock.Instant) async throws(BrokerFailure) {
+        do {
+            try await Task.sleep(until: deadline, clock: .continuous)
+        } catch {
+            throw cancelled
+        }
+    }
+
+    /// The failure of a login whose client went away.
+    var cancelled: BrokerFailure { .loginFailed(account, reason: "the login was cancelled") }
+}

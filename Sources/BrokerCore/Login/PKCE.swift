@@ -1,0 +1,43 @@
+import FoundationEssentials
+
+/// The secrets of one browser login (RFC 7636, S256): the code verifier the broker keeps, the
+/// challenge the authorization URL carries, and the `state` that ties the redirect to this
+/// login. Each is 32 random bytes (256 bits) from libsodium, base64url without padding.
+struct PKCE: Sendable {
+    let verifier: String
+    let challenge: String
+    let state: String
+
+    /// Fresh random values.
+    init() {
+        let verifier = Base64URL.encode(Sodium.randomBytes(32))
+        self.init(verifier: verifier, state: Base64URL.encode(Sodium.randomBytes(32)))
+    }
+
+    /// The values for a known verifier (RFC 7636 appendix B checks the challenge).
+    init(verifier: String, state: String) {
+        self.verifier = verifier
+        challenge = Base64URL.encode(Sodium.sha256(Array(verifier.utf8)))
+        self.state = state
+    }
+}
+
+/// base64url without padding (RFC 4648 section 5), as PKCE and JWTs write it.
+enum Base64URL {
+    static func encode(_ bytes: [UInt8]) -> String {
+        var text = Data(bytes).base64EncodedString()
+        text = text.replacing("+", with: "-").replacing("/", with: "_")
+        while text.hasSuffix("=") { text.removeLast() }
+        return text
+    }
+
+    /// The bytes of `text` (padding optional); `nil` when it is not base64url.
+    static func decode(_ text: some StringProtocol) -> Data? {
+        guard text.utf8.allSatisfy({ $0 < 0x80 && $0 != UInt8(ascii: "+") && $0 != UInt8(ascii: "/") }) else {
+            return nil
+        }
+        var standard = String(text).replacing("-", with: "+").replacing("_", with: "/")
+        while standard.utf8.count % 4 != 0 { standard += "=" }
+        return Data(base64Encoded: standard)
+    }
+}

@@ -1,0 +1,223 @@
+import ArgumentParser
+import BrokerClient
+import BrokerProtocol
+import FoundationEssentials
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension LoginFlow: ExpressibleByArgument {}
+
+/// `brokerctl login NAME`: signs an oauth2 account in at its IdP. The broker runs the grant,
+/// talks to the token endpoint and keeps every token; brokerctl only shows the user where to go
+/// and waits for the outcome, so no token or client secret passes through it.
+struct Login: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "login",
+        abstract: "Sign in to an oauth2 account at its IdP (a code to enter, or the browser); creates or restores it.",
+        discussion: """
+            Example: brokerctl login work --issuer https://accounts.example.com --client-id my-cli \
+            --scope "openid offline_access"
+
+            The broker runs the sign-in and keeps the tokens: none passes through brokerctl. A new \
+            account is created when the sign-in succeeds; an existing one (e.g. in needs login) is \
+            restored in place with its own settings (give no provider options, or the same ones). A \
+            client secret is read by the broker itself from --secrets (a file, or - for stdin), as \
+            {"client_secret": "..."}.
+
+            The code or URL goes to stderr (with a countdown on a terminal), the result to stdout.
+
+            Exit codes: 0 signed in, 5 denied, expired or timed out, 6 IdP unavailable, 4 no such \
+            account (give its provider options), 130 cancelled with Ctrl-C.
+            """)
+
+    @OptionGroup var connection: ConnectionOptions
+    @Argument(help: "Account name.") var account: String
+    @Option(help: "Provider kind (only oauth2 accounts sign in).") var kind = "oauth2"
+    @OptionGroup var provider: ProviderOptions
+    @Option(help: "File holding {\"client_secret\": ...}, or - for stdin; the broker reads it, brokerctl does not.")
+    var secrets: String?
+    @Option(
+        help:
+            "device (enter a code on any device) or browser (sign in on this machine). Default: device over SSH or without a display, else browser."
+    )
+    var flow: LoginFlow?
+    @Flag(help: "Do not open a browser; only print the URL.") var noBrowser = false
+    @Option(help: "Seconds you have to sign in, 1-3600 (default: 180 for browser, the code's lifetime for device).")
+    var timeout: Double?
+    @Option(
+        help:
+            "browser: the loopback port the IdP redirects to, for IdPs that register a fixed one (default: any free port)."
+    )
+    var redirectPort: Int?
+
+    func validate() throws {
+        if let timeout, !(timeout.isFinite && timeout >= 1 && timeout <= 3600) {
+            throw ValidationError("--timeout must be a number of seconds from 1 to 3600")
+        }
+        if let redirectPort {
+            guard (1...65535).contains(redirectPort) else { throw ValidationError("--redirect-port must be 1-65535") }
+            guard chosenFlow == .browser else {
+                throw ValidationError("--redirect-port is for the browser flow; add --flow browser")
+            }
+        }
+        if secrets == "-", isatty(STDIN_FILENO) == 1 {
+            throw ValidationError(
+                #"--secrets - reads {"client_secret": ...} from stdin: pipe it in, or give a file"#)
+        }
+    }
+
+    /// The flow asked for, or the one that suits where brokerctl runs.
+    var chosenFlow: LoginFlow { flow ?? LoginSurroundings.current.preferredFlow }
+
+    func run() throws {
+        let surroundings = LoginSurroundings.current
+        let flow = chosenFlow
+        let screen = LoginScreen(
+            account: account, json: connection.json, terminal: isatty(STDERR_FILENO) == 1,
+            remote: surroundings.isRemote)
+        let session = LoginSession(
+            screen: screen, opensBrowser: flow == .browser && surroundings.hasDisplay && !noBrowser)
+        let call = try call(flow: flow)
+        Interruption.trap()
+        let client = BlockingBrokerClient(socketPath: connection.socket ?? DefaultPaths().socket, timeout: nil)
+        do {
+            let result = try GlobalOptions.reportingFailures {
+                defer { session.end() }
+                do {
+                    return try client.perform(
+                        call, idleInterval: screen.tickInterval, idle: session.idle, progress: session.progress)
+                } catch {
+                    screen.fail(error)
+                    throw error
+                }
+            }
+            screen.succeed(result)
+        } catch is LoginCancelled {
+            throw ExitCode(130)
+        }
+    }
+
+    /// The `login` request these options make. The provider goes along only when a setting was
+    /// given: an existing account is then restored with its own settings.
+    private func call(flow: LoginFlow) throws -> BrokerCall<LoginResult> {
+        let spec = provider.spec(kind: kind)
+        return .login(
+            account: account, flow: flow, provider: spec.fields.isEmpty ? nil : spec,
+            secretsFile: try secrets.map(Self.secretsPath), redirectPort: redirectPort, timeout: timeout)
+    }
+
+    /// The path the broker opens for `--secrets`: this process's stdin for `-` (the broker reads
+    /// `/proc/<pid>/fd/0` of its peer), else the file's absolute path.
+    private static func secretsPath(_ source: String) throws -> String {
+        if source == "-" { return "/proc/\(getpid())/fd/0" }
+        if source.hasPrefix("/") { return source }
+        guard let directory = getcwd(nil, 0) else { throw ValidationError("cannot tell the current directory") }
+        defer { free(directory) }
+        return String(cString: directory) + "/" + source
+    }
+}
+
+/// What brokerctl's environment says about where the user sits.
+struct LoginSurroundings {
+    /// A graphical session: `DISPLAY` or `WAYLAND_DISPLAY` is set.
+    var hasDisplay: Bool
+    /// An SSH session: `SSH_CONNECTION` is set.
+    var isRemote: Bool
+
+    static var current: LoginSurroundings {
+        let isSet = { (name: String) in getenv(name).map { $0.pointee != 0 } ?? false }
+        return LoginSurroundings(
+            hasDisplay: isSet("DISPLAY") || isSet("WAYLAND_DISPLAY"), isRemote: isSet("SSH_CONNECTION"))
+    }
+
+    /// The device flow without a display or over SSH (no browser here can reach this loopback
+    /// redirect, or none at all), else the browser flow.
+    var preferredFlow: LoginFlow { hasDisplay && !isRemote ? .browser : .device }
+}
+
+/// The user pressed Ctrl-C: the login was given up (closing the connection cancels it at the broker).
+struct LoginCancelled: Error {}
+
+/// One login's progress as it comes: shows it, opens the browser, and bounds the wait.
+final class LoginSession {
+    /// How long the broker may take besides the user's time: discovery and the device
+    /// authorization request before the first progress line, the code exchange after the last.
+    static let brokerAllowance: Duration = .seconds(120)
+
+    private let screen: LoginScreen
+    private let opensBrowser: Bool
+    /// When to stop waiting for the broker's final line.
+    private var deadline = ContinuousClock.now + brokerAllowance
+    private var browser: BrowserLauncher?
+
+    init(screen: LoginScreen, opensBrowser: Bool) {
+        self.screen = screen
+        self.opensBrowser = opensBrowser
+    }
+
+    /// Runs while no line arrives: stops on Ctrl-C or a broker silent past the login's time,
+    /// reaps the browser opener, redraws the progress line.
+    func idle() throws {
+        if Interruption.happened { throw LoginCancelled() }
+        if browser?.reap() == true { browser = nil }
+        let now = ContinuousClock.now
+        guard now < deadline else { throw ConnectionError(description: "the broker did not answer in time") }
+        screen.tick(now: now)
+    }
+
+    /// Shows one progress line; the authorization URL is also opened in the browser.
+    func progress(_ line: Data) throws {
+        if Interruption.happened { throw LoginCancelled() }
+        guard let progress = try? Wire.makeDecoder().decode(LoginProgress.self, from: line) else { return }
+        let now = ContinuousClock.now
+        if let expiresIn = progress.expiresIn, (1...3600).contains(expiresIn) {
+            deadline = now + .seconds(expiresIn) + Self.brokerAllowance
+        }
+        switch progress.event {
+        case .deviceCode:
+            screen.showDeviceCode(progress, now: now)
+        case .authorizationURL:
+            guard let url = progress.url else { return }
+            var opening = false
+            if opensBrowser {
+                switch BrowserLauncher.open(url) {
+                case .success(let launcher):
+                    browser = launcher
+                    opening = true
+                case .failure(let problem):
+                    screen.note("cannot start xdg-open (\(problem)); open the URL yourself")
+                }
+            }
+            screen.showAuthorizationURL(progress, opening: opening, now: now)
+        case .slowDown:
+            break
+        }
+    }
+
+    /// Reaps the browser opener, waiting for it a second at most: xdg-open usually returns at
+    /// once, but with some browsers it stays until the browser closes.
+    func end() {
+        guard let browser else { return }
+        let limit = ContinuousClock.now + .seconds(1)
+        while !browser.reap(), ContinuousClock.now < limit { usleep(10_000) }
+        self.browser = nil
+    }
+}
+
+/// Ctrl-C during a login, noted by a signal handler and acted on at the next idle tick, so
+/// the progress line is cleared and the connection closed before brokerctl exits.
+enum Interruption {
+    private static let received = Atomic<Bool>(false)
+
+    /// Installs the SIGINT handler.
+    static func trap() {
+        // Initialised here, not lazily inside the handler.
+        _ = received.load(ordering: .relaxed)
+        signal(SIGINT) { _ in Interruption.received.store(true, ordering: .relaxed) }
+    }
+
+    static var happened: Bool { received.load(ordering: .relaxed) }
+}

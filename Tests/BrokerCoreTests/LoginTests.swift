@@ -1,0 +1,659 @@
+import BrokerProtocol
+import BrokerServer
+import Foundation
+import Synchronization
+import TestSupport
+import Testing
+
+@testable import BrokerCore
+
+/// `login` against the real test IdP over HTTP, the test playing the user: the device flow
+/// (RFC 8628), the browser flow (PKCE and a loopback redirect), what a login creates, restores
+/// and stores, and how it ends when the user denies, waits too long or goes away.
+@Suite struct LoginTests {
+    /// The progress a login reported, in order.
+    final class Progress: Sendable {
+        private let events = Mutex<[LoginProgress]>([])
+
+        var all: [LoginProgress] { events.withLock { $0 } }
+
+        @Sendable func record(_ progress: LoginProgress) async { events.withLock { $0.append(progress) } }
+
+        /// The first progress of `kind`, waiting for it.
+        func first(_ kind: LoginProgress.Kind) async throws -> LoginProgress {
+            guard await eventually({ all.contains { $0.event == kind } }),
+                let found = all.first(where: { $0.event == kind })
+            else { throw HarnessError("no \(kind) progress") }
+            return found
+        }
+    }
+
+    /// An `oauth2` provider with the test IdP's issuer (endpoints discovered) and client secret.
+    static func provider(_ idp: OAuth2TestIdP, scope: String = "openid offline_access", secret: Bool = true)
+        -> ProviderSpec
+    {
+        var spec = ProviderSpec(
+            kind: "oauth2",
+            ["issuer": .string(idp.issuer), "client_id": .string(idp.clientID), "scope": .string(scope)])
+        if secret { spec["client_secret"] = .string(idp.clientSecret) }
+        return spec
+    }
+
+    static func request(
+        _ flow: String, provider: ProviderSpec? = nil, account: String = "work", timeout: Double? = nil,
+        secretsFile: String? = nil, redirectPort: Int? = nil
+    ) -> Request {
+        Request(
+            id: .integer(1), op: "login", account: account, provider: provider, flow: flow, secretsFile: secretsFile,
+            redirectPort: redirectPort, timeout: timeout)
+    }
+
+    /// Runs `request` on the broker in a task of its own.
+    static func start(_ harness: BrokerHarness, _ request: Request, progress: Progress) -> Task<LoginResult, any Error>
+    {
+        Task { try await harness.broker.login(request, peerPID: getpid(), progress: progress.record) }
+    }
+
+    static func failure(_ task: Task<LoginResult, any Error>) async -> BrokerError? {
+        do {
+            _ = try await task.value
+            return nil
+        } catch {
+            return error as? BrokerError
+        }
+    }
+
+    static func accountExists(_ harness: BrokerHarness, _ name: String = "work") async -> Bool {
+        (try? await harness.broker.status(account: name)) != nil
+    }
+
+    /// A TCP port on 127.0.0.1 that was free a moment ago.
+    static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
+            }
+        }
+        guard bound else { throw HarnessError("cannot find a free port") }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    static func port(of redirectURI: String?) throws -> Int {
+        try #require(URLComponents(string: redirectURI ?? "")?.port)
+    }
+
+    // MARK: Device flow
+
+    @Test func deviceFlowApprovedCreatesTheAccountAndItsRefreshPresentsTheStoredRefreshToken() async throws {
+        try await BrokerHarness.run { harness in
+            harness.idp.setDeviceTiming(interval: 1)
+            let progress = Progress()
+            let login = Self.start(
+                harness, Self.request("device", provider: Self.provider(harness.idp)), progress: progress)
+            let offer = try await progress.first(.deviceCode)
+            #expect(offer.userCode?.count == 9)
+            #expect(offer.verificationURI == harness.idp.tokenEndpoint.replacing("/token", with: "/device"))
+            #expect(offer.interval == 1 && offer.expiresIn == 600)
+            // The user takes a while: the broker hears authorization_pending meanwhile.
+            #expect(await eventually { harness.idp.devicePolls.count >= 2 })
+            #expect(!(await Self.accountExists(harness)))
+            let complete = try #require(offer.verificationURIComplete)
+            #expect(try await harness.idp.decide(.approve, at: complete) == 200)
+
+            let result = try await login.value
+            #expect(result == LoginResult(account: "work", state: "valid", idToken: true))
+            let token = try await harness.broker.token(account: "work", minTTL: 60)
+            #expect(harness.idp.issuedAccessTokens == [token.result.accessToken])
+            let stored = try #require(try harness.vaultCopy()?.accounts.first { $0.name == "work" })
+            #expect(stored.secrets.refreshToken == harness.idp.issuedRefreshTokens.first)
+            #expect(stored.secrets.clientSecret == harness.idp.clientSecret)
+            #expect(stored.token?.idToken == harness.idp.issuedIDTokens.first)
+
+            _ = try await harness.broker.refreshNow(account: "work")
+            let refresh = try #require(harness.idp.calls.last)
+            #expect(refresh.grantType == "refresh_token")
+            #expect(refresh.refreshToken == harness.idp.issuedRefreshTokens.first)
+            #expect(harness.idp.rejectedReuse == 0)
+            #expect(harness.idp.issuedRefreshTokens.count == 2)
+        }
+    }
+
+    @Test func slowDownAddsFiveSecondsToTheInterval() async throws {
+        try await BrokerHarness.run { harness in
+            harness.idp.setDeviceTiming(interval: 1)
+            harness.idp.forceSlowDown()
+            let progress = Progress()
+            let login = Self.start(
+                harness, Self.request("device", provider: Self.provider(harness.idp)), progress: progress)
+            let slow = try await progress.first(.slowDown)
+            #expect(slow.interval == 6)
+            let offer = try await progress.first(.deviceCode)
+            _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            #expect(try await login.value.state == "valid")
+            let polls = harness.idp.devicePolls
+            #expect(polls.count == 2)
+            // The IdP answers slow_down to any poll sooner than the raised interval: none came.
+            #expect(polls[1].timeIntervalSince(polls[0]) >= 6)
+        }
+    }
+
+    @Test func aDenialEndsTheLoginWithNeedsLoginAndNoAccount() async throws {
+        try await BrokerHarness.run { harness in
+            harness.idp.setDeviceTiming(interval: 1)
+            let progress = Progress()
+            let login = Self.start(
+                harness, Self.request("device", provider: Self.provider(harness.idp)), progress: progress)
+            let offer = try await progress.first(.deviceCode)
+            _ = try await harness.idp.decide(.deny, at: try #require(offer.verificationURIComplete))
+            let error = try #require(await Self.failure(login))
+            #expect(error.code == .needsLogin)
+            #expect(error.message.contains("denied") && error.message.contains("access_denied"))
+            #expect(error.message.contains("brokerctl login work"))
+            #expect(!(await Self.accountExists(harness)))
+        }
+    }
+
+    @Test func anExpiredDeviceCodeEndsTheLogin() async throws {
+        try await BrokerHarness.run { harness in
+            harness.idp.setDeviceTiming(interval: 1)
+            let progress = Progress()
+            let login = Self.start(
+                harness, Self.request("device", provider: Self.provider(harness.idp)), progress: progress)
+            _ = try await progress.first(.deviceCode)
+            harness.idp.expireDeviceCodes()
+            let error = try #require(await Self.failure(login))
+            #expect(error.code == .needsLogin)
+            #expect(error.message.contains("expired_token"))
+            #expect(!(await Self.accountExists(harness)))
+        }
+    }
+
+    @Test func theWaitEndsAtTheTimeout() async throws {
+        try await BrokerHarness.run { harness in
+            harness.idp.setDeviceTiming(interval: 1)
+            let started = Date()
+            let login = Self.start(
+                harness, Self.request("device", provider: Self.provider(harness.idp), timeout: 2), progress: Progress())
+            let error = try #require(await Self.failure(login))
+            #expect(error.code == .needsLogin)
+            #expect(error.message.contains("in time"))
+            #expect(Date().timeIntervalSince(started) >= 2)
+            #expect(!(await Self.accountExists(harness)))
+        }
+    }
+
+    @Test func anIdPWithoutADeviceEndpointIsRefusedForTheDeviceFlow() async throws {
+        try await BrokerHarness.run { harness in
+            harness.idp.setOffersDeviceEndpoint(false)
+            let login = Self.start(
+                harness, Self.request("device", provider: Self.provider(harness.idp)), progress: Progress())
+            let error = try #require(await Self.failure(login))
+            #expect(error.code == .badRequest)
+            #expect(error.message == "the IdP offers no device authorization endpoint; use --flow browser")
+            #expect(harness.idp.deviceAuthorizations == 0)
+        }
+    }
+
+    @Test func anUnreachableIdPIsUnavailable() async throws {
+        try await BrokerHarness.run { harness in
+            harness.idp.setBehavior(.status(503, retryAfter: nil))
+            let provider = ProviderSpec(
+                kind: "oauth2",
+                [
+                    "token_endpoint": .string(harness.idp.tokenEndpoint),
+                    "device_authorization_endpoint": .string(harness.idp.deviceAuthorizationEndpoint),
+                    "client_id": .string(harness.idp.clientID),
+                ])
+            let login = Self.start(harness, Self.request("device", provider: provider), progress: Progress())
+            let error = try #require(await Self.failure(login))
+            #expect(error.code == .unavailable)
+            #expect(error.message.contains("503"))
+        }
+    }
+
+    // MARK: Browser flow
+
+    @Test func browserFlowExchangesTheCodeWithItsVerifierAndClosesTheListener() async throws {
+        try await BrokerHarness.run { harness in
+            let progress = Progress()
+            let login = Self.start(
+                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
+            let offer = try await progress.first(.authorizationURL)
+            let url = try #require(offer.url)
+            #expect(url.hasPrefix(harness.idp.authorizationEndpoint + "?response_type=code&"))
+            #expect(url.contains("code_challenge_method=S256") && url.contains("scope=openid%20offline_access"))
+            #expect(offer.expiresIn == 180)
+            let port = try Self.port(of: offer.redirectURI)
+            #expect(offer.redirectURI == "http://127.0.0.1:\(port)/callback")
+            #expect(TestBrowser.isListening(port))
+
+            let location = try await TestBrowser.authorize(url)
+            #expect(location.hasPrefix(try #require(offer.redirectURI) + "?code="))
+            let page = try await TestBrowser.get(location)
+            #expect(page.status == 200 && page.body.contains("Signed in. You may close this tab."))
+
+            #expect(try await login.value == LoginResult(account: "work", state: "valid", idToken: true))
+            #expect(harness.idp.rejectedCodeExchanges.isEmpty)
+            #expect(!TestBrowser.isListening(port))
+            let token = try await harness.broker.token(account: "work", minTTL: 60)
+            #expect(harness.idp.issuedAccessTokens == [token.result.accessToken])
+        }
+    }
+
+    @Test func aCallbackWithTheWrongStateGets400AndTheLoginKeepsWaiting() async throws {
+        try await BrokerHarness.run { harness in
+            let progress = Progress()
+            let login = Self.start(
+                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
+            let offer = try await progress.first(.authorizationURL)
+            let location = try await TestBrowser.authorize(try #require(offer.url))
+            let redirect = try #require(offer.redirectURI)
+            for forged in [
+                redirect + "?code=stolen&state=forged", redirect + "?code=stolen", redirect + "?error=access_denied",
+            ] {
+                let page = try await TestBrowser.get(forged)
+                #expect(page.status == 400)
+            }
+            #expect(try await TestBrowser.get(redirect.replacing("/callback", with: "/other")).status == 404)
+            #expect(try await TestBrowser.get(location).status == 200)
+            #expect(try await login.value.state == "valid")
+            #expect(harness.idp.rejectedCodeExchanges.isEmpty)
+        }
+    }
+
+    @Test func aDenialAtTheAuthorizationEndpointEndsTheLogin() async throws {
+        try await BrokerHarness.run { harness in
+            harness.idp.setAuthorizationDecision(.deny)
+            let progress = Progress()
+            let login = Self.start(
+                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
+            let offer = try await progress.first(.authorizationURL)
+            let location = try await TestBrowser.authorize(try #require(offer.url))
+            #expect(location.contains("error=access_denied"))
+            #expect(try await TestBrowser.get(location).status == 200)
+            let error = try #require(await Self.failure(login))
+            #expect(error.code == .needsLogin)
+            #expect(error.message.contains("(access_denied)"))
+            #expect(!TestBrowser.isListening(try Self.port(of: offer.redirectURI)))
+            #expect(!(await Self.accountExists(harness)))
+        }
+    }
+
+    @Test func theBrowserFlowTimesOutAndClosesTheListener() async throws {
+        try await BrokerHarness.run { harness in
+            let progress = Progress()
+            let login = Self.start(
+                harness, Self.request("browser", provider: Self.provider(harness.idp), timeout: 1), progress: progress)
+            let offer = try await progress.first(.authorizationURL)
+            #expect(offer.expiresIn == 1)
+            let error = try #require(await Self.failure(login))
+            #expect(error.code == .needsLogin)
+            #expect(!TestBrowser.isListening(try Self.port(of: offer.redirectURI)))
+            #expect(!(await Self.accountExists(harness)))
+        }
+    }
+
+    @Test func aRedirectPortInUseIsABadRequest() async throws {
+        try await BrokerHarness.run { harness in
+            let taken = try #require(URLComponents(string: harness.idp.tokenEndpoint)?.port)
+            let login = Self.start(
+                harness, Self.request("browser", provider: Self.provider(harness.idp), redirectPort: taken),
+                progress: Progress())
+            let error = try #require(await Self.failure(login))
+            #expect(error.code == .badRequest)
+            #expect(error.message.contains("127.0.0.1:\(taken)"))
+        }
+    }
+
+    @Test func aFixedRedirectPortIsUsed() async throws {
+        try await BrokerHarness.run { harness in
+            let port = try Self.freePort()
+            let progress = Progress()
+            let login = Self.start(
+                harness, Self.request("browser", provider: Self.provider(harness.idp), redirectPort: port),
+                progress: progress)
+            let offer = try await progress.first(.authorizationURL)
+            #expect(offer.redirectURI == "http://127.0.0.1:\(port)/callback")
+            _ = try await TestBrowser.get(try await TestBrowser.authorize(try #require(offer.url)))
+            #expect(try await login.value.state == "valid")
+        }
+    }
+
+    // MARK: Cancellation
+
+    @Test func cancellingABrowserLoginClosesTheListenerAndCreatesNothing() async throws {
+        try await BrokerHarness.run { harness in
+            let progress = Progress()
+            let login = Self.start(
+                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
+            let offer = try await progress.first(.authorizationURL)
+            let port = try Self.port(of: offer.redirectURI)
+            #expect(TestBrowser.isListening(port))
+            login.cancel()
+            #expect(await Self.failure(login) != nil)
+            #expect(!TestBrowser.isListening(port))
+            #expect(!(await Self.accountExists(harness)))
+        }
+    }
+
+    @Test func cancellingADeviceLoginStopsPollingAndCreatesNothing() async throws {
+        try await BrokerHarness.run { harness in
+            harness.idp.setDeviceTiming(interval: 1)
+            let progress = Progress()
+            let login = Self.start(
+                harness, Self.request("device", provider: Self.provider(harness.idp)), progress: progress)
+            let offer = try await progress.first(.deviceCode)
+            #expect(await eventually { harness.idp.devicePolls.count >= 1 })
+            login.cancel()
+            #expect(await Self.failure(login) != nil)
+            let polls = harness.idp.devicePolls.count
+            // The user approves after all: nobody asks any more.
+            _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            try await Task.sleep(for: .milliseconds(2500))
+            #expect(harness.idp.devicePolls.count == polls)
+            #expect(harness.idp.issuedRefreshTokens.isEmpty)
+            #expect(!(await Self.accountExists(harness)))
+        }
+    }
+
+    @Test func aSecondLoginOfTheSameAccountIsBusy() async throws {
+        try await BrokerHarness.run { harness in
+            harness.idp.setDeviceTiming(interval: 1)
+            let progress = Progress()
+            let first = Self.start(
+                harness, Self.request("device", provider: Self.provider(harness.idp)), progress: progress)
+            _ = try await progress.first(.deviceCode)
+            let second = Self.start(
+                harness, Self.request("device", provider: Self.provider(harness.idp)), progress: Progress())
+            #expect(await Self.failure(second)?.code == .busy)
+            first.cancel()
+            _ = await Self.failure(first)
+        }
+    }
+
+    // MARK: Existing accounts
+
+    @Test func aDeniedAccountIsRestoredInPlaceWithItsSettings() async throws {
+        try await BrokerHarness.run { harness in
+            harness.idp.setDeviceTiming(interval: 1)
+            let provider = Self.provider(harness.idp)
+            _ = try await harness.broker.add(
+                account: "work", provider: provider, tokens: TokenSet(refreshToken: "rt-dead"))
+            #expect(await eventually { (try? await harness.state("work").state) == "needs_login" })
+            let before = try #require(try harness.vaultCopy()?.accounts.first { $0.name == "work" })
+            #expect(before.needsLogin)
+
+            let progress = Progress()
+            let login = Self.start(harness, Self.request("device"), progress: progress)
+            let offer = try await progress.first(.deviceCode)
+            _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            #expect(try await login.value.state == "valid")
+
+            let after = try #require(try harness.vaultCopy()?.accounts.first { $0.name == "work" })
+            #expect(after.provider == before.provider)
+            #expect(after.secrets.clientSecret == before.secrets.clientSecret)
+            #expect(after.declared == before.declared)
+            #expect(!after.needsLogin && after.lastError == nil)
+            #expect(after.secrets.refreshToken == harness.idp.issuedRefreshTokens.first)
+            #expect(try await harness.state("work").state == "valid")
+        }
+    }
+
+    @Test func aLoginGivingOtherSettingsForAnExistingAccountIsRefused() async throws {
+        try await BrokerHarness.run { harness in
+            _ = try await harness.broker.add(account: "work", provider: Self.provider(harness.idp), tokens: nil)
+            let other = Self.provider(harness.idp, scope: "openid email")
+            let login = Self.start(harness, Self.request("device", provider: other), progress: Progress())
+            let error = try #require(await Self.failure(login))
+            #expect(error.code == .badRequest)
+            #expect(error.message.contains("work exists with other settings"))
+            #expect(harness.idp.deviceAuthorizations == 0)
+        }
+    }
+
+    @Test func aLoginOfAMissingAccountNeedsAProvider() async throws {
+        try await BrokerHarness.run { harness in
+            let login = Self.start(harness, Self.request("device"), progress: Progress())
+            let error = try #require(await Self.failure(login))
+            #expect(error.code == .notFound)
+            #expect(error.message.contains("--issuer URL"))
+        }
+    }
+
+    @Test func onlyOAuth2AccountsLogIn() async throws {
+        try await BrokerHarness.run { harness in
+            _ = try await harness.broker.add(
+                account: "work", provider: ProviderSpec(kind: "static"), tokens: TokenSet(accessToken: "at"))
+            let login = Self.start(harness, Self.request("device"), progress: Progress())
+            #expect(await Self.failure(login)?.code == .badRequest)
+        }
+    }
+
+    // MARK: Id tokens
+
+    @Test func theIDTokenIsKeptAcrossARefreshWithoutOneAndReplacedByARotatedOne() async throws {
+        try await BrokerHarness.run { harness in
+            let progress = Progress()
+            let login = Self.start(
+                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
+            let offer = try await progress.first(.authorizationURL)
+            _ = try await TestBrowser.get(try await TestBrowser.authorize(try #require(offer.url)))
+            _ = try await login.value
+            let first = try #require(harness.idp.issuedIDTokens.first)
+
+            harness.idp.setIDTokensOnRefresh(false)
+            _ = try await harness.broker.refreshNow(account: "work")
+            #expect(harness.idp.issuedIDTokens.count == 1)
+            #expect(try await harness.broker.idToken(account: "work", minTTL: 0).idToken == first)
+            #expect(try await harness.broker.token(account: "work", minTTL: 0).result.idToken == first)
+
+            harness.idp.setIDTokensOnRefresh(true)
+            _ = try await harness.broker.refreshNow(account: "work")
+            let rotated = try #require(harness.idp.issuedIDTokens.last)
+            #expect(rotated != first)
+            #expect(try await harness.broker.idToken(account: "work", minTTL: 0).idToken == rotated)
+        }
+    }
+
+    @Test func theIDTokenAnswerCarriesItsExpiryAndAShortOneIsRefreshedOnce() async throws {
+        try await BrokerHarness.run { harness in
+            let now = harness.clock.now()
+            harness.idp.setIDTokenExpiry(now.addingTimeInterval(30))
+            let progress = Progress()
+            let login = Self.start(
+                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
+            let offer = try await progress.first(.authorizationURL)
+            _ = try await TestBrowser.get(try await TestBrowser.authorize(try #require(offer.url)))
+            _ = try await login.value
+
+            let answer = try await harness.broker.idToken(account: "work", minTTL: 10)
+            #expect(answer.idToken == harness.idp.issuedIDTokens.last)
+            #expect(answer.expiresAt == Date(timeIntervalSince1970: (now.timeIntervalSince1970 + 30).rounded(.down)))
+            #expect(answer.expiresIn == 30)
+            #expect(harness.idp.calls.filter { $0.grantType == "refresh_token" }.isEmpty)
+
+            // Too short for 60 s: one refresh, whose id token is as short: needs_login.
+            await #expect(throws: BrokerError(.needsLogin, "")) {
+                try await harness.broker.idToken(account: "work", minTTL: 60)
+            }
+            #expect(harness.idp.calls.filter { $0.grantType == "refresh_token" }.count == 1)
+
+            // An IdP that renews it on refresh: the forced refresh serves a fresh one.
+            harness.idp.setIDTokenExpiry(now.addingTimeInterval(3600))
+            let renewed = try await harness.broker.idToken(account: "work", minTTL: 60)
+            #expect(renewed.expiresIn == 3600)
+            #expect(harness.idp.calls.filter { $0.grantType == "refresh_token" }.count == 2)
+        }
+    }
+
+    @Test func anAccountWithoutAnIDTokenAnswersNotFound() async throws {
+        try await BrokerHarness.run { harness in
+            harness.idp.setDeviceTiming(interval: 1)
+            let progress = Progress()
+            let login = Self.start(
+                harness, Self.request("device", provider: Self.provider(harness.idp, scope: "offline_access")),
+                progress: progress)
+            let offer = try await progress.first(.deviceCode)
+            _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            #expect(try await login.value.idToken == false)
+            await #expect(throws: BrokerError(.notFound, "")) {
+                try await harness.broker.idToken(account: "work", minTTL: 0)
+            }
+            do {
+                _ = try await harness.broker.idToken(account: "work", minTTL: 0)
+            } catch let error as BrokerError {
+                #expect(error.message == "work holds no id token: its IdP returned none")
+            }
+            await #expect(throws: BrokerError(.notFound, "")) {
+                try await harness.broker.idToken(account: "nobody", minTTL: 0)
+            }
+        }
+    }
+
+    // MARK: Secrets files
+
+    @Test func theBrokerReadsTheClientSecretFromAFileOfItsUser() async throws {
+        try await BrokerHarness.run { harness in
+            harness.idp.setDeviceTiming(interval: 1)
+            let path = harness.directory.file("secrets.json")
+            try Data(#"{"client_secret":"\#(harness.idp.clientSecret)"}"#.utf8).write(to: URL(fileURLWithPath: path))
+            let progress = Progress()
+            let login = Self.start(
+                harness,
+                Self.request("device", provider: Self.provider(harness.idp, secret: false), secretsFile: path),
+                progress: progress)
+            let offer = try await progress.first(.deviceCode)
+            _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            #expect(try await login.value.state == "valid")
+            // client_secret_basic, with the secret from the file.
+            #expect(harness.idp.calls.last?.clientSecret == harness.idp.clientSecret)
+            let stored = try #require(try harness.vaultCopy()?.accounts.first { $0.name == "work" })
+            #expect(stored.secrets.clientSecret == harness.idp.clientSecret)
+        }
+    }
+
+    @Test func theClientSecretCanComeFromADescriptorOfThePeer() async throws {
+        var ends: [Int32] = [0, 0]
+        #expect(pipe(&ends) == 0)
+        defer { close(ends[0]) }
+        let json = Array(#"{"client_secret":"from-the-pipe"}"#.utf8)
+        #expect(write(ends[1], json, json.count) == json.count)
+        close(ends[1])
+        let secret = try await SecretsFile.clientSecret(at: "/proc/\(getpid())/fd/\(ends[0])", peerPID: getpid())
+        #expect(secret == "from-the-pipe")
+    }
+
+    @Test(arguments: ["relative.json", "/proc/1/fd/0", "/proc/self/fd/0", "/proc/\(getpid())/environ"])
+    func secretsFilesOutsideTheRulesAreRefused(path: String) async throws {
+        await #expect(throws: BrokerFailure.self) {
+            _ = try await SecretsFile.clientSecret(at: path, peerPID: getpid())
+        }
+    }
+
+    @Test func aSymbolicLinkOrAnotherUsersFileIsRefusedWithoutItsContent() async throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let real = directory.file("real.json")
+        try Data(#"{"client_secret":"do-not-echo"}"#.utf8).write(to: URL(fileURLWithPath: real))
+        let link = directory.file("link.json")
+        #expect(symlink(real, link) == 0)
+        var refusals: [BrokerFailure] = []
+        for path in [link] {
+            do {
+                _ = try await SecretsFile.clientSecret(at: path, peerPID: getpid())
+            } catch {
+                refusals.append(error)
+            }
+        }
+        if getuid() == 0 {
+            let foreign = directory.file("foreign.json")
+            try Data(#"{"client_secret":"do-not-echo"}"#.utf8).write(to: URL(fileURLWithPath: foreign))
+            #expect(chown(foreign, 65534, 65534) == 0)
+            do {
+                _ = try await SecretsFile.clientSecret(at: foreign, peerPID: getpid())
+            } catch {
+                refusals.append(error)
+            }
+        }
+        #expect(refusals.count == (getuid() == 0 ? 2 : 1))
+        for refusal in refusals {
+            guard case .invalid(let reason) = refusal else {
+                Issue.record("not a bad request: \(refusal)")
+                continue
+            }
+            #expect(!reason.contains("do-not-echo"))
+        }
+        #expect("\(refusals)".contains("symbolic link"))
+    }
+
+    // MARK: The test IdP
+
+    /// The test IdP refuses what real IdPs refuse, so the browser-flow tests mean something.
+    @Test func theTestIdPRefusesAWrongVerifierAnotherRedirectAReusedCodeAndAnUnregisteredRedirect() async throws {
+        let idp = try await OAuth2TestIdP()
+        let verifier = "a-verifier-of-forty-three-characters-0123456"
+        let registered = "http://127.0.0.1:5555/callback"
+        let escape = { (text: String) in text.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? "" }
+        func authorize(_ redirect: String) async throws -> TestBrowser.Page {
+            try await TestBrowser.get(
+                idp.authorizationEndpoint + "?response_type=code&client_id=\(idp.clientID)&redirect_uri="
+                    + escape(redirect) + "&state=s1&code_challenge=" + OAuth2TestIdP.challenge(for: verifier)
+                    + "&code_challenge_method=S256&scope=openid")
+        }
+        func code() async throws -> String {
+            let page = try await authorize(registered)
+            #expect(page.status == 302)
+            let items = URLComponents(string: try #require(page.location))?.queryItems ?? []
+            #expect(items.first { $0.name == "state" }?.value == "s1")
+            return try #require(items.first { $0.name == "code" }?.value)
+        }
+        for unregistered in [
+            "http://evil.example/callback", "http://127.0.0.1/callback", "http://127.0.0.1:5555/other",
+        ] {
+            let page = try await authorize(unregistered)
+            #expect(page.status == 400 && page.location == nil)
+        }
+        #expect(
+            try await idp.exchange(code: try await code(), verifier: verifier + "x", redirectURI: registered) == 400)
+        #expect(
+            try await idp.exchange(
+                code: try await code(), verifier: verifier, redirectURI: "http://127.0.0.1:6666/callback") == 400)
+        let good = try await code()
+        #expect(try await idp.exchange(code: good, verifier: verifier, redirectURI: registered) == 200)
+        #expect(try await idp.exchange(code: good, verifier: verifier, redirectURI: registered) == 400)
+        #expect(
+            idp.rejectedCodeExchanges == ["code_verifier does not match", "redirect_uri differs", "code already used"])
+        #expect(idp.issuedIDTokens.count == 1)
+        await idp.shutdown()
+    }
+
+    // MARK: Units
+
+    @Test func pkceChallengeIsRFC7636AppendixB() {
+        let pkce = PKCE(verifier: "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk", state: "s")
+        #expect(pkce.challenge == "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM")
+        let fresh = PKCE()
+        #expect(fresh.verifier.count == 43 && fresh.state.count == 43)
+        #expect(fresh.verifier != PKCE().verifier && fresh.state != fresh.verifier)
+    }
+
+    @Test func idTokenExpiryIsReadFromTheJWTPayloadOnly() {
+        let payload = Base64URL.encode(Array(#"{"exp":1795426200,"sub":"x"}"#.utf8))
+        #expect(IDToken.expiry(of: "e30.\(payload).sig") == Date(timeIntervalSince1970: 1_795_426_200))
+        for token in [
+            "opaque", "e30.\(payload)", "a.b.c.d.e", "e30.!!!.x",
+            "e30.\(Base64URL.encode(Array(#"{"exp":"soon"}"#.utf8))).",
+            "e30.\(Base64URL.encode(Array(#"{"exp":1e300}"#.utf8))).",
+            "e30.\(Base64URL.encode(Array(#"{"exp":-5}"#.utf8))).",
+            "e30.\(String(repeating: "A", count: 20_000)).",
+        ] {
+            #expect(IDToken.expiry(of: token) == nil, "\(token.prefix(40))")
+        }
+    }
+}
