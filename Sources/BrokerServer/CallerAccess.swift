@@ -1,0 +1,60 @@
+import BrokerCore
+
+/// One connection's caller and the accounts it may use, each decided once and kept until the
+/// rules change (a reload), so the cached-token path pays a lookup, not a check. Owned by the
+/// connection's handler, on its event loop.
+struct CallerAccess {
+    /// Accounts remembered at most; a caller asking for more starts the memo afresh.
+    static let maximumRemembered = 256
+
+    let policy: AccessPolicy
+    /// The caller as attested when it connected.
+    let caller: Caller
+    /// Its `/proc` directory, for checking it again before an owner operation.
+    private let process: ProcessDirectory?
+    private var rules = AccessRules()
+    private var generation: Int?
+    private var decisions: [String: Bool] = [:]
+
+    init(policy: AccessPolicy, caller: Caller, process: ProcessDirectory?) {
+        self.policy = policy
+        self.caller = caller
+        self.process = process
+    }
+
+    /// Whether the caller may use `account` under the rules in force; a refusal is logged.
+    mutating func mayUse(_ account: String) -> Bool {
+        takeNewRules()
+        let allowed = decisions[account] ?? decide(account)
+        if !allowed { policy.noteRefusal(of: caller, "account \(account)") }
+        return allowed
+    }
+
+    private mutating func decide(_ account: String) -> Bool {
+        let allowed = policy.mayUse(account, caller: caller, rules: rules)
+        if decisions.count >= Self.maximumRemembered { decisions.removeAll(keepingCapacity: true) }
+        decisions[account] = allowed
+        return allowed
+    }
+
+    /// Whether the caller may run the owner operation `operation`; when `[broker] admins`
+    /// names executables, the caller is attested again first (it may have exec'ed since).
+    mutating func mayRunOwnerOperation(_ operation: String) -> Bool {
+        takeNewRules()
+        var current = caller
+        if !rules.admins.isEmpty {
+            guard let process else { return false }
+            current = policy.attestor.reattest(caller, in: process)
+        }
+        let allowed = policy.isAdmin(current, rules: rules)
+        if !allowed { policy.noteRefusal(of: current, "operation \(operation)") }
+        return allowed
+    }
+
+    /// Forgets every decision when the rules changed since they were taken.
+    private mutating func takeNewRules() {
+        guard policy.rules.generation != generation else { return }
+        (rules, generation) = policy.rules.snapshot()
+        decisions.removeAll()
+    }
+}
