@@ -54,7 +54,8 @@ public enum ConfigFile {
         return BrokerConfiguration(
             settings: try settings(table["broker"], path: path, text: text),
             accounts: try accounts(table["accounts"], path: path),
-            access: try AccessRules.parse(broker: table["broker"]?.table, accounts: table["accounts"]?.table, path: path))
+            access: try AccessRules.parse(
+                broker: table["broker"]?.table, accounts: table["accounts"]?.table, path: path))
     }
 
     private static func settings(_ value: TOMLValue?, path: String, text: String) throws
@@ -69,7 +70,8 @@ public enum ConfigFile {
             guard let (_, setting, range) = keys.first(where: { $0.0 == key }) else {
                 throw ConfigError(
                     description:
-                        "\(path): unknown key broker.\(key) (known: \((keys.map(\.0) + AccessRules.brokerKeys).joined(separator: ", ")))")
+                        "\(path): unknown key broker.\(key) (known: \((keys.map(\.0) + AccessRules.brokerKeys).joined(separator: ", ")))"
+                )
             }
             let value = brokerTable[key]
             guard let number = value?.double ?? value?.int.map(Double.init), range.contains(number) else {

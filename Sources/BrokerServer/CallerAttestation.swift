@@ -69,7 +69,8 @@ public struct Caller: Sendable, Equatable, CustomStringConvertible {
     /// `text` with control characters shown as `?`, so a file name cannot forge log lines.
     private static func printable(_ text: String?) -> String {
         guard let text else { return "(unknown)" }
-        return String(String.UnicodeScalarView(text.unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7F ? "?" : $0 }))
+        return String(
+            String.UnicodeScalarView(text.unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7F ? "?" : $0 }))
     }
 }
 

@@ -28,8 +28,7 @@ public struct RequestDispatcher: Sendable {
     /// The fast path answers only lines that the full path (`JSONLine`, then the decoder) reads
     /// the same way, and holds them to the same checks, so a line gets one answer whichever
     /// path takes it. Both ask `access` whether the caller may use the account first.
-    func decide(line: UnsafeRawBufferPointer, access: inout CallerAccess, decoder: JSONDecoder, now: Date) -> Decision
-    {
+    func decide(line: UnsafeRawBufferPointer, access: inout CallerAccess, decoder: JSONDecoder, now: Date) -> Decision {
         let flat = FlatRequest.parse(line)
         if let flat, flat.op == Operation.token.rawValue {
             if let account = try? AccountField.required(flat.account) {

@@ -15,7 +15,8 @@ enum SocketSharing {
             let gid = try groupID(group)
             guard lchown(path, uid_t.max, gid) == 0 else {
                 throw ServerError(
-                    description: "cannot give the socket \(path) the group \(group): \(String(cString: strerror(errno))) "
+                    description:
+                        "cannot give the socket \(path) the group \(group): \(String(cString: strerror(errno))) "
                         + "(brokerd's user must be a member of it)")
             }
         }

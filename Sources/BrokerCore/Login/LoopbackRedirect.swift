@@ -40,7 +40,8 @@ final class LoopbackRedirect: Sendable {
                 .bind(host: "127.0.0.1", port: port).get()
         } catch {
             continuation.finish()
-            throw .invalid("cannot listen on 127.0.0.1:\(port) for the redirect (\(error)); choose another --redirect-port")
+            throw .invalid(
+                "cannot listen on 127.0.0.1:\(port) for the redirect (\(error)); choose another --redirect-port")
         }
         self.callbacks = callbacks
         self.port = channel.localAddress?.port ?? port
@@ -129,7 +130,8 @@ private final class CallbackHandler: ChannelInboundHandler {
         headers.add(name: "Connection", value: "close")
         headers.add(name: "Cache-Control", value: "no-store")
         headers.add(name: "Referrer-Policy", value: "no-referrer")
-        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: status, headers: headers))),
+        context.write(
+            wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: status, headers: headers))),
             promise: nil)
         context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: html)))), promise: nil)
         let channel = context.channel
