@@ -8,18 +8,15 @@ struct CallerAccess {
     static let maximumRemembered = 256
 
     let policy: AccessPolicy
-    /// The caller as attested when it connected.
+    /// The caller, attested when it connected.
     let caller: Caller
-    /// Its `/proc` directory, for checking it again before an owner operation.
-    private let process: ProcessDirectory?
     private var rules = AccessRules()
     private var generation: Int?
     private var decisions: [String: Bool] = [:]
 
-    init(policy: AccessPolicy, caller: Caller, process: ProcessDirectory?) {
+    init(policy: AccessPolicy, caller: Caller) {
         self.policy = policy
         self.caller = caller
-        self.process = process
     }
 
     /// Whether the caller may use `account` under the rules in force; a refusal is logged.
@@ -37,17 +34,12 @@ struct CallerAccess {
         return allowed
     }
 
-    /// Whether the caller may run the owner operation `operation`; when `[broker] admins`
-    /// names executables, the caller is attested again first (it may have exec'ed since).
+    /// Whether the caller may run the owner operation `operation` (judged afresh each time:
+    /// the caller may have exec'ed another program since it connected).
     mutating func mayRunOwnerOperation(_ operation: String) -> Bool {
         takeNewRules()
-        var current = caller
-        if !rules.admins.isEmpty {
-            guard let process else { return false }
-            current = policy.attestor.reattest(caller, in: process)
-        }
-        let allowed = policy.isAdmin(current, rules: rules)
-        if !allowed { policy.noteRefusal(of: current, "operation \(operation)") }
+        let allowed = policy.isAdmin(caller, rules: rules)
+        if !allowed { policy.noteRefusal(of: caller, "operation \(operation)") }
         return allowed
     }
 

@@ -1,5 +1,6 @@
 import BrokerCore
 import FoundationEssentials
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -50,19 +51,52 @@ public struct ProcessFacts: Sendable, Equatable {
     }
 }
 
-/// The process at the other end of a connection, as attested when it connected.
-public struct Caller: Sendable, Equatable, CustomStringConvertible {
-    public var peer: PeerIdentity
-    public var facts: ProcessFacts
+/// The process at the other end of a connection: its credentials from when it connected, and
+/// what `/proc` shows of it, read when a rule first needs it (without rules that name programs,
+/// never) and then kept for the connection.
+public final class Caller: Sendable, CustomStringConvertible {
+    public let peer: PeerIdentity
+    private let process: PeerProcess?
+    private let reader: any ProcessReader
+    /// `nil` until read; then the facts, or `nil` inside when the caller had exited.
+    private let known: Mutex<ProcessFacts??>
 
-    public init(peer: PeerIdentity, facts: ProcessFacts) {
+    init(peer: PeerIdentity, process: PeerProcess, reader: any ProcessReader) {
         self.peer = peer
-        self.facts = facts
+        self.process = process
+        self.reader = reader
+        self.known = Mutex(nil)
+    }
+
+    /// A caller whose facts are known already (`nil`: it has exited).
+    public init(peer: PeerIdentity, facts: ProcessFacts?) {
+        self.peer = peer
+        self.process = nil
+        self.reader = ProcFileSystemReader()
+        self.known = Mutex(.some(facts))
+    }
+
+    /// What `/proc` showed of the caller when first asked; `nil` when it had exited by then.
+    public func facts() -> ProcessFacts? {
+        known.withLock { known in
+            if let known { return known }
+            let facts = process?.read(with: reader)
+            known = .some(facts)
+            return facts
+        }
+    }
+
+    /// What `/proc` shows of the caller now (before an owner operation: it may have exec'ed
+    /// another program since it connected); `nil` when it has exited.
+    public func currentFacts() -> ProcessFacts? {
+        guard let process else { return facts() }
+        return process.read(with: reader)
     }
 
     /// uid, pid, executable and unit, for log lines (never anything the caller sent).
     public var description: String {
-        "uid \(peer.uid) pid \(peer.pid) executable \(Self.printable(facts.executable?.path)) unit "
+        guard let facts = facts() else { return "uid \(peer.uid) pid \(peer.pid) (exited)" }
+        return "uid \(peer.uid) pid \(peer.pid) executable \(Self.printable(facts.executable?.path)) unit "
             + Self.printable(facts.unit)
     }
 
@@ -71,6 +105,44 @@ public struct Caller: Sendable, Equatable, CustomStringConvertible {
         guard let text else { return "(unknown)" }
         return String(
             String.UnicodeScalarView(text.unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7F ? "?" : $0 }))
+    }
+}
+
+/// What names the process that connected, for reading `/proc` later: its pidfd
+/// (`SO_PEERPIDFD`), or on a kernel without one, its `/proc` directory opened at accept.
+final class PeerProcess: Sendable {
+    let pid: Int32
+    private let pidfd: Int32?
+    private let directory: ProcessDirectory?
+
+    /// Takes over `pidfd` (closed with this).
+    init(pid: Int32, pidfd: Int32?) {
+        self.pid = pid
+        self.pidfd = pidfd
+        directory = pidfd == nil ? ProcessDirectory(pid: pid) : nil
+    }
+
+    deinit { if let pidfd { close(pidfd) } }
+
+    /// Reads the process's facts, or `nil` when it has exited. With a pidfd, `/proc/PID` is
+    /// opened and read, and then the pidfd asked whether that process still runs: had it
+    /// exited, its pid might have gone to another program before the reads. Without one, the
+    /// directory held since accept reads nothing once its process is gone.
+    func read(with reader: any ProcessReader) -> ProcessFacts? {
+        guard let pidfd else { return directory.map(reader.facts) }
+        guard pid > 0, let directory = ProcessDirectory(pid: pid) else { return nil }
+        let facts = reader.facts(of: directory)
+        return Self.hasExited(pidfd) ? nil : facts
+    }
+
+    /// Whether the process behind `pidfd` has exited (a pidfd polls readable then).
+    private static func hasExited(_ pidfd: Int32) -> Bool {
+        var entry = pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0)
+        while true {
+            let ready = poll(&entry, 1, 0)
+            if ready < 0, errno == EINTR { continue }
+            return ready != 0
+        }
     }
 }
 
@@ -136,10 +208,10 @@ public struct ProcFileSystemReader: ProcessReader {
     }
 }
 
-/// Attests callers from the kernel, as SPIRE's peertracker does: the pid from `SO_PEERCRED`, a
-/// pidfd from `SO_PEERPIDFD` naming the very process that connected, its `/proc` directory
-/// opened and read, and then the pidfd asked whether that process still runs. Had it exited,
-/// its pid might have gone to another program before the reads, so it is refused.
+/// Attests callers from the kernel, as SPIRE's peertracker does: uid and pid from
+/// `SO_PEERCRED` and a pidfd from `SO_PEERPIDFD` at accept, naming the very process that
+/// connected; its executable and unit are read from `/proc` when first needed, each read
+/// followed by asking the pidfd whether that process still runs (see `PeerProcess`).
 public struct CallerAttestor: Sendable {
     /// `SO_PEERPIDFD` (Linux 6.5), which the C library's headers may not name yet.
     public static let peerPIDFDOption: Int32 = 77
@@ -148,39 +220,10 @@ public struct CallerAttestor: Sendable {
 
     public init(reader: any ProcessReader = ProcFileSystemReader()) { self.reader = reader }
 
-    /// The outcome of attesting one caller.
-    public enum Outcome: Sendable {
-        /// The caller, and its `/proc` directory for later checks.
-        case attested(Caller, ProcessDirectory)
-        /// The caller exited before it could be checked.
-        case exited
-    }
-
-    /// Attests `peer`. `pidfd` is the peer's pidfd from `SO_PEERPIDFD` (closed here), or `nil`
-    /// on a kernel without it: then the `/proc` directory is opened by pid alone, and a caller
-    /// that exited at once may leave its pid to another process before that.
-    public func attest(_ peer: PeerIdentity, pidfd: Int32?) -> Outcome {
-        defer { if let pidfd { close(pidfd) } }
-        guard peer.pid > 0, let process = ProcessDirectory(pid: peer.pid) else { return .exited }
-        let facts = reader.facts(of: process)
-        if let pidfd, Self.hasExited(pidfd) { return .exited }
-        return .attested(Caller(peer: peer, facts: facts), process)
-    }
-
-    /// Reads `caller` again through the directory kept since it connected (before an owner
-    /// operation): a program it has exec'ed since shows, and a caller that has exited shows
-    /// nothing (its directory no longer answers), so no rule that names programs admits it.
-    public func reattest(_ caller: Caller, in process: ProcessDirectory) -> Caller {
-        Caller(peer: caller.peer, facts: reader.facts(of: process))
-    }
-
-    /// Whether the process behind `pidfd` has exited (a pidfd polls readable then).
-    static func hasExited(_ pidfd: Int32) -> Bool {
-        var entry = pollfd(fd: pidfd, events: Int16(POLLIN), revents: 0)
-        while true {
-            let ready = poll(&entry, 1, 0)
-            if ready < 0, errno == EINTR { continue }
-            return ready != 0
-        }
+    /// The caller behind `peer`. `pidfd` is its pidfd from `SO_PEERPIDFD` (taken over), or
+    /// `nil` on a kernel without it: then its `/proc` directory is opened at once by pid, and
+    /// a caller that exited before that may leave its pid to another process.
+    public func attest(_ peer: PeerIdentity, pidfd: Int32?) -> Caller {
+        Caller(peer: peer, process: PeerProcess(pid: peer.pid, pidfd: pidfd), reader: reader)
     }
 }

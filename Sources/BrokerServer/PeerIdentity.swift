@@ -55,26 +55,30 @@ public struct AccessPolicy: Sendable {
         guard let access = rules.accounts[account] else { return caller.peer.uid == ownerUID }
         guard caller.peer.uid == ownerUID || access.uids.contains(caller.peer.uid) else { return false }
         guard access.namesPrograms else { return true }
-        return runsListed(access.executables, caller) || caller.facts.unit.map(access.units.contains) == true
+        guard let facts = caller.facts() else { return false }
+        return runsListed(access.executables, facts) || facts.unit.map(access.units.contains) == true
     }
 
     /// Whether `caller` may run the owner operations: the owner's uid, and one of the
-    /// executables `[broker] admins` lists when it lists any.
+    /// executables `[broker] admins` lists when it lists any, as `/proc` shows it now.
     public func isAdmin(_ caller: Caller, rules: AccessRules) -> Bool {
-        caller.peer.uid == ownerUID && (rules.admins.isEmpty || runsListed(rules.admins, caller))
+        guard caller.peer.uid == ownerUID else { return false }
+        guard !rules.admins.isEmpty else { return true }
+        return caller.currentFacts().map { runsListed(rules.admins, $0) } ?? false
     }
 
-    /// Whether the caller runs the file now at one of `paths` (an older file that was replaced
-    /// at that path since the caller started does not count).
-    private func runsListed(_ paths: [String], _ caller: Caller) -> Bool {
-        guard let running = caller.facts.executable?.file else { return false }
+    /// Whether the process runs the file now at one of `paths` (an older file that was
+    /// replaced at that path since the process started does not count).
+    private func runsListed(_ paths: [String], _ facts: ProcessFacts) -> Bool {
+        guard let running = facts.executable?.file else { return false }
         return paths.contains { FileIdentity.at($0) == running }
     }
 
     /// Logs that `caller` was refused `what` (an account or an operation), at most once every
     /// ten seconds for the same uid, executable and unit.
     func noteRefusal(of caller: Caller, _ what: String) {
-        let program = "\(caller.peer.uid) \(caller.facts.executable?.path ?? "") \(caller.facts.unit ?? "")"
+        let facts = caller.facts()
+        let program = "\(caller.peer.uid) \(facts?.executable?.path ?? "") \(facts?.unit ?? "")"
         refusals.notice("refused a caller", key: program, metadata: ["caller": "\(caller)", "refused": "\(what)"])
     }
 }

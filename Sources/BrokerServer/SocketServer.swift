@@ -130,9 +130,9 @@ public final class SocketServer: Service {
         }
     }
 
-    /// Reads the peer's credentials and admits it if its uid may connect, it is still running
-    /// once attested, and it is within the connection limits; otherwise it gets one line saying
-    /// why and is closed.
+    /// Reads the peer's credentials and admits it if its uid may connect and it is within the
+    /// connection limits; otherwise it gets one line saying why and is closed. An admitted
+    /// peer is attested (`CallerAttestor`); `/proc` is read only when a rule needs it.
     private static func admit(
         _ channel: any Channel, dispatcher: RequestDispatcher, policy: AccessPolicy, quota: ConnectionQuota,
         limitLog: LimitLog, logger: Logger
@@ -159,13 +159,7 @@ public final class SocketServer: Service {
                 try channel.pipeline.syncOperations.addHandler(RefusingHandler(line: line))
                 return .refused
             }
-            guard case .attested(let caller, let process) = policy.attestor.attest(peer, pidfd: pidfd) else {
-                logger.notice("refused a caller that exited before it could be checked", metadata: ["peer": "\(peer)"])
-                let line = dispatcher.errorLine(
-                    id: nil, BrokerError(.forbidden, "the connecting program exited before it could be checked"))
-                try channel.pipeline.syncOperations.addHandler(RefusingHandler(line: line))
-                return .refused
-            }
+            let caller = policy.attestor.attest(peer, pidfd: pidfd)
             if let reason = quota.reserveConnection(uid: peer.uid) {
                 limitLog.hit("connections", peer: peer)
                 let line = dispatcher.errorLine(
@@ -174,7 +168,7 @@ public final class SocketServer: Service {
                 return .refused
             }
             let handler = ConnectionHandler(
-                dispatcher: dispatcher, access: CallerAccess(policy: policy, caller: caller, process: process),
+                dispatcher: dispatcher, access: CallerAccess(policy: policy, caller: caller),
                 quota: quota, limitLog: limitLog, logger: logger)
             do {
                 try channel.pipeline.syncOperations.addHandler(handler)

@@ -106,13 +106,11 @@ import Glibc
         let peer = try ConnectedPeer()
         let (identity, pidfd) = try peer.credentials()
         #expect(identity.pid == peer.child.pid)
-        guard case .attested(let caller, _) = CallerAttestor().attest(identity, pidfd: pidfd) else {
-            Issue.record("a running caller was refused")
-            return
-        }
-        #expect(caller.facts.executable?.file == FileIdentity.at(peer.brokerctl))
+        let caller = CallerAttestor().attest(identity, pidfd: pidfd)
+        let facts = try #require(caller.facts())
+        #expect(facts.executable?.file == FileIdentity.at(peer.brokerctl))
         let ownCgroup = try String(contentsOfFile: "/proc/self/cgroup", encoding: .utf8)
-        #expect(caller.facts.unit == SystemdUnit.unit(fromCgroupFile: ownCgroup))
+        #expect(facts.unit == SystemdUnit.unit(fromCgroupFile: ownCgroup))
         #expect(caller.description.contains("pid \(peer.child.pid)"))
     }
 
@@ -121,35 +119,31 @@ import Glibc
         let running = try ConnectedPeer()
         let (runningIdentity, runningPidfd) = try running.credentials()
         let unchanged = ReusedPIDReader(exitCaller: {}, otherProgram: Self.allowedProgram)
-        guard
-            case .attested(let caller, _) = CallerAttestor(reader: unchanged).attest(
-                runningIdentity, pidfd: runningPidfd)
-        else {
-            Issue.record("a running caller was refused")
-            return
-        }
-        #expect(caller.facts == Self.allowedProgram)
+        let caller = CallerAttestor(reader: unchanged).attest(runningIdentity, pidfd: runningPidfd)
+        #expect(caller.facts() == Self.allowedProgram)
 
         let peer = try ConnectedPeer()
         let (identity, pidfd) = try peer.credentials()
         let reused = ReusedPIDReader(exitCaller: { peer.killAndReap() }, otherProgram: Self.allowedProgram)
-        guard case .exited = CallerAttestor(reader: reused).attest(identity, pidfd: pidfd) else {
-            Issue.record("a caller that exited during its attestation inherited another program's facts")
-            return
-        }
+        let exited = CallerAttestor(reader: reused).attest(identity, pidfd: pidfd)
+        #expect(exited.facts() == nil, "a caller that exited during the reads inherited another program's facts")
+        let rules = AccessRules(accounts: ["api": AccountAccess(executables: ["/usr/bin/allowed"])])
+        let policy = AccessPolicy(ownerUID: identity.uid, logger: Logger(label: "test"))
+        #expect(!policy.mayUse("api", caller: exited, rules: rules))
     }
 
-    @Test func aCallerThatExitedShowsNothingWhenAttestedAgain() throws {
+    @Test func aCallerIsReadAgainBeforeAnOwnerOperationAndShowsNothingOnceExited() throws {
         let peer = try ConnectedPeer()
         let (identity, pidfd) = try peer.credentials()
-        let attestor = CallerAttestor()
-        guard case .attested(let caller, let process) = attestor.attest(identity, pidfd: pidfd) else {
-            Issue.record("a running caller was refused")
-            return
-        }
-        #expect(attestor.reattest(caller, in: process).facts == caller.facts)
+        let caller = CallerAttestor().attest(identity, pidfd: pidfd)
+        let tool = peer.brokerctl
+        let policy = AccessPolicy(ownerUID: identity.uid, logger: Logger(label: "test"))
+        let rules = AccessRules(admins: [tool])
+        #expect(caller.currentFacts() == caller.facts())
+        #expect(policy.isAdmin(caller, rules: rules))
         peer.killAndReap()
-        #expect(attestor.reattest(caller, in: process).facts == ProcessFacts(executable: nil, unit: nil))
+        #expect(caller.currentFacts() == nil)
+        #expect(!policy.isAdmin(caller, rules: rules))
     }
 
     // MARK: Rules
@@ -162,6 +156,13 @@ import Glibc
         let executable = path.map { Executable(path: $0, file: FileIdentity.at($0)!) }
         return Caller(
             peer: PeerIdentity(pid: 42, uid: uid, gid: uid), facts: ProcessFacts(executable: executable, unit: unit))
+    }
+
+    @Test func aCallerThatExitedMatchesNoProgramRule() {
+        let rules = AccessRules(accounts: ["api": AccountAccess(units: ["ci.service"]), "any": AccountAccess()])
+        let gone = Caller(peer: PeerIdentity(pid: 42, uid: owner, gid: owner), facts: nil)
+        #expect(!policy().mayUse("api", caller: gone, rules: rules))
+        #expect(policy().mayUse("any", caller: gone, rules: rules))
     }
 
     @Test func withoutARuleOnlyTheOwnersUIDIsServed() {
@@ -234,7 +235,7 @@ import Glibc
     @Test func aConnectionsMemoFollowsAReload() {
         let rules = AccessRulesStore(AccessRules(accounts: ["api": AccountAccess(uids: [1001])]))
         let policy = AccessPolicy(ownerUID: owner, rules: rules, logger: Logger(label: "test"))
-        var access = CallerAccess(policy: policy, caller: caller(uid: 1001, running: nil), process: nil)
+        var access = CallerAccess(policy: policy, caller: caller(uid: 1001, running: nil))
         let before = (api: access.mayUse("api"), other: access.mayUse("other"))
         #expect(before.api && !before.other)
         rules.replace(with: AccessRules(accounts: ["other": AccountAccess(uids: [1001])]))

@@ -35,7 +35,7 @@ import Testing
             let caller = Caller(peer: peer, facts: ProcessFacts(executable: nil, unit: nil))
             let handler = ConnectionHandler(
                 dispatcher: RequestDispatcher(broker: harness.broker, policy: policy),
-                access: CallerAccess(policy: policy, caller: caller, process: nil), quota: quota,
+                access: CallerAccess(policy: policy, caller: caller), quota: quota,
                 limitLog: LimitLog(logger: Logger(label: "test")), logger: Logger(label: "test"))
             channel = EmbeddedChannel(handler: handler, loop: loop)
             try await channel.connect(to: SocketAddress(unixDomainSocketPath: harness.directory.file("peer"))).get()
