@@ -1,4 +1,5 @@
 import BrokerCore
+import BrokerProtocol
 
 /// One connection's caller and the accounts it may use, each decided once and kept until the
 /// rules change (a reload), so the cached-token path pays a lookup, not a check. Owned by the
@@ -6,6 +7,8 @@ import BrokerCore
 struct CallerAccess {
     /// Accounts remembered at most; a caller asking for more starts the memo afresh.
     static let maximumRemembered = 256
+    /// Longest name remembered (an account name's limit), so the memo stays small.
+    static let maximumRememberedName = 128
 
     let policy: AccessPolicy
     /// The caller, attested when it connected.
@@ -23,12 +26,17 @@ struct CallerAccess {
     mutating func mayUse(_ account: String) -> Bool {
         takeNewRules()
         let allowed = decisions[account] ?? decide(account)
-        if !allowed { policy.noteRefusal(of: caller, "account \(account)") }
+        if !allowed {
+            // Quoted and cut: the name is the caller's text.
+            policy.noteRefusal(
+                of: caller, "account " + JSONText.quote(String(account.prefix(Self.maximumRememberedName))))
+        }
         return allowed
     }
 
     private mutating func decide(_ account: String) -> Bool {
         let allowed = policy.mayUse(account, caller: caller, rules: rules)
+        guard account.utf8.count <= Self.maximumRememberedName else { return allowed }
         if decisions.count >= Self.maximumRemembered { decisions.removeAll(keepingCapacity: true) }
         decisions[account] = allowed
         return allowed

@@ -117,7 +117,10 @@ struct Figures {
             let broker = try BrokerProcess(brokerd: tools.brokerd)
             brokers.append(broker)
             if setup.policy {
-                let executables = [tools.brokerd, "/usr/bin/env", tools.loadClient].map { "\"\($0)\"" }
+                // A rule lists absolute paths; the tools may be given relative to here.
+                let executables = [tools.brokerd, "/usr/bin/env", tools.loadClient].map {
+                    "\"\(URL(fileURLWithPath: $0).standardizedFileURL.path)\""
+                }
                 try broker.writeConfig(
                     "[accounts.bench-0.access]\nexecutables = [\(executables.joined(separator: ", "))]\n")
             }
