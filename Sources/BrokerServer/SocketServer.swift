@@ -108,6 +108,14 @@ public final class SocketServer: Service {
         switch address {
         case .inherited(let descriptor, let path):
             logger.info("adopted the socket from systemd", metadata: ["socket": "\(path)"])
+            let rules = policy.rules.current
+            if rules.socketGroup != nil || rules.socketMode != AccessRules().socketMode {
+                logger.notice(
+                    """
+                    broker.socket_group and broker.socket_mode apply only to a socket brokerd binds itself; \
+                    set SocketGroup= and SocketMode= in a drop-in for the socket unit
+                    """)
+            }
             return try await bootstrap.bind(
                 descriptor, serverBackPressureStrategy: acceptBuffer, childChannelInitializer: initializer)
         case .path(let path):
