@@ -12,6 +12,8 @@ public actor Broker {
     public nonisolated let events: EventHub
     /// Wall-clock time; expiry is always judged by it.
     public nonisolated let clock: any WallClock
+    /// Who may use which account; replaced by a config reload.
+    public nonisolated let accessRules = AccessRulesStore()
     /// The engine's settings; replaced by a config reload.
     public nonisolated var settings: BrokerSettings { settingsBox.withLock { $0 } }
     private nonisolated let settingsBox: Mutex<BrokerSettings>
@@ -399,6 +401,7 @@ public actor Broker {
             }
         }
         settingsBox.withLock { $0 = configuration.settings }
+        accessRules.replace(with: configuration.access)
         let now = clock.now()
         let stored = accounts.mapValues(\.record)
         for (name, provider) in providers {

@@ -53,7 +53,9 @@ public enum ConfigFile {
         }
         return BrokerConfiguration(
             settings: try settings(table["broker"], path: path, text: text),
-            accounts: try accounts(table["accounts"], path: path))
+            accounts: try accounts(table["accounts"], path: path),
+            access: try AccessRules.parse(
+                broker: table["broker"]?.table, accounts: table["accounts"]?.table, path: path))
     }
 
     private static func settings(_ value: TOMLValue?, path: String, text: String) throws
@@ -64,10 +66,12 @@ public enum ConfigFile {
         guard let brokerTable = value.table else {
             throw ConfigError(description: "\(path): \"broker\" must be a table")
         }
-        for key in brokerTable.keys {
+        for key in brokerTable.keys where !AccessRules.brokerKeys.contains(key) {
             guard let (_, setting, range) = keys.first(where: { $0.0 == key }) else {
                 throw ConfigError(
-                    description: "\(path): unknown key broker.\(key) (known: \(keys.map(\.0).joined(separator: ", ")))")
+                    description:
+                        "\(path): unknown key broker.\(key) (known: \((keys.map(\.0) + AccessRules.brokerKeys).joined(separator: ", ")))"
+                )
             }
             let value = brokerTable[key]
             guard let number = value?.double ?? value?.int.map(Double.init), range.contains(number) else {
@@ -107,7 +111,8 @@ public enum ConfigFile {
     static let tokenSecrets: Set<String> = ["refresh_token", "refresh_url", "access_token"]
 
     /// Reads each `[accounts.NAME]` table into a provider object: its `kind`, and any field of
-    /// a provider kind with that field's type (provider settings only, never a secret).
+    /// a provider kind with that field's type (provider settings only, never a secret). A table
+    /// holding only `access` gives an account added at run time its rule without declaring it.
     private static func accounts(_ value: TOMLValue?, path: String) throws -> [String: ProviderSpec] {
         guard let value else { return [:] }
         guard let accounts = value.table else {
@@ -118,6 +123,7 @@ public enum ConfigFile {
             guard let account = accounts[name]?.table else {
                 throw ConfigError(description: "\(path): accounts.\(name) must be a table")
             }
+            if account.keys == ["access"] { continue }
             guard let kindValue = account["kind"] else {
                 throw ConfigError(description: "\(path): accounts.\(name) needs a kind")
             }
@@ -125,7 +131,7 @@ public enum ConfigFile {
                 throw ConfigError(description: "\(path): accounts.\(name).kind must be a string")
             }
             var spec = ProviderSpec(kind: kind)
-            for key in account.keys where key != "kind" {
+            for key in account.keys where key != "kind" && key != "access" {
                 let field = ProviderKinds.fields.first { $0.name == key }
                 guard let field, !field.isSecret else {
                     let secret = field?.isSecret == true || tokenSecrets.contains(key)
@@ -164,13 +170,19 @@ public enum ConfigFile {
     }
 }
 
-/// What `broker.toml` says: engine settings and declared accounts (provider settings only).
+/// What `broker.toml` says: engine settings, declared accounts (provider settings only) and
+/// who may use them.
 public struct BrokerConfiguration: Sendable, Equatable {
     public var settings = BrokerSettings()
     public var accounts: [String: ProviderSpec] = [:]
+    public var access = AccessRules()
 
-    public init(settings: BrokerSettings = BrokerSettings(), accounts: [String: ProviderSpec] = [:]) {
+    public init(
+        settings: BrokerSettings = BrokerSettings(), accounts: [String: ProviderSpec] = [:],
+        access: AccessRules = AccessRules()
+    ) {
         self.settings = settings
         self.accounts = accounts
+        self.access = access
     }
 }

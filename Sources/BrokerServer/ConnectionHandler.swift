@@ -53,7 +53,9 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     private let dispatcher: RequestDispatcher
-    private let peer: PeerIdentity
+    /// The caller and what it may use.
+    private var access: CallerAccess
+    private var peer: PeerIdentity { access.caller.peer }
     private let quota: ConnectionQuota
     private let limitLog: LimitLog
     private let logger: Logger
@@ -78,12 +80,12 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private var partialLineSince: NIODeadline?
     private var timer: (deadline: NIODeadline, task: Scheduled<Void>)?
 
-    /// Takes over a connection slot already reserved on `quota` for `peer`.
+    /// Takes over a connection slot already reserved on `quota` for the caller.
     init(
-        dispatcher: RequestDispatcher, peer: PeerIdentity, quota: ConnectionQuota, limitLog: LimitLog, logger: Logger
+        dispatcher: RequestDispatcher, access: CallerAccess, quota: ConnectionQuota, limitLog: LimitLog, logger: Logger
     ) {
         self.dispatcher = dispatcher
-        self.peer = peer
+        self.access = access
         self.quota = quota
         self.limitLog = limitLog
         self.logger = logger
@@ -184,7 +186,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     private func handle(_ line: ByteBuffer, context: ChannelHandlerContext) {
         let decision = line.withUnsafeReadableBytes {
-            dispatcher.decide(line: $0, peer: peer, decoder: decoder, now: dispatcher.broker.clock.now())
+            dispatcher.decide(line: $0, access: &access, decoder: decoder, now: dispatcher.broker.clock.now())
         }
         switch decision {
         case .immediate(let bytes):

@@ -7,9 +7,11 @@ import ServiceLifecycle
 /// its `ConnectionHandler` passes on, each as a child task, so the server's task group (and
 /// with it a graceful shutdown) waits for every one of them.
 enum ConnectionSession {
-    /// Serves `connection` until it closes; at graceful shutdown, asks its handler to drain it.
+    /// Serves `connection` of `caller` until it closes; at graceful shutdown, asks its handler
+    /// to drain it.
     static func run(
-        _ connection: NIOAsyncChannel<ConnectionWork, ConnectionReply>, dispatcher: RequestDispatcher, retryAfterMs: Int
+        _ connection: NIOAsyncChannel<ConnectionWork, ConnectionReply>, caller: Caller, dispatcher: RequestDispatcher,
+        retryAfterMs: Int
     ) async {
         let channel = connection.channel
         await withGracefulShutdownHandler {
@@ -17,8 +19,8 @@ enum ConnectionSession {
                 var work = inbound.makeAsyncIterator()
                 guard let first = try await work.next() else { return }
                 await serve(
-                    first, then: &work, outbound: outbound, allocator: channel.allocator, dispatcher: dispatcher,
-                    retryAfterMs: retryAfterMs)
+                    first, then: &work, outbound: outbound, allocator: channel.allocator, caller: caller,
+                    dispatcher: dispatcher, retryAfterMs: retryAfterMs)
             }
         } onGracefulShutdown: {
             channel.triggerUserOutboundEvent(DrainConnection(), promise: nil)
@@ -31,7 +33,7 @@ enum ConnectionSession {
     @inline(never)
     private static func serve(
         _ first: ConnectionWork, then work: inout NIOAsyncChannelInboundStream<ConnectionWork>.AsyncIterator,
-        outbound: NIOAsyncChannelOutboundWriter<ConnectionReply>, allocator: ByteBufferAllocator,
+        outbound: NIOAsyncChannelOutboundWriter<ConnectionReply>, allocator: ByteBufferAllocator, caller: Caller,
         dispatcher: RequestDispatcher, retryAfterMs: Int
     ) async {
         // Requests are never cancelled (a refresh may be shared with other clients);
@@ -43,7 +45,7 @@ enum ConnectionSession {
                     switch item {
                     case .run(let request):
                         requests.addTask {
-                            let line = await dispatcher.run(request)
+                            let line = await dispatcher.run(request, caller: caller)
                             try? await outbound.write(.answer(allocator.buffer(bytes: line)))
                         }
                     case .login(let request, let peerPID):
@@ -56,8 +58,8 @@ enum ConnectionSession {
                     case .subscribe(let id, let events):
                         endingWithConnection.addTask {
                             await forward(
-                                events, id: id, to: outbound, allocator: allocator, dispatcher: dispatcher,
-                                retryAfterMs: retryAfterMs)
+                                events, id: id, to: outbound, allocator: allocator, caller: caller,
+                                dispatcher: dispatcher, retryAfterMs: retryAfterMs)
                         }
                     }
                     next = try? await work.next()
@@ -67,15 +69,16 @@ enum ConnectionSession {
         }
     }
 
-    /// Writes each event as it comes; the writer waits while the peer does not read. A
-    /// subscriber whose buffer overflowed meanwhile gets a final `busy` line and is disconnected.
+    /// Writes each event of an account `caller` may use (under the rules in force when it
+    /// comes) as it comes; the writer waits while the peer does not read. A subscriber whose
+    /// buffer overflowed meanwhile gets a final `busy` line and is disconnected.
     private static func forward(
         _ events: EventHub.Events, id: RequestID, to outbound: NIOAsyncChannelOutboundWriter<ConnectionReply>,
-        allocator: ByteBufferAllocator, dispatcher: RequestDispatcher, retryAfterMs: Int
+        allocator: ByteBufferAllocator, caller: Caller, dispatcher: RequestDispatcher, retryAfterMs: Int
     ) async {
         let encoder = Wire.makeEncoder()
         do {
-            for try await event in events {
+            for try await event in events where dispatcher.mayShow(event.account.rawValue, to: caller) {
                 let line = dispatcher.eventLine(id: id, event, encoder: encoder)
                 try await outbound.write(.event(allocator.buffer(bytes: line)))
             }

@@ -9,6 +9,10 @@ final class LimitLog: Sendable {
         var since = 0
     }
 
+    /// Most kinds remembered; past it, those not noticed within `interval` are forgotten, and
+    /// new ones go unlogged while all are recent.
+    static let maximumKinds = 1024
+
     private let logger: Logger
     private let interval: Duration
     private let entries = Mutex<[String: Entry]>([:])
@@ -20,19 +24,27 @@ final class LimitLog: Sendable {
 
     /// Records that `limit` refused or closed a connection of `peer`.
     func hit(_ limit: String, peer: PeerIdentity) {
+        notice("a connection limit was hit", key: limit, metadata: ["limit": "\(limit)", "peer": "\(peer)"])
+    }
+
+    /// Logs `message` unless one of the same `key` was logged within `interval`.
+    func notice(_ message: Logger.Message, key: String, metadata: Logger.Metadata) {
         let now = ContinuousClock.now
         let missed: Int? = entries.withLock { entries in
-            if let entry = entries[limit], entry.noticedAt.duration(to: now) < interval {
-                entries[limit]?.since += 1
+            if let entry = entries[key], entry.noticedAt.duration(to: now) < interval {
+                entries[key]?.since += 1
                 return nil
             }
-            let missed = entries[limit]?.since ?? 0
-            entries[limit] = Entry(noticedAt: now)
+            let missed = entries[key]?.since ?? 0
+            if entries.count >= Self.maximumKinds {
+                entries = entries.filter { $0.value.noticedAt.duration(to: now) < interval }
+                // A flood of new kinds: the ones already noticed stand for it.
+                guard entries.count < Self.maximumKinds else { return nil }
+            }
+            entries[key] = Entry(noticedAt: now)
             return missed
         }
         guard let missed else { return }
-        logger.notice(
-            "a connection limit was hit",
-            metadata: ["limit": "\(limit)", "peer": "\(peer)", "hits unlogged before": "\(missed)"])
+        logger.notice(message, metadata: metadata.merging(["hits unlogged before": "\(missed)"]) { $1 })
     }
 }

@@ -1,3 +1,6 @@
+import BrokerCore
+import Logging
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -17,16 +20,65 @@ public struct PeerIdentity: Sendable, Equatable, CustomStringConvertible {
     public var description: String { "pid \(pid) uid \(uid)" }
 }
 
-/// Who may connect and who may use the owner operations (CONTRACT section 5).
+/// Who may connect, which accounts a caller may use and who may run the owner operations
+/// (CONTRACT section 5), under the rules in force (`[accounts.NAME.access]`, `[broker] admins`).
 public struct AccessPolicy: Sendable {
     /// The broker's own uid: the owner.
     public var ownerUID: UInt32
+    /// The rules in force, replaced by a config reload.
+    public let rules: AccessRulesStore
+    /// How callers are attested when they connect.
+    public let attestor: CallerAttestor
+    /// Notes refused callers, throttled.
+    let refusals: LimitLog
 
-    public init(ownerUID: UInt32 = getuid()) { self.ownerUID = ownerUID }
+    public init(
+        ownerUID: UInt32 = getuid(), rules: AccessRulesStore = AccessRulesStore(),
+        attestor: CallerAttestor = CallerAttestor(), logger: Logger
+    ) {
+        self.ownerUID = ownerUID
+        self.rules = rules
+        self.attestor = attestor
+        self.refusals = LimitLog(logger: logger)
+    }
 
-    /// Only the owner and root may connect at all.
-    public func mayConnect(_ peer: PeerIdentity) -> Bool { peer.uid == ownerUID || peer.uid == 0 }
+    /// The owner, root and the uids some account lists may connect; what they may use is
+    /// decided per account.
+    public func mayConnect(_ peer: PeerIdentity) -> Bool {
+        peer.uid == ownerUID || peer.uid == 0 || rules.current.listedUIDs.contains(peer.uid)
+    }
 
-    /// Owner operations are for the owner's uid only.
-    public func isAdmin(_ peer: PeerIdentity) -> Bool { peer.uid == ownerUID }
+    /// Whether `caller` may use `account` under `rules`. Without a rule, only the owner's uid
+    /// may; with one, the owner's uid or a listed one, and a listed executable or unit when the
+    /// rule names any (root is not exempt). What could not be read matches nothing.
+    public func mayUse(_ account: String, caller: Caller, rules: AccessRules) -> Bool {
+        guard let access = rules.accounts[account] else { return caller.peer.uid == ownerUID }
+        guard caller.peer.uid == ownerUID || access.uids.contains(caller.peer.uid) else { return false }
+        guard access.namesPrograms else { return true }
+        guard let facts = caller.facts() else { return false }
+        return runsListed(access.executables, facts) || facts.unit.map(access.units.contains) == true
+    }
+
+    /// Whether `caller` may run the owner operations: the owner's uid, and one of the
+    /// executables `[broker] admins` lists when it lists any, as `/proc` shows it now.
+    public func isAdmin(_ caller: Caller, rules: AccessRules) -> Bool {
+        guard caller.peer.uid == ownerUID else { return false }
+        guard !rules.admins.isEmpty else { return true }
+        return caller.currentFacts().map { runsListed(rules.admins, $0) } ?? false
+    }
+
+    /// Whether the process runs the file now at one of `paths` (an older file that was
+    /// replaced at that path since the process started does not count).
+    private func runsListed(_ paths: [String], _ facts: ProcessFacts) -> Bool {
+        guard let running = facts.executable?.file else { return false }
+        return paths.contains { FileIdentity.at($0) == running }
+    }
+
+    /// Logs that `caller` was refused `what` (an account or an operation), at most once every
+    /// ten seconds for the same uid, executable and unit.
+    func noteRefusal(of caller: Caller, _ what: String) {
+        let facts = caller.facts()
+        let program = "\(caller.peer.uid) \(facts?.executable?.path ?? "") \(facts?.unit ?? "")"
+        refusals.notice("refused a caller", key: program, metadata: ["caller": "\(caller)", "refused": "\(what)"])
+    }
 }

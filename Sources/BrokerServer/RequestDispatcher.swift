@@ -29,14 +29,17 @@ public struct RequestDispatcher: Sendable {
     ///
     /// The fast path answers only lines that the full path (`JSONLine`, then the decoder) reads
     /// the same way, and holds them to the same checks, so a line gets one answer whichever
-    /// path takes it.
-    public func decide(line: UnsafeRawBufferPointer, peer: PeerIdentity, decoder: JSONDecoder, now: Date) -> Decision {
+    /// path takes it. Both ask `access` whether the caller may use the account first.
+    func decide(line: UnsafeRawBufferPointer, access: inout CallerAccess, decoder: JSONDecoder, now: Date) -> Decision {
         let flat = FlatRequest.parse(line)
         if let flat, flat.op == Operation.token.rawValue {
-            if let account = try? AccountField.required(flat.account), let seconds = try? minTTL(flat.minTTL),
-                let token = broker.cache.token(for: account, minTTL: seconds, now: now)
-            {
-                return .immediate(token.line(id: flat.id, now: now))
+            if let account = try? AccountField.required(flat.account) {
+                guard access.mayUse(account) else { return .immediate(forbidden(id: flat.id, account: account)) }
+                if let seconds = try? minTTL(flat.minTTL),
+                    let token = broker.cache.token(for: account, minTTL: seconds, now: now)
+                {
+                    return .immediate(token.line(id: flat.id, now: now))
+                }
             }
             // The scanner read every field a token request has, as the decoder would: no second read.
             return .deferred(
@@ -63,9 +66,12 @@ public struct RequestDispatcher: Sendable {
                     id: request.id,
                     BrokerError(.unknownOp, "unknown op \"\(JSONText.quote(op).dropFirst().dropLast())\"")))
         }
-        if operation.isOwnerOnly, !policy.isAdmin(peer) {
+        if operation.isOwnerOnly, !access.mayRunOwnerOperation(op) {
             return .immediate(
                 errorLine(id: request.id, BrokerError(.forbidden, "\(op) is reserved for the broker's owner")))
+        }
+        if let refused = refusedAccount(of: request, operation, access: &access) {
+            return .immediate(forbidden(id: request.id, account: refused))
         }
         if operation == .subscribe {
             let id = request.id ?? .null
@@ -77,6 +83,25 @@ public struct RequestDispatcher: Sendable {
             return .subscribe(ack: line, id: id, events: events)
         }
         return operation == .login ? .login(request) : .deferred(request)
+    }
+
+    /// The first account `request` names that the caller may not use, if any.
+    private func refusedAccount(of request: Request, _ operation: Operation, access: inout CallerAccess) -> String? {
+        switch operation {
+        case .token, .reject, .status:
+            guard let account = request.account, !account.isEmpty else { return nil }
+            return access.mayUse(account) ? nil : account
+        case .subscribe:
+            return request.accounts?.first { !access.mayUse($0) }
+        case .hello, .add, .setTokens, .remove, .refresh, .logout, .reload, .login:
+            return nil
+        }
+    }
+
+    /// The refusal of an account the caller may not use: the same whether it exists or not.
+    private func forbidden(id: RequestID?, account: String) -> [UInt8] {
+        let name = JSONText.quote(account)
+        return errorLine(id: id, BrokerError(.forbidden, "this program may not use the account \(name)"))
     }
 
     /// The answer to a line that `JSONLine` refused. It echoes the line's id unless the line
@@ -95,6 +120,12 @@ public struct RequestDispatcher: Sendable {
         }
     }
 
+    /// Whether `caller` may see `account` under the rules in force now (for what a connection
+    /// lists or streams: `status` of every account, subscription events).
+    public func mayShow(_ account: String, to caller: Caller) -> Bool {
+        policy.mayUse(account, caller: caller, rules: policy.rules.current)
+    }
+
     /// One event line for a subscription.
     public func eventLine(id: RequestID, _ event: AccountEvent, encoder: JSONEncoder) -> [UInt8] {
         var data = (try? encoder.encode(EventLine(id: id, event: WireTranslation.event(event)))) ?? Data()
@@ -102,8 +133,9 @@ public struct RequestDispatcher: Sendable {
         return Array(data)
     }
 
-    /// Runs a request that may wait on the broker and returns its response line.
-    public func run(_ request: Request) async -> [UInt8] {
+    /// Runs a request that may wait on the broker and returns its response line; `caller`
+    /// sees only the accounts it may use.
+    public func run(_ request: Request, caller: Caller) async -> [UInt8] {
         let encoder = Wire.makeEncoder()
         do {
             switch Operation(rawValue: request.op ?? "") {
@@ -131,8 +163,9 @@ public struct RequestDispatcher: Sendable {
                     minTTL: minTTL(request.minTTL))
                 return token.line(id: request.id, now: broker.clock.now())
             case .status:
+                let accounts = try await broker.status(account: request.account)
                 return try success(
-                    request, StatusResult(accounts: try await broker.status(account: request.account)), encoder)
+                    request, StatusResult(accounts: accounts.filter { mayShow($0.account, to: caller) }), encoder)
             case .add:
                 let added = try await broker.add(
                     account: request.account, provider: request.provider, tokens: request.tokens)

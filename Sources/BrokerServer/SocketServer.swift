@@ -1,3 +1,4 @@
+import BrokerCore
 import BrokerProtocol
 import FoundationEssentials
 import Logging
@@ -22,9 +23,10 @@ public struct ServerError: Error, CustomStringConvertible {
     public let description: String
 }
 
-/// The Unix-socket listener, run as a `Service`: accepts connections, admits only the
-/// owner's uid and root (`SO_PEERCRED`) within `ConnectionLimits`, and serves JSON lines on
-/// each connection in a task of its own, all children of `run()`.
+/// The Unix-socket listener, run as a `Service`: accepts connections, admits the uids the
+/// policy lets in (`SO_PEERCRED`) within `ConnectionLimits`, attests each caller once
+/// (`CallerAttestor`), and serves JSON lines on each connection in a task of its own, all
+/// children of `run()`.
 public final class SocketServer: Service {
     private let address: ListenAddress
     private let dispatcher: RequestDispatcher
@@ -62,9 +64,10 @@ public final class SocketServer: Service {
             try await withThrowingDiscardingTaskGroup { connections in
                 try await server.executeThenClose { accepted in
                     for try await admission in accepted {
-                        guard case .admitted(let connection) = admission else { continue }
+                        guard case .admitted(let connection, let caller) = admission else { continue }
                         connections.addTask { [dispatcher] in
-                            await ConnectionSession.run(connection, dispatcher: dispatcher, retryAfterMs: retryAfterMs)
+                            await ConnectionSession.run(
+                                connection, caller: caller, dispatcher: dispatcher, retryAfterMs: retryAfterMs)
                         }
                     }
                 }
@@ -76,7 +79,7 @@ public final class SocketServer: Service {
 
     /// What became of one accepted connection.
     enum Admission: Sendable {
-        case admitted(NIOAsyncChannel<ConnectionWork, ConnectionReply>)
+        case admitted(NIOAsyncChannel<ConnectionWork, ConnectionReply>, Caller)
         /// Told why (`forbidden` or `busy`) and closed.
         case refused
     }
@@ -105,6 +108,14 @@ public final class SocketServer: Service {
         switch address {
         case .inherited(let descriptor, let path):
             logger.info("adopted the socket from systemd", metadata: ["socket": "\(path)"])
+            let rules = policy.rules.current
+            if rules.socketGroup != nil || rules.socketMode != AccessRules().socketMode {
+                logger.notice(
+                    """
+                    broker.socket_group and broker.socket_mode apply only to a socket brokerd binds itself; \
+                    set SocketGroup= and SocketMode= in a drop-in for the socket unit
+                    """)
+            }
             return try await bootstrap.bind(
                 descriptor, serverBackPressureStrategy: acceptBuffer, childChannelInitializer: initializer)
         case .path(let path):
@@ -116,13 +127,20 @@ public final class SocketServer: Service {
             let channel = try await bootstrap.bind(
                 unixDomainSocketPath: path, serverBackPressureStrategy: acceptBuffer,
                 childChannelInitializer: initializer)
+            do {
+                try SocketSharing.share(path, rules: policy.rules.current)
+            } catch {
+                try? await channel.channel.close()
+                throw error
+            }
             logger.info("listening", metadata: ["socket": "\(path)"])
             return channel
         }
     }
 
     /// Reads the peer's credentials and admits it if its uid may connect and it is within the
-    /// connection limits; otherwise it gets one line saying why and is closed.
+    /// connection limits; otherwise it gets one line saying why and is closed. An admitted
+    /// peer is attested (`CallerAttestor`); `/proc` is read only when a rule needs it.
     private static func admit(
         _ channel: any Channel, dispatcher: RequestDispatcher, policy: AccessPolicy, quota: ConnectionQuota,
         limitLog: LimitLog, logger: Logger
@@ -133,15 +151,23 @@ public final class SocketServer: Service {
         }
         let credentials: EventLoopFuture<PeerCredentials> = provider.unsafeGetSocketOption(
             level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED))
-        return credentials.flatMapThrowing { credentials -> Admission in
+        return credentials.flatMap { credentials in
+            // A kernel before 6.5 has no SO_PEERPIDFD: the attestor then works from the pid alone.
+            let pidfd: EventLoopFuture<Int32> = provider.unsafeGetSocketOption(
+                level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(CallerAttestor.peerPIDFDOption))
+            return pidfd.map { Optional($0) }.recover { _ in nil }.map { (credentials, $0) }
+        }.flatMapThrowing { credentials, pidfd -> Admission in
             let peer = PeerIdentity(pid: credentials.pid, uid: credentials.uid, gid: credentials.gid)
             guard policy.mayConnect(peer) else {
-                logger.warning("refused a connection from another user", metadata: ["peer": "\(peer)"])
+                if let pidfd { close(pidfd) }
+                limitLog.notice(
+                    "refused a connection from another user", key: "uid \(peer.uid)", metadata: ["peer": "\(peer)"])
                 let line = dispatcher.errorLine(
                     id: nil, BrokerError(.forbidden, "this broker serves only uid \(policy.ownerUID)"))
                 try channel.pipeline.syncOperations.addHandler(RefusingHandler(line: line))
                 return .refused
             }
+            let caller = policy.attestor.attest(peer, pidfd: pidfd)
             if let reason = quota.reserveConnection(uid: peer.uid) {
                 limitLog.hit("connections", peer: peer)
                 let line = dispatcher.errorLine(
@@ -150,14 +176,15 @@ public final class SocketServer: Service {
                 return .refused
             }
             let handler = ConnectionHandler(
-                dispatcher: dispatcher, peer: peer, quota: quota, limitLog: limitLog, logger: logger)
+                dispatcher: dispatcher, access: CallerAccess(policy: policy, caller: caller),
+                quota: quota, limitLog: limitLog, logger: logger)
             do {
                 try channel.pipeline.syncOperations.addHandler(handler)
             } catch {
                 quota.releaseConnection(uid: peer.uid, requests: 0, subscriptions: 0, budgetBytes: 0)
                 throw error
             }
-            return .admitted(try NIOAsyncChannel(wrappingChannelSynchronously: channel))
+            return .admitted(try NIOAsyncChannel(wrappingChannelSynchronously: channel), caller)
         }.flatMapError { _ in
             channel.close(promise: nil)
             return channel.eventLoop.makeSucceededFuture(.refused)

@@ -69,7 +69,7 @@ struct Brokerd: AsyncParsableCommand {
         let socketPath = socket ?? DefaultPaths().socket
         let address: ListenAddress =
             notifier.inheritedSocket().map { .inherited(descriptor: $0, path: socketPath) } ?? .path(socketPath)
-        let policy = AccessPolicy()
+        let policy = AccessPolicy(rules: broker.accessRules, logger: logger)
         let server = SocketServer(
             address: address, dispatcher: RequestDispatcher(broker: broker, policy: policy), policy: policy,
             logger: logger

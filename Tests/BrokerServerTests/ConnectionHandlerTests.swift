@@ -31,8 +31,11 @@ import Testing
                 tokens: TokenSet(accessToken: "at-steady", expiresIn: 3600))
             quota = ConnectionQuota(limits: limits)
             #expect(quota.reserveConnection(uid: peer.uid) == nil)
+            let policy = AccessPolicy(logger: Logger(label: "test"))
+            let caller = Caller(peer: peer, facts: ProcessFacts(executable: nil, unit: nil))
             let handler = ConnectionHandler(
-                dispatcher: RequestDispatcher(broker: harness.broker, policy: AccessPolicy()), peer: peer, quota: quota,
+                dispatcher: RequestDispatcher(broker: harness.broker, policy: policy),
+                access: CallerAccess(policy: policy, caller: caller), quota: quota,
                 limitLog: LimitLog(logger: Logger(label: "test")), logger: Logger(label: "test"))
             channel = EmbeddedChannel(handler: handler, loop: loop)
             try await channel.connect(to: SocketAddress(unixDomainSocketPath: harness.directory.file("peer"))).get()

@@ -134,6 +134,48 @@ struct SystemdUserServiceTests {
         #expect(try broker.brokerctl(["token", "api"]).stdout == "cred-token\n")
     }
 
+    /// `[accounts.NAME.access] units`: a program run in the listed unit is served, on the fast
+    /// path (brokerctl) and the full path (perl sending a line only the decoder reads); the
+    /// same programs in another unit, or in none, are refused.
+    @Test func aUnitRuleServesOnlyTheListedUnit() async throws {
+        let manager = try UserManager(start: true)
+        defer { manager.shutdown() }
+        let configDirectory = manager.configHome.appendingPathComponent("tokenbroker")
+        try FileManager.default.createDirectory(at: configDirectory, withIntermediateDirectories: true)
+        try "[accounts.api]\nkind = \"static\"\n\n[accounts.api.access]\nunits = [\"allowed-caller.service\"]\n"
+            .write(to: configDirectory.appendingPathComponent("broker.toml"), atomically: true, encoding: .utf8)
+        #expect(try manager.systemctl(["start", "tokenbroker.socket"]).status == 0)
+        let pushed = try manager.brokerctl(
+            ["set-tokens", "api"], stdin: #"{"access_token":"unit-token","expires_in":3600}"#)
+        #expect(pushed.status == 0, "\(pushed.output)")
+
+        let socket = manager.runtime.appendingPathComponent("tokenbroker/broker.sock").path
+        let brokerctl = BrokerProcess.binary("brokerctl").path
+        let perlClient = [
+            "/usr/bin/perl", "-MIO::Socket::UNIX", "-e",
+            #"my $s = IO::Socket::UNIX->new(Peer => $ARGV[0]) or die; print $s "$ARGV[1]\n"; print scalar <$s>;"#,
+            socket, #"{"id":2,"op":"token","account":"api","note":{"path":"full"}}"#,
+        ]
+        /// Runs `command` as the transient service `unit` and returns its output.
+        func inUnit(_ unit: String, _ command: [String]) throws -> (status: Int32, output: String) {
+            try manager.run(
+                "/usr/bin/systemd-run",
+                ["--user", "--unit=\(unit)", "--wait", "--pipe", "--quiet", "--collect"] + command)
+        }
+        let fast = try inUnit("allowed-caller", [brokerctl, "token", "api", "--socket", socket])
+        #expect(fast.output == "unit-token\n")
+        let full = try inUnit("allowed-caller", perlClient)
+        #expect(full.output.contains(#""access_token":"unit-token""#), "\(full.output)")
+
+        let otherFast = try inUnit("other-caller", [brokerctl, "token", "api", "--socket", socket])
+        #expect(otherFast.status != 0)
+        #expect(!otherFast.output.contains("unit-token"))
+        let otherFull = try inUnit("other-caller", perlClient)
+        #expect(otherFull.output.contains(#""code":"forbidden""#), "\(otherFull.output)")
+        let outside = try manager.brokerctl(["token", "api"])
+        #expect(outside.status == 7, "\(outside.output)")
+    }
+
     private func randomKey() -> Data { Data((0..<32).map { _ in UInt8.random(in: 0...255) }) }
 }
 

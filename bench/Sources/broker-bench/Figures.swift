@@ -32,9 +32,14 @@ struct Figures {
     let began = Monotonic.now()
 
     func run() async throws {
-        try await cachedTokens()
+        try await cachedTokens(brokers: BrokerSetup.all, againstEcho: true)
         try await freshTokens()
         try await idleMemoryAndStart()
+    }
+
+    /// Only the cached-token figures with and without an access policy (`broker-bench policy`).
+    func runPolicy() async throws {
+        try await cachedTokens(brokers: [.shipped, .policy], againstEcho: false)
     }
 
     // MARK: Memory and start-up
@@ -76,28 +81,58 @@ struct Figures {
 
     // MARK: Cached tokens
 
+    /// A brokerd the cached-token figures measure, and the key prefix of its figures.
+    struct BrokerSetup {
+        var name: String
+        var eventLoops: Int?
+        /// Whether the account is behind a rule of three executables, the load client last.
+        var policy = false
+
+        static let shipped = BrokerSetup(name: "token")
+        static let policy = BrokerSetup(name: "policy", policy: true)
+        static let all = [
+            shipped, policy, BrokerSetup(name: "loops1", eventLoops: 1), .init(name: "loops2", eventLoops: 2),
+        ]
+    }
+
     /// Cached `token` requests from the C load client at 64 connections and at 1: against the C
-    /// echo floor, brokerd as shipped, and brokerd with 1 and with 2 event loops; with the CPU
-    /// time each server spent per request.
-    private func cachedTokens() async throws {
+    /// echo floor, brokerd as shipped, brokerd with an access policy on the account, and brokerd
+    /// with 1 and with 2 event loops; with the CPU time each server spent per request.
+    private func cachedTokens(brokers setups: [BrokerSetup], againstEcho: Bool) async throws {
         let workspace = try TemporaryDirectory()
         defer { workspace.remove() }
-        let echoPath = workspace.file("echo.sock")
-        let echo = try ChildProcess.spawn(tools.echoServer, [echoPath, "900"], environment: [:])
-        defer { echo.stop() }
-        _ = try RawConnection(path: echoPath, waitingUpTo: 5)
-        var servers = [(name: "echo", path: echoPath, process: echo)]
+        var servers: [(name: String, path: String, process: ChildProcess)] = []
+        var echo: ChildProcess?
+        defer { echo?.stop() }
+        if againstEcho {
+            let echoPath = workspace.file("echo.sock")
+            let process = try ChildProcess.spawn(tools.echoServer, [echoPath, "900"], environment: [:])
+            echo = process
+            _ = try RawConnection(path: echoPath, waitingUpTo: 5)
+            servers.append(("echo", echoPath, process))
+        }
         var brokers: [BrokerProcess] = []
         defer { brokers.forEach { $0.stop() } }
-        for (name, loops) in [("token", nil), ("loops1", 1), ("loops2", 2)] as [(String, Int?)] {
+        for setup in setups {
             let broker = try BrokerProcess(brokerd: tools.brokerd)
             brokers.append(broker)
-            try await broker.start(environment: loops.map { ["TOKENBROKER_EVENT_LOOPS": String($0)] } ?? [:])
-            guard let process = broker.process else { throw BenchError("brokerd \(name) is not running") }
-            servers.append((name, broker.socketPath, process))
+            if setup.policy {
+                // A rule lists absolute paths; the tools may be given relative to here.
+                let executables = [tools.brokerd, "/usr/bin/env", tools.loadClient].map {
+                    "\"\(URL(fileURLWithPath: $0).standardizedFileURL.path)\""
+                }
+                try broker.writeConfig(
+                    "[accounts.bench-0.access]\nexecutables = [\(executables.joined(separator: ", "))]\n")
+            }
+            try await broker.start(
+                environment: setup.eventLoops.map { ["TOKENBROKER_EVENT_LOOPS": String($0)] } ?? [:])
+            guard let process = broker.process else { throw BenchError("brokerd \(setup.name) is not running") }
+            servers.append((setup.name, broker.socketPath, process))
             try broker.addStaticAccounts(range: 0..<1)
         }
-        emit("default_event_loops", Double(servers[1].process.threads(named: "NIO-SGLTN-")))
+        if let shipped = servers.first(where: { $0.name == BrokerSetup.shipped.name }) {
+            emit("default_event_loops", Double(shipped.process.threads(named: "NIO-SGLTN-")))
+        }
 
         var runs: [String: [LoadClientResult]] = [:]
         var cpuPerRequest: [String: [Double]] = [:]

@@ -16,6 +16,7 @@ import Glibc
 
 let usage = """
     usage: broker-bench figures PATH-TO-BROKERD PATH-TO-LOAD-CLIENT PATH-TO-ECHO-SERVER [SECONDS-PER-LOAD-RUN]
+           broker-bench policy PATH-TO-BROKERD PATH-TO-LOAD-CLIENT [SECONDS-PER-LOAD-RUN]
            broker-bench save
            broker-bench table < FIGURES
            broker-bench flood PATH-TO-BROKERD [SECONDS-PER-RUN]
@@ -38,6 +39,11 @@ do {
         guard (0.5...30).contains(seconds) else { throw BenchError("seconds per load run: 0.5 to 30") }
         let tools = Figures.Tools(brokerd: arguments[2], loadClient: arguments[3], echoServer: arguments[4])
         try await Figures(tools: tools, secondsPerLoad: seconds).run()
+    case "policy" where arguments.count >= 4:
+        let seconds = arguments.count >= 5 ? Double(arguments[4]) ?? 2 : 2
+        guard (0.5...30).contains(seconds) else { throw BenchError("seconds per load run: 0.5 to 30") }
+        let tools = Figures.Tools(brokerd: arguments[2], loadClient: arguments[3], echoServer: "")
+        try await Figures(tools: tools, secondsPerLoad: seconds).runPolicy()
     case "save":
         let directory = try TemporaryDirectory()
         defer { directory.remove() }

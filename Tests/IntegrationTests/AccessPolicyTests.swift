@@ -1,0 +1,216 @@
+import BrokerClient
+import BrokerProtocol
+import Foundation
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `[accounts.NAME.access]` and `[broker] admins` against a real brokerd: programs told apart by
+/// their executable (a copy of perl at another path is another program), on the cached-token
+/// fast path and the decoder's full path; a reload applying to connections already open;
+/// `status` and `subscribe` showing only what a caller may use; another uid served through a
+/// shared socket. The unit rule runs under systemd (`SystemdUserServiceTests`).
+@Suite struct AccessPolicyTests {
+    /// Sends each line given after the socket path and prints each answer line.
+    static let rawClient = """
+        use IO::Socket::UNIX;
+        my $socket = IO::Socket::UNIX->new(Peer => shift @ARGV) or die "connect: $!";
+        for my $line (@ARGV) { print $socket "$line\\n"; my $answer = <$socket>; print $answer; }
+        """
+    /// Answered on the fast path (flat scanner, cached token).
+    static let fastLine = #"{"id":1,"op":"token","account":"api"}"#
+    /// Answered on the full path: the scanner leaves nested values to the decoder.
+    static let fullLine = #"{"id":2,"op":"token","account":"api","note":{"path":"full"}}"#
+    static let perl = "/usr/bin/perl"
+    static var perlAvailable: Bool { FileManager.default.isExecutableFile(atPath: perl) }
+
+    /// Answers to the fast and full lines from `program` running the raw client.
+    func ask(_ broker: BrokerProcess, as program: String, lines: [String] = [fastLine, fullLine]) throws -> [String] {
+        let (status, output, errors) = try ChildProcess.capture(
+            program, ["-e", Self.rawClient, broker.socketPath] + lines, environment: broker.environment)
+        #expect(status == 0, "\(errors)")
+        return output.split(separator: "\n").map(String.init)
+    }
+
+    /// A copy of perl at another path inside the broker's directory: another executable.
+    func perlCopy(in broker: BrokerProcess) throws -> String {
+        let path = broker.root.appendingPathComponent("allowed-perl").path
+        try copyExecutable(Self.perl, to: path)
+        return path
+    }
+
+    /// Copies a program with cp(1): a copy written by this process could be held open for
+    /// writing by a child another test forks meanwhile, and fail to run (`ETXTBSY`).
+    func copyExecutable(_ source: String, to destination: String) throws {
+        let (status, output) = try ChildProcess.run("/bin/cp", [source, destination], environment: [:])
+        guard status == 0 else { throw HarnessError("cannot copy \(source): \(output)") }
+    }
+
+    @Test(.enabled(if: perlAvailable)) func onlyTheListedExecutableIsServedOnBothPaths() async throws {
+        let broker = try BrokerProcess()
+        let allowed = try perlCopy(in: broker)
+        try broker.writeConfig(
+            "[accounts.api]\nkind = \"static\"\n\n[accounts.api.access]\nexecutables = [\"\(allowed)\"]\n")
+        try await broker.start()
+        defer { broker.stop() }
+        let pushed = try broker.brokerctl(
+            ["set-tokens", "api"], stdin: #"{"access_token":"at-api","expires_in":3600}"#)
+        #expect(pushed.status == 0, "\(pushed.stderr)")
+
+        let served = try ask(broker, as: allowed)
+        #expect(served.count == 2)
+        #expect(served.allSatisfy { $0.contains(#""access_token":"at-api""#) }, "\(served)")
+
+        let refused = try ask(broker, as: Self.perl)
+        #expect(refused.count == 2)
+        #expect(refused.allSatisfy { $0.contains(#""code":"forbidden""#) && !$0.contains("at-api") }, "\(refused)")
+        let token = try broker.brokerctl(["token", "api"])
+        #expect(token.status == 7, "\(token.stderr)")
+        #expect(token.stdout.isEmpty)
+
+        // One log line names the refused caller (throttled), never the token.
+        #expect(await eventually { broker.log.contains("refused a caller") })
+        #expect(broker.log.contains("executable \(Self.perl)"))
+        #expect(!broker.log.contains("at-api"))
+    }
+
+    @Test(.enabled(if: perlAvailable)) func aReloadAppliesToConnectionsAlreadyOpen() async throws {
+        let broker = try BrokerProcess()
+        let allowed = try perlCopy(in: broker)
+        let config = { (executables: String) in
+            "[accounts.api]\nkind = \"static\"\n\n[accounts.api.access]\nexecutables = [\(executables)]\n"
+        }
+        try broker.writeConfig(config("\"\(allowed)\""))
+        try await broker.start()
+        defer { broker.stop() }
+        _ = try broker.brokerctl(["set-tokens", "api"], stdin: #"{"access_token":"at-api","expires_in":3600}"#)
+
+        // This test's own program is not listed: refused, and `status` does not show the account.
+        let client = try broker.client()
+        defer { client.close() }
+        let refused = await #expect(throws: BrokerError.self) { try await client.token(account: "api") }
+        #expect(refused?.code == .forbidden)
+        #expect(try await client.status().isEmpty)
+
+        // Listed by a reload: the same connection is served at once.
+        let ownExecutable = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
+        try broker.writeConfig(config("\"\(allowed)\", \"\(ownExecutable)\""))
+        #expect(try broker.brokerctl(["reload"]).status == 0)
+        #expect(try await client.token(account: "api").accessToken == "at-api")
+        #expect(try await client.status().map(\.account) == ["api"])
+
+        // And withdrawn again.
+        try broker.writeConfig(config("\"\(allowed)\""))
+        broker.signal(SIGHUP)
+        #expect(await eventually { (try? await client.token(account: "api")) == nil })
+    }
+
+    @Test func subscriptionsCarryOnlyTheAccountsACallerMayUse() async throws {
+        let broker = try BrokerProcess()
+        try broker.writeConfig("[accounts.hidden.access]\nexecutables = [\"/nonexistent/program\"]\n")
+        try await broker.start()
+        defer { broker.stop() }
+        let client = try broker.client()
+        defer { client.close() }
+
+        // Naming an account the caller may not use is refused like `token`.
+        let named = await #expect(throws: BrokerError.self) { try await client.events(accounts: ["hidden"]) }
+        #expect(named?.code == .forbidden)
+
+        var events = try await client.events().makeAsyncIterator()
+        for name in ["hidden", "open"] {
+            let added = try broker.brokerctl(
+                ["add", name, "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"t","expires_in":3600}"#)
+            #expect(added.status == 0, "\(added.stderr)")
+        }
+        let first = try await events.next()
+        #expect(first?.account == "open")
+        #expect(first?.event == .added)
+        #expect(try await client.status().map(\.account) == ["open"])
+        let status = try broker.brokerctl(["status", "--json"])
+        #expect(!status.stdout.contains("hidden"))
+    }
+
+    @Test func adminsNarrowTheOwnerOperationsToListedExecutables() async throws {
+        let broker = try BrokerProcess()
+        let admin = broker.root.appendingPathComponent("admin-brokerctl").path
+        try copyExecutable(BrokerProcess.binary("brokerctl").path, to: admin)
+        try broker.writeConfig("[broker]\nadmins = [\"\(admin)\"]\n")
+        try await broker.start()
+        defer { broker.stop() }
+
+        let tokens = #"{"access_token":"t","expires_in":3600}"#
+        let refused = try broker.brokerctl(["add", "api", "--kind", "static", "--secrets", "-"], stdin: tokens)
+        #expect(refused.status == 7, "\(refused.stderr)")
+        let (status, _, errors) = try ChildProcess.capture(
+            admin, ["add", "api", "--kind", "static", "--secrets", "-"],
+            environment: broker.environment.merging(["TOKENBROKER_SOCKET": broker.socketPath]) { $1 }, stdin: tokens)
+        #expect(status == 0, "\(errors)")
+        #expect(await eventually { broker.log.contains("operation add") })
+    }
+
+    /// uid 1001 through a socket shared with its group (`socket_group`, `socket_mode`): served
+    /// the account that lists it, refused every other with the same answer whether it exists
+    /// or not, and shown only its account by `status`.
+    @Test(.enabled(if: getuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv")))
+    func anotherUIDIsServedOnlyTheAccountThatListsIt() async throws {
+        let broker = try BrokerProcess()
+        // The socket's directory must let the group through; brokerd keeps a directory it did
+        // not create as long as only its owner may write it.
+        let directory = URL(fileURLWithPath: broker.socketPath).deletingLastPathComponent().path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        for path in [broker.root.path, broker.root.appendingPathComponent("run").path] { chmod(path, 0o755) }
+        chown(directory, getuid(), 1001)
+        chmod(directory, 0o710)
+        try broker.writeConfig(
+            """
+            [broker]
+            socket_group = "1001"
+            socket_mode = "0660"
+
+            [accounts.shared]
+            kind = "static"
+
+            [accounts.shared.access]
+            uids = [1001]
+
+            [accounts.private]
+            kind = "static"
+            """)
+        try await broker.start()
+        defer { broker.stop() }
+        for name in ["shared", "private"] {
+            let pushed = try broker.brokerctl(
+                ["set-tokens", name], stdin: #"{"access_token":"at-\#(name)","expires_in":3600}"#)
+            #expect(pushed.status == 0, "\(pushed.stderr)")
+        }
+        var info = stat()
+        #expect(lstat(broker.socketPath, &info) == 0)
+        #expect(info.st_mode & 0o777 == 0o660)
+        #expect(info.st_gid == 1001)
+
+        let asOtherUser = { (arguments: [String]) in
+            try ChildProcess.capture(
+                "/usr/bin/setpriv",
+                ["--reuid=1001", "--regid=1001", "--clear-groups", BrokerProcess.binary("brokerctl").path]
+                    + arguments + ["--socket", broker.socketPath], environment: broker.environment)
+        }
+        let shared = try asOtherUser(["token", "shared"])
+        #expect(shared.status == 0, "\(shared.stderr)")
+        #expect(shared.stdout == "at-shared\n")
+        let hidden = try asOtherUser(["token", "private"])
+        let missing = try asOtherUser(["token", "nonexistent"])
+        #expect(hidden.status == 7 && missing.status == 7, "\(hidden.stderr) \(missing.stderr)")
+        #expect(
+            hidden.stderr.replacingOccurrences(of: "private", with: "NAME")
+                == missing.stderr.replacingOccurrences(of: "nonexistent", with: "NAME"))
+        let status = try asOtherUser(["status", "--json"])
+        #expect(status.status == 0, "\(status.stderr)")
+        #expect(status.stdout.contains("shared") && !status.stdout.contains("private"), "\(status.stdout)")
+        let owner = try asOtherUser(["reload"])
+        #expect(owner.status == 7)
+    }
+}
