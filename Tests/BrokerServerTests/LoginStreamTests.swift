@@ -12,7 +12,7 @@ import Testing
     /// Serves `harness.broker` on a socket in the harness's directory while `body` runs.
     static func serving(_ harness: BrokerHarness, _ body: (String) async throws -> Void) async throws {
         let path = harness.directory.file("broker.sock")
-        let policy = AccessPolicy()
+        let policy = AccessPolicy(rules: harness.broker.accessRules, logger: Logger(label: "test"))
         let (listening, ready) = AsyncStream.makeStream(of: Void.self)
         let server = SocketServer(
             address: .path(path), dispatcher: RequestDispatcher(broker: harness.broker, policy: policy),
