@@ -121,6 +121,14 @@ import Testing
             #expect(refresh.refreshToken == harness.idp.issuedRefreshTokens.first)
             #expect(harness.idp.rejectedReuse == 0)
             #expect(harness.idp.issuedRefreshTokens.count == 2)
+            // Nothing secret reached the log.
+            let secrets =
+                [harness.idp.clientSecret] + harness.idp.issuedRefreshTokens + harness.idp.issuedAccessTokens
+                + harness.idp.issuedIDTokens
+            for line in harness.logs.all {
+                #expect(!secrets.contains { line.contains($0) }, "\(line)")
+            }
+            #expect(harness.logs.all.contains { $0.contains("logged in") })
         }
     }
 
@@ -129,8 +137,9 @@ import Testing
             harness.idp.setDeviceTiming(interval: 1)
             harness.idp.forceSlowDown()
             let progress = Progress()
+            // A broker that ignored slow_down would hear it at every poll until the timeout.
             let login = Self.start(
-                harness, Self.request("device", provider: Self.provider(harness.idp)), progress: progress)
+                harness, Self.request("device", provider: Self.provider(harness.idp), timeout: 20), progress: progress)
             let slow = try await progress.first(.slowDown)
             #expect(slow.interval == 6)
             let offer = try await progress.first(.deviceCode)

@@ -185,6 +185,49 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
         #expect(endpoints.token == URL(string: "https://login.example/t"))
     }
 
+    @Test func aDocumentMayNameTheLoginEndpointsAndUnusableOnesAreDropped() throws {
+        let issuer = URL(string: "https://login.example")!
+        let body = """
+            {"issuer":"https://login.example","token_endpoint":"https://login.example/t",\
+            "authorization_endpoint":"https://accounts.example/authorize",\
+            "device_authorization_endpoint":"https://login.example/device/code"}
+            """
+        let endpoints = try DiscoveryCache.interpret(reply(200, body), issuer: issuer).get()
+        #expect(endpoints.authorization == URL(string: "https://accounts.example/authorize"))
+        #expect(endpoints.deviceAuthorization == URL(string: "https://login.example/device/code"))
+        let insecure = """
+            {"issuer":"https://login.example","token_endpoint":"https://login.example/t",\
+            "authorization_endpoint":"http://login.example/authorize","device_authorization_endpoint":7}
+            """
+        let dropped = try DiscoveryCache.interpret(reply(200, insecure), issuer: issuer).get()
+        #expect(dropped.authorization == nil && dropped.deviceAuthorization == nil)
+        #expect(dropped.token == URL(string: "https://login.example/t"))
+    }
+
+    @Test func loginEndpointsAreCheckedLikeTheTokenEndpoint() throws {
+        var spec = ProviderSpec(
+            kind: "oauth2",
+            [
+                "token_endpoint": "https://idp.example/token", "client_id": "c",
+                "authorization_endpoint": "https://idp.example/authorize",
+                "device_authorization_endpoint": "https://idp.example/device",
+            ])
+        let settings = try #require(try ProviderConfig.checking(spec).0.settings as? OAuth2Settings)
+        #expect(settings.authorizationEndpoint == URL(string: "https://idp.example/authorize"))
+        #expect(settings.deviceAuthorizationEndpoint == URL(string: "https://idp.example/device"))
+        for field in ["authorization_endpoint", "device_authorization_endpoint"] {
+            var bad = spec
+            bad[field] = "http://idp.example/x"
+            #expect(throws: BrokerFailure.invalid("\"\(field)\" must be an https URL (http only for loopback)")) {
+                try ProviderConfig.checking(bad)
+            }
+        }
+        // The device endpoint is sent the client secret: a credential may not move to another origin there.
+        let stored = try ProviderConfig.checking(spec).0
+        spec["device_authorization_endpoint"] = "https://elsewhere.example/device"
+        #expect(stored.credentialMove(to: try ProviderConfig.checking(spec).0) != nil)
+    }
+
     @Test(arguments: [
         (200, #"{"issuer":"https://evil.example","token_endpoint":"https://evil.example/t"}"#),
         (200, #"{"issuer":"https://login.example"}"#),
