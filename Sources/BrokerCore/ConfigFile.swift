@@ -53,7 +53,18 @@ public enum ConfigFile {
         }
         return BrokerConfiguration(
             settings: try settings(table["broker"], path: path, text: text),
-            accounts: try accounts(table["accounts"], path: path))
+            accounts: try accounts(table["accounts"], path: path),
+            vaultKey: try vaultKey(table["broker"]?.table?["key"], path: path, text: text))
+    }
+
+    /// `[broker] key`: `"keyfile"` (the default) or `"passphrase"`.
+    private static func vaultKey(_ value: TOMLValue?, path: String, text: String) throws -> VaultKeyMode {
+        guard let value else { return .keyFile }
+        guard let mode = value.string.flatMap(VaultKeyMode.init(rawValue:)) else {
+            let place = line(of: "key", in: text).map { " line \($0)" } ?? ""
+            throw ConfigError(description: "\(path)\(place): broker.key must be \"keyfile\" or \"passphrase\"")
+        }
+        return mode
     }
 
     private static func settings(_ value: TOMLValue?, path: String, text: String) throws
@@ -64,10 +75,11 @@ public enum ConfigFile {
         guard let brokerTable = value.table else {
             throw ConfigError(description: "\(path): \"broker\" must be a table")
         }
-        for key in brokerTable.keys {
+        for key in brokerTable.keys where key != "key" {
             guard let (_, setting, range) = keys.first(where: { $0.0 == key }) else {
                 throw ConfigError(
-                    description: "\(path): unknown key broker.\(key) (known: \(keys.map(\.0).joined(separator: ", ")))")
+                    description:
+                        "\(path): unknown key broker.\(key) (known: \((keys.map(\.0) + ["key"]).joined(separator: ", ")))")
             }
             let value = brokerTable[key]
             guard let number = value?.double ?? value?.int.map(Double.init), range.contains(number) else {
@@ -164,13 +176,19 @@ public enum ConfigFile {
     }
 }
 
-/// What `broker.toml` says: engine settings and declared accounts (provider settings only).
+/// What `broker.toml` says: engine settings, declared accounts (provider settings only) and
+/// how the vault key is obtained (read at start only).
 public struct BrokerConfiguration: Sendable, Equatable {
     public var settings = BrokerSettings()
     public var accounts: [String: ProviderSpec] = [:]
+    public var vaultKey = VaultKeyMode.keyFile
 
-    public init(settings: BrokerSettings = BrokerSettings(), accounts: [String: ProviderSpec] = [:]) {
+    public init(
+        settings: BrokerSettings = BrokerSettings(), accounts: [String: ProviderSpec] = [:],
+        vaultKey: VaultKeyMode = .keyFile
+    ) {
         self.settings = settings
         self.accounts = accounts
+        self.vaultKey = vaultKey
     }
 }

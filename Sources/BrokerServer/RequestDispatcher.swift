@@ -38,6 +38,7 @@ public struct RequestDispatcher: Sendable {
             {
                 return .immediate(token.line(id: flat.id, now: now))
             }
+            if broker.padlock.isLocked { return .immediate(errorLine(id: flat.id, BrokerError(BrokerFailure.locked))) }
             // The scanner read every field a token request has, as the decoder would: no second read.
             return .deferred(
                 Request(id: flat.id, op: Operation.token.rawValue, account: flat.account, minTTL: flat.minTTL))
@@ -66,6 +67,9 @@ public struct RequestDispatcher: Sendable {
         if operation.isOwnerOnly, !policy.isAdmin(peer) {
             return .immediate(
                 errorLine(id: request.id, BrokerError(.forbidden, "\(op) is reserved for the broker's owner")))
+        }
+        if !operation.runsWhileLocked, broker.padlock.isLocked {
+            return .immediate(errorLine(id: request.id, BrokerError(BrokerFailure.locked)))
         }
         if operation == .subscribe {
             let id = request.id ?? .null
@@ -131,8 +135,13 @@ public struct RequestDispatcher: Sendable {
                     minTTL: minTTL(request.minTTL))
                 return token.line(id: request.id, now: broker.clock.now())
             case .status:
+                let accounts = try await broker.status(account: request.account)
+                let locked = broker.padlock.isLocked
                 return try success(
-                    request, StatusResult(accounts: try await broker.status(account: request.account)), encoder)
+                    request,
+                    StatusResult(
+                        accounts: accounts, locked: locked ? true : nil, newVault: broker.padlock.newVault ? true : nil),
+                    encoder)
             case .add:
                 let added = try await broker.add(
                     account: request.account, provider: request.provider, tokens: request.tokens)
@@ -149,6 +158,13 @@ public struct RequestDispatcher: Sendable {
                     request, try await broker.logout(account: request.account, force: request.force ?? false), encoder)
             case .reload:
                 return try success(request, try await broker.reload(), encoder)
+            case .unlock:
+                return try success(request, try await broker.unlock(passphrase: request.passphrase), encoder)
+            case .lock:
+                return try success(request, try await broker.lockVault(), encoder)
+            case .rekey:
+                return try success(
+                    request, try await broker.rekey(to: request.to, passphrase: request.passphrase), encoder)
             case .subscribe, .login, nil:
                 throw BrokerError(.unknownOp, "unknown op")
             }
