@@ -16,7 +16,7 @@ public struct LockResult: Codable, Sendable, Equatable {
     public var state: String
     /// `unlock`: how many accounts the vault holds (absent when it was unlocked already).
     public var accounts: Int?
-    /// `unlock`: `true` when there was no vault and this unlock set the passphrase.
+    /// `unlock`: `true` when there was no vault and this unlock set the passphrase; absent otherwise.
     public var created: Bool?
 
     public init(state: String, accounts: Int? = nil, created: Bool? = nil) {

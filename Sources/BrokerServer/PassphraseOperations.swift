@@ -11,7 +11,7 @@ extension Broker {
             case .alreadyUnlocked:
                 return LockResult(state: "unlocked")
             case .unlocked(let accounts, let created):
-                return LockResult(state: "unlocked", accounts: accounts, created: created)
+                return LockResult(state: "unlocked", accounts: accounts, created: created ? true : nil)
             }
         } catch {
             throw BrokerError(error)
