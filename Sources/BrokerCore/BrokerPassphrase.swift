@@ -51,7 +51,8 @@ extension Broker {
     public func lock() async throws(BrokerFailure) -> Bool {
         guard padlock.phase == .unlocked else { return false }
         guard vault.keyMode == .passphrase else {
-            throw .invalid("the vault is sealed with the key file, not a passphrase; run brokerctl rekey --to passphrase")
+            throw .invalid(
+                "the vault is sealed with the key file, not a passphrase; run brokerctl rekey --to passphrase")
         }
         padlock.enter(.locking)
         cache.removeAll()
@@ -127,7 +128,8 @@ extension Broker {
             do {
                 try configure(configuration)
             } catch {
-                logger.error("config not applied at unlock; the vault's accounts stand", metadata: ["reason": "\(error)"])
+                logger.error(
+                    "config not applied at unlock; the vault's accounts stand", metadata: ["reason": "\(error)"])
             }
         }
         logger.notice("unlocked", metadata: ["accounts": "\(accounts.count)"])

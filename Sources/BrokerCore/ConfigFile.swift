@@ -79,7 +79,8 @@ public enum ConfigFile {
             guard let (_, setting, range) = keys.first(where: { $0.0 == key }) else {
                 throw ConfigError(
                     description:
-                        "\(path): unknown key broker.\(key) (known: \((keys.map(\.0) + ["key"]).joined(separator: ", ")))")
+                        "\(path): unknown key broker.\(key) (known: \((keys.map(\.0) + ["key"]).joined(separator: ", ")))"
+                )
             }
             let value = brokerTable[key]
             guard let number = value?.double ?? value?.int.map(Double.init), range.contains(number) else {

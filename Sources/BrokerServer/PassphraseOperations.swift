@@ -43,7 +43,9 @@ extension Broker {
     /// `status` while locked: the accounts the broker held when it locked and those broker.toml
     /// declares, each in state `locked` with its provider kind (no secret is needed for them).
     nonisolated func lockedStatus(account: String?) throws(BrokerError) -> [AccountStatus] {
-        let statuses = padlock.lockedAccounts.map { AccountStatus(account: $0.name, provider: $0.kind, state: "locked") }
+        let statuses = padlock.lockedAccounts.map {
+            AccountStatus(account: $0.name, provider: $0.kind, state: "locked")
+        }
         guard let account else { return statuses }
         guard let status = statuses.first(where: { $0.account == account }) else {
             throw WireTranslation.noSuchAccount(account)

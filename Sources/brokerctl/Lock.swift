@@ -31,7 +31,8 @@ struct Unlock: ParsableCommand {
             prompt: isNew ? "New vault passphrase: " : "Vault passphrase: ", confirm: isNew)
         try options.run(.unlock(passphrase: passphrase)) { result in
             result.created == true
-                ? "passphrase set; unlocked (new vault)" : "unlocked (\(result.accounts.map(String.init) ?? "all") accounts)"
+                ? "passphrase set; unlocked (new vault)"
+                : "unlocked (\(result.accounts.map(String.init) ?? "all") accounts)"
         }
     }
 }
@@ -68,7 +69,8 @@ struct Rekey: ParsableCommand {
     }
 
     func run() throws {
-        let passphrase = to == "passphrase" ? try PassphrasePrompt.read(prompt: "New vault passphrase: ", confirm: true) : nil
+        let passphrase =
+            to == "passphrase" ? try PassphrasePrompt.read(prompt: "New vault passphrase: ", confirm: true) : nil
         try options.run(.rekey(passphrase: passphrase)) { result in
             var lines =
                 result.key == "passphrase"

@@ -56,7 +56,8 @@ struct Brokerd: AsyncParsableCommand {
             path: self.vault ?? paths.vault, keyFile: KeyFile(path: key.path, isCredential: key.fromSystemd))
         let configured = passphrase ? VaultKeyMode.passphrase : configuration.vaultKey
         if try vault.prepareKey(configured: configured) != configured {
-            logger.notice("the vault is sealed with a passphrase; starting locked (set key = \"passphrase\" in broker.toml)")
+            logger.notice(
+                "the vault is sealed with a passphrase; starting locked (set key = \"passphrase\" in broker.toml)")
         }
         let http = IdPClient(settings: configuration.settings)
         do {

@@ -129,7 +129,10 @@ import Testing
                 let (seconds, error) = await wrong.value
                 #expect(error?.code == .forbidden)
                 #expect(seconds >= Double(delay), "wrong passphrase \(attempt) answered after \(seconds) s")
-                #expect(rig.logs.all.contains { $0.contains("wrong passphrase") && $0.contains("(key: \"delay_s\", value: \(delay))") })
+                #expect(
+                    rig.logs.all.contains {
+                        $0.contains("wrong passphrase") && $0.contains("(key: \"delay_s\", value: \(delay))")
+                    })
             }
             #expect(broker.padlock.isLocked)
 

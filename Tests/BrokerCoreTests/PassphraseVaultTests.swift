@@ -174,7 +174,8 @@ import Testing
 
         let keyFileThere = FileManager.default.fileExists(atPath: keyFile.path)
         switch interruption.direction {
-        case .keyFileToPassphrase: #expect(keyFileThere == (interruption.step != nil && interruption.step != .keyFileRemoved))
+        case .keyFileToPassphrase:
+            #expect(keyFileThere == (interruption.step != nil && interruption.step != .keyFileRemoved))
         case .passphraseToKeyFile: #expect(keyFileThere == (interruption.step != .compacted))
         case .passphraseToPassphrase: #expect(!keyFileThere)
         }

@@ -56,7 +56,8 @@ public struct KeyDerivation: Sendable, Equatable {
     static func read(_ header: [UInt8], at offset: Int) -> KeyDerivation? {
         guard header.count >= offset + encodedLength, header[offset] == algorithmArgon2id13 else { return nil }
         let derivation = KeyDerivation(
-            passes: header.bigEndian(UInt64.self, at: offset + 1), memory: header.bigEndian(UInt64.self, at: offset + 9),
+            passes: header.bigEndian(UInt64.self, at: offset + 1),
+            memory: header.bigEndian(UInt64.self, at: offset + 9),
             salt: Array(header[(offset + 17)..<(offset + encodedLength)]))
         let passes = Sodium.argon2idModerate.passes...Sodium.argon2idSensitive.passes
         let memory = Sodium.argon2idModerate.memory...Sodium.argon2idSensitive.memory

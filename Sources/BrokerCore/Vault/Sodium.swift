@@ -30,10 +30,14 @@ enum Sodium {
     static let saltLength = Int(crypto_pwhash_argon2id_saltbytes())
     /// libsodium's interactive-use floor for Argon2id (3 passes over 256 MiB), and its ceiling
     /// for sensitive data (4 passes over 1 GiB).
-    static let argon2idModerate = (passes: UInt64(crypto_pwhash_argon2id_opslimit_moderate()),
-        memory: UInt64(crypto_pwhash_argon2id_memlimit_moderate()))
-    static let argon2idSensitive = (passes: UInt64(crypto_pwhash_argon2id_opslimit_sensitive()),
-        memory: UInt64(crypto_pwhash_argon2id_memlimit_sensitive()))
+    static let argon2idModerate = (
+        passes: UInt64(crypto_pwhash_argon2id_opslimit_moderate()),
+        memory: UInt64(crypto_pwhash_argon2id_memlimit_moderate())
+    )
+    static let argon2idSensitive = (
+        passes: UInt64(crypto_pwhash_argon2id_opslimit_sensitive()),
+        memory: UInt64(crypto_pwhash_argon2id_memlimit_sensitive())
+    )
 
     /// The key Argon2id (version 1.3) derives from `passphrase` and `salt`, made in guarded
     /// memory; `nil` when libsodium cannot (out of memory) or `passphrase` is empty. Takes about a second at the
