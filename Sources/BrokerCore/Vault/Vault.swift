@@ -238,11 +238,11 @@ public final class Vault: @unchecked Sendable {
 
     /// Writes `accounts` as the next snapshot, sealed with `key` (by default the vault's), and
     /// drops the log, which it replaces. Once the rename is done, `state` follows the files
-    /// (`key` included) even if a later step fails. `afterStaging` runs between the staging
-    /// file's fsync and its rename (a rekey's test stops there).
+    /// (`key` included) even if a later step fails. `checkpoint` is called once the staging file
+    /// is durable and once it is renamed (a rekey's test stops there).
     func writeSnapshot(
         _ accounts: [String: AccountRecord], _ state: inout State, key: SealingKey? = nil,
-        afterStaging: () throws -> Void = {}
+        checkpoint: (RekeyStep) throws -> Void = { _ in }
     ) throws {
         guard let key = key ?? state.key else { throw Self.locked }
         let generation = (state.snapshot?.generation ?? 0) + 1
@@ -250,7 +250,7 @@ public final class Vault: @unchecked Sendable {
             accounts.values.sorted { $0.name < $1.name }, generation: generation, key: key.secret,
             derivation: key.derivation)
         try FileSystem.writeStagingFile(file, at: stagingPath)
-        try afterStaging()
+        try checkpoint(.staged)
         do {
             try FileSystem.replace(path, with: stagingPath)
         } catch {
@@ -258,6 +258,7 @@ public final class Vault: @unchecked Sendable {
             throw error
         }
         state.key = key
+        try checkpoint(.renamed)
         state.closeLog()
         state.logUnusable = false
         state.snapshot = (generation, nonce, file.count)

@@ -25,7 +25,7 @@ extension Vault {
         case keyFileWritten
         /// The snapshot under the new key is written and fsync'd beside the old one.
         case staged
-        /// It replaced the old one.
+        /// It replaced the old one (before the directory's fsync and the old log's removal).
         case renamed
         /// The key file the vault left was removed.
         case keyFileRemoved
@@ -129,8 +129,7 @@ extension Vault {
                 new = .keyFile(try readKeyFile(durably: true))
                 try checkpoint(.keyFileWritten)
             }
-            try writeSnapshot(state.accounts, &state, key: new) { try checkpoint(.staged) }
-            try checkpoint(.renamed)
+            try writeSnapshot(state.accounts, &state, key: new, checkpoint: checkpoint)
             guard old.mode == .keyFile, new.mode == .passphrase, let keyFile else { return nil }
             guard !keyFile.isCredential, unlink(keyFile.path) == 0 || errno == ENOENT else { return keyFile.path }
             try? FileSystem.syncDirectory(of: keyFile.path)
