@@ -98,10 +98,10 @@ import Glibc
         #expect(pty.echoes, "echo is back after Ctrl-C")
         #expect(try broker.brokerctl(["status", "--json"]).stdout.contains("\"locked\":true"))
 
-        let mismatched = try unlock(broker, on: pty)
+        let reopening = try unlock(broker, on: pty)
         _ = pty.read(until: "Vault passphrase: ")
         pty.type("typed secret\n")
-        #expect(mismatched.wait() == 0, "an existing vault's passphrase is asked once")
+        #expect(reopening.wait() == 0, "an existing vault's passphrase is asked once")
         #expect(pty.echoes)
     }
 }
