@@ -6,8 +6,9 @@ import Testing
 
 /// Passphrase mode in the vault: a format 3 header naming the Argon2id derivation, a vault
 /// that opens only with its passphrase and never holds it or its key, and a rekey that leaves
-/// files the old or the new key opens whichever step a crash interrupts.
-@Suite struct PassphraseVaultTests {
+/// files the old or the new key opens whichever step a crash interrupts. Serialized: its tests
+/// wait on the same derivations, and would hold every thread of the test run while they do.
+@Suite(.serialized) struct PassphraseVaultTests {
     /// Keys derived once for the whole suite (each derivation takes a second and 256 MiB).
     static let passphrase = "correct horse battery staple"
     static let right = try! PassphraseKey.derive(Array(passphrase.utf8), with: .fresh())

@@ -11,7 +11,7 @@ import Glibc
 /// its echo back when brokerctl ends, by an answer or by Ctrl-C's SIGINT.
 @Suite struct PassphrasePromptTests {
     /// A pseudo-terminal: the test types on `controller`, brokerctl reads `terminal`.
-    final class PseudoTerminal {
+    final class PseudoTerminal: @unchecked Sendable {
         let controller: Int32
         let terminal: Int32
 
@@ -78,30 +78,30 @@ import Glibc
         #expect(pty.echoes)
 
         let setting = try unlock(broker, on: pty)
-        var shown = pty.read(until: "New vault passphrase: ")
+        var shown = try await onOwnThread { pty.read(until: "New vault passphrase: ") }
         #expect(!pty.echoes, "echo is off while the passphrase is typed")
         pty.type("typed secret\n")
-        shown += pty.read(until: "Repeat it: ")
+        shown += try await onOwnThread { pty.read(until: "Repeat it: ") }
         pty.type("typed secret\n")
-        #expect(setting.wait() == 0)
-        shown += pty.read(until: "unlocked")
+        #expect(try await onOwnThread { setting.wait() } == 0)
+        shown += try await onOwnThread { pty.read(until: "unlocked") }
         #expect(shown.contains("passphrase set"))
         #expect(!shown.contains("typed secret"), "the passphrase was echoed: \(shown)")
         #expect(pty.echoes, "echo is back")
 
-        #expect(try broker.brokerctl(["lock"]).status == 0)
+        #expect(try await broker.brokerctlOnOwnThread(["lock"]).status == 0)
         let interrupted = try unlock(broker, on: pty)
-        _ = pty.read(until: "Vault passphrase: ")
+        _ = try await onOwnThread { pty.read(until: "Vault passphrase: ") }
         #expect(!pty.echoes)
         kill(interrupted.pid, SIGINT)
-        #expect(interrupted.wait() == 128 + SIGINT, "Ctrl-C ends brokerctl as SIGINT does")
+        #expect(try await onOwnThread { interrupted.wait() } == 128 + SIGINT, "Ctrl-C ends brokerctl as SIGINT does")
         #expect(pty.echoes, "echo is back after Ctrl-C")
-        #expect(try broker.brokerctl(["status", "--json"]).stdout.contains("\"locked\":true"))
+        #expect(try await broker.brokerctlOnOwnThread(["status", "--json"]).stdout.contains("\"locked\":true"))
 
         let reopening = try unlock(broker, on: pty)
-        _ = pty.read(until: "Vault passphrase: ")
+        _ = try await onOwnThread { pty.read(until: "Vault passphrase: ") }
         pty.type("typed secret\n")
-        #expect(reopening.wait() == 0, "an existing vault's passphrase is asked once")
+        #expect(try await onOwnThread { reopening.wait() } == 0, "an existing vault's passphrase is asked once")
         #expect(pty.echoes)
     }
 }

@@ -13,7 +13,7 @@ import Glibc
 /// reading the passphrase from stdin, makes a wrong one wait, forgets at lock, refreshes at
 /// unlock what came due meanwhile, and moves between the key file and a passphrase across
 /// restarts; neither the passphrase nor its key ever reaches a file.
-@Suite struct PassphraseTests {
+@Suite(.serialized) struct PassphraseTests {
     static let passphrase = "a passphrase only the test knows"
 
     @Test func aLockedBrokerAnswersLockedOnBothTokenPathsUntilUnlockedAndForgetsAtLock() async throws {
@@ -34,7 +34,7 @@ import Glibc
             #expect(answer.errorCode == "locked", "\(line)")
         }
 
-        let unlocked = try broker.brokerctl(["unlock"], stdin: Self.passphrase + "\n")
+        let unlocked = try await broker.brokerctlOnOwnThread(["unlock"], stdin: Self.passphrase + "\n")
         #expect(unlocked.status == 0, "\(unlocked.stderr)")
         #expect(unlocked.stdout.contains("passphrase set"))
         let client = try broker.client()
@@ -42,24 +42,26 @@ import Glibc
         _ = try await client.add(
             account: "api", provider: ProviderSpec(kind: "static"),
             tokens: TokenSet(accessToken: "at-static-1", expiresIn: 3600))
-        #expect(try broker.brokerctl(["token", "api"]).stdout == "at-static-1\n")
+        #expect(try await broker.brokerctlOnOwnThread(["token", "api"]).stdout == "at-static-1\n")
 
-        #expect(try broker.brokerctl(["lock"]).status == 0)
-        let refused = try broker.brokerctl(["token", "api"])
+        #expect(try await broker.brokerctlOnOwnThread(["lock"]).status == 0)
+        let refused = try await broker.brokerctlOnOwnThread(["token", "api"])
         #expect(refused.status == 8 && refused.stderr.contains("locked; run brokerctl unlock"))
         #expect(
             try #require(connection.readObjectAfter(#"{"id":8,"op":"token","account":"api"}"#)).errorCode == "locked")
-        let listed = try broker.brokerctl(["status"])
+        let listed = try await broker.brokerctlOnOwnThread(["status"])
         #expect(listed.status == 0 && listed.stdout.contains("locked; run brokerctl unlock"))
         #expect(listed.stdout.contains("api") && listed.stdout.contains("static"))
 
         let start = Date()
-        let wrong = try broker.brokerctl(["unlock"], stdin: "not it\n")
+        let wrong = try await broker.brokerctlOnOwnThread(["unlock"], stdin: "not it\n")
         #expect(wrong.status == 7 && wrong.stderr.contains("wrong passphrase"))
         #expect(Date().timeIntervalSince(start) >= 1, "a wrong passphrase waits at least a second")
-        #expect(try broker.brokerctl(["unlock"], stdin: Self.passphrase + "\n").status == 0)
-        #expect(try broker.brokerctl(["token", "api"]).stdout == "at-static-1\n")
-        #expect(try broker.brokerctl(["unlock"], stdin: "").stdout.contains("unlocked"), "no passphrase asked")
+        #expect(try await broker.brokerctlOnOwnThread(["unlock"], stdin: Self.passphrase + "\n").status == 0)
+        #expect(try await broker.brokerctlOnOwnThread(["token", "api"]).stdout == "at-static-1\n")
+        #expect(
+            try await broker.brokerctlOnOwnThread(["unlock"], stdin: "").stdout.contains("unlocked"),
+            "no passphrase asked")
 
         // Neither the passphrase nor the key it derives is in a file brokerd wrote, or its log.
         let key = try PassphraseVaultFile.key(at: broker.vaultPath, passphrase: Self.passphrase)
@@ -102,11 +104,11 @@ import Glibc
             tokens: TokenSet(accessToken: "at-kept", expiresIn: 3600))
         client.close()
         #expect(FileManager.default.fileExists(atPath: broker.keyPath))
-        #expect(try broker.brokerctl(["lock"]).status == 1, "no lock under the key file")
+        #expect(try await broker.brokerctlOnOwnThread(["lock"]).status == 1, "no lock under the key file")
 
-        let differ = try broker.brokerctl(["rekey"], stdin: "")
+        let differ = try await broker.brokerctlOnOwnThread(["rekey"], stdin: "")
         #expect(differ.status != 0, "no passphrase, nothing changed")
-        let moved = try broker.brokerctl(["rekey", "--to", "passphrase"], stdin: "new passphrase\n")
+        let moved = try await broker.brokerctlOnOwnThread(["rekey", "--to", "passphrase"], stdin: "new passphrase\n")
         #expect(moved.status == 0, "\(moved.stderr)")
         #expect(moved.stdout.contains("key = \"passphrase\""))
         #expect(!FileManager.default.fileExists(atPath: broker.keyPath), "the key file is gone")
@@ -115,17 +117,17 @@ import Glibc
         broker.stop()
         try await broker.start()
         #expect(broker.log.contains("sealed with a passphrase; starting locked"))
-        #expect(try broker.brokerctl(["token", "api"]).status == 8)
-        #expect(try broker.brokerctl(["unlock"], stdin: "new passphrase\n").status == 0)
-        #expect(try broker.brokerctl(["token", "api"]).stdout == "at-kept\n")
+        #expect(try await broker.brokerctlOnOwnThread(["token", "api"]).status == 8)
+        #expect(try await broker.brokerctlOnOwnThread(["unlock"], stdin: "new passphrase\n").status == 0)
+        #expect(try await broker.brokerctlOnOwnThread(["token", "api"]).stdout == "at-kept\n")
 
-        let back = try broker.brokerctl(["rekey", "--to", "keyfile"])
+        let back = try await broker.brokerctlOnOwnThread(["rekey", "--to", "keyfile"])
         #expect(back.status == 0, "\(back.stderr)")
         #expect(FileManager.default.fileExists(atPath: broker.keyPath))
         #expect(PassphraseVaultFile.version(at: broker.vaultPath) == 2)
         broker.stop()
         try await broker.start()
-        #expect(try broker.brokerctl(["token", "api"]).stdout == "at-kept\n", "unlocked at start")
+        #expect(try await broker.brokerctlOnOwnThread(["token", "api"]).stdout == "at-kept\n", "unlocked at start")
         broker.stop()
 
         // A passphrase asked for is never dropped: a vault under the key file is refused then.
@@ -140,7 +142,7 @@ import Glibc
         try broker.writeConfig("[broker]\noverdue_spread = 0\n")
         try await broker.start(arguments: ["--passphrase"])
         defer { broker.stop() }
-        #expect(try broker.brokerctl(["unlock"], stdin: "pw\n").status == 0)
+        #expect(try await broker.brokerctlOnOwnThread(["unlock"], stdin: "pw\n").status == 0)
         let client = try broker.client()
         _ = try await client.add(
             account: "api",
@@ -149,19 +151,29 @@ import Glibc
             tokens: TokenSet(refreshToken: "rt-locked"))
         _ = try await client.token(account: "api", minTTL: 0)
         client.close()
-        #expect(try broker.brokerctl(["lock"]).status == 0)
+        #expect(try await broker.brokerctlOnOwnThread(["lock"]).status == 0)
         let callsAtLock = idp.callCount
         try await Task.sleep(for: .seconds(3))
         #expect(idp.callCount == callsAtLock, "nothing is refreshed while locked")
 
-        #expect(try broker.brokerctl(["unlock"], stdin: "pw\n").status == 0)
+        #expect(try await broker.brokerctlOnOwnThread(["unlock"], stdin: "pw\n").status == 0)
         let deadline = Date().addingTimeInterval(3)
         while idp.callCount == callsAtLock, Date() < deadline { try await Task.sleep(for: .milliseconds(20)) }
         #expect(idp.callCount > callsAtLock, "the refresh that came due ran after unlock, before any request")
-        let served = try broker.brokerctl(["token", "api", "--min-ttl", "0"])
+        let served = try await broker.brokerctlOnOwnThread(["token", "api", "--min-ttl", "0"])
         #expect(idp.issuedAccessTokens.contains(String(served.stdout.dropLast())))
         #expect(idp.rejectedReuse == 0)
         await idp.shutdown()
+    }
+}
+
+extension BrokerProcess {
+    /// `brokerctl` on a thread of its own: an unlock or a rekey waits seconds for its Argon2id
+    /// derivation, which must not hold a thread other tests' tasks need.
+    func brokerctlOnOwnThread(_ arguments: [String], stdin: String? = nil) async throws -> (
+        status: Int32, stdout: String, stderr: String
+    ) {
+        try await onOwnThread { try self.brokerctl(arguments, stdin: stdin) }
     }
 }
 
