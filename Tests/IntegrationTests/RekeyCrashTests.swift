@@ -11,7 +11,7 @@ import Testing
 /// it), where the files are written (most of its time is the Argon2id derivation); the test of
 /// each step in `PassphraseVaultTests` stops at every point.
 @Suite(.serialized) struct RekeyCrashTests {
-    static let kills = 30
+    static let kills = 20
     static let accounts = 300
 
     /// The key a rekey leaves: a passphrase, or the key file (`nil`).
