@@ -1,3 +1,4 @@
+import BrokerProtocol
 import FoundationEssentials
 import Logging
 import NIOPosix
@@ -90,11 +91,11 @@ extension Broker {
         }
     }
 
-    /// The UTF-8 of `passphrase`, which must be 1 to `PassphraseKey.maximumLength` bytes long.
+    /// The UTF-8 of `passphrase`, which must be 1 to `maximumPassphraseLength` bytes long.
     private static func bytes(of passphrase: String?) throws(BrokerFailure) -> [UInt8] {
         guard let passphrase, !passphrase.isEmpty else { throw .invalid("the field \"passphrase\" is required") }
-        guard passphrase.utf8.count <= PassphraseKey.maximumLength else {
-            throw .invalid("a passphrase is at most \(PassphraseKey.maximumLength) bytes")
+        guard passphrase.utf8.count <= maximumPassphraseLength else {
+            throw .invalid("a passphrase is at most \(maximumPassphraseLength) bytes")
         }
         return Array(passphrase.utf8)
     }

@@ -99,6 +99,6 @@ public final class Padlock: Sendable {
     }
 
     static func delay(afterFailures failures: Int) -> Duration {
-        failures > 5 ? longestDelay : min(longestDelay, .seconds(1 << max(0, failures - 1)))
+        min(longestDelay, .seconds(1 << min(max(failures - 1, 0), 5)))
     }
 }

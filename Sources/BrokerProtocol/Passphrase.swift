@@ -1,5 +1,9 @@
 /// Passphrase mode on the wire: what a locked broker answers, and the results of `unlock`,
 /// `lock` and `rekey`.
+
+/// The longest passphrase `unlock` and `rekey` take, in bytes of UTF-8.
+public let maximumPassphraseLength = 1024
+
 extension Operation {
     /// Operations a locked broker runs; every other one is answered `locked`.
     public var runsWhileLocked: Bool {

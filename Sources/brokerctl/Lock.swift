@@ -115,7 +115,7 @@ enum PassphrasePrompt {
         return first
     }
 
-    /// One line of standard input, without its line end: 1 to 1024 bytes of UTF-8.
+    /// One line of standard input, without its line end: 1 to `maximumPassphraseLength` bytes of UTF-8.
     private static func line(name: String) throws -> String {
         var bytes: [UInt8] = []
         var byte: UInt8 = 0
@@ -125,7 +125,9 @@ enum PassphrasePrompt {
             guard count >= 0 else { throw ValidationError("cannot read the passphrase from \(name)") }
             if count == 0 || byte == UInt8(ascii: "\n") { break }
             bytes.append(byte)
-            guard bytes.count <= 1024 else { throw ValidationError("a passphrase is at most 1024 bytes") }
+            guard bytes.count <= maximumPassphraseLength else {
+                throw ValidationError("a passphrase is at most \(maximumPassphraseLength) bytes")
+            }
         }
         if bytes.last == UInt8(ascii: "\r") { bytes.removeLast() }
         guard !bytes.isEmpty else { throw ValidationError("no passphrase was given on \(name)") }

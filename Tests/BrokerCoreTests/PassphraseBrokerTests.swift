@@ -153,6 +153,11 @@ import Testing
         }
     }
 
+    @Test func wrongPassphrasesWaitOneSecondDoublingUpToThirty() {
+        let delays = (1...8).map { Padlock.delay(afterFailures: $0) }
+        #expect(delays == [1, 2, 4, 8, 16, 30, 30, 30].map { Duration.seconds($0) })
+    }
+
     @Test func aRefreshThatCameDueWhileLockedRunsAtUnlock() async throws {
         var settings = BrokerSettings()
         settings.overdueSpread = 0

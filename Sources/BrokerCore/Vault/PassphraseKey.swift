@@ -68,9 +68,6 @@ public struct KeyDerivation: Sendable, Equatable {
 
 /// A vault key derived from a passphrase, with the settings that derived it.
 public struct PassphraseKey: Sendable {
-    /// The longest passphrase taken, in bytes of UTF-8.
-    public static let maximumLength = 1024
-
     let key: SecretKey
     let derivation: KeyDerivation
 
