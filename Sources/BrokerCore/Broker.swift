@@ -14,28 +14,33 @@ public actor Broker {
     public nonisolated let clock: any WallClock
     /// Who may use which account; replaced by a config reload.
     public nonisolated let accessRules = AccessRulesStore()
+    /// Whether the vault key is held (passphrase mode); see `unlock(with:)` and `lock()`.
+    public nonisolated let padlock = Padlock()
     /// The engine's settings; replaced by a config reload.
     public nonisolated var settings: BrokerSettings { settingsBox.withLock { $0 } }
     private nonisolated let settingsBox: Mutex<BrokerSettings>
     /// The config file `reloadConfiguration()` reads, if any.
     private let configPath: String?
-    private let vault: Vault
+    let vault: Vault
     private let http: IdPClient
-    private let logger: Logger
+    let logger: Logger
     private var planner: RefreshPlanner { RefreshPlanner(settings: settings) }
     /// Every account's lifecycle; the actor runs the effects its transitions return.
-    private var accounts: [String: AccountMachine] = [:]
+    var accounts: [String: AccountMachine] = [:]
     /// The task of each refresh under way, by account, with the serial its machine knows it by.
-    private var refreshTasks: [String: (serial: Int, task: Task<Result<Void, BrokerFailure>, Never>)] = [:]
+    var refreshTasks: [String: (serial: Int, task: Task<Result<Void, BrokerFailure>, Never>)] = [:]
     /// Each account's provider, built when first needed (see `provider(for:)`).
-    private var tokenProviders: [String: any TokenProvider] = [:]
+    var tokenProviders: [String: any TokenProvider] = [:]
     /// Accounts changed in memory whose last save failed: the next save writes them too.
-    private var unsaved: Set<String> = []
+    var unsaved: Set<String> = []
+    /// The configuration to apply at unlock: the one given while the broker was locked.
+    var pendingConfiguration: BrokerConfiguration?
     private var refreshSerial = 0
     /// Accounts a login is running for.
     private var loginsRunning: Set<String> = []
 
-    /// Loads every account from `vault` (refusing a wrong key or tampered file) and schedules it.
+    /// Loads every account from `vault` (refusing a wrong key or tampered file) and schedules it;
+    /// a vault that holds no key yet (passphrase mode) leaves the broker locked.
     public init(
         vault: Vault, settings: BrokerSettings, http: IdPClient, clock: any WallClock = SystemClock(),
         logger: Logger, configPath: String? = nil
@@ -47,21 +52,37 @@ public actor Broker {
         self.clock = clock
         self.logger = logger
         self.events = EventHub(bufferLimit: Bounds.count(settings.eventBuffer, in: 1...ConfigFile.maximumEventBuffer))
-        let now = clock.now()
-        let contents = try vault.load()
+        guard !vault.isLocked else {
+            padlock.enter(.locked, newVault: try vault.sealing() == nil)
+            return
+        }
+        accounts = Self.machines(for: try vault.load(), settings: settings, cache: cache, now: clock.now())
+        Self.reportLoad(of: vault, logger: logger)
+    }
+
+    /// The machines of the accounts `contents` holds; their servable tokens go to `cache`.
+    static func machines(for contents: VaultContents?, settings: BrokerSettings, cache: TokenCache, now: Date)
+        -> [String: AccountMachine]
+    {
+        var machines: [String: AccountMachine] = [:]
+        for stored in contents?.accounts ?? [] {
+            let machine = AccountMachine(
+                record: stored.sanitized(), planner: RefreshPlanner(settings: settings), now: now)
+            machines[machine.record.name] = machine
+            if let token = machine.servableToken {
+                cache.publish(Self.prepare(machine.record.name, token), for: machine.record.name)
+            }
+        }
+        return machines
+    }
+
+    /// Logs what `vault.load()` settled: a save a crash interrupted, a format converted.
+    static func reportLoad(of vault: Vault, logger: Logger) {
         if vault.recoveredInterruptedSave {
             logger.notice("completed a vault save that a crash interrupted; no rotated credential was lost")
         }
         if let version = vault.convertedFormatVersion {
             logger.notice("converted the vault from format \(version); brokerd versions before it cannot read it")
-        }
-        for stored in contents?.accounts ?? [] {
-            let machine = AccountMachine(
-                record: stored.sanitized(), planner: RefreshPlanner(settings: settings), now: now)
-            accounts[machine.record.name] = machine
-            if let token = machine.servableToken {
-                cache.publish(Self.prepare(machine.record.name, token), for: machine.record.name)
-            }
         }
     }
 
@@ -138,6 +159,7 @@ public actor Broker {
 
     /// A one-line summary such as "5 accounts: 4 valid, 1 needs login" (systemd `STATUS=`).
     public func summary() -> String {
+        if padlock.isLocked { return "locked (run brokerctl unlock)" }
         let now = clock.now()
         var counts: [String: Int] = [:]
         for machine in accounts.values { counts[machine.state(now: now).rawValue, default: 0] += 1 }
@@ -167,6 +189,7 @@ public actor Broker {
         filling fill: (inout AccountRecord, Date) -> Void
     ) throws(BrokerFailure) -> AccountSnapshot {
         let name = account.rawValue
+        guard !padlock.isLocked else { throw .locked }
         guard accounts[name] == nil else { throw .accountExists(account) }
         let now = clock.now()
         var record = AccountRecord(
@@ -383,6 +406,13 @@ public actor Broker {
     /// from the config and keep their secrets; an account no longer declared stays as a
     /// runtime account (nothing secret is ever deleted by editing a file).
     public func configure(_ configuration: BrokerConfiguration) throws(BrokerFailure) {
+        guard !padlock.isLocked else {
+            // Declared accounts are checked against the vault's, and saved to it, at unlock.
+            settingsBox.withLock { $0 = configuration.settings }
+            pendingConfiguration = configuration
+            padlock.declare(configuration.accounts.map { Padlock.LockedAccount(name: $0.key, kind: $0.value.kind) })
+            return
+        }
         var providers: [String: ProviderConfig] = [:]
         /// Logged-out accounts the config moves elsewhere: their client secret stays behind.
         var moved: Set<String> = []
@@ -488,6 +518,7 @@ public actor Broker {
 
     /// Starts a refresh of `name` and returns its task; joins the one under way, if any.
     private func startRefresh(_ name: String) -> Task<Result<Void, BrokerFailure>, Never> {
+        guard !padlock.isLocked else { return Task { .failure(.locked) } }
         if let serial = accounts[name]?.refreshSerial, let running = refreshTasks[name], running.serial == serial {
             return running.task
         }
@@ -574,6 +605,7 @@ public actor Broker {
     }
 
     private func machine(_ name: String) throws(BrokerFailure) -> AccountMachine {
+        guard !padlock.isLocked else { throw .locked }
         guard let machine = accounts[name] else { throw .noSuchAccount(AccountName(known: name)) }
         return machine
     }
@@ -664,7 +696,7 @@ public actor Broker {
 
     /// Saves the accounts `names` as they are now (a name no longer here is removed), with any
     /// whose earlier save failed.
-    private func persist(changing names: some Collection<String>) throws(BrokerFailure) {
+    func persist(changing names: some Collection<String>) throws(BrokerFailure) {
         unsaved.formUnion(names)
         let changed = unsaved.sorted().compactMap { accounts[$0]?.record }
         let removed = unsaved.sorted().filter { accounts[$0] == nil }

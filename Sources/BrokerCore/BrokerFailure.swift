@@ -61,6 +61,15 @@ public enum BrokerFailure: Error, Sendable, Equatable {
     /// The account's id token expires before the time asked for, and a refresh did not renew it.
     case idTokenExpired(AccountName)
 
+    /// The broker holds no vault key (passphrase mode): only `unlock` helps.
+    case locked
+    /// `unlock` was given a passphrase that does not open the vault.
+    case wrongPassphrase
+    /// Another unlock or rekey is deriving a key (or waiting out a wrong passphrase's delay).
+    case keyDerivationRunning
+    /// The vault cannot be opened or re-encrypted; `reason` says why (never a secret).
+    case vaultUnusable(reason: String)
+
     /// Where a token that fell short came from.
     public enum TokenSource: Sendable, Equatable {
         /// An IdP or helper issued it to the broker.

@@ -55,7 +55,18 @@ public enum ConfigFile {
             settings: try settings(table["broker"], path: path, text: text),
             accounts: try accounts(table["accounts"], path: path),
             access: try AccessRules.parse(
-                broker: table["broker"]?.table, accounts: table["accounts"]?.table, path: path))
+                broker: table["broker"]?.table, accounts: table["accounts"]?.table, path: path),
+            vaultKey: try vaultKey(table["broker"]?.table?["key"], path: path, text: text))
+    }
+
+    /// `[broker] key`: `"keyfile"` (the default) or `"passphrase"`.
+    private static func vaultKey(_ value: TOMLValue?, path: String, text: String) throws -> VaultKeyMode {
+        guard let value else { return .keyFile }
+        guard let mode = value.string.flatMap(VaultKeyMode.init(rawValue:)) else {
+            let place = line(of: "key", in: text).map { " line \($0)" } ?? ""
+            throw ConfigError(description: "\(path)\(place): broker.key must be \"keyfile\" or \"passphrase\"")
+        }
+        return mode
     }
 
     private static func settings(_ value: TOMLValue?, path: String, text: String) throws
@@ -66,11 +77,12 @@ public enum ConfigFile {
         guard let brokerTable = value.table else {
             throw ConfigError(description: "\(path): \"broker\" must be a table")
         }
-        for key in brokerTable.keys where !AccessRules.brokerKeys.contains(key) {
+        let otherKeys = AccessRules.brokerKeys + ["key"]
+        for key in brokerTable.keys where !otherKeys.contains(key) {
             guard let (_, setting, range) = keys.first(where: { $0.0 == key }) else {
                 throw ConfigError(
                     description:
-                        "\(path): unknown key broker.\(key) (known: \((keys.map(\.0) + AccessRules.brokerKeys).joined(separator: ", ")))"
+                        "\(path): unknown key broker.\(key) (known: \((keys.map(\.0) + otherKeys).joined(separator: ", ")))"
                 )
             }
             let value = brokerTable[key]
@@ -171,18 +183,20 @@ public enum ConfigFile {
 }
 
 /// What `broker.toml` says: engine settings, declared accounts (provider settings only) and
-/// who may use them.
+/// who may use them, and how the vault key is obtained (read at start only).
 public struct BrokerConfiguration: Sendable, Equatable {
     public var settings = BrokerSettings()
     public var accounts: [String: ProviderSpec] = [:]
     public var access = AccessRules()
+    public var vaultKey = VaultKeyMode.keyFile
 
     public init(
         settings: BrokerSettings = BrokerSettings(), accounts: [String: ProviderSpec] = [:],
-        access: AccessRules = AccessRules()
+        access: AccessRules = AccessRules(), vaultKey: VaultKeyMode = .keyFile
     ) {
         self.settings = settings
         self.accounts = accounts
         self.access = access
+        self.vaultKey = vaultKey
     }
 }

@@ -22,4 +22,9 @@ public final class TokenCache: Sendable {
     func publish(_ token: PreparedToken?, for account: String) {
         tokens.withLock { $0[account] = token }
     }
+
+    /// Forgets every token (the broker locks).
+    func removeAll() {
+        tokens.withLock { $0.removeAll() }
+    }
 }

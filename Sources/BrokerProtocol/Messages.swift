@@ -11,11 +11,12 @@ public enum Operation: String, Sendable, CaseIterable, Codable {
     case hello, token, reject, status, subscribe, add
     case setTokens = "set_tokens"
     case remove, refresh, logout, reload, login
+    case lock, unlock, rekey
 
     /// Operations reserved for the broker's owner (brokerctl).
     public var isOwnerOnly: Bool {
         switch self {
-        case .add, .setTokens, .remove, .refresh, .logout, .reload, .login: return true
+        case .add, .setTokens, .remove, .refresh, .logout, .reload, .login, .lock, .unlock, .rekey: return true
         case .hello, .token, .reject, .status, .subscribe: return false
         }
     }
@@ -47,6 +48,10 @@ public struct Request: Codable, Sendable {
     public var timeout: Double?
     /// `token`: answer with the account's id token instead of its access token.
     public var idToken: Bool?
+    /// `unlock`, `rekey`: the passphrase (a secret: never logged, echoed or stored).
+    public var passphrase: String?
+    /// `rekey`: the key to move the vault to, `passphrase` or `keyfile`.
+    public var to: String?
 
     public init(
         id: RequestID?, op: String, account: String? = nil, minTTL: Double? = nil, accessToken: String? = nil,
@@ -72,7 +77,7 @@ public struct Request: Codable, Sendable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case id, op, account, accounts, versions, client, provider, tokens, force, flow, timeout
+        case id, op, account, accounts, versions, client, provider, tokens, force, flow, timeout, passphrase, to
         case minTTL = "min_ttl"
         case accessToken = "access_token"
         case secretsFile = "secrets_file"
@@ -267,8 +272,21 @@ public struct AccountStatus: Codable, Sendable, Equatable {
 /// The result of `status`.
 public struct StatusResult: Codable, Sendable, Equatable {
     public var accounts: [AccountStatus]
+    /// `true` while the broker is locked (passphrase mode); absent otherwise.
+    public var locked: Bool?
+    /// `true` while locked with no vault yet: the first unlock sets the passphrase.
+    public var newVault: Bool?
 
-    public init(accounts: [AccountStatus]) { self.accounts = accounts }
+    public init(accounts: [AccountStatus], locked: Bool? = nil, newVault: Bool? = nil) {
+        self.accounts = accounts
+        self.locked = locked
+        self.newVault = newVault
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case accounts, locked
+        case newVault = "new_vault"
+    }
 }
 
 /// The result of the owner ops that change an account (`add`, `set_tokens`, `remove`, `refresh`).

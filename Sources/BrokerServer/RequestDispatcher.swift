@@ -41,6 +41,7 @@ public struct RequestDispatcher: Sendable {
                     return .immediate(token.line(id: flat.id, now: now))
                 }
             }
+            if broker.padlock.isLocked { return .immediate(errorLine(id: flat.id, BrokerError(BrokerFailure.locked))) }
             // The scanner read every field a token request has, as the decoder would: no second read.
             return .deferred(
                 Request(id: flat.id, op: Operation.token.rawValue, account: flat.account, minTTL: flat.minTTL))
@@ -73,6 +74,9 @@ public struct RequestDispatcher: Sendable {
         if let refused = refusedAccount(of: request, operation, access: &access) {
             return .immediate(forbidden(id: request.id, account: refused))
         }
+        if !operation.runsWhileLocked, broker.padlock.isLocked {
+            return .immediate(errorLine(id: request.id, BrokerError(BrokerFailure.locked)))
+        }
         if operation == .subscribe {
             let id = request.id ?? .null
             let events = broker.events.subscribe(accounts: request.accounts)
@@ -93,7 +97,7 @@ public struct RequestDispatcher: Sendable {
             return access.mayUse(account) ? nil : account
         case .subscribe:
             return request.accounts?.first { !access.mayUse($0) }
-        case .hello, .add, .setTokens, .remove, .refresh, .logout, .reload, .login:
+        case .hello, .add, .setTokens, .remove, .refresh, .logout, .reload, .login, .unlock, .lock, .rekey:
             return nil
         }
     }
@@ -164,8 +168,13 @@ public struct RequestDispatcher: Sendable {
                 return token.line(id: request.id, now: broker.clock.now())
             case .status:
                 let accounts = try await broker.status(account: request.account)
+                let locked = broker.padlock.isLocked
                 return try success(
-                    request, StatusResult(accounts: accounts.filter { mayShow($0.account, to: caller) }), encoder)
+                    request,
+                    StatusResult(
+                        accounts: accounts.filter { mayShow($0.account, to: caller) }, locked: locked ? true : nil,
+                        newVault: broker.padlock.newVault ? true : nil),
+                    encoder)
             case .add:
                 let added = try await broker.add(
                     account: request.account, provider: request.provider, tokens: request.tokens)
@@ -182,6 +191,13 @@ public struct RequestDispatcher: Sendable {
                     request, try await broker.logout(account: request.account, force: request.force ?? false), encoder)
             case .reload:
                 return try success(request, try await broker.reload(), encoder)
+            case .unlock:
+                return try success(request, try await broker.unlock(passphrase: request.passphrase), encoder)
+            case .lock:
+                return try success(request, try await broker.lockVault(), encoder)
+            case .rekey:
+                return try success(
+                    request, try await broker.rekey(to: request.to, passphrase: request.passphrase), encoder)
             case .subscribe, .login, nil:
                 throw BrokerError(.unknownOp, "unknown op")
             }

@@ -25,6 +25,7 @@ extension Broker {
 
     /// `status`: one account, or every account when `account` is `nil`.
     public nonisolated func status(account: String?) async throws(BrokerError) -> [AccountStatus] {
+        if padlock.isLocked { return try lockedStatus(account: account) }
         guard let account else { return await snapshots().map(WireTranslation.status) }
         let name = try WireTranslation.existingAccountName(account)
         return [

@@ -217,6 +217,14 @@ extension BrokerError {
                 .badRequest,
                 "the account holds credentials and this \(move); log it out first (brokerctl logout \(name)) or "
                     + "remove it (brokerctl remove \(name))")
+        case .locked:
+            self.init(.locked, "the broker is locked; run brokerctl unlock")
+        case .wrongPassphrase:
+            self.init(.forbidden, "wrong passphrase")
+        case .keyDerivationRunning:
+            self.init(.busy, "another unlock or rekey is running; try again", retryAfterMs: 1000)
+        case .vaultUnusable(let reason):
+            self.init(.internal, reason)
         }
     }
 }

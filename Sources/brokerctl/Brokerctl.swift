@@ -17,7 +17,7 @@ struct Brokerctl: ParsableCommand {
             """,
         subcommands: [
             Status.self, Token.self, Watch.self, Login.self, Add.self, SetTokens.self, Remove.self, Refresh.self,
-            Logout.self, Reload.self,
+            Logout.self, Reload.self, Unlock.self, Lock.self, Rekey.self,
         ])
 }
 
@@ -158,7 +158,8 @@ struct Status: ParsableCommand {
 
     func run() throws {
         try options.run(.status(account: account)) { result in
-            ([StatusTable.render(result.accounts, now: Date())]
+            (result.locked == true ? "the broker is locked; run brokerctl unlock\n" : "")
+                + ([StatusTable.render(result.accounts, now: Date())]
                 + StatusTable.hints(result.accounts, socket: options.socket))
                 .joined(separator: "\n")
         }

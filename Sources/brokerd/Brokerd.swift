@@ -27,6 +27,13 @@ struct Brokerd: AsyncParsableCommand {
         help: "Vault key file (default: $CREDENTIALS_DIRECTORY/vault-key or $XDG_CONFIG_HOME/tokenbroker/vault.key).")
     var keyFile: String?
 
+    @Flag(
+        help: """
+            Derive the vault key from a passphrase (Argon2id) instead of a key file, as [broker] key = "passphrase" \
+            does: brokerd starts locked until brokerctl unlock.
+            """)
+    var passphrase = false
+
     func run() async throws {
         LoggingSystem.bootstrap { JournalLogHandler(label: $0) }
         let logger = Logger(label: "brokerd")
@@ -46,7 +53,12 @@ struct Brokerd: AsyncParsableCommand {
         let configuration = try ConfigFile.load(path: configPath)
         let key = keyFile.map { (path: $0, fromSystemd: false) } ?? paths.keyFile
         let vault = try Vault(
-            path: self.vault ?? paths.vault, key: try VaultKey.load(path: key.path, create: !key.fromSystemd))
+            path: self.vault ?? paths.vault, keyFile: KeyFile(path: key.path, isCredential: key.fromSystemd))
+        let configured = passphrase ? VaultKeyMode.passphrase : configuration.vaultKey
+        if try vault.prepareKey(configured: configured) != configured {
+            logger.notice(
+                "the vault is sealed with a passphrase; starting locked (set key = \"passphrase\" in broker.toml)")
+        }
         let http = IdPClient(settings: configuration.settings)
         do {
             let broker = try Broker(

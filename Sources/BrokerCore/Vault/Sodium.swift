@@ -1,7 +1,8 @@
 import CSodium
 import FoundationEssentials
 
-/// The broker's only door to libsodium: guarded key memory, XChaCha20-Poly1305, random bytes and SHA-256.
+/// The broker's only door to libsodium: guarded key memory, XChaCha20-Poly1305, Argon2id, random
+/// bytes and SHA-256.
 enum Sodium {
     static let keyLength = Int(crypto_aead_xchacha20poly1305_ietf_KEYBYTES)
     static let nonceLength = Int(crypto_aead_xchacha20poly1305_ietf_NPUBBYTES)
@@ -26,10 +27,44 @@ enum Sodium {
         return digest
     }
 
+    static let saltLength = Int(crypto_pwhash_argon2id_saltbytes())
+    /// libsodium's interactive-use floor for Argon2id (3 passes over 256 MiB), and its ceiling
+    /// for sensitive data (4 passes over 1 GiB).
+    static let argon2idModerate = (
+        passes: UInt64(crypto_pwhash_argon2id_opslimit_moderate()),
+        memory: UInt64(crypto_pwhash_argon2id_memlimit_moderate())
+    )
+    static let argon2idSensitive = (
+        passes: UInt64(crypto_pwhash_argon2id_opslimit_sensitive()),
+        memory: UInt64(crypto_pwhash_argon2id_memlimit_sensitive())
+    )
+
+    /// The key Argon2id (version 1.3) derives from `passphrase` and `salt`, made in guarded
+    /// memory; `nil` when libsodium cannot (out of memory) or `passphrase` is empty. Takes about a second at the
+    /// moderate limits: call it off the broker's actor.
+    static func argon2id(_ passphrase: [UInt8], salt: [UInt8], passes: UInt64, memory: UInt64) -> SecretKey? {
+        precondition(ready, "libsodium failed to initialise")
+        precondition(salt.count == saltLength, "an Argon2id salt is \(saltLength) bytes")
+        guard let memory = Int(exactly: memory), !passphrase.isEmpty else { return nil }
+        return SecretKey { key in
+            passphrase.withUnsafeBytes { text in
+                crypto_pwhash(
+                    key, UInt64(keyLength), text.baseAddress!.assumingMemoryBound(to: CChar.self), UInt64(text.count),
+                    salt, passes, memory, crypto_pwhash_alg_argon2id13()) == 0
+            }
+        }
+    }
+
     /// Overwrites `data` with zeros in a way the compiler cannot elide.
     static func wipe(_ data: inout Data) {
         let count = data.count
         data.withUnsafeMutableBytes { sodium_memzero($0.baseAddress, count) }
+    }
+
+    /// Overwrites `bytes` with zeros in a way the compiler cannot elide.
+    static func wipe(_ bytes: inout [UInt8]) {
+        let count = bytes.count
+        bytes.withUnsafeMutableBytes { sodium_memzero($0.baseAddress, count) }
     }
 
     /// Encrypts `plaintext` bound to `associatedData`; returns ciphertext with its tag.
@@ -67,14 +102,21 @@ public final class SecretKey: @unchecked Sendable {
     private let pointer: UnsafeMutableRawPointer
 
     /// Copies `bytes` into guarded memory; the caller should wipe its own copy.
-    init?(bytes: some ContiguousBytes) {
-        guard Sodium.ready, let memory = sodium_malloc(Sodium.keyLength) else { return nil }
-        let copied = bytes.withUnsafeBytes { raw in
-            guard raw.count == Sodium.keyLength, let base = raw.baseAddress else { return false }
-            memory.copyMemory(from: base, byteCount: raw.count)
-            return true
+    convenience init?(bytes: some ContiguousBytes) {
+        self.init { key in
+            bytes.withUnsafeBytes { raw in
+                guard raw.count == Sodium.keyLength, let base = raw.baseAddress else { return false }
+                key.update(from: base.assumingMemoryBound(to: UInt8.self), count: raw.count)
+                return true
+            }
         }
-        guard copied else {
+    }
+
+    /// A key that `fill` writes into guarded memory of `Sodium.keyLength` bytes; `nil` when it
+    /// returns `false` (the memory is wiped and freed) or no memory could be locked.
+    init?(filling fill: (UnsafeMutablePointer<UInt8>) -> Bool) {
+        guard Sodium.ready, let memory = sodium_malloc(Sodium.keyLength) else { return nil }
+        guard fill(memory.bindMemory(to: UInt8.self, capacity: Sodium.keyLength)) else {
             sodium_free(memory)
             return nil
         }

@@ -8,8 +8,14 @@ import Glibc
 /// A vault problem, with a message that says what to do; never contains a secret.
 public struct VaultError: Error, CustomStringConvertible, Sendable {
     public let description: String
+    /// Whether the snapshot did not authenticate under the key given: the key (or passphrase)
+    /// is wrong, or the file was modified.
+    public let wrongKey: Bool
 
-    init(_ description: String) { self.description = description }
+    init(_ description: String, wrongKey: Bool = false) {
+        self.description = description
+        self.wrongKey = wrongKey
+    }
 }
 
 /// The encrypted files holding every account and secret: a snapshot of every account
@@ -23,6 +29,10 @@ public struct VaultError: Error, CustomStringConvertible, Sendable {
 /// one, replays the log and drops only a record that a crash cut short. Opening a vault takes
 /// an exclusive lock, so a second broker on the same vault refuses to start instead of burning
 /// one-time refresh tokens.
+///
+/// The key is the key file's, or one derived from a passphrase (`unlock`), held only while the
+/// vault is unlocked: `lock` forgets it with every account read. `rekey` moves the vault to
+/// another key atomically.
 public final class Vault: @unchecked Sendable {
     /// The log length from which the next save writes a snapshot: a quarter of the snapshot's,
     /// so a start reads at most a quarter more than the snapshot and a snapshot's cost is shared
@@ -30,12 +40,19 @@ public final class Vault: @unchecked Sendable {
     static func compactionLength(snapshotLength: Int) -> Int { max(snapshotLength / 4, 32 * 1024) }
 
     public let path: String
-    private let key: SecretKey
+    /// Where the key file is (or would be): read under the key file, written by a rekey to it,
+    /// removed by a rekey from it. `nil` when the key is handed over (`init(path:key:)`).
+    let keyFile: KeyFile?
     private let lockDescriptor: Int32
-    private let state = Mutex(State())
+    let state = Mutex(State())
+
+    /// The refusal of a change, or a read, while the vault holds no key.
+    static let locked = VaultError("the vault is locked; unlock it first")
 
     /// What the vault knows of its files.
-    private struct State {
+    struct State {
+        /// The key the files are sealed with; `nil` while the vault is locked.
+        var key: SealingKey?
         /// Every account, by name, as the files hold it.
         var accounts: [String: AccountRecord] = [:]
         /// Set once the accounts are those of the files (by `load` or a whole `save`).
@@ -63,11 +80,19 @@ public final class Vault: @unchecked Sendable {
         }
     }
 
+    /// Opens (without reading) the vault at `path` sealed with `key`, the key file's key,
+    /// creating its directory (see `FileSystem.preparePrivateDirectory`), and takes its lock.
+    public convenience init(path: String, key: SecretKey) throws {
+        try self.init(path: path)
+        state.withLock { $0.key = .keyFile(key) }
+    }
+
     /// Opens (without reading) the vault at `path`, creating its directory (see
-    /// `FileSystem.preparePrivateDirectory`), and takes its lock.
-    public init(path: String, key: SecretKey) throws {
+    /// `FileSystem.preparePrivateDirectory`), and takes its lock; its key file is `keyFile`. It
+    /// holds no key yet: see `prepareKey(configured:)` and `unlock(with:)`.
+    public init(path: String, keyFile: KeyFile? = nil) throws {
         self.path = path
-        self.key = key
+        self.keyFile = keyFile
         try FileSystem.preparePrivateDirectory(
             FileSystem.parent(of: path), role: "vault directory",
             remedy: "set TOKENBROKER_VAULT (or --vault) to a path in a directory only you can write")
@@ -107,10 +132,11 @@ public final class Vault: @unchecked Sendable {
     /// is cut away. A vault in format 1 (one file) is rewritten in today's format.
     public func load() throws -> VaultContents? {
         try state.withLock { state in
+            guard let key = state.key?.secret else { throw Self.locked }
             state.closeLog()
-            state = State()
-            let current = try readSnapshot(path)
-            let staged = try? readSnapshot(stagingPath)
+            state = State(key: state.key)
+            let current = try readSnapshot(path, key: key)
+            let staged = try? readSnapshot(stagingPath, key: key)
             let promoting = staged.map {
                 $0.generation == (current?.generation ?? 0) + 1 && $0.version >= (current?.version ?? 0)
             }
@@ -124,7 +150,7 @@ public final class Vault: @unchecked Sendable {
                 state.loaded = true
                 return nil
             }
-            let log = try readLog(continuing: snapshot)
+            let log = try readLog(continuing: snapshot, key: key)
 
             // Everything is read and authenticated: settle what a crash left behind.
             if promoting == true {
@@ -146,7 +172,7 @@ public final class Vault: @unchecked Sendable {
                 close(log.fd)
                 unlink(logPath)
             }
-            if snapshot.version != VaultSnapshot.formatVersion {
+            if snapshot.version == VaultSnapshot.singleFileVersion {
                 try writeSnapshot(state.accounts, &state)
                 state.convertedVersion = snapshot.version
             }
@@ -186,14 +212,14 @@ public final class Vault: @unchecked Sendable {
 
     /// Reads, authenticates and decodes one snapshot file; `nil` when it does not exist. The
     /// file must be a private regular file of this user (see `FileSystem.openPrivateFile`).
-    private func readSnapshot(_ path: String) throws -> VaultSnapshot? {
+    private func readSnapshot(_ path: String, key: SecretKey) throws -> VaultSnapshot? {
         guard let file = try FileSystem.readPrivateFile(path, role: "vault") else { return nil }
         return try VaultSnapshot.open([UInt8](file), path: path, key: key)
     }
 
     /// The log, open for appending, its length and what it holds beside `snapshot`; `nil` when
     /// there is none. Nothing is changed.
-    private func readLog(continuing snapshot: VaultSnapshot) throws -> (
+    private func readLog(continuing snapshot: VaultSnapshot, key: SecretKey) throws -> (
         fd: Int32, length: Int, reading: VaultLog.Reading
     )? {
         guard
@@ -210,19 +236,29 @@ public final class Vault: @unchecked Sendable {
         }
     }
 
-    /// Writes `accounts` as the next snapshot and drops the log, which it replaces. Once the
-    /// rename is done, `state` follows the files even if a later step fails.
-    private func writeSnapshot(_ accounts: [String: AccountRecord], _ state: inout State) throws {
+    /// Writes `accounts` as the next snapshot, sealed with `key` (by default the vault's), and
+    /// drops the log, which it replaces. Once the rename is done, `state` follows the files
+    /// (`key` included) even if a later step fails. `checkpoint` is called once the staging file
+    /// is durable and once it is renamed (a rekey's test stops there).
+    func writeSnapshot(
+        _ accounts: [String: AccountRecord], _ state: inout State, key: SealingKey? = nil,
+        checkpoint: (RekeyStep) throws -> Void = { _ in }
+    ) throws {
+        guard let key = key ?? state.key else { throw Self.locked }
         let generation = (state.snapshot?.generation ?? 0) + 1
         let (file, nonce) = try VaultSnapshot.seal(
-            accounts.values.sorted { $0.name < $1.name }, generation: generation, key: key)
+            accounts.values.sorted { $0.name < $1.name }, generation: generation, key: key.secret,
+            derivation: key.derivation)
         try FileSystem.writeStagingFile(file, at: stagingPath)
+        try checkpoint(.staged)
         do {
             try FileSystem.replace(path, with: stagingPath)
         } catch {
             unlink(stagingPath)
             throw error
         }
+        state.key = key
+        try checkpoint(.renamed)
         state.closeLog()
         state.logUnusable = false
         state.snapshot = (generation, nonce, file.count)
@@ -236,6 +272,7 @@ public final class Vault: @unchecked Sendable {
     /// A failure leaves the log's end unknown, so the next save writes a snapshot instead.
     private func append(_ change: VaultChange, _ state: inout State) throws {
         guard let snapshot = state.snapshot else { preconditionFailure("a log continues a snapshot") }
+        guard let key = state.key?.secret else { throw Self.locked }
         do {
             if let log = state.log {
                 let (record, tail) = try VaultLog.seal(change, header: log.header, after: log.tail, key: key)

@@ -6,18 +6,26 @@ import FoundationEssentials
 /// header; the rest is XChaCha20-Poly1305 ciphertext of the JSON state (its generation and
 /// accounts), with the header as associated data. In format 1 this file was the whole vault;
 /// in format 2 the changes saved since the snapshot follow in its `VaultLog`, which names the
-/// snapshot by its generation and nonce.
+/// snapshot by its generation and nonce. Format 3 is format 2 sealed with a key derived from a
+/// passphrase: its header holds the `KeyDerivation` between the version and the nonce.
 struct VaultSnapshot {
     static let magic = Array("TKBVAULT".utf8)
-    /// The format written: a snapshot followed by a log.
+    /// The format written under the key file: a snapshot followed by a log.
     static let formatVersion: UInt16 = 2
+    /// The format written under a passphrase: format 2 with the key's derivation in the header.
+    static let passphraseVersion: UInt16 = 3
     /// The format before the log, read only to be converted.
     static let singleFileVersion: UInt16 = 1
+    /// The header's length in formats 1 and 2.
     static let headerLength = magic.count + 2 + Sodium.nonceLength
+    /// The header's length in format 3.
+    static let passphraseHeaderLength = headerLength + KeyDerivation.encodedLength
     /// Generations stay below this, so counting on never overflows.
     static let generationLimit = UInt64(Int64.max)
 
     var version: UInt16
+    /// How the key was derived from a passphrase (format 3); `nil` under the key file.
+    var derivation: KeyDerivation?
     /// Grows by one with each snapshot, so a staged snapshot can be told apart from an older one.
     var generation: UInt64
     /// The random nonce of this snapshot's header: what tells it from every other snapshot.
@@ -27,14 +35,20 @@ struct VaultSnapshot {
     var length: Int
 
     /// The file holding `accounts` as generation `generation`, sealed under a fresh nonce, and
-    /// that nonce.
-    static func seal(_ accounts: [AccountRecord], generation: UInt64, key: SecretKey) throws -> (
-        file: Data, nonce: [UInt8]
-    ) {
+    /// that nonce: in format 3 when `derivation` (how `key` was derived from a passphrase) is
+    /// given, else in format 2.
+    static func seal(
+        _ accounts: [AccountRecord], generation: UInt64, key: SecretKey, derivation: KeyDerivation? = nil
+    ) throws -> (file: Data, nonce: [UInt8]) {
         var plaintext = try JSONEncoder().encode(Body(generation: generation, accounts: accounts))
         defer { Sodium.wipe(&plaintext) }
         var header = magic
-        header.append(bigEndian: formatVersion)
+        if let derivation {
+            header.append(bigEndian: passphraseVersion)
+            header += derivation.bytes
+        } else {
+            header.append(bigEndian: formatVersion)
+        }
         let nonce = Sodium.randomBytes(Sodium.nonceLength)
         header += nonce
         var file = Data(header)
@@ -45,15 +59,8 @@ struct VaultSnapshot {
     /// Authenticates and decodes the snapshot file `bytes` read from `path` (named in errors),
     /// in either format.
     static func open(_ bytes: [UInt8], path: String, key: SecretKey) throws -> VaultSnapshot {
-        guard bytes.count >= headerLength + Sodium.tagLength, bytes.starts(with: magic) else {
-            throw VaultError("\(path) is not a tokenbroker vault (bad header); it was left untouched")
-        }
-        let version = bytes.bigEndian(UInt16.self, at: magic.count)
-        guard version == formatVersion || version == singleFileVersion else {
-            throw VaultError(
-                "the vault \(path) has format version \(version); this brokerd reads versions \(singleFileVersion) "
-                    + "and \(formatVersion); it was left untouched")
-        }
+        let (version, derivation) = try header(bytes, path: path)
+        let headerLength = derivation == nil ? headerLength : passphraseHeaderLength
         let header = Array(bytes.prefix(headerLength))
         let nonce = Array(header.suffix(Sodium.nonceLength))
         guard
@@ -61,8 +68,8 @@ struct VaultSnapshot {
                 Array(bytes.dropFirst(headerLength)), associatedData: header, nonce: nonce, key: key)
         else {
             throw VaultError(
-                "the vault \(path) cannot be decrypted: the key is wrong or the file was modified; it was left untouched"
-            )
+                "the vault \(path) cannot be decrypted: the key is wrong or the file was modified; it was left untouched",
+                wrongKey: true)
         }
         defer { Sodium.wipe(&plaintext) }
         guard let body = try? JSONDecoder().decode(Body.self, from: plaintext),
@@ -71,8 +78,35 @@ struct VaultSnapshot {
             throw VaultError("the vault \(path) decrypted but its contents are not understood")
         }
         return VaultSnapshot(
-            version: version, generation: body.generation ?? 0, nonce: nonce, accounts: body.accounts,
-            length: bytes.count)
+            version: version, derivation: derivation, generation: body.generation ?? 0, nonce: nonce,
+            accounts: body.accounts, length: bytes.count)
+    }
+
+    /// The format version of the snapshot file `bytes` read from `path` (named in errors), and
+    /// the derivation its header holds in format 3; refuses a file too short for its header and
+    /// tag, a bad magic, an unknown version and a derivation brokerd does not accept.
+    static func header(_ bytes: [UInt8], path: String) throws -> (version: UInt16, derivation: KeyDerivation?) {
+        guard bytes.count >= headerLength + Sodium.tagLength, bytes.starts(with: magic) else {
+            throw VaultError("\(path) is not a tokenbroker vault (bad header); it was left untouched")
+        }
+        let version = bytes.bigEndian(UInt16.self, at: magic.count)
+        switch version {
+        case singleFileVersion, formatVersion:
+            return (version, nil)
+        case passphraseVersion:
+            guard bytes.count >= passphraseHeaderLength + Sodium.tagLength,
+                let derivation = KeyDerivation.read(bytes, at: magic.count + 2)
+            else {
+                throw VaultError(
+                    "the vault \(path) names a key derivation this brokerd does not accept (Argon2id from moderate "
+                        + "to sensitive limits); it was left untouched")
+            }
+            return (version, derivation)
+        default:
+            throw VaultError(
+                "the vault \(path) has format version \(version); this brokerd reads versions \(singleFileVersion) "
+                    + "to \(passphraseVersion); it was left untouched")
+        }
     }
 
     /// The plaintext. `generation` is absent in format 1 vaults written before it existed.

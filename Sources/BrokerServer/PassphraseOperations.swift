@@ -1,0 +1,55 @@
+import BrokerCore
+import BrokerProtocol
+import FoundationEssentials
+
+/// The passphrase-mode operations as the protocol states them (see `WireOperations`).
+extension Broker {
+    /// `unlock`.
+    public nonisolated func unlock(passphrase: String?) async throws(BrokerError) -> LockResult {
+        do {
+            switch try await unlock(with: passphrase ?? "") {
+            case .alreadyUnlocked:
+                return LockResult(state: "unlocked")
+            case .unlocked(let accounts, let created):
+                return LockResult(state: "unlocked", accounts: accounts, created: created ? true : nil)
+            }
+        } catch {
+            throw BrokerError(error)
+        }
+    }
+
+    /// `lock`.
+    public nonisolated func lockVault() async throws(BrokerError) -> LockResult {
+        do {
+            _ = try await lock()
+        } catch {
+            throw BrokerError(error)
+        }
+        return LockResult(state: "locked")
+    }
+
+    /// `rekey`: `to` is `passphrase` (with `passphrase`) or `keyfile`.
+    public nonisolated func rekey(to: String?, passphrase: String?) async throws(BrokerError) -> RekeyResult {
+        guard let to, let mode = VaultKeyMode(rawValue: to) else {
+            throw BrokerError(.badRequest, "\"to\" must be \"passphrase\" or \"keyfile\"")
+        }
+        do {
+            return RekeyResult(key: mode.rawValue, keyFileLeft: try await rekey(to: mode, passphrase: passphrase))
+        } catch {
+            throw BrokerError(error)
+        }
+    }
+
+    /// `status` while locked: the accounts the broker held when it locked and those broker.toml
+    /// declares, each in state `locked` with its provider kind (no secret is needed for them).
+    nonisolated func lockedStatus(account: String?) throws(BrokerError) -> [AccountStatus] {
+        let statuses = padlock.lockedAccounts.map {
+            AccountStatus(account: $0.name, provider: $0.kind, state: "locked")
+        }
+        guard let account else { return statuses }
+        guard let status = statuses.first(where: { $0.account == account }) else {
+            throw WireTranslation.noSuchAccount(account)
+        }
+        return [status]
+    }
+}
