@@ -21,7 +21,8 @@ import Testing
 
         /// The first progress of `kind`, waiting for it.
         func first(_ kind: LoginProgress.Kind) async throws -> LoginProgress {
-            guard await eventually({ all.contains { $0.event == kind } }),
+            // Generous: the whole suite's processes and key derivations share two cores with it.
+            guard await eventually(timeout: 60, { all.contains { $0.event == kind } }),
                 let found = all.first(where: { $0.event == kind })
             else { throw HarnessError("no \(kind) progress") }
             return found

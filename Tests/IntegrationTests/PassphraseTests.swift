@@ -64,7 +64,9 @@ import Glibc
             "no passphrase asked")
 
         // Neither the passphrase nor the key it derives is in a file brokerd wrote, or its log.
-        let key = try PassphraseVaultFile.key(at: broker.vaultPath, passphrase: Self.passphrase)
+        let key = try await onOwnThread {
+            try PassphraseVaultFile.key(at: broker.vaultPath, passphrase: Self.passphrase)
+        }
         #expect(PassphraseVaultFile.version(at: broker.vaultPath) == 3)
         let files = broker.storedFiles()
         #expect(files.contains { $0.path == broker.vaultPath })
