@@ -551,7 +551,7 @@ public actor Broker {
             try? run(effects, for: name)
             logger.warning(
                 "refresh denied; needs login", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
-            return .failure(.denied(AccountName(known: name)))
+            return .failure(.denied(AccountName(known: name), signsIn: started.provider.signsIn))
         case (.applied(let effects), .failure(let failure)):
             try? run(effects, for: name)
             logger.warning(
@@ -593,9 +593,10 @@ public actor Broker {
     /// Refuses accounts whose credential was denied, discarded, or is being revoked.
     private func checkCredentialUsable(_ machine: AccountMachine) throws(BrokerFailure) {
         let name = AccountName(known: machine.record.name)
+        let signsIn = machine.record.provider.signsIn
         switch machine.refusal {
-        case .loggedOut: throw .loggedOut(name)
-        case .denied: throw .denied(name)
+        case .loggedOut: throw .loggedOut(name, signsIn: signsIn)
+        case .denied: throw .denied(name, signsIn: signsIn)
         case .loggingOut: throw .loggingOut(name)
         case nil: break
         }
