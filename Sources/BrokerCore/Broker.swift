@@ -222,6 +222,7 @@ public actor Broker {
             throw .invalid("\(name) is a \(config.kind) account; only oauth2 accounts can log in")
         }
         guard loginsRunning.insert(name).inserted else { throw .loginRunning(account) }
+        let restoring = accounts[name] != nil
         defer { loginsRunning.remove(name) }
         let context = LoginContext(
             account: account, settings: settings, clientSecret: secret, http: http, clock: clock,
@@ -234,7 +235,9 @@ public actor Broker {
                 context, redirectPort: options.redirectPort, timeout: options.timeout)
         }
         if Task.isCancelled { throw context.cancelled }
-        // The account may have been added, removed or reconfigured while the user signed in.
+        // The account may have been added, removed or reconfigured while the user signed in; a
+        // removed one stays removed.
+        if restoring && accounts[name] == nil { throw .noSuchAccount(account) }
         _ = try loginSettings(account, provider: config, clientSecret: secret)
         let snapshot: AccountSnapshot
         if accounts[name] == nil {
