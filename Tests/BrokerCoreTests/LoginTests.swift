@@ -456,6 +456,26 @@ import Testing
         }
     }
 
+    @Test func aClientThatReadsNoProgressDoesNotKeepTheRedirectPortPastTheTimeout() async throws {
+        try await BrokerHarness.run { harness in
+            let port = try Self.freePort()
+            let request = Self.request("browser", provider: Self.provider(harness.idp), timeout: 1, redirectPort: port)
+            // The progress line is never taken (as when the client does not read its socket).
+            let login = Task {
+                try await harness.broker.login(request, peerPID: getpid()) { _ in
+                    try? await Task.sleep(for: .seconds(3600))
+                }
+            }
+            #expect(await eventually { TestBrowser.isListening(port) })
+            let held = try HeldConnection(port: port)
+            defer { held.close() }
+            #expect(await eventually(timeout: 5) { !TestBrowser.isListening(port) && held.isClosedByPeer })
+            login.cancel()
+            #expect(await Self.failure(login) != nil)
+            #expect(!(await Self.accountExists(harness)))
+        }
+    }
+
     // MARK: Cancellation
 
     @Test func cancellingABrowserLoginClosesTheListenerAndCreatesNothing() async throws {

@@ -29,15 +29,20 @@ final class LoopbackRedirect: Sendable {
     let port: Int
     private let channel: any Channel
     private let connections: LoopbackConnections
+    /// Closes the listener at the login's deadline, should `close()` not come first.
+    private let expiry: Scheduled<Void>
     private let callbacks: AsyncStream<Callback>
 
     /// The URI the IdP redirects the browser to.
     var redirectURI: String { "http://127.0.0.1:\(port)/callback" }
 
-    /// Listens on `127.0.0.1:port` (`0`: a free port) for the callback carrying `state`.
-    init(port: Int, state: String) async throws(BrokerFailure) {
+    /// Listens on `127.0.0.1:port` (`0`: a free port) for the callback carrying `state`, until
+    /// `close()` or `deadline`, whichever comes first (a login held up, e.g. by a client that
+    /// does not read its progress, does not keep the port open).
+    init(port: Int, state: String, until deadline: ContinuousClock.Instant) async throws(BrokerFailure) {
         let (callbacks, continuation) = AsyncStream.makeStream(of: Callback.self, bufferingPolicy: .bufferingNewest(1))
         let connections = LoopbackConnections()
+        let channel: any Channel
         do {
             channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .serverChannelOption(.backlog, value: 16)
@@ -58,6 +63,14 @@ final class LoopbackRedirect: Sendable {
             throw .invalid(
                 "cannot listen on 127.0.0.1:\(port) for the redirect (\(error)); choose another --redirect-port")
         }
+        let remaining = max(.zero, ContinuousClock.now.duration(to: deadline))
+        let nanoseconds =
+            remaining.components.seconds * 1_000_000_000 + remaining.components.attoseconds / 1_000_000_000
+        self.expiry = channel.eventLoop.scheduleTask(in: .nanoseconds(nanoseconds)) {
+            channel.close(promise: nil)
+            connections.closeAll()
+        }
+        self.channel = channel
         self.callbacks = callbacks
         self.connections = connections
         self.port = channel.localAddress?.port ?? port
@@ -83,6 +96,7 @@ final class LoopbackRedirect: Sendable {
     /// Stops listening and closes every connection still open: the port refuses connections
     /// from here on.
     func close() async {
+        expiry.cancel()
         try? await channel.close()
         connections.closeAll()
     }
