@@ -248,6 +248,49 @@ import Testing
         }
     }
 
+    /// Hostile device authorization answers (RFC 8628 section 3.2): whatever the IdP says that
+    /// would reach a terminal, a browser or a timer is refused unless it is bounded and plain.
+    @Test(arguments: [
+        #"{"device_code":"d","user_code":"U","verification_uri":"javascript:alert(1)","expires_in":600}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"file:///etc/passwd","expires_in":600}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"http://idp.example/device","expires_in":600}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"https://idp.example/\u001b[2J","expires_in":600}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"https://idp.example/\u202e","expires_in":600}"#,
+        #"{"device_code":"d","user_code":"\u001b]0;x\u0007","verification_uri":"https://i.example/d","expires_in":600}"#,
+        #"{"device_code":"d","user_code":"\#(String(repeating: "A", count: 65))","verification_uri":"https://i.example/d","expires_in":600}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"https://i.example/d","expires_in":1e308}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"https://i.example/d","expires_in":0}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"https://i.example/d","expires_in":600,"interval":1e9}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"https://i.example/d","expires_in":600,"interval":-5}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"https://i.example/d","expires_in":"soon"}"#,
+        #"{"device_code":"","user_code":"U","verification_uri":"https://i.example/d","expires_in":600}"#,
+        #"<html>Moved</html>"#, #"["device_code"]"#,
+    ])
+    func aHostileDeviceAnswerIsUnavailable(body: String) async throws {
+        let http = IdPClient(settings: BrokerSettings())
+        let context = LoginContext(
+            account: try AccountName("work"),
+            settings: OAuth2Settings(
+                tokenEndpoint: URL(string: "https://idp.example/token")!, clientID: "c", clientAuth: .none, scope: nil),
+            clientSecret: nil, http: http, clock: TestClock(), defaultLifetime: 600, progress: { _ in })
+        for reply in [IdPReply(status: 200, body: Data(body.utf8)), IdPReply(status: 302, body: Data())] {
+            // A redirect is not followed and not taken for an answer either.
+            do {
+                _ = try DeviceAuthorization.read(reply, context: context)
+                Issue.record("taken: HTTP \(reply.status) \(body)")
+            } catch {
+                if case .loginUnavailable = error { continue }
+                Issue.record("\(error)")
+            }
+        }
+        // The same answer, plain, is taken.
+        let plain = #"{"device_code":"d","user_code":"U","verification_uri":"https://i.example/d","expires_in":600}"#
+        let offer = try? DeviceAuthorization.read(IdPReply(status: 200, body: Data(plain.utf8)), context: context)
+        await http.shutdown()
+        let taken = try #require(offer)
+        #expect(taken.interval == DeviceAuthorization.defaultInterval && taken.expiresIn == 600)
+    }
+
     @Test func anUnreachableIdPIsUnavailable() async throws {
         try await BrokerHarness.run { harness in
             harness.idp.setBehavior(.status(503, retryAfter: nil))
