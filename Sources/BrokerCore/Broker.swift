@@ -245,6 +245,7 @@ public actor Broker {
             throw .invalid("\(name) is a \(config.kind) account; only oauth2 accounts can log in")
         }
         guard loginsRunning.insert(name).inserted else { throw .loginRunning(account) }
+        let restoring = accounts[name] != nil
         defer { loginsRunning.remove(name) }
         let context = LoginContext(
             account: account, settings: settings, clientSecret: secret, http: http, clock: clock,
@@ -257,7 +258,9 @@ public actor Broker {
                 context, redirectPort: options.redirectPort, timeout: options.timeout)
         }
         if Task.isCancelled { throw context.cancelled }
-        // The account may have been added, removed or reconfigured while the user signed in.
+        // The account may have been added, removed or reconfigured while the user signed in; a
+        // removed one stays removed.
+        if restoring && accounts[name] == nil { throw .noSuchAccount(account) }
         _ = try loginSettings(account, provider: config, clientSecret: secret)
         let snapshot: AccountSnapshot
         if accounts[name] == nil {
@@ -582,7 +585,7 @@ public actor Broker {
             try? run(effects, for: name)
             logger.warning(
                 "refresh denied; needs login", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
-            return .failure(.denied(AccountName(known: name)))
+            return .failure(.denied(AccountName(known: name), signsIn: started.provider.signsIn))
         case (.applied(let effects), .failure(let failure)):
             try? run(effects, for: name)
             logger.warning(
@@ -625,9 +628,10 @@ public actor Broker {
     /// Refuses accounts whose credential was denied, discarded, or is being revoked.
     private func checkCredentialUsable(_ machine: AccountMachine) throws(BrokerFailure) {
         let name = AccountName(known: machine.record.name)
+        let signsIn = machine.record.provider.signsIn
         switch machine.refusal {
-        case .loggedOut: throw .loggedOut(name)
-        case .denied: throw .denied(name)
+        case .loggedOut: throw .loggedOut(name, signsIn: signsIn)
+        case .denied: throw .denied(name, signsIn: signsIn)
         case .loggingOut: throw .loggingOut(name)
         case nil: break
         }

@@ -12,10 +12,11 @@ public enum BrokerFailure: Error, Sendable, Equatable {
     case accountExists(AccountName)
     /// `setTokens` was given no access token, refresh token or refresh URL.
     case nothingToPush
-    /// The account was logged out; only new tokens bring it back.
-    case loggedOut(AccountName)
-    /// The IdP refused the account's credential; only new tokens bring it back.
-    case denied(AccountName)
+    /// The account was logged out; only new tokens bring it back (a sign-in when `signsIn`).
+    case loggedOut(AccountName, signsIn: Bool)
+    /// The IdP refused the account's credential; only new tokens bring it back (a sign-in when
+    /// `signsIn`).
+    case denied(AccountName, signsIn: Bool)
     /// A logout of the account is under way.
     case loggingOut(AccountName)
     /// A refresh was asked of an account whose tokens only a person supplies (kind `kind`).

@@ -118,6 +118,12 @@ public enum WireTranslation {
         BrokerError(.notFound, "no account named \(name); list them with brokerctl status")
     }
 
+    /// What brings back account `name` whose tokens are gone: signing in again for an account
+    /// that signs in, pushing tokens for the others.
+    static func restoration(of name: AccountName, signsIn: Bool) -> String {
+        signsIn ? "sign in again with brokerctl login \(name)" : "push new tokens with brokerctl set-tokens \(name)"
+    }
+
     /// A pushed token's expiry: the date if given, else the lifetime `seconds` (named `field`)
     /// if given. A lifetime must be finite even beside a date.
     private static func expiry(at date: Date?, after seconds: Double?, _ field: String) throws(BrokerFailure)
@@ -146,12 +152,12 @@ extension BrokerError {
             self.init(.badRequest, "an account named \(name) exists; remove it first or use set_tokens")
         case .nothingToPush:
             self.init(.badRequest, "\"tokens\" needs an access_token, a refresh_token or a refresh_url")
-        case .loggedOut(let name):
-            self.init(.needsLogin, "\(name) is logged out; push new tokens with brokerctl set-tokens \(name)")
-        case .denied(let name):
+        case .loggedOut(let name, let signsIn):
+            self.init(.needsLogin, "\(name) is logged out; \(WireTranslation.restoration(of: name, signsIn: signsIn))")
+        case .denied(let name, let signsIn):
             self.init(
-                .needsLogin, "the IdP denied the refresh for \(name); push new tokens with brokerctl set-tokens \(name)"
-            )
+                .needsLogin,
+                "the IdP denied the refresh for \(name); \(WireTranslation.restoration(of: name, signsIn: signsIn))")
         case .loggingOut(let name):
             self.init(.unavailable, "\(name) is being logged out", retryAfterMs: 1000)
         case .neverRefreshes(let name, let kind):

@@ -210,6 +210,88 @@ import Testing
         }
     }
 
+    @Test func aLoginReadsTheDiscoveryDocumentAfreshAndKeepsWhatItRead() async throws {
+        try await BrokerHarness.run { harness in
+            harness.idp.setDeviceTiming(interval: 1)
+            // A first login reads the document, which offers a device endpoint, and keeps it.
+            let progress = Progress()
+            let first = Self.start(
+                harness, Self.request("device", provider: Self.provider(harness.idp), account: "one"),
+                progress: progress)
+            let offer = try await progress.first(.deviceCode)
+            _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            #expect(try await first.value.state == "valid")
+            let read = harness.idp.discoveryCount
+
+            // The IdP stops offering it: the next login reads the document again and says so.
+            harness.idp.setOffersDeviceEndpoint(false)
+            let second = Self.start(
+                harness, Self.request("device", provider: Self.provider(harness.idp), account: "two"),
+                progress: Progress())
+            let error = try #require(await Self.failure(second))
+            #expect(error.code == .badRequest)
+            #expect(error.message == "the IdP offers no device authorization endpoint; use --flow browser")
+            #expect(harness.idp.discoveryCount == read + 1)
+
+            // It offers it again: the login after that sees it, though the kept copy did not.
+            harness.idp.setOffersDeviceEndpoint(true)
+            let again = Progress()
+            let third = Self.start(
+                harness, Self.request("device", provider: Self.provider(harness.idp), account: "three"), progress: again
+            )
+            _ = try await again.first(.deviceCode)
+            third.cancel()
+            _ = await Self.failure(third)
+            // Refreshes use what the logins read, without reading it again.
+            let reads = harness.idp.discoveryCount
+            _ = try await harness.broker.refreshNow(account: "one")
+            #expect(harness.idp.discoveryCount == reads)
+        }
+    }
+
+    /// Hostile device authorization answers (RFC 8628 section 3.2): whatever the IdP says that
+    /// would reach a terminal, a browser or a timer is refused unless it is bounded and plain.
+    @Test(arguments: [
+        #"{"device_code":"d","user_code":"U","verification_uri":"javascript:alert(1)","expires_in":600}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"file:///etc/passwd","expires_in":600}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"http://idp.example/device","expires_in":600}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"https://idp.example/\u001b[2J","expires_in":600}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"https://idp.example/\u202e","expires_in":600}"#,
+        #"{"device_code":"d","user_code":"\u001b]0;x\u0007","verification_uri":"https://i.example/d","expires_in":600}"#,
+        #"{"device_code":"d","user_code":"\#(String(repeating: "A", count: 65))","verification_uri":"https://i.example/d","expires_in":600}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"https://i.example/d","expires_in":1e308}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"https://i.example/d","expires_in":0}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"https://i.example/d","expires_in":600,"interval":1e9}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"https://i.example/d","expires_in":600,"interval":-5}"#,
+        #"{"device_code":"d","user_code":"U","verification_uri":"https://i.example/d","expires_in":"soon"}"#,
+        #"{"device_code":"","user_code":"U","verification_uri":"https://i.example/d","expires_in":600}"#,
+        #"<html>Moved</html>"#, #"["device_code"]"#,
+    ])
+    func aHostileDeviceAnswerIsUnavailable(body: String) async throws {
+        let http = IdPClient(settings: BrokerSettings())
+        let context = LoginContext(
+            account: try AccountName("work"),
+            settings: OAuth2Settings(
+                tokenEndpoint: URL(string: "https://idp.example/token")!, clientID: "c", clientAuth: .none, scope: nil),
+            clientSecret: nil, http: http, clock: TestClock(), defaultLifetime: 600, progress: { _ in })
+        for reply in [IdPReply(status: 200, body: Data(body.utf8)), IdPReply(status: 302, body: Data())] {
+            // A redirect is not followed and not taken for an answer either.
+            do {
+                _ = try DeviceAuthorization.read(reply, context: context)
+                Issue.record("taken: HTTP \(reply.status) \(body)")
+            } catch {
+                if case .loginUnavailable = error { continue }
+                Issue.record("\(error)")
+            }
+        }
+        // The same answer, plain, is taken.
+        let plain = #"{"device_code":"d","user_code":"U","verification_uri":"https://i.example/d","expires_in":600}"#
+        let offer = try? DeviceAuthorization.read(IdPReply(status: 200, body: Data(plain.utf8)), context: context)
+        await http.shutdown()
+        let taken = try #require(offer)
+        #expect(taken.interval == DeviceAuthorization.defaultInterval && taken.expiresIn == 600)
+    }
+
     @Test func anUnreachableIdPIsUnavailable() async throws {
         try await BrokerHarness.run { harness in
             harness.idp.setBehavior(.status(503, retryAfter: nil))
@@ -335,6 +417,109 @@ import Testing
         }
     }
 
+    @Test func aCallbackRepeatingAParameterIsRefusedAndTheLoginKeepsWaiting() async throws {
+        try await BrokerHarness.run { harness in
+            let progress = Progress()
+            let login = Self.start(
+                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
+            let offer = try await progress.first(.authorizationURL)
+            let location = try await TestBrowser.authorize(try #require(offer.url))
+            let redirect = try #require(offer.redirectURI)
+            let parts = try #require(URLComponents(string: location)?.queryItems)
+            let code = try #require(parts.first { $0.name == "code" }?.value)
+            let state = try #require(parts.first { $0.name == "state" }?.value)
+            for forged in [
+                "\(redirect)?code=stolen&state=forged&state=\(state)",
+                "\(redirect)?state=\(state)&state=forged&code=stolen",
+                "\(redirect)?code=stolen&code=\(code)&state=\(state)", "\(redirect)?error=x&error=y&state=\(state)",
+            ] {
+                #expect(try await TestBrowser.get(forged).status == 400, "\(forged)")
+            }
+            // Only GET is a callback.
+            #expect(try await TestBrowser.post(location, form: "").status == 404)
+            #expect(try await TestBrowser.get(location).status == 200)
+            #expect(try await login.value.state == "valid")
+            #expect(harness.idp.rejectedCodeExchanges.isEmpty)
+        }
+    }
+
+    @Test func connectionsToTheRedirectPortAreBoundedAndAllCloseWithTheLogin() async throws {
+        try await BrokerHarness.run { harness in
+            let progress = Progress()
+            let login = Self.start(
+                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
+            let offer = try await progress.first(.authorizationURL)
+            let port = try Self.port(of: offer.redirectURI)
+            // A local process opens 100 connections and sends nothing.
+            let held = try (0..<100).map { _ in try HeldConnection(port: port) }
+            defer { held.forEach { $0.close() } }
+            // The broker keeps at most its bound open: it closed the others (the oldest first).
+            let bound = LoopbackRedirect.maximumConnections
+            #expect(await eventually { held.filter { $0.isClosedByPeer }.count >= held.count - bound })
+
+            // A fresh callback still gets through.
+            let location = try await TestBrowser.authorize(try #require(offer.url))
+            #expect(try await TestBrowser.get(location).status == 200)
+            #expect(try await login.value.state == "valid")
+            // Every connection ended with the login, well before its own lifetime.
+            #expect(await eventually(timeout: 5) { held.allSatisfy { $0.isClosedByPeer } })
+        }
+    }
+
+    @Test func aSilentConnectionIsClosedAfterItsLifetimeAndAnOversizedRequestAtOnce() async throws {
+        try await BrokerHarness.run { harness in
+            let progress = Progress()
+            let login = Self.start(
+                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
+            let offer = try await progress.first(.authorizationURL)
+            let port = try Self.port(of: offer.redirectURI)
+            let silent = try HeldConnection(port: port)
+            defer { silent.close() }
+            let trickling = try HeldConnection(port: port)
+            defer { trickling.close() }
+            trickling.send(Array("GET /callback?".utf8))
+            let oversized = try HeldConnection(port: port)
+            defer { oversized.close() }
+            let head = "GET /callback HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: "
+            oversized.send(Array((head + String(repeating: "a", count: LoopbackRedirect.maximumRequestBytes)).utf8))
+            #expect(await eventually(timeout: 3) { oversized.isClosedByPeer })
+            #expect(!silent.isClosedByPeer && !trickling.isClosedByPeer)
+
+            let started = Date()
+            // Still open while it sends a little now and then, but not past its lifetime.
+            #expect(
+                await eventually(timeout: 14) {
+                    trickling.send(Array("a".utf8))
+                    return trickling.isClosedByPeer
+                })
+            #expect(await eventually(timeout: 3) { silent.isClosedByPeer })
+            #expect(Date().timeIntervalSince(started) >= 5)
+            #expect(TestBrowser.isListening(port))
+            #expect(try await TestBrowser.get(try await TestBrowser.authorize(try #require(offer.url))).status == 200)
+            #expect(try await login.value.state == "valid")
+        }
+    }
+
+    @Test func aClientThatReadsNoProgressDoesNotKeepTheRedirectPortPastTheTimeout() async throws {
+        try await BrokerHarness.run { harness in
+            let port = try Self.freePort()
+            let request = Self.request("browser", provider: Self.provider(harness.idp), timeout: 1, redirectPort: port)
+            // The progress line is never taken (as when the client does not read its socket).
+            let login = Task {
+                try await harness.broker.login(request, peerPID: getpid()) { _ in
+                    try? await Task.sleep(for: .seconds(3600))
+                }
+            }
+            #expect(await eventually { TestBrowser.isListening(port) })
+            let held = try HeldConnection(port: port)
+            defer { held.close() }
+            #expect(await eventually(timeout: 5) { !TestBrowser.isListening(port) && held.isClosedByPeer })
+            login.cancel()
+            #expect(await Self.failure(login) != nil)
+            #expect(!(await Self.accountExists(harness)))
+        }
+    }
+
     // MARK: Cancellation
 
     @Test func cancellingABrowserLoginClosesTheListenerAndCreatesNothing() async throws {
@@ -412,6 +597,42 @@ import Testing
             #expect(!after.needsLogin && after.lastError == nil)
             #expect(after.secrets.refreshToken == harness.idp.issuedRefreshTokens.first)
             #expect(try await harness.state("work").state == "valid")
+        }
+    }
+
+    @Test func anAccountRemovedWhileTheUserSignsInStaysRemoved() async throws {
+        try await BrokerHarness.run { harness in
+            harness.idp.setDeviceTiming(interval: 1)
+            _ = try await harness.broker.add(account: "work", provider: Self.provider(harness.idp), tokens: nil)
+            let progress = Progress()
+            let login = Self.start(harness, Self.request("device"), progress: progress)
+            let offer = try await progress.first(.deviceCode)
+            _ = try await harness.broker.remove(account: "work")
+            _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            let error = try #require(await Self.failure(login))
+            #expect(error.code == .notFound)
+            #expect(!(await Self.accountExists(harness)))
+            #expect(try harness.vaultCopy()?.accounts.contains { $0.name == "work" } != true)
+        }
+    }
+
+    @Test func loginsOfTwoAccountsRunAtOnce() async throws {
+        try await BrokerHarness.run { harness in
+            harness.idp.setDeviceTiming(interval: 1)
+            let (one, two) = (Progress(), Progress())
+            let first = Self.start(
+                harness, Self.request("device", provider: Self.provider(harness.idp), account: "one"), progress: one)
+            let second = Self.start(
+                harness, Self.request("browser", provider: Self.provider(harness.idp), account: "two"), progress: two)
+            let offer = try await one.first(.deviceCode)
+            let url = try #require(try await two.first(.authorizationURL).url)
+            _ = try await TestBrowser.get(try await TestBrowser.authorize(url))
+            _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            #expect(try await first.value.account == "one")
+            #expect(try await second.value.account == "two")
+            let stored = try #require(try harness.vaultCopy()?.accounts)
+            let refreshTokens = Set(stored.compactMap(\.secrets.refreshToken))
+            #expect(refreshTokens.count == 2 && refreshTokens.isSubset(of: harness.idp.issuedRefreshTokens))
         }
     }
 

@@ -133,6 +133,17 @@ import Testing
         #expect(try await rig.broker.logout(account: "pushed", force: false).revoked == false)
         #expect(rig.idp.revocations.isEmpty && rig.idp.callCount == 0)
         #expect(try await rig.broker.status(account: nil).map(\.state) == ["logged_out", "logged_out"])
+        // Each says what restores it: a sign-in for oauth2, pushed tokens for the others.
+        for (account, advice) in [
+            ("api", "sign in again with brokerctl login api"),
+            ("pushed", "push new tokens with brokerctl set-tokens pushed"),
+        ] {
+            let refused = await #expect(throws: BrokerError.self) {
+                try await rig.broker.token(account: account, minTTL: 0)
+            }
+            #expect(refused?.code == .needsLogin)
+            #expect(refused?.message == "\(account) is logged out; \(advice)")
+        }
         let unknown = await #expect(throws: BrokerError.self) {
             try await rig.broker.logout(account: "nobody", force: false)
         }

@@ -101,10 +101,21 @@ import Testing
             (.noSuchAccount(api), "not_found", "no account named api; list them with brokerctl status", nil),
             (.accountExists(api), "bad_request", "an account named api exists; remove it first or use set_tokens", nil),
             (.nothingToPush, "bad_request", "\"tokens\" needs an access_token, a refresh_token or a refresh_url", nil),
-            (.loggedOut(api), "needs_login", "api is logged out; push new tokens with brokerctl set-tokens api", nil),
             (
-                .denied(api), "needs_login",
+                .loggedOut(api, signsIn: false), "needs_login",
+                "api is logged out; push new tokens with brokerctl set-tokens api", nil
+            ),
+            (
+                .denied(api, signsIn: false), "needs_login",
                 "the IdP denied the refresh for api; push new tokens with brokerctl set-tokens api", nil
+            ),
+            (
+                .loggedOut(api, signsIn: true), "needs_login",
+                "api is logged out; sign in again with brokerctl login api", nil
+            ),
+            (
+                .denied(api, signsIn: true), "needs_login",
+                "the IdP denied the refresh for api; sign in again with brokerctl login api", nil
             ),
             (.loggingOut(api), "unavailable", "api is being logged out", 1000),
             (

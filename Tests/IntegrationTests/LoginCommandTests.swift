@@ -153,6 +153,34 @@ import Glibc
         await idp.shutdown()
     }
 
+    /// A local process floods the redirect port during a login: brokerd keeps its descriptors
+    /// bounded, the login completes through a fresh callback, and every held connection is
+    /// closed with the login.
+    @Test func aFloodOfRedirectConnectionsKeepsBrokerdsDescriptorsBounded() async throws {
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        let idp = try await OAuth2TestIdP()
+        let pid = try #require(broker.process?.pid)
+        let descriptors = { (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").count) ?? .max }
+        let login = try BackgroundBrokerctl(
+            broker, ["login", "web", "--flow", "browser", "--no-browser", "--json"] + Self.provider(idp))
+        let url = try #require(try await login.jsonEvent("authorization_url")["url"] as? String)
+        let port = try #require(URLComponents(string: queryValue("redirect_uri", in: url) ?? "")?.port)
+        let before = descriptors()
+        let held = try (0..<100).map { _ in try HeldConnection(port: port) }
+        defer { held.forEach { $0.close() } }
+        #expect(await eventually { held.filter { $0.isClosedByPeer }.count >= held.count - 16 })
+        // The 16 held ones, and a few of brokerd's own (a connection to the IdP, the vault).
+        #expect(descriptors() <= before + 16 + 4, "\(before) before the flood")
+
+        #expect(try await TestBrowser.get(try await TestBrowser.authorize(url)).status == 200)
+        #expect(await login.finish() == 0, "\(login.stderr)")
+        #expect(await eventually(timeout: 5) { held.allSatisfy { $0.isClosedByPeer } })
+        #expect(await eventually(timeout: 5) { descriptors() <= before + 4 }, "\(before) before the flood")
+        await idp.shutdown()
+    }
+
     /// With a display and no `--flow`, the browser flow runs and `xdg-open URL` is started (a
     /// stand-in on `PATH` records its argument); over SSH the device flow is the default.
     @Test func defaultFlowFollowsTheSessionAndOpensTheBrowser() async throws {

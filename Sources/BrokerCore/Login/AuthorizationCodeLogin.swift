@@ -18,9 +18,9 @@ enum AuthorizationCodeLogin {
                 "the IdP offers no authorization endpoint; give --authorization-endpoint or use --flow device")
         }
         let pkce = PKCE()
-        let listener = try await LoopbackRedirect(port: redirectPort ?? 0, state: pkce.state)
         let wait = timeout ?? LoginOptions.defaultTimeout
         let deadline = ContinuousClock.now + .seconds(wait)
+        let listener = try await LoopbackRedirect(port: redirectPort ?? 0, state: pkce.state, until: deadline)
         let url = authorizationURL(endpoint, settings: context.settings, pkce: pkce, redirectURI: listener.redirectURI)
         await context.progress(
             LoginProgress(

@@ -39,13 +39,13 @@ struct LoginContext: Sendable {
     }
 
     /// The endpoint `configured`, else the one the issuer's discovery document names
-    /// (`discovered`); `nil` when neither gives one.
+    /// (`discovered`), read afresh; `nil` when neither gives one.
     func endpoint(_ configured: URL?, discovered: KeyPath<DiscoveredEndpoints, URL?>) async throws(BrokerFailure)
         -> URL?
     {
         if let configured { return configured }
         guard let issuer = settings.issuer else { return nil }
-        switch await http.discovery.endpoints(issuer: issuer, http: http) {
+        switch await http.discovery.endpoints(issuer: issuer, http: http, fresh: true) {
         case .success(let endpoints): return endpoints[keyPath: discovered]
         case .failure(let failure): throw .loginUnavailable(reason: clean(failure.message))
         }

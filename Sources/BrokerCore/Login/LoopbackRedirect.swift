@@ -2,11 +2,14 @@ import FoundationEssentials
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import Synchronization
 
 /// The loopback listener of a browser login (RFC 8252 section 7.3): HTTP/1 on
 /// `127.0.0.1:<port>`, answering only `GET /callback`. A callback with the wrong or no `state`
 /// gets a 400 page and changes nothing (anyone on the machine can reach the port); the first
-/// one with the right `state` ends the wait with its `code` or its `error`.
+/// one with the right `state` ends the wait with its `code` or its `error`. Any process on the
+/// machine may connect, so connections are few (the oldest makes way for a new one), short-lived
+/// and small, and all of them end with the listener.
 final class LoopbackRedirect: Sendable {
     /// What the browser brought back with the right `state`.
     enum Callback: Sendable, Equatable {
@@ -16,22 +19,39 @@ final class LoopbackRedirect: Sendable {
 
     /// Longest `code` or `error` taken from a callback, in bytes.
     static let maximumValue = 4096
+    /// Connections open at once; a new one beyond these closes the oldest.
+    static let maximumConnections = 16
+    /// How long a connection may take to deliver its request before it is closed.
+    static let connectionLifetime = TimeAmount.seconds(10)
+    /// Most bytes read from one connection (its request head and any body).
+    static let maximumRequestBytes = 16 * 1024
 
     let port: Int
     private let channel: any Channel
+    private let connections: LoopbackConnections
+    /// Closes the listener at the login's deadline, should `close()` not come first.
+    private let expiry: Scheduled<Void>
     private let callbacks: AsyncStream<Callback>
 
     /// The URI the IdP redirects the browser to.
     var redirectURI: String { "http://127.0.0.1:\(port)/callback" }
 
-    /// Listens on `127.0.0.1:port` (`0`: a free port) for the callback carrying `state`.
-    init(port: Int, state: String) async throws(BrokerFailure) {
+    /// Listens on `127.0.0.1:port` (`0`: a free port) for the callback carrying `state`, until
+    /// `close()` or `deadline`, whichever comes first (a login held up, e.g. by a client that
+    /// does not read its progress, does not keep the port open).
+    init(port: Int, state: String, until deadline: ContinuousClock.Instant) async throws(BrokerFailure) {
         let (callbacks, continuation) = AsyncStream.makeStream(of: Callback.self, bufferingPolicy: .bufferingNewest(1))
+        let connections = LoopbackConnections()
+        let channel: any Channel
         do {
             channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .serverChannelOption(.backlog, value: 16)
                 .childChannelInitializer { child in
-                    child.eventLoop.makeCompletedFuture {
+                    guard connections.admit(child) else {
+                        return child.eventLoop.makeFailedFuture(ChannelError.ioOnClosedChannel)
+                    }
+                    return child.eventLoop.makeCompletedFuture {
+                        try child.pipeline.syncOperations.addHandler(RequestSizeLimit())
                         try child.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
                         try child.pipeline.syncOperations.addHandler(
                             CallbackHandler(state: state, continuation: continuation))
@@ -43,7 +63,16 @@ final class LoopbackRedirect: Sendable {
             throw .invalid(
                 "cannot listen on 127.0.0.1:\(port) for the redirect (\(error)); choose another --redirect-port")
         }
+        let remaining = max(.zero, ContinuousClock.now.duration(to: deadline))
+        let nanoseconds =
+            remaining.components.seconds * 1_000_000_000 + remaining.components.attoseconds / 1_000_000_000
+        self.expiry = channel.eventLoop.scheduleTask(in: .nanoseconds(nanoseconds)) {
+            channel.close(promise: nil)
+            connections.closeAll()
+        }
+        self.channel = channel
         self.callbacks = callbacks
+        self.connections = connections
         self.port = channel.localAddress?.port ?? port
     }
 
@@ -64,9 +93,76 @@ final class LoopbackRedirect: Sendable {
         }
     }
 
-    /// Stops listening: the port refuses connections from here on.
+    /// Stops listening and closes every connection still open: the port refuses connections
+    /// from here on.
     func close() async {
+        expiry.cancel()
         try? await channel.close()
+        connections.closeAll()
+    }
+}
+
+/// The connections a listener accepted and has not closed yet, oldest first.
+private final class LoopbackConnections: Sendable {
+    private let open = Mutex<
+        (channels: [ObjectIdentifier: (order: Int, channel: any Channel)], next: Int, closed: Bool)
+    >(
+        ([:], 0, false))
+
+    /// Keeps `child` for at most `LoopbackRedirect.connectionLifetime`, closing the oldest
+    /// connection when `child` is one too many; `false` when the listener is closed.
+    func admit(_ child: any Channel) -> Bool {
+        let key = ObjectIdentifier(child)
+        let (admitted, evicted) = open.withLock { state -> (Bool, (any Channel)?) in
+            if state.closed { return (false, nil) }
+            var evicted: (any Channel)?
+            if state.channels.count >= LoopbackRedirect.maximumConnections,
+                let oldest = state.channels.min(by: { $0.value.order < $1.value.order })
+            {
+                evicted = state.channels.removeValue(forKey: oldest.key)?.channel
+            }
+            state.channels[key] = (state.next, child)
+            state.next += 1
+            return (true, evicted)
+        }
+        evicted?.close(promise: nil)
+        guard admitted else { return false }
+        let expiry = child.eventLoop.scheduleTask(in: LoopbackRedirect.connectionLifetime) {
+            child.close(promise: nil)
+        }
+        child.closeFuture.whenComplete { [self] _ in
+            expiry.cancel()
+            _ = open.withLock { $0.channels.removeValue(forKey: key) }
+        }
+        return true
+    }
+
+    /// Closes every connection, and any accepted from here on.
+    func closeAll() {
+        let channels = open.withLock { state in
+            state.closed = true
+            defer { state.channels = [:] }
+            return state.channels.values.map(\.channel)
+        }
+        for channel in channels { channel.close(promise: nil) }
+    }
+}
+
+/// Closes a connection that sends more than `LoopbackRedirect.maximumRequestBytes`: a callback
+/// is one short GET.
+private final class RequestSizeLimit: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+
+    private var received = 0
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        received += unwrapInboundIn(data).readableBytes
+        guard received <= LoopbackRedirect.maximumRequestBytes else {
+            context.close(promise: nil)
+            return
+        }
+        context.fireChannelRead(data)
     }
 }
 
@@ -102,11 +198,15 @@ private final class CallbackHandler: ChannelInboundHandler {
         guard head.method == .GET, let components, components.path == "/callback" else {
             return (.notFound, "Not found.")
         }
+        // RFC 6749 section 3.1: a parameter appears at most once; a repeated one makes the
+        // callback not the one awaited, whichever copy would have matched.
         var values: [String: String] = [:]
-        for item in components.queryItems ?? [] where values[item.name] == nil {
+        var repeated = false
+        for item in components.queryItems ?? [] {
+            repeated = repeated || values[item.name] != nil
             values[item.name] = item.value ?? ""
         }
-        guard values["state"] == state else {
+        guard !repeated, values["state"] == state else {
             return (.badRequest, "This sign-in response is not the one the broker is waiting for.")
         }
         if let error = values["error"] {

@@ -18,10 +18,13 @@ actor DiscoveryCache {
         await endpoints(issuer: issuer, http: http).map(\.token)
     }
 
-    /// The endpoints `issuer` advertises, from memory when known.
-    func endpoints(issuer: URL, http: IdPClient) async -> Result<DiscoveredEndpoints, RefreshFailure> {
+    /// The endpoints `issuer` advertises, from memory when known and `fresh` is false; a fresh
+    /// read (a login's, which must not act on what the IdP no longer offers) replaces the one kept.
+    func endpoints(issuer: URL, http: IdPClient, fresh: Bool = false) async -> Result<
+        DiscoveredEndpoints, RefreshFailure
+    > {
         let key = Self.normalized(issuer)
-        if let cached = documents[key], Date().timeIntervalSince(cached.fetchedAt) < Self.lifetime {
+        if !fresh, let cached = documents[key], Date().timeIntervalSince(cached.fetchedAt) < Self.lifetime {
             return .success(cached.endpoints)
         }
         if let task = inFlight[key] { return await task.value }

@@ -14,6 +14,10 @@ public struct ProviderConfig: Codable, Sendable, Equatable {
     /// The provider's kind as the protocol names it.
     public var kind: String { type(of: settings).kind }
 
+    /// Whether a person restores the account by signing in again (`login`) rather than by
+    /// pushing tokens (`set_tokens`).
+    public var signsIn: Bool { settings is OAuth2Settings }
+
     /// How the engine keeps the account supplied with tokens.
     var renewal: Renewal { type(of: settings).renewal }
 
