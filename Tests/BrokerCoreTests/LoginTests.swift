@@ -55,6 +55,14 @@ import Testing
         Task { try await harness.broker.login(request, peerPID: getpid(), progress: progress.record) }
     }
 
+    /// Starts a device login of a new account "work" at the harness's IdP, which answers each
+    /// poll at once (interval 1 s).
+    static func startDeviceLogin(_ harness: BrokerHarness) -> (Task<LoginResult, any Error>, Progress) {
+        harness.idp.setDeviceTiming(interval: 1)
+        let progress = Progress()
+        return (start(harness, request("device", provider: provider(harness.idp)), progress: progress), progress)
+    }
+
     static func failure(_ task: Task<LoginResult, any Error>) async -> BrokerError? {
         do {
             _ = try await task.value
@@ -68,23 +76,6 @@ import Testing
         (try? await harness.broker.status(account: name)) != nil
     }
 
-    /// A TCP port on 127.0.0.1 that was free a moment ago.
-    static func freePort() throws -> Int {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
-            }
-        }
-        guard bound else { throw HarnessError("cannot find a free port") }
-        return Int(UInt16(bigEndian: address.sin_port))
-    }
-
     static func port(of redirectURI: String?) throws -> Int {
         try #require(URLComponents(string: redirectURI ?? "")?.port)
     }
@@ -93,10 +84,7 @@ import Testing
 
     @Test func deviceFlowApprovedCreatesTheAccountAndItsRefreshPresentsTheStoredRefreshToken() async throws {
         try await BrokerHarness.run { harness in
-            harness.idp.setDeviceTiming(interval: 1)
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("device", provider: Self.provider(harness.idp)), progress: progress)
+            let (login, progress) = Self.startDeviceLogin(harness)
             let offer = try await progress.first(.deviceCode)
             #expect(offer.userCode?.count == 9)
             #expect(offer.verificationURI == harness.idp.tokenEndpoint.replacing("/token", with: "/device"))
@@ -155,10 +143,7 @@ import Testing
 
     @Test func aDenialEndsTheLoginWithNeedsLoginAndNoAccount() async throws {
         try await BrokerHarness.run { harness in
-            harness.idp.setDeviceTiming(interval: 1)
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("device", provider: Self.provider(harness.idp)), progress: progress)
+            let (login, progress) = Self.startDeviceLogin(harness)
             let offer = try await progress.first(.deviceCode)
             _ = try await harness.idp.decide(.deny, at: try #require(offer.verificationURIComplete))
             let error = try #require(await Self.failure(login))
@@ -171,10 +156,7 @@ import Testing
 
     @Test func anExpiredDeviceCodeEndsTheLogin() async throws {
         try await BrokerHarness.run { harness in
-            harness.idp.setDeviceTiming(interval: 1)
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("device", provider: Self.provider(harness.idp)), progress: progress)
+            let (login, progress) = Self.startDeviceLogin(harness)
             _ = try await progress.first(.deviceCode)
             harness.idp.expireDeviceCodes()
             let error = try #require(await Self.failure(login))
@@ -405,7 +387,7 @@ import Testing
 
     @Test func aFixedRedirectPortIsUsed() async throws {
         try await BrokerHarness.run { harness in
-            let port = try Self.freePort()
+            let port = try freePort()
             let progress = Progress()
             let login = Self.start(
                 harness, Self.request("browser", provider: Self.provider(harness.idp), redirectPort: port),
@@ -502,7 +484,7 @@ import Testing
 
     @Test func aClientThatReadsNoProgressDoesNotKeepTheRedirectPortPastTheTimeout() async throws {
         try await BrokerHarness.run { harness in
-            let port = try Self.freePort()
+            let port = try freePort()
             let request = Self.request("browser", provider: Self.provider(harness.idp), timeout: 1, redirectPort: port)
             // The progress line is never taken (as when the client does not read its socket).
             let login = Task {
@@ -539,10 +521,7 @@ import Testing
 
     @Test func cancellingADeviceLoginStopsPollingAndCreatesNothing() async throws {
         try await BrokerHarness.run { harness in
-            harness.idp.setDeviceTiming(interval: 1)
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("device", provider: Self.provider(harness.idp)), progress: progress)
+            let (login, progress) = Self.startDeviceLogin(harness)
             let offer = try await progress.first(.deviceCode)
             #expect(await eventually { harness.idp.devicePolls.count >= 1 })
             login.cancel()
