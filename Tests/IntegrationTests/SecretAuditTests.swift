@@ -246,10 +246,18 @@ import Glibc
         let unavailable = try login("unavailable")
         #expect(await finish(unavailable, "unavailable") != 0)
         idp.setBehavior(.normal)
-        idp.setDiscoveryBehavior(.garbage)
-        let undiscovered = try login("undiscovered")
-        #expect(await finish(undiscovered, "undiscovered") != 0)
-        idp.setDiscoveryBehavior(.normal)
+        // An issuer whose discovery document is garbage: the login fails before any code.
+        let broken = try await OAuth2TestIdP(clientSecret: audit.newSecret("cs"))
+        broken.setDiscoveryBehavior(.garbage)
+        let undiscovered = try BackgroundBrokerctl(
+            broker,
+            [
+                "login", "undiscovered", "--flow", "device", "--secrets", "-", "--issuer", broken.issuer, "--client-id",
+                broken.clientID,
+            ],
+            stdin: #"{"client_secret":"\#(broken.clientSecret)"}"#)
+        #expect(await finish(undiscovered, "undiscovered") == 6)
+        await broken.shutdown()
 
         try audit.brokerctl(broker, ["token", "work"])
         try audit.brokerctl(broker, ["token", "work", "--id-token"])
