@@ -107,6 +107,8 @@ import Glibc
         audit.record("brokerd log", broker.log)
         #expect(broker.log.contains("request failed"), "the log is at debug level")
         audit.addSecrets(idp.issuedRefreshTokens + cliIdP.issuedRefreshTokens)
+        #expect(
+            audit.heard(accessToken) && audit.heard(#""event":"needs_login""#), "the audit captured answers and events")
         #expect(audit.leaks(accessTokens: idp.issuedAccessTokens + cliIdP.issuedAccessTokens) == [])
         await idp.shutdown()
         await cliIdP.shutdown()
@@ -197,6 +199,7 @@ import Glibc
                 fileToken, staticToken,
             ]
         #expect(helper.issuedAccessTokens.count >= 2, "the helper ran")
+        #expect(audit.heard(fileToken) && audit.heard(staticToken), "the audit captured the token answers")
         #expect(audit.leaks(accessTokens: accessTokens) == [])
         await urlIdP.shutdown()
         await slidingIdP.shutdown()
@@ -271,6 +274,7 @@ import Glibc
         broker.stop()
         audit.record("brokerd log", broker.log)
         audit.addSecrets(idp.issuedRefreshTokens)
+        #expect(audit.heard("logged in work"), "the audit captured brokerctl login's output")
         #expect(audit.leaks(accessTokens: idp.issuedAccessTokens) == [])
         await idp.shutdown()
     }
@@ -365,6 +369,9 @@ final class SecretAudit {
     /// passphrase tests (issue 11, another branch) add each passphrase they set, type or
     /// rekey to here.
     var passphrases: [String] { [] }
+
+    /// Whether anything recorded holds `text` (the audit's check on itself: it did capture).
+    func heard(_ text: String) -> Bool { said.contains { $0.text.contains(text) } }
 
     /// Notes what `source` said.
     func record(_ source: String, _ text: String, mayHoldAccessTokens: Bool = false) {
