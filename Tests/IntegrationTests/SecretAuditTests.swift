@@ -11,8 +11,9 @@ import Glibc
 /// byte the broker and brokerctl said (the broker's log, every answer line, every event,
 /// brokerctl's stdout and stderr) is searched for every refresh token, refresh URL and client
 /// secret used, and access tokens are allowed only in `token` and `reject` answers and in
-/// `brokerctl token`'s output.
-@Suite struct SecretAuditTests {
+/// `brokerctl token`'s output. Serialized: the tests wait on sockets and processes in
+/// blocking calls, and one at a time leaves the other cooperative threads to the other suites.
+@Suite(.serialized) struct SecretAuditTests {
     /// What brokerd runs with here: debug logs, and IdP calls that give up after 2 s.
     static let environment = ["TOKENBROKER_LOG_LEVEL": "debug"]
     static let config = "[broker]\nrequest_timeout = 2\nbackoff_cap = 2\n"
