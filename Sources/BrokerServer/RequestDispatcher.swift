@@ -1,6 +1,7 @@
 import BrokerCore
 import BrokerProtocol
 import FoundationEssentials
+import Logging
 
 /// Decodes request lines and runs them against the broker; knows nothing about sockets.
 public struct RequestDispatcher: Sendable {
@@ -8,10 +9,13 @@ public struct RequestDispatcher: Sendable {
 
     let broker: Broker
     let policy: AccessPolicy
+    /// Gets a debug line for each request that runs on the broker and fails.
+    let logger: Logger
 
-    public init(broker: Broker, policy: AccessPolicy) {
+    public init(broker: Broker, policy: AccessPolicy, logger: Logger = Logger(label: "brokerd")) {
         self.broker = broker
         self.policy = policy
+        self.logger = logger
     }
 
     /// What to do with one line: answer it now (`immediate`) or run it on the broker (`deferred`).
@@ -202,10 +206,22 @@ public struct RequestDispatcher: Sendable {
                 throw BrokerError(.unknownOp, "unknown op")
             }
         } catch let error as BrokerError {
-            return errorLine(id: request.id, error)
+            return failed(request, error)
         } catch {
-            return errorLine(id: request.id, BrokerError(.internal, "the broker could not encode its answer"))
+            return failed(request, BrokerError(.internal, "the broker could not encode its answer"))
         }
+    }
+
+    /// The error line of `request`, noted in the debug log with what its client is told.
+    private func failed(_ request: Request, _ error: BrokerError) -> [UInt8] {
+        logger.debug(
+            "request failed",
+            metadata: [
+                "op": "\(JSONText.quote(String((request.op ?? "").prefix(32))))",
+                "account": "\(JSONText.quote(String((request.account ?? "").prefix(64))))",
+                "code": "\(error.code.rawValue)", "message": "\(JSONText.quote(error.message))",
+            ])
+        return errorLine(id: request.id, error)
     }
 
     /// Runs a `login`: writes each progress line with `write` as it comes, and returns the
@@ -222,9 +238,9 @@ public struct RequestDispatcher: Sendable {
             }
             return try success(request, result, Wire.makeEncoder())
         } catch let error as BrokerError {
-            return errorLine(id: request.id, error)
+            return failed(request, error)
         } catch {
-            return errorLine(id: request.id, BrokerError(.internal, "the broker could not encode its answer"))
+            return failed(request, BrokerError(.internal, "the broker could not encode its answer"))
         }
     }
 

@@ -33,13 +33,22 @@ struct Brokerd: AsyncParsableCommand {
             does: brokerd starts locked until brokerctl unlock.
             """)
     var passphrase = false
+    @Option(help: "Least severe level logged: trace, debug, info, ... (default: $TOKENBROKER_LOG_LEVEL or info).")
+    var logLevel: String?
 
     func run() async throws {
-        LoggingSystem.bootstrap { JournalLogHandler(label: $0) }
+        let environment = ProcessInfo.processInfo.environment
+        let level = Result { try LogLevel.level(option: logLevel, environment: environment) }
+        LoggingSystem.bootstrap { label in
+            var handler = JournalLogHandler(label: label)
+            handler.logLevel = (try? level.get()) ?? LogLevel.standard
+            return handler
+        }
         let logger = Logger(label: "brokerd")
         ProcessHardening.apply()
         do {
-            try EventLoops.configure(environment: ProcessInfo.processInfo.environment)
+            _ = try level.get()
+            try EventLoops.configure(environment: environment)
             try await serve(logger: logger)
         } catch {
             logger.critical("brokerd cannot start: \(error)")
@@ -83,7 +92,8 @@ struct Brokerd: AsyncParsableCommand {
             notifier.inheritedSocket().map { .inherited(descriptor: $0, path: socketPath) } ?? .path(socketPath)
         let policy = AccessPolicy(rules: broker.accessRules, logger: logger)
         let server = SocketServer(
-            address: address, dispatcher: RequestDispatcher(broker: broker, policy: policy), policy: policy,
+            address: address, dispatcher: RequestDispatcher(broker: broker, policy: policy, logger: logger),
+            policy: policy,
             logger: logger
         ) {
             let summary = await broker.summary()

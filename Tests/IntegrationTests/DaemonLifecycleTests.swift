@@ -85,4 +85,31 @@ import Glibc
         #expect(status.first?.state == "unavailable")
         await idp.shutdown()
     }
+
+    /// `--log-level` wins over `TOKENBROKER_LOG_LEVEL`, `info` is the default (no debug line for
+    /// a failed request), and a level that is none stops brokerd without repeating it.
+    @Test func theLogLevelComesFromTheOptionOrTheEnvironment() async throws {
+        let refused = try BrokerProcess()
+        await #expect(throws: HarnessError.self) {
+            try await refused.start(environment: ["TOKENBROKER_LOG_LEVEL": "loudest"])
+        }
+        #expect(refused.log.contains("must be one of trace, debug, info"), "\(refused.log)")
+        #expect(!refused.log.contains("loudest"))
+
+        let cases: [(arguments: [String], environment: [String: String], debug: Bool)] = [
+            ([], [:], false), ([], ["TOKENBROKER_LOG_LEVEL": "debug"], true),
+            (["--log-level", "debug"], ["TOKENBROKER_LOG_LEVEL": "error"], true),
+            (["--log-level", "info"], ["TOKENBROKER_LOG_LEVEL": "debug"], false),
+        ]
+        for (arguments, environment, debug) in cases {
+            let broker = try BrokerProcess()
+            try await broker.start(arguments: arguments, environment: environment)
+            let connection = try RawConnection(path: broker.socketPath)
+            let answer = connection.request(#"{"id":1,"op":"token","account":"missing"}"#)
+            #expect(answer?.contains("not_found") == true)
+            broker.stop()
+            #expect(broker.log.contains("request failed") == debug, "\(arguments) \(environment): \(broker.log)")
+            #expect(broker.log.contains("code=not_found") == debug)
+        }
+    }
 }

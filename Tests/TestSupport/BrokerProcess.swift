@@ -49,6 +49,7 @@ public final class BrokerProcess: @unchecked Sendable {
         environment["XDG_STATE_HOME"] = root.appendingPathComponent("state").path
         for name in [
             "TOKENBROKER_SOCKET", "TOKENBROKER_CONFIG", "TOKENBROKER_VAULT", "TOKENBROKER_KEY_FILE",
+            "TOKENBROKER_LOG_LEVEL",
             "CREDENTIALS_DIRECTORY", "STATE_DIRECTORY", "CONFIGURATION_DIRECTORY", "NOTIFY_SOCKET", "LISTEN_FDS",
             "LISTEN_PID", "WATCHDOG_USEC", "WATCHDOG_PID",
         ] {
