@@ -63,6 +63,17 @@ import Testing
         return (start(harness, request("device", provider: provider(harness.idp)), progress: progress), progress)
     }
 
+    /// Starts a browser login of a new account "work" at the harness's IdP and waits for the
+    /// authorization URL it reports.
+    static func startBrowserLogin(_ harness: BrokerHarness, timeout: Double? = nil) async throws -> (
+        Task<LoginResult, any Error>, LoginProgress
+    ) {
+        let progress = Progress()
+        let login = start(
+            harness, request("browser", provider: provider(harness.idp), timeout: timeout), progress: progress)
+        return (login, try await progress.first(.authorizationURL))
+    }
+
     static func failure(_ task: Task<LoginResult, any Error>) async -> BrokerError? {
         do {
             _ = try await task.value
@@ -295,10 +306,7 @@ import Testing
 
     @Test func browserFlowExchangesTheCodeWithItsVerifierAndClosesTheListener() async throws {
         try await BrokerHarness.run { harness in
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             let url = try #require(offer.url)
             #expect(url.hasPrefix(harness.idp.authorizationEndpoint + "?response_type=code&"))
             #expect(url.contains("code_challenge_method=S256") && url.contains("scope=openid%20offline_access"))
@@ -322,10 +330,7 @@ import Testing
 
     @Test func aCallbackWithTheWrongStateGets400AndTheLoginKeepsWaiting() async throws {
         try await BrokerHarness.run { harness in
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             let location = try await TestBrowser.authorize(try #require(offer.url))
             let redirect = try #require(offer.redirectURI)
             for forged in [
@@ -344,10 +349,7 @@ import Testing
     @Test func aDenialAtTheAuthorizationEndpointEndsTheLogin() async throws {
         try await BrokerHarness.run { harness in
             harness.idp.setAuthorizationDecision(.deny)
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             let location = try await TestBrowser.authorize(try #require(offer.url))
             #expect(location.contains("error=access_denied"))
             #expect(try await TestBrowser.get(location).status == 200)
@@ -361,10 +363,7 @@ import Testing
 
     @Test func theBrowserFlowTimesOutAndClosesTheListener() async throws {
         try await BrokerHarness.run { harness in
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp), timeout: 1), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness, timeout: 1)
             #expect(offer.expiresIn == 1)
             let error = try #require(await Self.failure(login))
             #expect(error.code == .needsLogin)
@@ -401,10 +400,7 @@ import Testing
 
     @Test func aCallbackRepeatingAParameterIsRefusedAndTheLoginKeepsWaiting() async throws {
         try await BrokerHarness.run { harness in
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             let location = try await TestBrowser.authorize(try #require(offer.url))
             let redirect = try #require(offer.redirectURI)
             let parts = try #require(URLComponents(string: location)?.queryItems)
@@ -427,10 +423,7 @@ import Testing
 
     @Test func connectionsToTheRedirectPortAreBoundedAndAllCloseWithTheLogin() async throws {
         try await BrokerHarness.run { harness in
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             let port = try Self.port(of: offer.redirectURI)
             // A local process opens 100 connections and sends nothing.
             let held = try (0..<100).map { _ in try HeldConnection(port: port) }
@@ -450,10 +443,7 @@ import Testing
 
     @Test func aSilentConnectionIsClosedAfterItsLifetimeAndAnOversizedRequestAtOnce() async throws {
         try await BrokerHarness.run { harness in
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             let port = try Self.port(of: offer.redirectURI)
             let silent = try HeldConnection(port: port)
             defer { silent.close() }
@@ -506,10 +496,7 @@ import Testing
 
     @Test func cancellingABrowserLoginClosesTheListenerAndCreatesNothing() async throws {
         try await BrokerHarness.run { harness in
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             let port = try Self.port(of: offer.redirectURI)
             #expect(TestBrowser.isListening(port))
             login.cancel()
@@ -538,10 +525,7 @@ import Testing
 
     @Test func aSecondLoginOfTheSameAccountIsBusy() async throws {
         try await BrokerHarness.run { harness in
-            harness.idp.setDeviceTiming(interval: 1)
-            let progress = Progress()
-            let first = Self.start(
-                harness, Self.request("device", provider: Self.provider(harness.idp)), progress: progress)
+            let (first, progress) = Self.startDeviceLogin(harness)
             _ = try await progress.first(.deviceCode)
             let second = Self.start(
                 harness, Self.request("device", provider: Self.provider(harness.idp)), progress: Progress())
@@ -649,10 +633,7 @@ import Testing
 
     @Test func theIDTokenIsKeptAcrossARefreshWithoutOneAndReplacedByARotatedOne() async throws {
         try await BrokerHarness.run { harness in
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             _ = try await TestBrowser.get(try await TestBrowser.authorize(try #require(offer.url)))
             _ = try await login.value
             let first = try #require(harness.idp.issuedIDTokens.first)
@@ -675,10 +656,7 @@ import Testing
         try await BrokerHarness.run { harness in
             let now = harness.clock.now()
             harness.idp.setIDTokenExpiry(now.addingTimeInterval(30))
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             _ = try await TestBrowser.get(try await TestBrowser.authorize(try #require(offer.url)))
             _ = try await login.value
 
