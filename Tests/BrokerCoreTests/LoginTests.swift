@@ -57,10 +57,14 @@ import Testing
 
     /// Starts a device login of a new account "work" at the harness's IdP, which answers each
     /// poll at once (interval 1 s).
-    static func startDeviceLogin(_ harness: BrokerHarness) -> (Task<LoginResult, any Error>, Progress) {
+    static func startDeviceLogin(_ harness: BrokerHarness, timeout: Double? = nil) -> (
+        Task<LoginResult, any Error>, Progress
+    ) {
         harness.idp.setDeviceTiming(interval: 1)
         let progress = Progress()
-        return (start(harness, request("device", provider: provider(harness.idp)), progress: progress), progress)
+        let login = start(
+            harness, request("device", provider: provider(harness.idp), timeout: timeout), progress: progress)
+        return (login, progress)
     }
 
     /// Starts a browser login of a new account "work" at the harness's IdP and waits for the
@@ -134,12 +138,9 @@ import Testing
 
     @Test func slowDownAddsFiveSecondsToTheInterval() async throws {
         try await BrokerHarness.run { harness in
-            harness.idp.setDeviceTiming(interval: 1)
             harness.idp.forceSlowDown()
-            let progress = Progress()
             // A broker that ignored slow_down would hear it at every poll until the timeout.
-            let login = Self.start(
-                harness, Self.request("device", provider: Self.provider(harness.idp), timeout: 20), progress: progress)
+            let (login, progress) = Self.startDeviceLogin(harness, timeout: 20)
             let slow = try await progress.first(.slowDown)
             #expect(slow.interval == 6)
             let offer = try await progress.first(.deviceCode)
@@ -179,10 +180,8 @@ import Testing
 
     @Test func theWaitEndsAtTheTimeout() async throws {
         try await BrokerHarness.run { harness in
-            harness.idp.setDeviceTiming(interval: 1)
             let started = Date()
-            let login = Self.start(
-                harness, Self.request("device", provider: Self.provider(harness.idp), timeout: 2), progress: Progress())
+            let (login, _) = Self.startDeviceLogin(harness, timeout: 2)
             let error = try #require(await Self.failure(login))
             #expect(error.code == .needsLogin)
             #expect(error.message.contains("in time"))
