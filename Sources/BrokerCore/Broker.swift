@@ -298,18 +298,20 @@ public actor Broker {
     {
         _ = try await token(for: account, minTTL: minTTL)
         var held = try await heldIDToken(account)
-        if let expiry = IDToken.expiry(of: held), expiry < clock.now().addingTimeInterval(minTTL) {
+        var expiry = IDToken.expiry(of: held)
+        if let shortExpiry = expiry, shortExpiry < clock.now().addingTimeInterval(minTTL) {
             do {
                 _ = try await refreshNow(account)
             } catch .neverRefreshes {
                 throw .idTokenExpired(account)
             }
             held = try await heldIDToken(account)
-            if let renewed = IDToken.expiry(of: held), renewed < clock.now().addingTimeInterval(minTTL) {
+            expiry = IDToken.expiry(of: held)
+            if let renewed = expiry, renewed < clock.now().addingTimeInterval(minTTL) {
                 throw .idTokenExpired(account)
             }
         }
-        return (held, IDToken.expiry(of: held).map(Bounds.date))
+        return (held, expiry.map(Bounds.date))
     }
 
     /// The id token `account` holds.

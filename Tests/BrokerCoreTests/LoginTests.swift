@@ -57,10 +57,25 @@ import Testing
 
     /// Starts a device login of a new account "work" at the harness's IdP, which answers each
     /// poll at once (interval 1 s).
-    static func startDeviceLogin(_ harness: BrokerHarness) -> (Task<LoginResult, any Error>, Progress) {
+    static func startDeviceLogin(_ harness: BrokerHarness, timeout: Double? = nil) -> (
+        Task<LoginResult, any Error>, Progress
+    ) {
         harness.idp.setDeviceTiming(interval: 1)
         let progress = Progress()
-        return (start(harness, request("device", provider: provider(harness.idp)), progress: progress), progress)
+        let login = start(
+            harness, request("device", provider: provider(harness.idp), timeout: timeout), progress: progress)
+        return (login, progress)
+    }
+
+    /// Starts a browser login of a new account "work" at the harness's IdP and waits for the
+    /// authorization URL it reports.
+    static func startBrowserLogin(_ harness: BrokerHarness, timeout: Double? = nil) async throws -> (
+        Task<LoginResult, any Error>, LoginProgress
+    ) {
+        let progress = Progress()
+        let login = start(
+            harness, request("browser", provider: provider(harness.idp), timeout: timeout), progress: progress)
+        return (login, try await progress.first(.authorizationURL))
     }
 
     static func failure(_ task: Task<LoginResult, any Error>) async -> BrokerError? {
@@ -123,12 +138,9 @@ import Testing
 
     @Test func slowDownAddsFiveSecondsToTheInterval() async throws {
         try await BrokerHarness.run { harness in
-            harness.idp.setDeviceTiming(interval: 1)
             harness.idp.forceSlowDown()
-            let progress = Progress()
             // A broker that ignored slow_down would hear it at every poll until the timeout.
-            let login = Self.start(
-                harness, Self.request("device", provider: Self.provider(harness.idp), timeout: 20), progress: progress)
+            let (login, progress) = Self.startDeviceLogin(harness, timeout: 20)
             let slow = try await progress.first(.slowDown)
             #expect(slow.interval == 6)
             let offer = try await progress.first(.deviceCode)
@@ -168,10 +180,8 @@ import Testing
 
     @Test func theWaitEndsAtTheTimeout() async throws {
         try await BrokerHarness.run { harness in
-            harness.idp.setDeviceTiming(interval: 1)
             let started = Date()
-            let login = Self.start(
-                harness, Self.request("device", provider: Self.provider(harness.idp), timeout: 2), progress: Progress())
+            let (login, _) = Self.startDeviceLogin(harness, timeout: 2)
             let error = try #require(await Self.failure(login))
             #expect(error.code == .needsLogin)
             #expect(error.message.contains("in time"))
@@ -295,10 +305,7 @@ import Testing
 
     @Test func browserFlowExchangesTheCodeWithItsVerifierAndClosesTheListener() async throws {
         try await BrokerHarness.run { harness in
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             let url = try #require(offer.url)
             #expect(url.hasPrefix(harness.idp.authorizationEndpoint + "?response_type=code&"))
             #expect(url.contains("code_challenge_method=S256") && url.contains("scope=openid%20offline_access"))
@@ -322,10 +329,7 @@ import Testing
 
     @Test func aCallbackWithTheWrongStateGets400AndTheLoginKeepsWaiting() async throws {
         try await BrokerHarness.run { harness in
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             let location = try await TestBrowser.authorize(try #require(offer.url))
             let redirect = try #require(offer.redirectURI)
             for forged in [
@@ -344,10 +348,7 @@ import Testing
     @Test func aDenialAtTheAuthorizationEndpointEndsTheLogin() async throws {
         try await BrokerHarness.run { harness in
             harness.idp.setAuthorizationDecision(.deny)
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             let location = try await TestBrowser.authorize(try #require(offer.url))
             #expect(location.contains("error=access_denied"))
             #expect(try await TestBrowser.get(location).status == 200)
@@ -361,10 +362,7 @@ import Testing
 
     @Test func theBrowserFlowTimesOutAndClosesTheListener() async throws {
         try await BrokerHarness.run { harness in
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp), timeout: 1), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness, timeout: 1)
             #expect(offer.expiresIn == 1)
             let error = try #require(await Self.failure(login))
             #expect(error.code == .needsLogin)
@@ -401,10 +399,7 @@ import Testing
 
     @Test func aCallbackRepeatingAParameterIsRefusedAndTheLoginKeepsWaiting() async throws {
         try await BrokerHarness.run { harness in
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             let location = try await TestBrowser.authorize(try #require(offer.url))
             let redirect = try #require(offer.redirectURI)
             let parts = try #require(URLComponents(string: location)?.queryItems)
@@ -427,10 +422,7 @@ import Testing
 
     @Test func connectionsToTheRedirectPortAreBoundedAndAllCloseWithTheLogin() async throws {
         try await BrokerHarness.run { harness in
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             let port = try Self.port(of: offer.redirectURI)
             // A local process opens 100 connections and sends nothing.
             let held = try (0..<100).map { _ in try HeldConnection(port: port) }
@@ -450,10 +442,7 @@ import Testing
 
     @Test func aSilentConnectionIsClosedAfterItsLifetimeAndAnOversizedRequestAtOnce() async throws {
         try await BrokerHarness.run { harness in
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             let port = try Self.port(of: offer.redirectURI)
             let silent = try HeldConnection(port: port)
             defer { silent.close() }
@@ -506,10 +495,7 @@ import Testing
 
     @Test func cancellingABrowserLoginClosesTheListenerAndCreatesNothing() async throws {
         try await BrokerHarness.run { harness in
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             let port = try Self.port(of: offer.redirectURI)
             #expect(TestBrowser.isListening(port))
             login.cancel()
@@ -538,10 +524,7 @@ import Testing
 
     @Test func aSecondLoginOfTheSameAccountIsBusy() async throws {
         try await BrokerHarness.run { harness in
-            harness.idp.setDeviceTiming(interval: 1)
-            let progress = Progress()
-            let first = Self.start(
-                harness, Self.request("device", provider: Self.provider(harness.idp)), progress: progress)
+            let (first, progress) = Self.startDeviceLogin(harness)
             _ = try await progress.first(.deviceCode)
             let second = Self.start(
                 harness, Self.request("device", provider: Self.provider(harness.idp)), progress: Progress())
@@ -649,10 +632,7 @@ import Testing
 
     @Test func theIDTokenIsKeptAcrossARefreshWithoutOneAndReplacedByARotatedOne() async throws {
         try await BrokerHarness.run { harness in
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             _ = try await TestBrowser.get(try await TestBrowser.authorize(try #require(offer.url)))
             _ = try await login.value
             let first = try #require(harness.idp.issuedIDTokens.first)
@@ -675,10 +655,7 @@ import Testing
         try await BrokerHarness.run { harness in
             let now = harness.clock.now()
             harness.idp.setIDTokenExpiry(now.addingTimeInterval(30))
-            let progress = Progress()
-            let login = Self.start(
-                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: progress)
-            let offer = try await progress.first(.authorizationURL)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
             _ = try await TestBrowser.get(try await TestBrowser.authorize(try #require(offer.url)))
             _ = try await login.value
 

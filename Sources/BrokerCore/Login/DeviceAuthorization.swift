@@ -36,7 +36,8 @@ enum DeviceAuthorization {
         let started = ContinuousClock.now
         var form: [(String, String)] = []
         if let scope = context.settings.scope { form.append(("scope", scope)) }
-        // RFC 8628 section 3.1: the client id goes in the form unless the client authenticates.
+        // RFC 8628 section 3.1 wants the client id in the form: `post` puts it there for every
+        // client authentication but Basic, which carries it in a header only.
         if context.settings.clientAuth == .clientSecretBasic { form.append(("client_id", context.settings.clientID)) }
         let offer: Offer
         switch await context.post(form, to: endpoint) {

@@ -64,9 +64,7 @@ final class LoopbackRedirect: Sendable {
                 "cannot listen on 127.0.0.1:\(port) for the redirect (\(error)); choose another --redirect-port")
         }
         let remaining = max(.zero, ContinuousClock.now.duration(to: deadline))
-        let nanoseconds =
-            remaining.components.seconds * 1_000_000_000 + remaining.components.attoseconds / 1_000_000_000
-        self.expiry = channel.eventLoop.scheduleTask(in: .nanoseconds(nanoseconds)) {
+        self.expiry = channel.eventLoop.scheduleTask(in: TimeAmount(remaining)) {
             channel.close(promise: nil)
             connections.closeAll()
         }

@@ -28,16 +28,14 @@ public enum SecretsFile {
             }
             content = try await readDescriptor(path)
         } else {
+            let data: Data?
             do {
-                guard let data = try FileSystem.readOwnedFile(path, role: "secrets file", limit: limit) else {
-                    throw BrokerFailure.invalid("the secrets file \(path) does not exist")
-                }
-                content = data
-            } catch let failure as BrokerFailure {
-                throw failure
+                data = try FileSystem.readOwnedFile(path, role: "secrets file", limit: limit)
             } catch {
                 throw .invalid("\(error)")
             }
+            guard let data else { throw .invalid("the secrets file \(path) does not exist") }
+            content = data
         }
         defer { Sodium.wipe(&content) }
         guard let secret = UntypedJSON.object(content)?["client_secret"] as? String, !secret.isEmpty else {

@@ -148,10 +148,10 @@ struct OAuth2Provider: TokenProvider {
         }
         var form = [("grant_type", "refresh_token"), ("refresh_token", refreshToken)]
         if let scope = settings.scope { form.append(("scope", scope)) }
-        let headers = authenticate(&form, secret: record.secrets.clientSecret)
+        let headers = settings.authenticate(&form, secret: record.secrets.clientSecret)
 
         let endpoint: URL
-        switch await tokenEndpoint() {
+        switch await settings.tokenEndpoint(http: http) {
         case .success(let value): endpoint = value
         case .failure(let failure): return .failure(failure)
         }
@@ -179,7 +179,7 @@ struct OAuth2Provider: TokenProvider {
         }
         guard let endpoint else { return .success(.unsupported) }
         var form = [("token", credential.token), ("token_type_hint", credential.hint)]
-        let headers = authenticate(&form, secret: record.secrets.clientSecret)
+        let headers = settings.authenticate(&form, secret: record.secrets.clientSecret)
         return await http.post(endpoint, headers: headers, body: FormEncoding.encode(form)).flatMap(
             Self.interpretRevocation)
     }
@@ -203,14 +203,6 @@ struct OAuth2Provider: TokenProvider {
             let detail = code.map { " (\($0))" } ?? ""
             return .failure(.denial("the revocation endpoint refused: HTTP \(reply.status)\(detail)"))
         }
-    }
-
-    private func authenticate(_ form: inout [(String, String)], secret: String?) -> HTTPHeaders {
-        settings.authenticate(&form, secret: secret)
-    }
-
-    private func tokenEndpoint() async -> Result<URL, RefreshFailure> {
-        await settings.tokenEndpoint(http: http)
     }
 
     /// Classifies a token endpoint's answer (RFC 6749 sections 5.1 and 5.2).
