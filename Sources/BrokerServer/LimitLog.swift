@@ -27,8 +27,9 @@ final class LimitLog: Sendable {
         notice("a connection limit was hit", key: limit, metadata: ["limit": "\(limit)", "peer": "\(peer)"])
     }
 
-    /// Logs `message` unless one of the same `key` was logged within `interval`.
-    func notice(_ message: Logger.Message, key: String, metadata: Logger.Metadata) {
+    /// Logs `message` unless one of the same `key` was logged within `interval`; `metadata` is
+    /// built only for a line that is logged (a flood of refusals costs a lookup each).
+    func notice(_ message: Logger.Message, key: String, metadata: @autoclosure () -> Logger.Metadata) {
         let now = ContinuousClock.now
         let missed: Int? = entries.withLock { entries in
             if let entry = entries[key], entry.noticedAt.duration(to: now) < interval {
@@ -45,6 +46,6 @@ final class LimitLog: Sendable {
             return missed
         }
         guard let missed else { return }
-        logger.notice(message, metadata: metadata.merging(["hits unlogged before": "\(missed)"]) { $1 })
+        logger.notice(message, metadata: metadata().merging(["hits unlogged before": "\(missed)"]) { $1 })
     }
 }

@@ -173,10 +173,13 @@ public struct RequestDispatcher: Sendable {
             case .status:
                 let accounts = try await broker.status(account: request.account)
                 let locked = broker.padlock.isLocked
+                // One copy of the rules for the whole list, not one per account.
+                let rules = policy.rules.current
                 return try success(
                     request,
                     StatusResult(
-                        accounts: accounts.filter { mayShow($0.account, to: caller) }, locked: locked ? true : nil,
+                        accounts: accounts.filter { policy.mayUse($0.account, caller: caller, rules: rules) },
+                        locked: locked ? true : nil,
                         newVault: broker.padlock.newVault ? true : nil),
                     encoder)
             case .add:

@@ -30,20 +30,26 @@ var fileLimit = rlimit()
 getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &fileLimit)
 fileLimit.rlim_cur = fileLimit.rlim_max
 setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &fileLimit)
+
+/// The seconds per load run given at `index` of the arguments, or `fallback`: 0.5 to 30 (a
+/// number read from the command line is checked before it sets a deadline).
+func seconds(at index: Int, default fallback: Double) throws -> Double {
+    let arguments = CommandLine.arguments
+    let seconds = arguments.count > index ? Double(arguments[index]) ?? fallback : fallback
+    guard (0.5...30).contains(seconds) else { throw BenchError("seconds per load run: 0.5 to 30") }
+    return seconds
+}
+
 do {
     switch arguments.count >= 2 ? arguments[1] : "" {
     case "flood" where arguments.count >= 3:
-        try await Flood.run(brokerd: arguments[2], seconds: arguments.count >= 4 ? Double(arguments[3]) ?? 3 : 3)
+        try await Flood.run(brokerd: arguments[2], seconds: try seconds(at: 3, default: 3))
     case "figures" where arguments.count >= 5:
-        let seconds = arguments.count >= 6 ? Double(arguments[5]) ?? 2 : 2
-        guard (0.5...30).contains(seconds) else { throw BenchError("seconds per load run: 0.5 to 30") }
         let tools = Figures.Tools(brokerd: arguments[2], loadClient: arguments[3], echoServer: arguments[4])
-        try await Figures(tools: tools, secondsPerLoad: seconds).run()
+        try await Figures(tools: tools, secondsPerLoad: try seconds(at: 5, default: 2)).run()
     case "policy" where arguments.count >= 4:
-        let seconds = arguments.count >= 5 ? Double(arguments[4]) ?? 2 : 2
-        guard (0.5...30).contains(seconds) else { throw BenchError("seconds per load run: 0.5 to 30") }
         let tools = Figures.Tools(brokerd: arguments[2], loadClient: arguments[3], echoServer: "")
-        try await Figures(tools: tools, secondsPerLoad: seconds).runPolicy()
+        try await Figures(tools: tools, secondsPerLoad: try seconds(at: 4, default: 2)).runPolicy()
     case "save":
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
