@@ -122,7 +122,7 @@ enum PassphrasePrompt {
         var bytes: [UInt8] = []
         bytes.reserveCapacity(maximumPassphraseLength + 1)
         var byte: UInt8 = 0
-        defer { bytes.withUnsafeMutableBytes { explicit_bzero($0.baseAddress, $0.count) } }
+        defer { bytes.withUnsafeMutableBytes { if let base = $0.baseAddress { explicit_bzero(base, $0.count) } } }
         while true {
             let count = Glibc.read(STDIN_FILENO, &byte, 1)
             if count < 0, errno == EINTR { continue }
