@@ -116,9 +116,13 @@ enum PassphrasePrompt {
     }
 
     /// One line of standard input, without its line end: 1 to `maximumPassphraseLength` bytes of UTF-8.
+    /// The bytes read are zeroed once the text is made (room for them all is reserved first, so
+    /// no copy is left behind by a growing buffer).
     private static func line(name: String) throws -> String {
         var bytes: [UInt8] = []
+        bytes.reserveCapacity(maximumPassphraseLength + 1)
         var byte: UInt8 = 0
+        defer { bytes.withUnsafeMutableBytes { if let base = $0.baseAddress { explicit_bzero(base, $0.count) } } }
         while true {
             let count = Glibc.read(STDIN_FILENO, &byte, 1)
             if count < 0, errno == EINTR { continue }

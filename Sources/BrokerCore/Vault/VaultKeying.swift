@@ -39,8 +39,7 @@ extension Vault {
 
     /// How the vault on disk is sealed, from its snapshot's header; `nil` when there is none yet.
     public func sealing() throws -> VaultKeyMode? {
-        guard let file = try FileSystem.readPrivateFile(path, role: "vault") else { return nil }
-        return try VaultSnapshot.header([UInt8](file), path: path).derivation == nil ? .keyFile : .passphrase
+        try storedHeader().map { $0.derivation == nil ? .keyFile : .passphrase }
     }
 
     /// Takes the key the vault needs and returns how it is sealed: the key file's key (read, or
@@ -67,11 +66,17 @@ extension Vault {
     /// The derivation to derive the passphrase's key with: the one in the snapshot's header, or a
     /// fresh one when there is no vault yet (`isNew`: the first unlock sets the passphrase).
     public func passphraseDerivation() throws -> (derivation: KeyDerivation, isNew: Bool) {
-        guard let file = try FileSystem.readPrivateFile(path, role: "vault") else { return (.fresh(), true) }
-        guard let derivation = try VaultSnapshot.header([UInt8](file), path: path).derivation else {
+        guard let header = try storedHeader() else { return (.fresh(), true) }
+        guard let derivation = header.derivation else {
             throw VaultError("the vault \(path) is sealed with the key file, not a passphrase")
         }
         return (derivation, false)
+    }
+
+    /// The header of the snapshot on disk; `nil` when there is none yet.
+    private func storedHeader() throws -> (version: UInt16, derivation: KeyDerivation?)? {
+        guard let file = try FileSystem.readPrivateFile(path, role: "vault") else { return nil }
+        return try VaultSnapshot.header([UInt8](file), path: path)
     }
 
     /// Takes `key` and reads the vault with it (see `load`); a vault that does not exist yet is
