@@ -38,6 +38,8 @@ public actor Broker {
     private var refreshSerial = 0
     /// Accounts a login is running for.
     private var loginsRunning: Set<String> = []
+    /// The token files kept fresh (`export_file`, `wlcg_account`), from the configuration.
+    var tokenFiles = TokenFiles()
 
     /// Loads every account from `vault` (refusing a wrong key or tampered file) and schedules it;
     /// a vault that holds no key yet (passphrase mode) leaves the broker locked.
@@ -335,6 +337,7 @@ public actor Broker {
             throw error
         }
         cache.publish(nil, for: name)
+        tokenFiles.update(name, token: nil, logger: logger)
         logger.info("account removed", metadata: ["account": "\(name)"])
         events.publish(AccountEvent(kind: .removed, account: account, at: clock.now()))
     }
@@ -466,6 +469,13 @@ public actor Broker {
         // afresh (a refresh under way finishes with the provider it started with).
         tokenProviders = [:]
         for name in accounts.keys { accounts[name]?.restartPolling() }
+        let filePaths = TokenFiles.paths(for: configuration, wlcgFile: DefaultPaths().wlcgBearerTokenFile)
+        if configuration.wlcgAccount != nil, DefaultPaths().wlcgBearerTokenFile == nil {
+            logger.warning("wlcg_account ignored: no XDG_RUNTIME_DIR (nor /run/user/UID) to hold bt_u$UID")
+        }
+        for name in tokenFiles.replace(with: filePaths, logger: logger) {
+            tokenFiles.update(name, token: accounts[name]?.servableToken, logger: logger)
+        }
         // Usually nothing stored changed (a start with the same file): no vault write then.
         let changed = accounts.filter { stored[$0.key] != $0.value.record }.keys
         if !changed.isEmpty { try persist(changing: changed) }
@@ -687,6 +697,7 @@ public actor Broker {
                 try persist(changing: [name])
             case .publish(let token):
                 cache.publish(token.map { Self.prepare(name, $0) }, for: name)
+                tokenFiles.update(name, token: token, logger: logger)
             case .emit(let kind, let message):
                 guard let machine = accounts[name] else { continue }
                 let now = clock.now()

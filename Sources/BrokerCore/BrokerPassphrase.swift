@@ -57,6 +57,7 @@ extension Broker {
         }
         padlock.enter(.locking)
         cache.removeAll()
+        tokenFiles.removeAll(logger: logger)
         for running in refreshTasks.values { _ = await running.task.value }
         if !unsaved.isEmpty, (try? persist(changing: [])) == nil {
             logger.error("locked with changes the vault could not save", metadata: ["accounts": "\(unsaved.count)"])

@@ -56,7 +56,49 @@ public enum ConfigFile {
             accounts: try accounts(table["accounts"], path: path),
             access: try AccessRules.parse(
                 broker: table["broker"]?.table, accounts: table["accounts"]?.table, path: path),
-            vaultKey: try vaultKey(table["broker"]?.table?["key"], path: path, text: text))
+            vaultKey: try vaultKey(table["broker"]?.table?["key"], path: path, text: text),
+            exportFiles: try exportFiles(table["accounts"]?.table, path: path),
+            wlcgAccount: try wlcgAccount(table["broker"]?.table?["wlcg_account"], path: path))
+    }
+
+    /// The longest `export_file` path accepted, in bytes (below `PATH_MAX`).
+    static let maximumExportPathLength = 4095
+
+    /// Each `[accounts.NAME] export_file`: an absolute path of a file (not a directory name),
+    /// without NUL, below 4096 bytes.
+    private static func exportFiles(_ accounts: TOMLTable?, path: String) throws -> [String: String] {
+        var files: [String: String] = [:]
+        for name in accounts?.keys ?? [] {
+            guard let value = accounts?[name]?.table?["export_file"] else { continue }
+            let place = "\(path): accounts.\(name).export_file"
+            guard let file = value.string, file.hasPrefix("/"), !file.hasSuffix("/"), !file.contains("\0"),
+                file.utf8.count <= maximumExportPathLength,
+                !["/.", "/.."].contains(where: { file.hasSuffix($0) })
+            else {
+                throw ConfigError(
+                    description:
+                        "\(place) must be the absolute path of a file, at most \(maximumExportPathLength) bytes")
+            }
+            _ = try accountName(name, place: place)
+            files[name] = file
+        }
+        return files
+    }
+
+    /// `[broker] wlcg_account`: the account whose token the WLCG bearer token file holds.
+    private static func wlcgAccount(_ value: TOMLValue?, path: String) throws -> String? {
+        guard let value else { return nil }
+        let place = "\(path): broker.wlcg_account"
+        guard let name = value.string else { throw ConfigError(description: "\(place) must be an account name") }
+        return try accountName(name, place: place)
+    }
+
+    private static func accountName(_ name: String, place: String) throws -> String {
+        do {
+            return try AccountName(name).rawValue
+        } catch {
+            throw ConfigError(description: "\(place): \(error)")
+        }
     }
 
     /// `[broker] key`: `"keyfile"` (the default) or `"passphrase"`.
@@ -77,7 +119,7 @@ public enum ConfigFile {
         guard let brokerTable = value.table else {
             throw ConfigError(description: "\(path): \"broker\" must be a table")
         }
-        let otherKeys = AccessRules.brokerKeys + ["key"]
+        let otherKeys = AccessRules.brokerKeys + ["key", "wlcg_account"]
         for key in brokerTable.keys where !otherKeys.contains(key) {
             guard let (_, setting, range) = keys.first(where: { $0.0 == key }) else {
                 throw ConfigError(
@@ -135,7 +177,8 @@ public enum ConfigFile {
             guard let account = accounts[name]?.table else {
                 throw ConfigError(description: "\(path): accounts.\(name) must be a table")
             }
-            if account.keys == ["access"] { continue }
+            // `access` and `export_file` alone: settings for an account added at run time.
+            if Set(account.keys).isSubset(of: ["access", "export_file"]) { continue }
             guard let kindValue = account["kind"] else {
                 throw ConfigError(description: "\(path): accounts.\(name) needs a kind")
             }
@@ -143,7 +186,7 @@ public enum ConfigFile {
                 throw ConfigError(description: "\(path): accounts.\(name).kind must be a string")
             }
             var spec = ProviderSpec(kind: kind)
-            for key in account.keys where key != "kind" && key != "access" {
+            for key in account.keys where !["kind", "access", "export_file"].contains(key) {
                 let field = ProviderKinds.fields.first { $0.name == key }
                 guard let field, !field.isSecret else {
                     let secret = field?.isSecret == true || tokenSecrets.contains(key)
@@ -189,14 +232,21 @@ public struct BrokerConfiguration: Sendable, Equatable {
     public var accounts: [String: ProviderSpec] = [:]
     public var access = AccessRules()
     public var vaultKey = VaultKeyMode.keyFile
+    /// The file each account's token is kept in (`export_file`), by account.
+    public var exportFiles: [String: String] = [:]
+    /// The account whose token the WLCG bearer token file (`$XDG_RUNTIME_DIR/bt_u$UID`) holds.
+    public var wlcgAccount: String?
 
     public init(
         settings: BrokerSettings = BrokerSettings(), accounts: [String: ProviderSpec] = [:],
-        access: AccessRules = AccessRules(), vaultKey: VaultKeyMode = .keyFile
+        access: AccessRules = AccessRules(), vaultKey: VaultKeyMode = .keyFile, exportFiles: [String: String] = [:],
+        wlcgAccount: String? = nil
     ) {
         self.settings = settings
         self.accounts = accounts
         self.access = access
         self.vaultKey = vaultKey
+        self.exportFiles = exportFiles
+        self.wlcgAccount = wlcgAccount
     }
 }

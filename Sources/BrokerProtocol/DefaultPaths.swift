@@ -42,6 +42,12 @@ public struct DefaultPaths: Sendable {
         return runtime + "/tokenbroker/broker.sock"
     }
 
+    /// The WLCG bearer token discovery file, `$XDG_RUNTIME_DIR/bt_u$UID` (logind's
+    /// `/run/user/UID` without a runtime dir); `nil` without either, never a name under /tmp.
+    public var wlcgBearerTokenFile: String? {
+        (nonEmpty(.runtimeDirectory) ?? Self.loginRuntimeDirectory()).map { $0 + "/bt_u\(getuid())" }
+    }
+
     /// `$TOKENBROKER_CONFIG`, else `broker.toml` in systemd's `$CONFIGURATION_DIRECTORY` or
     /// in `$XDG_CONFIG_HOME/tokenbroker`.
     public var config: String {

@@ -1,3 +1,4 @@
+import BrokerProtocol
 import FoundationEssentials
 import TestSupport
 import Testing
@@ -85,5 +86,51 @@ import Testing
         #expect(try ConfigFile.load(path: directory.file("missing.toml")).settings == BrokerSettings())
         try Data("[broker]\nrefresh_floor = 90\n".utf8).write(to: URL(fileURLWithPath: directory.file("b.toml")))
         #expect(try ConfigFile.load(path: directory.file("b.toml")).settings.refreshFloor == 90)
+    }
+}
+
+/// `export_file` and `wlcg_account`: token files the broker keeps fresh.
+@Suite struct TokenFileConfigTests {
+    @Test func exportFilesAndTheWLCGAccountAreRead() throws {
+        let text = """
+            [broker]
+            wlcg_account = "api"
+
+            [accounts.api]
+            kind = "static"
+            export_file = "/run/user/1000/api.token"
+
+            [accounts.later]
+            export_file = "/home/me/.cache/later.token"
+            """
+        let configuration = try ConfigFile.parse(text, path: "/cfg/broker.toml")
+        #expect(configuration.wlcgAccount == "api")
+        #expect(
+            configuration.exportFiles == ["api": "/run/user/1000/api.token", "later": "/home/me/.cache/later.token"])
+        // A table with only export_file (and access) declares no account, as one with only access.
+        #expect(configuration.accounts.keys.sorted() == ["api"])
+        #expect(configuration.accounts["api"] == ProviderSpec(kind: "static"))
+    }
+
+    @Test(arguments: [
+        #"export_file = "relative/api.token""#, #"export_file = "/tmp/dir/""#, #"export_file = "/tmp/..""#,
+        "export_file = 5", #"export_file = "/\#(String(repeating: "a", count: 4096))""#,
+    ])
+    func aBadExportFileIsRefusedNamingIt(line: String) {
+        let text = "[accounts.api]\nkind = \"static\"\n\(line)\n"
+        #expect {
+            try ConfigFile.parse(text, path: "/cfg/broker.toml")
+        } throws: { error in
+            "\(error)".contains("accounts.api.export_file must be the absolute path of a file")
+        }
+    }
+
+    @Test(arguments: ["wlcg_account = 5", #"wlcg_account = "no spaces""#, #"wlcg_account = """#])
+    func aBadWLCGAccountIsRefusedNamingIt(line: String) {
+        #expect {
+            try ConfigFile.parse("[broker]\n\(line)\n", path: "/cfg/broker.toml")
+        } throws: { error in
+            "\(error)".contains("broker.wlcg_account")
+        }
     }
 }

@@ -1,0 +1,160 @@
+import BrokerClient
+import BrokerProtocol
+import Foundation
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Issue 12: token files kept fresh by the broker (`export_file`, `wlcg_account`), on the real
+/// brokerd with a rotating IdP whose tokens live seconds.
+@Suite struct TokenFileTests {
+    /// A broker whose config keeps `api`'s token in `export/api.token` and in the WLCG file.
+    private static func broker(exportDirectoryMode: mode_t = 0o700, wlcg: Bool = true) throws -> (
+        BrokerProcess, exportFile: String, wlcgFile: String
+    ) {
+        let broker = try BrokerProcess()
+        let directory = broker.root.appendingPathComponent("export").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: false)
+        chmod(directory, exportDirectoryMode)
+        let exportFile = directory + "/api.token"
+        try broker.writeConfig(
+            (wlcg ? "[broker]\nwlcg_account = \"api\"\n\n" : "") + "[accounts.api]\nexport_file = \"\(exportFile)\"\n")
+        return (broker, exportFile, broker.root.appendingPathComponent("run/bt_u\(getuid())").path)
+    }
+
+    private static func content(_ path: String) -> String? {
+        FileManager.default.contents(atPath: path).map { String(decoding: $0, as: UTF8.self) }
+    }
+
+    private static func mode(_ path: String) -> mode_t? {
+        var info = stat()
+        return lstat(path, &info) == 0 ? info.st_mode & 0o7777 : nil
+    }
+
+    private static func addOAuth2(_ client: BrokerClient, idp: OAuth2TestIdP, refreshToken: String) async throws {
+        _ = try await client.add(
+            account: "api",
+            provider: ProviderSpec(
+                kind: "oauth2",
+                [
+                    "token_endpoint": .string(idp.tokenEndpoint), "client_id": .string(idp.clientID),
+                    "client_secret": .string(idp.clientSecret),
+                ]),
+            tokens: TokenSet(refreshToken: refreshToken))
+    }
+
+    @Test func theFilesHoldTheServedTokenThroughRefreshesAndSetTokensAndGoAtLogout() async throws {
+        let refreshToken = "rt-\(UInt32.random(in: 0...UInt32.max))"
+        let idp = try await OAuth2TestIdP(initialRefreshToken: refreshToken, lifetime: 3)
+        let (broker, exportFile, wlcgFile) = try Self.broker()
+        try await broker.start()
+        let client = try broker.client()
+        try await Self.addOAuth2(client, idp: idp, refreshToken: refreshToken)
+
+        let served = try await client.token(account: "api", minTTL: 1).accessToken
+        #expect(await eventually { Self.content(exportFile) == served })
+        #expect(Self.content(wlcgFile) == served)
+        #expect(Self.mode(exportFile) == 0o600)
+        #expect(Self.mode(wlcgFile) == 0o600)
+
+        // For two lifetimes and more, with no client asking, the files follow each refresh and
+        // hold one of the two newest tokens (the one before stays valid until the next is out).
+        let firstCount = idp.issuedAccessTokens.count
+        let until = Date().addingTimeInterval(7)
+        var samples = 0
+        while Date() < until {
+            let file = Self.content(exportFile)
+            let issued = idp.issuedAccessTokens
+            #expect(file.map { issued.suffix(2).contains($0) } == true, "sample \(samples)")
+            samples += 1
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        #expect(idp.issuedAccessTokens.count >= firstCount + 2, "the broker refreshed on its own")
+        let current = try await client.token(account: "api", minTTL: 0).accessToken
+        #expect(await eventually { Self.content(exportFile) == current && Self.content(wlcgFile) == current })
+
+        _ = try await client.setTokens(account: "api", tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600))
+        #expect(Self.content(exportFile) == "at-pushed")
+        #expect(Self.content(wlcgFile) == "at-pushed")
+
+        _ = try await client.logout(account: "api", force: true)
+        #expect(!FileManager.default.fileExists(atPath: exportFile))
+        #expect(!FileManager.default.fileExists(atPath: wlcgFile))
+        // Nothing but the token is in the files; no staging file is left beside them.
+        let left = try FileManager.default.contentsOfDirectory(
+            atPath: broker.root.appendingPathComponent("export").path)
+        #expect(left.isEmpty, "\(left)")
+        client.close()
+        #expect(broker.stop() == 0)
+        await idp.shutdown()
+        for secret in [refreshToken, idp.clientSecret] + idp.issuedRefreshTokens + idp.issuedAccessTokens {
+            #expect(!broker.log.contains(secret), "a secret in the broker's log")
+        }
+    }
+
+    @Test func aStaticAccountsFileIsWrittenAtStartAndRemovedWithTheAccount() async throws {
+        let (broker, exportFile, wlcgFile) = try Self.broker()
+        try await broker.start()
+        let client = try broker.client()
+        _ = try await client.add(
+            account: "api", provider: ProviderSpec(kind: "static"),
+            tokens: TokenSet(accessToken: "at-1", expiresIn: 3600))
+        #expect(Self.content(exportFile) == "at-1")
+        client.close()
+
+        // A restart writes the file again from the vault (here: after it was deleted by hand).
+        #expect(broker.stop() == 0)
+        unlink(exportFile)
+        try await broker.start()
+        #expect(Self.content(exportFile) == "at-1")
+        #expect(Self.content(wlcgFile) == "at-1")
+
+        let again = try broker.client()
+        _ = try await again.remove(account: "api")
+        #expect(!FileManager.default.fileExists(atPath: exportFile))
+        #expect(!FileManager.default.fileExists(atPath: wlcgFile))
+        again.close()
+        #expect(broker.stop() == 0)
+    }
+
+    @Test func aSymbolicLinkAtThePathIsNeitherFollowedNorReplaced() async throws {
+        let (broker, exportFile, _) = try Self.broker(wlcg: false)
+        let target = broker.root.appendingPathComponent("home/target").path
+        try "untouched".write(toFile: target, atomically: false, encoding: .utf8)
+        #expect(symlink(target, exportFile) == 0)
+        try await broker.start()
+        let client = try broker.client()
+        _ = try await client.add(
+            account: "api", provider: ProviderSpec(kind: "static"),
+            tokens: TokenSet(accessToken: "at-symlink-test-token", expiresIn: 3600))
+
+        #expect(Self.content(target) == "untouched")
+        var info = stat()
+        #expect(lstat(exportFile, &info) == 0 && info.st_mode & S_IFMT == S_IFLNK)
+        #expect(broker.log.contains("token file not written"), "\(broker.log)")
+        #expect(!broker.log.contains("at-symlink-test-token"))
+        // The account is not disturbed.
+        #expect(try await client.token(account: "api").accessToken == "at-symlink-test-token")
+        #expect(try await client.status(account: "api").first?.state == "valid")
+        client.close()
+        #expect(broker.stop() == 0)
+    }
+
+    @Test(arguments: [0o770 as mode_t, 0o707])
+    func aDirectoryOthersCanWriteIsRefused(mode: mode_t) async throws {
+        let (broker, exportFile, _) = try Self.broker(exportDirectoryMode: mode, wlcg: false)
+        try await broker.start()
+        let client = try broker.client()
+        _ = try await client.add(
+            account: "api", provider: ProviderSpec(kind: "static"),
+            tokens: TokenSet(accessToken: "at-1", expiresIn: 3600))
+        #expect(!FileManager.default.fileExists(atPath: exportFile))
+        #expect(broker.log.contains("writable by no one else"), "\(broker.log)")
+        #expect(try await client.token(account: "api").accessToken == "at-1")
+        client.close()
+        #expect(broker.stop() == 0)
+    }
+}
