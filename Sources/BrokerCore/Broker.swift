@@ -696,8 +696,9 @@ public actor Broker {
             case .persist:
                 try persist(changing: [name])
             case .publish(let token):
-                cache.publish(token.map { Self.prepare(name, $0) }, for: name)
+                // The files first, so that no token is served before they hold it.
                 tokenFiles.update(name, token: token, logger: logger)
+                cache.publish(token.map { Self.prepare(name, $0) }, for: name)
             case .emit(let kind, let message):
                 guard let machine = accounts[name] else { continue }
                 let now = clock.now()

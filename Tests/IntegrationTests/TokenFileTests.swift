@@ -48,22 +48,25 @@ import Glibc
 
     @Test func theFilesHoldTheServedTokenThroughRefreshesAndSetTokensAndGoAtLogout() async throws {
         let refreshToken = "rt-\(UInt32.random(in: 0...UInt32.max))"
-        let idp = try await OAuth2TestIdP(initialRefreshToken: refreshToken, lifetime: 3)
+        let idp = try await OAuth2TestIdP(initialRefreshToken: refreshToken, lifetime: 3600)
         let (broker, exportFile, wlcgFile) = try Self.broker()
         try await broker.start()
         let client = try broker.client()
         try await Self.addOAuth2(client, idp: idp, refreshToken: refreshToken)
 
         let served = try await client.token(account: "api", minTTL: 1).accessToken
-        #expect(await eventually { Self.content(exportFile) == served })
+        #expect(Self.content(exportFile) == served)
         #expect(Self.content(wlcgFile) == served)
         #expect(Self.mode(exportFile) == 0o600)
         #expect(Self.mode(wlcgFile) == 0o600)
 
-        // For two lifetimes and more, with no client asking, the files follow each refresh and
-        // hold one of the two newest tokens (the one before stays valid until the next is out).
+        // Tokens of 4 seconds: for two lifetimes and more, with no client asking, the files
+        // follow each refresh and hold one of the two newest tokens (the one before stays valid
+        // until well after the next is out).
+        idp.setLifetime(4)
+        _ = try await client.refresh(account: "api")
         let firstCount = idp.issuedAccessTokens.count
-        let until = Date().addingTimeInterval(7)
+        let until = Date().addingTimeInterval(9)
         var samples = 0
         while Date() < until {
             let file = Self.content(exportFile)
@@ -73,8 +76,13 @@ import Glibc
             try await Task.sleep(for: .milliseconds(100))
         }
         #expect(idp.issuedAccessTokens.count >= firstCount + 2, "the broker refreshed on its own")
-        let current = try await client.token(account: "api", minTTL: 0).accessToken
-        #expect(await eventually { Self.content(exportFile) == current && Self.content(wlcgFile) == current })
+        idp.setLifetime(3600)
+        _ = try await client.refresh(account: "api")
+        #expect(
+            try await eventually {
+                let current = try await client.token(account: "api", minTTL: 0).accessToken
+                return Self.content(exportFile) == current && Self.content(wlcgFile) == current
+            })
 
         _ = try await client.setTokens(account: "api", tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600))
         #expect(Self.content(exportFile) == "at-pushed")
@@ -156,5 +164,33 @@ import Glibc
         #expect(try await client.token(account: "api").accessToken == "at-1")
         client.close()
         #expect(broker.stop() == 0)
+    }
+
+    @Test func aReloadMovesTheFileAndADeniedRefreshRemovesIt() async throws {
+        let refreshToken = "rt-\(UInt32.random(in: 0...UInt32.max))"
+        let idp = try await OAuth2TestIdP(initialRefreshToken: refreshToken, lifetime: 3600)
+        let (broker, exportFile, wlcgFile) = try Self.broker()
+        try await broker.start()
+        let client = try broker.client()
+        try await Self.addOAuth2(client, idp: idp, refreshToken: refreshToken)
+        let served = try await client.token(account: "api").accessToken
+        #expect(await eventually { Self.content(exportFile) == served })
+
+        // Another path, and no WLCG account: the old files go, the new one holds the token.
+        let moved = broker.root.appendingPathComponent("export/moved.token").path
+        try broker.writeConfig("[accounts.api]\nexport_file = \"\(moved)\"\n")
+        _ = try await client.reload()
+        #expect(Self.content(moved) == served)
+        #expect(!FileManager.default.fileExists(atPath: exportFile))
+        #expect(!FileManager.default.fileExists(atPath: wlcgFile))
+
+        // A refresh the IdP denies leaves no token to serve, so none in the file.
+        idp.setBehavior(.status(400, retryAfter: nil))
+        await #expect(throws: BrokerError.self) { _ = try await client.refresh(account: "api") }
+        #expect(try await client.status(account: "api").first?.state == "needs_login")
+        #expect(!FileManager.default.fileExists(atPath: moved))
+        client.close()
+        #expect(broker.stop() == 0)
+        await idp.shutdown()
     }
 }
