@@ -469,17 +469,22 @@ public actor Broker {
         // afresh (a refresh under way finishes with the provider it started with).
         tokenProviders = [:]
         for name in accounts.keys { accounts[name]?.restartPolling() }
-        let filePaths = TokenFiles.paths(for: configuration, wlcgFile: DefaultPaths().wlcgBearerTokenFile)
-        if configuration.wlcgAccount != nil, DefaultPaths().wlcgBearerTokenFile == nil {
+        let wlcgFile = configuration.wlcgAccount == nil ? nil : DefaultPaths().wlcgBearerTokenFile
+        if configuration.wlcgAccount != nil, wlcgFile == nil {
             logger.warning("wlcg_account ignored: no XDG_RUNTIME_DIR (nor /run/user/UID) to hold bt_u$UID")
         }
-        for name in tokenFiles.replace(with: filePaths, logger: logger) {
-            tokenFiles.update(name, token: accounts[name]?.servableToken, logger: logger)
-        }
+        let filePaths = TokenFiles.paths(for: configuration, wlcgFile: wlcgFile)
+        rewriteTokenFiles(of: tokenFiles.replace(with: filePaths, logger: logger))
         // Usually nothing stored changed (a start with the same file): no vault write then.
         let changed = accounts.filter { stored[$0.key] != $0.value.record }.keys
         if !changed.isEmpty { try persist(changing: changed) }
         logger.info("configuration applied", metadata: ["declared_accounts": "\(providers.count)"])
+    }
+
+    /// Writes the token files of `names` from their accounts' servable tokens (removes them
+    /// for an account that has none).
+    func rewriteTokenFiles(of names: some Sequence<String>) {
+        for name in names { tokenFiles.update(name, token: accounts[name]?.servableToken, logger: logger) }
     }
 
     // MARK: Scheduling

@@ -133,6 +133,8 @@ extension Broker {
                 logger.error(
                     "config not applied at unlock; the vault's accounts stand", metadata: ["reason": "\(error)"])
             }
+        } else {
+            rewriteTokenFiles(of: tokenFiles.paths.keys)
         }
         logger.notice("unlocked", metadata: ["accounts": "\(accounts.count)"])
         return accounts.count

@@ -193,4 +193,22 @@ import Glibc
         #expect(broker.stop() == 0)
         await idp.shutdown()
     }
+
+    @Test func lockingRemovesTheFilesAndUnlockingWritesThemAgain() async throws {
+        let (broker, exportFile, _) = try Self.broker(wlcg: false)
+        try await broker.start(arguments: ["--passphrase"])
+        let client = try broker.client()
+        _ = try await client.perform(.unlock(passphrase: "correct horse"))
+        _ = try await client.add(
+            account: "api", provider: ProviderSpec(kind: "static"),
+            tokens: TokenSet(accessToken: "at-locked-test", expiresIn: 3600))
+        #expect(Self.content(exportFile) == "at-locked-test")
+
+        _ = try await client.perform(.lock())
+        #expect(!FileManager.default.fileExists(atPath: exportFile))
+        _ = try await client.perform(.unlock(passphrase: "correct horse"))
+        #expect(Self.content(exportFile) == "at-locked-test")
+        client.close()
+        #expect(broker.stop() == 0)
+    }
 }

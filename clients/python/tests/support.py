@@ -14,7 +14,7 @@ import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 import tokenbroker
 
@@ -31,7 +31,7 @@ class BrokerProcess:
     """The real ``brokerd``, started in a private temporary home with its own socket, config,
     vault and key; stopped by PID and always waited for."""
 
-    def __init__(self, config: str = "", environment: Optional[dict] = None):
+    def __init__(self, config: str = "", environment: Optional[dict] = None, arguments: Sequence[str] = ()):
         self.root = tempfile.mkdtemp(prefix="tbpy-", dir="/tmp")
         for directory in ("home", "run", "config/tokenbroker", "state"):
             os.makedirs(os.path.join(self.root, directory), mode=0o700, exist_ok=True)
@@ -44,7 +44,7 @@ class BrokerProcess:
         self.environment.update(environment or {})
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [binary("brokerd"), "--log-level", "debug"],
+                [binary("brokerd"), "--log-level", "debug", *arguments],
                 env=self.environment,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

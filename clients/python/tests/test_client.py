@@ -131,6 +131,14 @@ class LiveBrokerTests(unittest.TestCase):
             self.client.token("flaky")
         self.assertIsInstance(raised.exception.retry_after_ms, int)
 
+    def test_a_locked_broker_answers_locked(self):
+        broker = BrokerProcess(arguments=["--passphrase"])
+        self.addCleanup(broker.stop)
+        with broker.client(timeout=10) as client:
+            with self.assertRaises(tokenbroker.Locked) as raised:
+                client.token("demo")
+            self.assertIn("brokerctl unlock", raised.exception.message)
+
     def test_numbers_and_lines_the_broker_would_refuse_are_refused_before_sending(self):
         for bad in (float("nan"), float("inf"), -1):
             with self.subTest(bad):
