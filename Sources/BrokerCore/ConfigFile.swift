@@ -56,7 +56,8 @@ public enum ConfigFile {
             accounts: try accounts(table["accounts"], path: path),
             access: try AccessRules.parse(
                 broker: table["broker"]?.table, accounts: table["accounts"]?.table, path: path),
-            vaultKey: try vaultKey(table["broker"]?.table?["key"], path: path, text: text))
+            vaultKey: try vaultKey(table["broker"]?.table?["key"], path: path, text: text),
+            bridges: try AccountBridges.parse(accounts: table["accounts"]?.table, path: path))
     }
 
     /// `[broker] key`: `"keyfile"` (the default) or `"passphrase"`.
@@ -135,7 +136,9 @@ public enum ConfigFile {
             guard let account = accounts[name]?.table else {
                 throw ConfigError(description: "\(path): accounts.\(name) must be a table")
             }
-            if account.keys == ["access"] { continue }
+            // Tables of other settings only: they give an account added at run time its settings.
+            let otherTables = AccountBridges.tableKeys.union(["access"])
+            if Set(account.keys).isSubset(of: otherTables) { continue }
             guard let kindValue = account["kind"] else {
                 throw ConfigError(description: "\(path): accounts.\(name) needs a kind")
             }
@@ -143,7 +146,7 @@ public enum ConfigFile {
                 throw ConfigError(description: "\(path): accounts.\(name).kind must be a string")
             }
             var spec = ProviderSpec(kind: kind)
-            for key in account.keys where key != "kind" && key != "access" {
+            for key in account.keys where key != "kind" && !otherTables.contains(key) {
                 let field = ProviderKinds.fields.first { $0.name == key }
                 guard let field, !field.isSecret else {
                     let secret = field?.isSecret == true || tokenSecrets.contains(key)
@@ -182,21 +185,25 @@ public enum ConfigFile {
     }
 }
 
-/// What `broker.toml` says: engine settings, declared accounts (provider settings only) and
-/// who may use them, and how the vault key is obtained (read at start only).
+/// What `broker.toml` says: engine settings, declared accounts (provider settings only), who
+/// may use them and where they are offered to git and docker, and how the vault key is
+/// obtained (read at start only).
 public struct BrokerConfiguration: Sendable, Equatable {
     public var settings = BrokerSettings()
     public var accounts: [String: ProviderSpec] = [:]
     public var access = AccessRules()
     public var vaultKey = VaultKeyMode.keyFile
+    public var bridges: [String: AccountBridges] = [:]
 
     public init(
         settings: BrokerSettings = BrokerSettings(), accounts: [String: ProviderSpec] = [:],
-        access: AccessRules = AccessRules(), vaultKey: VaultKeyMode = .keyFile
+        access: AccessRules = AccessRules(), vaultKey: VaultKeyMode = .keyFile,
+        bridges: [String: AccountBridges] = [:]
     ) {
         self.settings = settings
         self.accounts = accounts
         self.access = access
         self.vaultKey = vaultKey
+        self.bridges = bridges
     }
 }

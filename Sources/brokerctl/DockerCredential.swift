@@ -1,0 +1,106 @@
+import ArgumentParser
+import BrokerClient
+import BrokerProtocol
+import FoundationEssentials
+
+/// `brokerctl docker-credential get|store|erase|list|version`, also run as
+/// `docker-credential-tokenbroker`: the protocol of docker-credential-helpers for the accounts
+/// whose `[accounts.NAME.docker] registries` list the registry docker asks about. docker reads
+/// a failed helper's standard output as the error, so failures are written there.
+struct DockerCredential: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "docker-credential",
+        abstract: "docker's credential helper: \"credHelpers\" or \"credsStore\": \"tokenbroker\".",
+        discussion: """
+            get reads a registry on stdin and answers {"ServerURL", "Username", "Secret"} (the
+            access token) for the account whose [accounts.NAME.docker] registries list it; list
+            maps each served registry to its user name; store does nothing; erase of a served
+            registry makes its next get refresh the token; version prints a line.
+            """)
+
+    /// What docker-credential-helpers answers for a registry it holds nothing for; docker
+    /// recognises this text.
+    static let notFound = "credentials not found in native keychain"
+    /// Largest input read (a server URL, or store's small JSON object).
+    static let maximumSize = 64 * 1024
+
+    @OptionGroup var options: BridgeOptions
+    @Argument(help: "get, store, erase, list or version.") var operation: String
+
+    func run() throws {
+        do {
+            switch operation {
+            case "get":
+                let (registry, account, username) = try serving(try readServerURL())
+                let token = try options.token(of: account)
+                let answer = ["ServerURL": registry, "Username": username, "Secret": token.accessToken]
+                StandardStream.output.write(try Self.json(answer) + "\n")
+            case "erase":
+                let (_, account, _) = try serving(try readServerURL())
+                let current = try options.token(of: account)
+                _ = try options.client().perform(
+                    .reject(account: account, accessToken: current.accessToken, minTTL: options.minTTL))
+            case "list":
+                var served: [String: String] = [:]
+                for account in try options.accounts() {
+                    for registry in account.docker?.registries ?? [] where served[registry] == nil {
+                        served[registry] = account.docker?.username
+                    }
+                }
+                StandardStream.output.write(try Self.json(served) + "\n")
+            case "store":
+                guard BoundedInput.read(limit: Self.maximumSize) != nil else {
+                    throw DockerFailure("the credentials are larger than \(Self.maximumSize / 1024) KiB")
+                }
+            case "version":
+                StandardStream.output.write("docker-credential-tokenbroker (tokenbroker) \(brokerctlVersion)\n")
+            default:
+                throw DockerFailure("unknown operation \(operation) (known: get, store, erase, list, version)")
+            }
+        } catch let failure as DockerFailure {
+            StandardStream.output.write(failure.message + "\n")
+            throw ExitCode(1)
+        } catch let error as ConnectionError {
+            StandardStream.output.write("brokerctl: \(error)\n")
+            throw ExitCode(1)
+        } catch let error as BrokerError {
+            StandardStream.output.write("brokerctl: \(error.message)\n")
+            throw ExitCode(1)
+        }
+    }
+
+    /// `object` as one line of JSON, keys sorted, `/` unescaped (as docker's helpers write it).
+    private static func json(_ object: [String: String]) throws -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return String(decoding: try encoder.encode(object), as: UTF8.self)
+    }
+
+    /// The server URL on stdin (docker writes it without a newline; one is allowed).
+    private func readServerURL() throws -> String {
+        guard var bytes = BoundedInput.read(limit: Self.maximumSize) else {
+            throw DockerFailure("the server URL is larger than \(Self.maximumSize / 1024) KiB")
+        }
+        while let last = bytes.last, last == UInt8(ascii: "\n") || last == UInt8(ascii: "\r") { bytes.removeLast() }
+        guard !bytes.isEmpty else { throw DockerFailure("no server URL on stdin") }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    /// The registry docker named (as it named it), the account serving it and its user name;
+    /// `notFound` when no account does.
+    private func serving(_ serverURL: String) throws -> (registry: String, account: String, username: String) {
+        guard let registry = BridgeNames.registry(serverURL) else { throw DockerFailure(Self.notFound) }
+        for account in try options.accounts() {
+            if let docker = account.docker, docker.registries.contains(registry) {
+                return (serverURL, account.account, docker.username)
+            }
+        }
+        throw DockerFailure(Self.notFound)
+    }
+}
+
+/// A docker helper failure: its message is docker's error text.
+struct DockerFailure: Error {
+    let message: String
+    init(_ message: String) { self.message = message }
+}
