@@ -19,7 +19,8 @@ import Glibc
 struct Exec: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "exec",
-        abstract: "Run a command with the account's token in $BEARER_TOKEN and a file kept fresh in $BEARER_TOKEN_FILE.",
+        abstract:
+            "Run a command with the account's token in $BEARER_TOKEN and a file kept fresh in $BEARER_TOKEN_FILE.",
         discussion: """
             The file (0600, under $XDG_RUNTIME_DIR/tokenbroker/) is rewritten before each expiry for as
             long as the command runs, and removed when it ends; read it for each request in a long job
@@ -45,7 +46,8 @@ struct Exec: ParsableCommand {
         guard (1...255).contains(bytes.count), !(0x30...0x39).contains(bytes[0]),
             bytes.allSatisfy({ $0 == UInt8(ascii: "_") || isalnum(Int32($0)) != 0 }), env != Self.fileVariable
         else {
-            throw ValidationError("--env must be a variable name (letters, digits and _) other than \(Self.fileVariable)")
+            throw ValidationError(
+                "--env must be a variable name (letters, digits and _) other than \(Self.fileVariable)")
         }
     }
 
@@ -85,7 +87,8 @@ struct Exec: ParsableCommand {
     /// and tried again later (the file keeps the last token until then).
     private func renew(_ renewal: inout Renewal, file: TokenFile) {
         do {
-            let token = try options.client().perform(.token(account: account, minTTL: renewal.minTTLForNext(now: Date())))
+            let token = try options.client().perform(
+                .token(account: account, minTTL: renewal.minTTLForNext(now: Date())))
             if token.accessToken != renewal.token.accessToken { try file.replace(with: token.accessToken) }
             renewal.took(token, now: Date())
         } catch let error as BrokerError {

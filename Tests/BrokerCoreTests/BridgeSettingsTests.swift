@@ -30,7 +30,9 @@ import Testing
                         username: "x-access-token")))
         // A table of bridges only, like one of access only, declares no account.
         #expect(configuration.accounts.keys.sorted() == ["api"])
-        #expect(configuration.bridges["runtime"] == AccountBridges(git: GitBridge(hosts: ["gitlab.example"], username: "me")))
+        #expect(
+            configuration.bridges["runtime"]
+                == AccountBridges(git: GitBridge(hosts: ["gitlab.example"], username: "me")))
     }
 
     @Test(arguments: [

@@ -82,7 +82,9 @@ final class BridgeBroker: Sendable {
         let texts = outputs.withLock { $0 } + [broker.log]
         let secrets = [initialRefreshToken, idp.clientSecret] + idp.issuedRefreshTokens
         for secret in secrets {
-            #expect(!texts.contains { $0.contains(secret) }, "a secret appeared in an output", sourceLocation: sourceLocation)
+            #expect(
+                !texts.contains { $0.contains(secret) }, "a secret appeared in an output",
+                sourceLocation: sourceLocation)
         }
     }
 

@@ -39,7 +39,9 @@ import Glibc
         #expect(file[3] == bridge.idp.issuedAccessTokens.first)
         #expect(!FileManager.default.fileExists(atPath: file[1]), "the file is removed when the command ends")
         // Only standard input, output and error (and the directory ls reads) reach the command.
-        #expect(lines.dropFirst().first.map { Array($0.dropFirst()) }?.allSatisfy { ["0", "1", "2", "3"].contains($0) } == true)
+        #expect(
+            lines.dropFirst().first.map { Array($0.dropFirst()) }?.allSatisfy { ["0", "1", "2", "3"].contains($0) }
+                == true)
 
         let reads = lines.filter { $0.first == "read" }
         #expect(reads.count > 20)
@@ -55,11 +57,15 @@ import Glibc
     @Test func signalsPassToTheCommandAndTheFileIsRemoved() async throws {
         let bridge = try await BridgeBroker.start { _ in "" }
         let log = bridge.broker.root.appendingPathComponent("signal.log").path
-        let output = open(bridge.broker.root.appendingPathComponent("exec.out").path, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
+        let output = open(
+            bridge.broker.root.appendingPathComponent("exec.out").path, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
         defer { close(output) }
         let exec = try ChildProcess.spawn(
             BrokerProcess.binary("brokerctl").path,
-            ["exec", "api", "--env", "API_TOKEN", "--", "sh", "-c", #"echo "$BEARER_TOKEN_FILE $API_TOKEN" > "$1"; exec sleep 60"#, "job", log],
+            [
+                "exec", "api", "--env", "API_TOKEN", "--", "sh", "-c",
+                #"echo "$BEARER_TOKEN_FILE $API_TOKEN" > "$1"; exec sleep 60"#, "job", log,
+            ],
             environment: bridge.environment(), output: output)
         #expect(await eventually { ((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").hasSuffix("\n") })
         let fields = try String(contentsOfFile: log, encoding: .utf8).split(separator: " ").map {

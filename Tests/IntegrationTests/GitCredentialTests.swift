@@ -7,16 +7,20 @@ import Testing
 /// HTTP from a server that requires the token and refuses it once.
 @Suite struct GitCredentialTests {
     /// A git configuration of its own (no system or user file), with `helpers` in order.
-    private func gitEnvironment(_ bridge: BridgeBroker, helpers: [String], path: String? = nil) throws -> [String: String] {
+    private func gitEnvironment(_ bridge: BridgeBroker, helpers: [String], path: String? = nil) throws -> [String:
+        String]
+    {
         let home = bridge.broker.root.appendingPathComponent("home").path
         let config = home + "/gitconfig"
-        try (helpers.map { "[credential]\n\thelper = \($0)\n" }.joined()).write(
+        try (helpers.map { "[credential]\n\thelper = \"\($0)\"\n" }.joined()).write(
             toFile: config, atomically: true, encoding: .utf8)
         var environment = [
             "GIT_CONFIG_GLOBAL": config, "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "",
             "SSH_ASKPASS": "",
         ]
-        if let path { environment["PATH"] = path + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin") }
+        if let path {
+            environment["PATH"] = path + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
+        }
         return environment
     }
 
@@ -39,7 +43,8 @@ import Testing
         let git = try gitEnvironment(bridge, helpers: ["!\(brokerctl) git-credential"])
 
         let fill = try bridge.run(
-            ["credential", "fill"], program: "git", stdin: "protocol=https\nhost=git.example:8443\n\n", environment: git)
+            ["credential", "fill"], program: "git", stdin: "protocol=https\nhost=git.example:8443\n\n", environment: git
+        )
         #expect(fill.status == 0, "\(fill.stderr)")
         let token = try #require(bridge.lastIssued)
         let filled = Dictionary(pairs(fill.stdout), uniquingKeysWith: { $1 })
@@ -93,7 +98,8 @@ import Testing
         let control = try bridge.run(["git-credential", "get"], stdin: "protocol=https\nhost=github.com\u{1B}[2J\n\n")
         #expect(control.status == 1 && control.stdout.isEmpty)
         let huge = try bridge.run(
-            ["git-credential", "get"], stdin: String(repeating: "path=\(String(repeating: "a", count: 1000))\n", count: 300))
+            ["git-credential", "get"],
+            stdin: String(repeating: "path=\(String(repeating: "a", count: 1000))\n", count: 300))
         #expect(huge.status == 1 && huge.stdout.isEmpty)
         #expect(bridge.idp.callCount == 1, "every answer came from the one token")
 

@@ -37,7 +37,10 @@ import Testing
             #expect(status["token"] as? String == bridge.lastIssued)
             let timestamp = try #require(status["expirationTimestamp"] as? String)
             #expect(timestamp.hasSuffix("Z") && timestamp.count == 20, "RFC 3339 in UTC: \(timestamp)")
-            #expect(Wire.parseRFC3339(timestamp) == (try expiry(bridge)).map { Date(timeIntervalSince1970: $0.timeIntervalSince1970.rounded(.down)) })
+            #expect(
+                Wire.parseRFC3339(timestamp)
+                    == (try expiry(bridge)).map { Date(timeIntervalSince1970: $0.timeIntervalSince1970.rounded(.down)) }
+            )
         }
         #expect(bridge.idp.callCount == 1)
 
@@ -77,14 +80,17 @@ import Testing
             let get = try bridge.run(["get"], program: helper, stdin: input)
             #expect(get.status == 0, "\(input): \(get.stdout)")
             let answer = try #require(object(get.stdout) as? [String: String])
-            #expect(answer == ["ServerURL": serverURL, "Username": "x-access-token", "Secret": bridge.lastIssued ?? "-"])
+            #expect(
+                answer == ["ServerURL": serverURL, "Username": "x-access-token", "Secret": bridge.lastIssued ?? "-"])
         }
         #expect(bridge.idp.callCount == 1)
 
         for input in ["registry.other.example", "index.docker.io/v2/", "https://ghcr.io/org/repo", ""] {
             let missing = try bridge.run(["get"], program: helper, stdin: input)
             #expect(missing.status == 1)
-            #expect(missing.stdout == (input.isEmpty ? "no server URL on stdin\n" : "credentials not found in native keychain\n"))
+            #expect(
+                missing.stdout
+                    == (input.isEmpty ? "no server URL on stdin\n" : "credentials not found in native keychain\n"))
         }
 
         let list = try bridge.run(["list"], program: helper)
@@ -114,7 +120,9 @@ import Testing
         #expect(unknown.status == 1 && unknown.stdout == "credentials not found in native keychain\n")
 
         let version = try bridge.run(["version"], program: helper)
-        #expect(version.status == 0 && version.stdout.hasPrefix("docker-credential-tokenbroker ") && version.stdout.filter { $0 == "\n" }.count == 1)
+        #expect(
+            version.status == 0 && version.stdout.hasPrefix("docker-credential-tokenbroker ")
+                && version.stdout.filter { $0 == "\n" }.count == 1)
         // The same helper under its brokerctl name.
         let direct = try bridge.run(["docker-credential", "get"], stdin: "ghcr.io")
         #expect(object(direct.stdout)?["Secret"] as? String == bridge.lastIssued)
