@@ -21,6 +21,8 @@ struct DockerCredential: ParsableCommand {
     /// What docker-credential-helpers answers for a registry it holds nothing for; docker
     /// recognises this text.
     static let notFound = "credentials not found in native keychain"
+    /// Seconds after a refresh during which `erase` leaves the new token alone.
+    static let freshTokenAge: TimeInterval = 5
     /// Largest input read (a server URL, or store's small JSON object).
     static let maximumSize = 64 * 1024
 
@@ -31,15 +33,21 @@ struct DockerCredential: ParsableCommand {
         do {
             switch operation {
             case "get":
-                let (registry, account, username) = try serving(try readServerURL())
-                let token = try options.token(of: account)
-                let answer = ["ServerURL": registry, "Username": username, "Secret": token.accessToken]
+                let serverURL = try readServerURL()
+                let (account, docker) = try serving(serverURL)
+                let token = try options.token(of: account.account)
+                let answer = ["ServerURL": serverURL, "Username": docker.username, "Secret": token.accessToken]
                 StandardStream.output.write(try Self.json(answer) + "\n")
             case "erase":
-                let (_, account, _) = try serving(try readServerURL())
-                let current = try options.token(of: account)
+                let (account, _) = try serving(try readServerURL())
+                // `docker logout` erases up to four spellings of one registry, one after another:
+                // a token the broker refreshed moments ago was refused by no one.
+                if let refreshed = account.lastRefreshAt, Date().timeIntervalSince(refreshed) < Self.freshTokenAge {
+                    return
+                }
+                let current = try options.token(of: account.account)
                 _ = try options.client().perform(
-                    .reject(account: account, accessToken: current.accessToken, minTTL: options.minTTL))
+                    .reject(account: account.account, accessToken: current.accessToken, minTTL: options.minTTL))
             case "list":
                 var served: [String: String] = [:]
                 for account in try options.accounts() {
@@ -86,14 +94,12 @@ struct DockerCredential: ParsableCommand {
         return String(decoding: bytes, as: UTF8.self)
     }
 
-    /// The registry docker named (as it named it), the account serving it and its user name;
+    /// The account serving the registry `serverURL` names, and its docker settings;
     /// `notFound` when no account does.
-    private func serving(_ serverURL: String) throws -> (registry: String, account: String, username: String) {
+    private func serving(_ serverURL: String) throws -> (account: AccountStatus, docker: DockerBridge) {
         guard let registry = BridgeNames.registry(serverURL) else { throw DockerFailure(Self.notFound) }
         for account in try options.accounts() {
-            if let docker = account.docker, docker.registries.contains(registry) {
-                return (serverURL, account.account, docker.username)
-            }
+            if let docker = account.docker, docker.registries.contains(registry) { return (account, docker) }
         }
         throw DockerFailure(Self.notFound)
     }
