@@ -37,6 +37,13 @@ import Testing
             """
             [accounts.api.git]
             hosts = ["git.example:8443", "GitHub.com"]
+
+            [accounts.hidden]
+            kind = "static"
+            [accounts.hidden.access]
+            executables = ["/usr/bin/false"]
+            [accounts.hidden.git]
+            hosts = ["hidden.example"]
             """
         }
         let brokerctl = BrokerProcess.binary("brokerctl").path
@@ -79,10 +86,20 @@ import Testing
         for input in [
             "protocol=https\nhost=other.example\n", "protocol=ssh\nhost=github.com\n",
             "protocol=https\nhost=github.com\nusername=someone\n", "protocol=https\nhost=git.example\n",
+            // Served by an account brokerctl may not use: status does not show it to brokerctl.
+            "protocol=https\nhost=hidden.example\n",
         ] {
             let none = try bridge.run(["git-credential", "get"], stdin: input + "\n")
             #expect(none.status == 0 && none.stdout.isEmpty, "\(input): \(none.stderr)")
         }
+        let status = try bridge.run(["status", "--json"])
+        let listed = try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any]
+        let accounts = try #require(listed?["accounts"] as? [[String: Any]])
+        #expect(accounts.map { $0["account"] as? String } == ["api"])
+        let gitBridge = try #require(accounts.first?["git"] as? [String: Any])
+        #expect(Set(gitBridge.keys) == ["hosts", "username"])
+        #expect(gitBridge["hosts"] as? [String] == ["git.example:8443", "github.com"])
+        #expect(gitBridge["username"] as? String == "oauth2")
         let chained = try gitEnvironment(
             bridge, helpers: ["!\(brokerctl) git-credential", "!f() { echo username=next; echo password=pw-next; }; f"])
         let next = try bridge.run(
