@@ -51,7 +51,7 @@ public enum BridgeNames {
     public static func registry(_ text: String) -> String? {
         guard text.utf8.count <= maximumLength + 8 else { return nil }
         var rest = Substring(text)
-        for scheme in ["https://", "http://"] where rest.lowercased().hasPrefix(scheme) {
+        if let scheme = ["https://", "http://"].first(where: { rest.lowercased().hasPrefix($0) }) {
             rest = rest.dropFirst(scheme.count)
         }
         while rest.hasSuffix("/") { rest = rest.dropLast() }

@@ -43,6 +43,13 @@ struct BridgeOptions: ParsableArguments {
     }
 }
 
+/// What stopped a bridge: printed as `Error: description` with no usage text (the command line
+/// was right); docker's helper writes it to stdout, where docker reads it.
+struct BridgeFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
 /// Standard input, read to its end with bounds: a helper's input comes from another program.
 enum BoundedInput {
     /// Everything on stdin, at most `limit` bytes; `nil` when there is more.

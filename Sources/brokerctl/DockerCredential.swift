@@ -58,15 +58,15 @@ struct DockerCredential: ParsableCommand {
                 StandardStream.output.write(try Self.json(served) + "\n")
             case "store":
                 guard BoundedInput.read(limit: Self.maximumSize) != nil else {
-                    throw DockerFailure("the credentials are larger than \(Self.maximumSize / 1024) KiB")
+                    throw BridgeFailure("the credentials are larger than \(Self.maximumSize / 1024) KiB")
                 }
             case "version":
                 StandardStream.output.write("docker-credential-tokenbroker (tokenbroker) \(brokerctlVersion)\n")
             default:
-                throw DockerFailure("unknown operation \(operation) (known: get, store, erase, list, version)")
+                throw BridgeFailure("unknown operation \(operation) (known: get, store, erase, list, version)")
             }
-        } catch let failure as DockerFailure {
-            StandardStream.output.write(failure.message + "\n")
+        } catch let failure as BridgeFailure {
+            StandardStream.output.write(failure.description + "\n")
             throw ExitCode(1)
         } catch let error as ConnectionError {
             StandardStream.output.write("brokerctl: \(error)\n")
@@ -87,26 +87,20 @@ struct DockerCredential: ParsableCommand {
     /// The server URL on stdin (docker writes it without a newline; one is allowed).
     private func readServerURL() throws -> String {
         guard var bytes = BoundedInput.read(limit: Self.maximumSize) else {
-            throw DockerFailure("the server URL is larger than \(Self.maximumSize / 1024) KiB")
+            throw BridgeFailure("the server URL is larger than \(Self.maximumSize / 1024) KiB")
         }
         while let last = bytes.last, last == UInt8(ascii: "\n") || last == UInt8(ascii: "\r") { bytes.removeLast() }
-        guard !bytes.isEmpty else { throw DockerFailure("no server URL on stdin") }
+        guard !bytes.isEmpty else { throw BridgeFailure("no server URL on stdin") }
         return String(decoding: bytes, as: UTF8.self)
     }
 
     /// The account serving the registry `serverURL` names, and its docker settings;
     /// `notFound` when no account does.
     private func serving(_ serverURL: String) throws -> (account: AccountStatus, docker: DockerBridge) {
-        guard let registry = BridgeNames.registry(serverURL) else { throw DockerFailure(Self.notFound) }
+        guard let registry = BridgeNames.registry(serverURL) else { throw BridgeFailure(Self.notFound) }
         for account in try options.accounts() {
             if let docker = account.docker, docker.registries.contains(registry) { return (account, docker) }
         }
-        throw DockerFailure(Self.notFound)
+        throw BridgeFailure(Self.notFound)
     }
-}
-
-/// A docker helper failure: its message is docker's error text.
-struct DockerFailure: Error {
-    let message: String
-    init(_ message: String) { self.message = message }
 }

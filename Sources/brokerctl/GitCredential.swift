@@ -90,7 +90,7 @@ struct GitCredentialInput {
     /// Reads standard input; refuses input that is too long or holds NUL or control characters.
     static func read() throws -> GitCredentialInput {
         guard let bytes = BoundedInput.read(limit: maximumSize) else {
-            throw ValidationError("the credential description is larger than \(maximumSize / 1024) KiB")
+            throw BridgeFailure("the credential description is larger than \(maximumSize / 1024) KiB")
         }
         return try parse(bytes)
     }
@@ -101,13 +101,13 @@ struct GitCredentialInput {
         for (number, line) in lines.enumerated() {
             if line.isEmpty { break }
             guard number < maximumLines else {
-                throw ValidationError("the credential description has more than \(maximumLines) lines")
+                throw BridgeFailure("the credential description has more than \(maximumLines) lines")
             }
             guard line.allSatisfy({ $0 >= 0x20 && $0 != 0x7F }) else {
-                throw ValidationError("line \(number + 1) of the credential description holds a control character")
+                throw BridgeFailure("line \(number + 1) of the credential description holds a control character")
             }
             guard let equals = line.firstIndex(of: UInt8(ascii: "=")) else {
-                throw ValidationError("line \(number + 1) of the credential description is not key=value")
+                throw BridgeFailure("line \(number + 1) of the credential description is not key=value")
             }
             let key = String(decoding: line[..<equals], as: UTF8.self)
             let value = String(decoding: line[(equals + 1)...], as: UTF8.self)

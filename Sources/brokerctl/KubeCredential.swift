@@ -46,10 +46,10 @@ struct KubeCredential: ParsableCommand {
         guard info.utf8.count <= maximumInfoSize,
             let asked = try? JSONDecoder().decode(ExecInfo.self, from: Data(info.utf8))
         else {
-            throw ValidationError("KUBERNETES_EXEC_INFO is not an ExecCredential object")
+            throw BridgeFailure("KUBERNETES_EXEC_INFO is not an ExecCredential object")
         }
         guard let version = asked.apiVersion, versions.contains(where: { "\(group)/\($0)" == version }) else {
-            throw ValidationError(
+            throw BridgeFailure(
                 "KUBERNETES_EXEC_INFO asks for apiVersion \(asked.apiVersion ?? "(none)"); this plugin answers "
                     + versions.map { "\(group)/\($0)" }.joined(separator: " or "))
         }

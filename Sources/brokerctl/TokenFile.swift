@@ -1,4 +1,3 @@
-import ArgumentParser
 import BrokerProtocol
 import FoundationEssentials
 
@@ -21,16 +20,16 @@ final class TokenFile {
     /// does not exist; refuses a directory that is a symlink, another user's, or writable by others.
     init(in directoryPath: String, token: String) throws {
         if mkdir(directoryPath, 0o700) != 0, errno != EEXIST {
-            throw ValidationError("cannot create \(directoryPath): \(String(cString: strerror(errno)))")
+            throw BridgeFailure("cannot create \(directoryPath): \(String(cString: strerror(errno)))")
         }
         directory = open(directoryPath, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
         guard directory >= 0 else {
-            throw ValidationError("cannot open \(directoryPath): \(String(cString: strerror(errno)))")
+            throw BridgeFailure("cannot open \(directoryPath): \(String(cString: strerror(errno)))")
         }
         var facts = stat()
         guard fstat(directory, &facts) == 0, facts.st_uid == getuid(), facts.st_mode & 0o022 == 0 else {
             close(directory)
-            throw ValidationError("\(directoryPath) must be a directory of yours that no one else can write")
+            throw BridgeFailure("\(directoryPath) must be a directory of yours that no one else can write")
         }
         name = Self.randomName()
         path = directoryPath + "/" + name
@@ -51,7 +50,7 @@ final class TokenFile {
         guard renameat(directory, temporary, directory, name) == 0 else {
             let reason = String(cString: strerror(errno))
             unlinkat(directory, temporary, 0)
-            throw ValidationError("cannot replace \(path): \(reason)")
+            throw BridgeFailure("cannot replace \(path): \(reason)")
         }
     }
 
@@ -61,7 +60,7 @@ final class TokenFile {
     /// A new file `name` in the directory holding exactly `token`.
     private func write(_ token: String, as name: String) throws {
         let fd = openat(directory, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw ValidationError("cannot create \(name): \(String(cString: strerror(errno)))") }
+        guard fd >= 0 else { throw BridgeFailure("cannot create \(name): \(String(cString: strerror(errno)))") }
         defer { close(fd) }
         var token = token
         let written = token.withUTF8 { bytes -> Bool in
@@ -76,7 +75,7 @@ final class TokenFile {
         }
         guard written else {
             unlinkat(directory, name, 0)
-            throw ValidationError("cannot write \(name): \(String(cString: strerror(errno)))")
+            throw BridgeFailure("cannot write \(name): \(String(cString: strerror(errno)))")
         }
     }
 
