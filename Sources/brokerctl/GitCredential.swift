@@ -37,7 +37,9 @@ struct GitCredential: ParsableCommand {
         try GlobalOptions.reportingFailures {
             guard let (account, username) = try serving(input) else { return }
             if operation == "erase" {
-                if let refused = input.values["password"] ?? input.values["credential"] {
+                // Only the broker's own token is reported: a password another helper gave is not sent.
+                let refused = input.values["password"] ?? input.values["credential"]
+                if let refused, try options.token(of: account).accessToken == refused {
                     _ = try options.client().perform(
                         .reject(account: account, accessToken: refused, minTTL: options.minTTL))
                 }

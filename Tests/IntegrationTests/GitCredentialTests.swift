@@ -120,6 +120,17 @@ import Testing
         #expect(huge.status == 1 && huge.stdout.isEmpty)
         #expect(bridge.idp.callCount == 1, "every answer came from the one token")
 
+        // erase of a password the broker did not give changes nothing; of its token, refreshes once.
+        let erase = "protocol=https\nhost=github.com\nusername=oauth2\npassword="
+        let foreign = try bridge.run(["git-credential", "erase"], stdin: erase + "someone-elses\n\n")
+        #expect(foreign.status == 0 && foreign.stdout.isEmpty && bridge.idp.callCount == 1)
+        let own = try bridge.run(["git-credential", "erase"], stdin: erase + token + "\n\n")
+        #expect(own.status == 0 && own.stdout.isEmpty && bridge.idp.callCount == 2, "\(own.stderr)")
+        let again = try bridge.run(["git-credential", "get"], stdin: "protocol=https\nhost=github.com\n\n")
+        #expect(pairs(again.stdout).dropFirst().first?.1 == bridge.lastIssued && bridge.lastIssued != token)
+        _ = try bridge.run(["git-credential", "erase"], stdin: erase + token + "\n\n")
+        #expect(bridge.idp.callCount == 2, "an old token erased again makes no refresh")
+
         // A broker that is not running: a message, and a failure git reports and passes over.
         await bridge.stop()
         let down = try bridge.run(["git-credential", "get"], stdin: "protocol=https\nhost=github.com\n\n")
