@@ -101,7 +101,7 @@ let package = Package(
         .executableTarget(
             name: "brokerctl",
             dependencies: [
-                "BrokerClient", "BrokerProtocol",
+                "BrokerClient", "BrokerProtocol", "CSpawn",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: upcoming,

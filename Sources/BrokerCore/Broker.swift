@@ -14,6 +14,8 @@ public actor Broker {
     public nonisolated let clock: any WallClock
     /// Who may use which account; replaced by a config reload.
     public nonisolated let accessRules = AccessRulesStore()
+    /// Where accounts are offered to git and docker; replaced by a config reload.
+    public nonisolated let bridges = BridgeSettingsStore()
     /// Whether the vault key is held (passphrase mode); see `unlock(with:)` and `lock()`.
     public nonisolated let padlock = Padlock()
     /// The engine's settings; replaced by a config reload.
@@ -440,6 +442,7 @@ public actor Broker {
         }
         settingsBox.withLock { $0 = configuration.settings }
         accessRules.replace(with: configuration.access)
+        bridges.replace(with: configuration.bridges)
         let now = clock.now()
         let stored = accounts.mapValues(\.record)
         for (name, provider) in providers {

@@ -58,7 +58,8 @@ public enum ConfigFile {
                 broker: table["broker"]?.table, accounts: table["accounts"]?.table, path: path),
             vaultKey: try vaultKey(table["broker"]?.table?["key"], path: path, text: text),
             exportFiles: try exportFiles(table["accounts"]?.table, path: path),
-            wlcgAccount: try wlcgAccount(table["broker"]?.table?["wlcg_account"], path: path))
+            wlcgAccount: try wlcgAccount(table["broker"]?.table?["wlcg_account"], path: path),
+            bridges: try AccountBridges.parse(accounts: table["accounts"]?.table, path: path))
     }
 
     /// The longest `export_file` path accepted, in bytes (below `PATH_MAX`).
@@ -177,8 +178,9 @@ public enum ConfigFile {
             guard let account = accounts[name]?.table else {
                 throw ConfigError(description: "\(path): accounts.\(name) must be a table")
             }
-            // `access` and `export_file` alone: settings for an account added at run time.
-            if Set(account.keys).isSubset(of: ["access", "export_file"]) { continue }
+            // Tables and keys of other settings only: they give an account added at run time its settings.
+            let otherSettings = AccountBridges.tableKeys.union(["access", "export_file"])
+            if Set(account.keys).isSubset(of: otherSettings) { continue }
             guard let kindValue = account["kind"] else {
                 throw ConfigError(description: "\(path): accounts.\(name) needs a kind")
             }
@@ -186,7 +188,7 @@ public enum ConfigFile {
                 throw ConfigError(description: "\(path): accounts.\(name).kind must be a string")
             }
             var spec = ProviderSpec(kind: kind)
-            for key in account.keys where !["kind", "access", "export_file"].contains(key) {
+            for key in account.keys where key != "kind" && !otherSettings.contains(key) {
                 let field = ProviderKinds.fields.first { $0.name == key }
                 guard let field, !field.isSecret else {
                     let secret = field?.isSecret == true || tokenSecrets.contains(key)
@@ -225,8 +227,9 @@ public enum ConfigFile {
     }
 }
 
-/// What `broker.toml` says: engine settings, declared accounts (provider settings only) and
-/// who may use them, and how the vault key is obtained (read at start only).
+/// What `broker.toml` says: engine settings, declared accounts (provider settings only), who
+/// may use them and where they are offered to git and docker, and how the vault key is
+/// obtained (read at start only).
 public struct BrokerConfiguration: Sendable, Equatable {
     public var settings = BrokerSettings()
     public var accounts: [String: ProviderSpec] = [:]
@@ -236,11 +239,12 @@ public struct BrokerConfiguration: Sendable, Equatable {
     public var exportFiles: [String: String] = [:]
     /// The account whose token the WLCG bearer token file (`$XDG_RUNTIME_DIR/bt_u$UID`) holds.
     public var wlcgAccount: String?
+    public var bridges: [String: AccountBridges] = [:]
 
     public init(
         settings: BrokerSettings = BrokerSettings(), accounts: [String: ProviderSpec] = [:],
         access: AccessRules = AccessRules(), vaultKey: VaultKeyMode = .keyFile, exportFiles: [String: String] = [:],
-        wlcgAccount: String? = nil
+        wlcgAccount: String? = nil, bridges: [String: AccountBridges] = [:]
     ) {
         self.settings = settings
         self.accounts = accounts
@@ -248,5 +252,6 @@ public struct BrokerConfiguration: Sendable, Equatable {
         self.vaultKey = vaultKey
         self.exportFiles = exportFiles
         self.wlcgAccount = wlcgAccount
+        self.bridges = bridges
     }
 }

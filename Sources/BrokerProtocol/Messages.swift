@@ -244,10 +244,15 @@ public struct AccountStatus: Codable, Sendable, Equatable {
     public var nextRefreshAt: Date?
     public var lastRefreshAt: Date?
     public var lastError: AccountError?
+    /// The git hosts the account serves (`[accounts.NAME.git]`), for `brokerctl git-credential`.
+    public var git: GitBridge?
+    /// The registries the account serves (`[accounts.NAME.docker]`), for `brokerctl docker-credential`.
+    public var docker: DockerBridge?
 
     public init(
         account: String, provider: String, state: String, expiresAt: Date? = nil, refreshExpiresAt: Date? = nil,
-        nextRefreshAt: Date? = nil, lastRefreshAt: Date? = nil, lastError: AccountError? = nil
+        nextRefreshAt: Date? = nil, lastRefreshAt: Date? = nil, lastError: AccountError? = nil,
+        git: GitBridge? = nil, docker: DockerBridge? = nil
     ) {
         self.account = account
         self.provider = provider
@@ -257,10 +262,12 @@ public struct AccountStatus: Codable, Sendable, Equatable {
         self.nextRefreshAt = nextRefreshAt
         self.lastRefreshAt = lastRefreshAt
         self.lastError = lastError
+        self.git = git
+        self.docker = docker
     }
 
     enum CodingKeys: String, CodingKey {
-        case account, provider, state
+        case account, provider, state, git, docker
         case expiresAt = "expires_at"
         case refreshExpiresAt = "refresh_expires_at"
         case nextRefreshAt = "next_refresh_at"

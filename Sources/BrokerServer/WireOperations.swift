@@ -26,11 +26,14 @@ extension Broker {
     /// `status`: one account, or every account when `account` is `nil`.
     public nonisolated func status(account: String?) async throws(BrokerError) -> [AccountStatus] {
         if padlock.isLocked { return try lockedStatus(account: account) }
-        guard let account else { return await snapshots().map(WireTranslation.status) }
+        guard let account else {
+            return await snapshots().map { WireTranslation.status($0, bridges: bridges.of($0.name.rawValue)) }
+        }
         let name = try WireTranslation.existingAccountName(account)
         return [
             WireTranslation.status(
-                try await translating { () async throws(BrokerFailure) in try await snapshot(of: name) })
+                try await translating { () async throws(BrokerFailure) in try await snapshot(of: name) },
+                bridges: bridges.of(account))
         ]
     }
 

@@ -77,12 +77,13 @@ public enum WireTranslation {
 
     // MARK: Results
 
-    /// An account's entry in `status`.
-    public static func status(_ snapshot: AccountSnapshot) -> AccountStatus {
+    /// An account's entry in `status`, with the git hosts and registries it serves.
+    public static func status(_ snapshot: AccountSnapshot, bridges: AccountBridges? = nil) -> AccountStatus {
         AccountStatus(
             account: snapshot.name.rawValue, provider: snapshot.kind, state: snapshot.state.rawValue,
             expiresAt: snapshot.expiresAt, refreshExpiresAt: snapshot.refreshExpiresAt,
-            nextRefreshAt: snapshot.nextRefreshAt, lastRefreshAt: snapshot.lastRefreshAt, lastError: snapshot.lastError)
+            nextRefreshAt: snapshot.nextRefreshAt, lastRefreshAt: snapshot.lastRefreshAt, lastError: snapshot.lastError,
+            git: bridges?.git, docker: bridges?.docker)
     }
 
     /// The result of an owner op that changed an account.

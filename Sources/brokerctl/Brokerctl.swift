@@ -7,6 +7,9 @@ import FoundationEssentials
 import Glibc
 #endif
 
+/// The release brokerctl belongs to.
+let brokerctlVersion = "0.1.0"
+
 /// brokerctl: inspect and manage brokerd, and fetch tokens in scripts.
 struct Brokerctl: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -15,9 +18,11 @@ struct Brokerctl: ParsableCommand {
             Exit codes: 0 ok, 1 other error, 3 broker not running, 4 not found, 5 needs login,
             6 unavailable, 7 forbidden, 8 locked.
             """,
+        version: brokerctlVersion,
         subcommands: [
             Status.self, Token.self, Watch.self, Login.self, Add.self, SetTokens.self, Remove.self, Refresh.self,
-            Logout.self, Reload.self, Unlock.self, Lock.self, Rekey.self,
+            Logout.self, Reload.self, Unlock.self, Lock.self, Rekey.self, GitCredential.self, DockerCredential.self,
+            KubeCredential.self, Exec.self, Header.self,
         ])
 }
 

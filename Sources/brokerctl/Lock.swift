@@ -1,6 +1,8 @@
 import ArgumentParser
 import BrokerClient
 import BrokerProtocol
+// `sigset_t` comes with <spawn.h>, which CSpawn's module holds since brokerctl links it (exec).
+import CSpawn
 
 #if canImport(Glibc)
 import Glibc

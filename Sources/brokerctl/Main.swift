@@ -7,11 +7,22 @@ import Glibc
 #endif
 
 /// brokerctl's entry: the usual `token` call on its own short path, everything else through
-/// ArgumentParser.
+/// ArgumentParser. Run as `git-credential-tokenbroker` or `docker-credential-tokenbroker` (the
+/// names git and docker look for on PATH), it is that helper.
 @main
 enum Main {
+    /// The helper each installed name runs.
+    static let helperNames = [
+        "git-credential-tokenbroker": "git-credential", "docker-credential-tokenbroker": "docker-credential",
+    ]
+
     static func main() {
-        if let call = TokenCall(arguments: CommandLine.arguments.dropFirst()) {
+        let arguments = CommandLine.arguments
+        if let helper = arguments.first.flatMap({ helperNames[$0.baseName] }) {
+            Brokerctl.main([helper] + arguments.dropFirst())
+            return
+        }
+        if let call = TokenCall(arguments: arguments.dropFirst()) {
             exit(call.run())
         }
         Brokerctl.main()

@@ -1,0 +1,75 @@
+import ArgumentParser
+import BrokerClient
+import BrokerProtocol
+import FoundationEssentials
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What every bridge (`git-credential`, `docker-credential`, `kube-credential`, `exec`,
+/// `header`) shares: the broker it asks, how long its token must live, and the accounts that
+/// serve a git host or a registry, found through `status` (brokerctl never reads broker.toml:
+/// it may run where that file is not, e.g. in a container that has only the socket).
+struct BridgeOptions: ParsableArguments {
+    @Option(help: "Socket path (default: $TOKENBROKER_SOCKET or $XDG_RUNTIME_DIR/tokenbroker/broker.sock).")
+    var socket: String?
+
+    @Option(help: "Seconds the token must stay valid (default: the broker's default_min_ttl).")
+    var minTTL: Double?
+
+    @Option(help: "Seconds to wait for the broker's answer (it may be refreshing at the IdP).")
+    var timeout: Double = 120
+
+    func validate() throws {
+        if let minTTL, !(minTTL.isFinite && (0...Bounds.maximumLifetime).contains(minTTL)) {
+            throw ValidationError("--min-ttl must be a number of seconds from 0 to \(Int(Bounds.maximumLifetime))")
+        }
+    }
+
+    /// A client of the broker these options name.
+    func client() throws -> BlockingBrokerClient {
+        try GlobalOptions.client(socket: socket, timeout: timeout)
+    }
+
+    /// The token of `account`, valid for `--min-ttl` seconds.
+    func token(of account: String) throws -> TokenResult {
+        try client().perform(.token(account: account, minTTL: minTTL))
+    }
+
+    /// The accounts the caller may use, with their bridge settings.
+    func accounts() throws -> [AccountStatus] {
+        try client().perform(.status()).accounts
+    }
+}
+
+/// What stopped a bridge: printed as `Error: description` with no usage text (the command line
+/// was right); docker's helper writes it to stdout, where docker reads it.
+struct BridgeFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// Standard input, read to its end with bounds: a helper's input comes from another program.
+enum BoundedInput {
+    /// Everything on stdin, at most `limit` bytes; `nil` when there is more.
+    static func read(limit: Int) -> [UInt8]? {
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 16384)
+        while true {
+            let count = Glibc.read(STDIN_FILENO, &chunk, chunk.count)
+            if count < 0, errno == EINTR { continue }
+            guard count > 0 else { return bytes }
+            bytes.append(contentsOf: chunk[..<count])
+            if bytes.count > limit { return nil }
+        }
+    }
+}
+
+extension String {
+    /// The text after the last `/`: a program's name as it was invoked.
+    var baseName: String {
+        guard let slash = lastIndex(of: "/") else { return self }
+        return String(self[index(after: slash)...])
+    }
+}

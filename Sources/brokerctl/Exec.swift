@@ -1,0 +1,212 @@
+import ArgumentParser
+import BrokerClient
+import BrokerProtocol
+import CSpawn
+import FoundationEssentials
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `brokerctl exec ACCOUNT [--env VAR] -- CMD ARGS...`: runs CMD (found on PATH, no shell) with
+/// the token in `VAR` and `BEARER_TOKEN_FILE` naming a 0600 file that brokerctl keeps fresh
+/// while CMD runs and removes when it ends.
+///
+/// brokerctl, not brokerd, keeps the file: it is the process that knows when CMD ends (it waits
+/// for it) and it is there to remove the file on every way out; it writes where CMD runs, which
+/// brokerd may not see (a container that has only the socket); and it asks for the token as
+/// any client does, so the account's access rules apply to it unchanged.
+struct Exec: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "exec",
+        abstract:
+            "Run a command with the account's token in $BEARER_TOKEN and a file kept fresh in $BEARER_TOKEN_FILE.",
+        discussion: """
+            The file (0600, under $XDG_RUNTIME_DIR/tokenbroker/) is rewritten before each expiry for as
+            long as the command runs, and removed when it ends; read it for each request in a long job
+            ($BEARER_TOKEN keeps the first token). SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to
+            the command. The exit code is the command's (128 + the signal when it was killed).
+            """)
+
+    /// The variable naming the token file.
+    static let fileVariable = "BEARER_TOKEN_FILE"
+    /// The signals passed on to the command.
+    static let forwarded = [SIGINT, SIGTERM, SIGHUP, SIGQUIT]
+    /// `si_code` of a signal the kernel sent (SI_KERNEL), e.g. for a key pressed on the terminal.
+    static let sentByKernel: Int32 = 0x80
+
+    @OptionGroup var options: BridgeOptions
+    @Option(help: "The environment variable that holds the token.") var env = "BEARER_TOKEN"
+    @Argument(help: "Account name.") var account: String
+    @Argument(parsing: .postTerminator, help: "The command and its arguments, after --.") var command: [String] = []
+
+    func validate() throws {
+        guard !command.isEmpty else { throw ValidationError("give the command after --") }
+        let bytes = Array(env.utf8)
+        guard (1...255).contains(bytes.count), !(0x30...0x39).contains(bytes[0]),
+            bytes.allSatisfy({ $0 == UInt8(ascii: "_") || isalnum(Int32($0)) != 0 }), env != Self.fileVariable
+        else {
+            throw ValidationError(
+                "--env must be a variable name (letters, digits and _) other than \(Self.fileVariable)")
+        }
+    }
+
+    func run() throws {
+        let first = try GlobalOptions.reportingFailures { try options.token(of: account) }
+        let file = try TokenFile(in: Self.tokenDirectory(), token: first.accessToken)
+        defer { file.remove() }
+        var signals = sigset_t()
+        sigemptyset(&signals)
+        for signal in Self.forwarded + [SIGCHLD] { sigaddset(&signals, signal) }
+        // Blocked here and taken with sigtimedwait below; the command starts with none blocked.
+        pthread_sigmask(SIG_BLOCK, &signals, nil)
+        let child: pid_t
+        do {
+            child = try spawn(environment: [env: first.accessToken, Self.fileVariable: file.path])
+        } catch let failure as SpawnFailure {
+            StandardStream.error.write("brokerctl: cannot run \(command[0]): \(failure.reason)\n")
+            throw ExitCode(failure.code == ENOENT ? 127 : 126)
+        }
+        var renewal = Renewal(token: first, minTTL: options.minTTL, now: Date())
+        while true {
+            var info = siginfo_t()
+            var wait = Self.waitTime(renewal.nextAt.timeIntervalSinceNow)
+            let signal = sigtimedwait(&signals, &info, &wait)
+            if signal == SIGCHLD || (signal < 0 && errno == EINTR) {
+                if let code = Self.exitCode(of: child) { throw ExitCode(code) }
+            } else if signal > 0 {
+                // A signal the terminal sent went to CMD's process group already.
+                if info.si_code != Self.sentByKernel { kill(child, signal) }
+            } else {
+                renew(&renewal, file: file)
+            }
+        }
+    }
+
+    /// Asks for a token that outlives the one in the file and writes it; a failure is reported
+    /// and tried again later (the file keeps the last token until then).
+    private func renew(_ renewal: inout Renewal, file: TokenFile) {
+        do {
+            let token = try options.client().perform(
+                .token(account: account, minTTL: renewal.minTTLForNext(now: Date())))
+            if token.accessToken != renewal.token.accessToken { try file.replace(with: token.accessToken) }
+            renewal.took(token, now: Date())
+        } catch let error as BrokerError {
+            StandardStream.error.write("brokerctl: cannot renew the token of \(account): \(error.message)\n")
+            renewal.failed(now: Date())
+        } catch {
+            StandardStream.error.write("brokerctl: cannot renew the token of \(account): \(error)\n")
+            renewal.failed(now: Date())
+        }
+    }
+
+    /// Starts the command with this process's environment plus `extra`, no descriptor but 0 to 2,
+    /// and the default disposition and no mask for the signals blocked here.
+    private func spawn(environment extra: [String: String]) throws -> pid_t {
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        tokenbroker_spawn_close_from(&actions, 3)
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var none = sigset_t()
+        sigemptyset(&none)
+        posix_spawnattr_setsigmask(&attributes, &none)
+        var defaults = sigset_t()
+        sigemptyset(&defaults)
+        for signal in Self.forwarded + [SIGCHLD, SIGPIPE] { sigaddset(&defaults, signal) }
+        posix_spawnattr_setsigdefault(&attributes, &defaults)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+        let names = Set(extra.keys.map { $0 + "=" })
+        var entries: [String] = []
+        var index = 0
+        while let entry = environ[index] {
+            let text = String(cString: entry)
+            if !names.contains(where: text.hasPrefix) { entries.append(text) }
+            index += 1
+        }
+        entries += extra.map { "\($0.key)=\($0.value)" }
+        let argv = command.map { strdup($0) } + [nil]
+        let envp = entries.map { strdup($0) } + [nil]
+        defer { (argv + envp).forEach { free($0) } }
+        var pid: pid_t = 0
+        let result = posix_spawnp(&pid, command[0], &actions, &attributes, argv, envp)
+        guard result == 0 else { throw SpawnFailure(code: result, reason: String(cString: strerror(result))) }
+        return pid
+    }
+
+    /// The exit code of `child` once it has ended (128 + the signal that killed it); `nil` while it runs.
+    private static func exitCode(of child: pid_t) -> Int32? {
+        var status: Int32 = 0
+        guard waitpid(child, &status, WNOHANG) == child else { return nil }
+        let signal = status & 0x7F
+        return signal == 0 ? (status >> 8) & 0xFF : 128 + signal
+    }
+
+    /// `$XDG_RUNTIME_DIR/tokenbroker`: the directory of the broker's default socket (not of
+    /// `$TOKENBROKER_SOCKET`, which may be a path another user chose).
+    private static func tokenDirectory() -> String {
+        var paths = DefaultPaths()
+        paths.environment["TOKENBROKER_SOCKET"] = nil
+        let socket = paths.socket
+        return String(socket[..<(socket.lastIndex(of: "/") ?? socket.endIndex)])
+    }
+
+    /// `seconds` (at least a millisecond, at most a day) as a timespec.
+    private static func waitTime(_ seconds: TimeInterval) -> Glibc.timespec {
+        let wait = seconds.isFinite ? min(max(seconds, 0.001), 86_400) : 86_400
+        return Glibc.timespec(tv_sec: Int(wait), tv_nsec: Int((wait - wait.rounded(.down)) * 1e9))
+    }
+}
+
+/// posix_spawnp failed.
+struct SpawnFailure: Error {
+    var code: Int32
+    var reason: String
+}
+
+/// When the token in the file is due: when less than `max(min_ttl, a third of the lifetime it
+/// had when it was taken)` remains, a token that lives longer is asked for.
+struct Renewal {
+    private(set) var token: TokenResult
+    let minTTL: Double?
+    /// When to ask next.
+    private(set) var nextAt: Date
+
+    init(token: TokenResult, minTTL: Double?, now: Date) {
+        self.token = token
+        self.minTTL = minTTL
+        nextAt = Self.due(token, minTTL: minTTL, now: now)
+    }
+
+    /// The broker answered `token` at `now`: the next one is due before it expires, or, when
+    /// it is the token already held (the broker could give none fresher), soon.
+    mutating func took(_ token: TokenResult, now: Date) {
+        guard token.accessToken != self.token.accessToken else { return failed(now: now) }
+        self.token = token
+        nextAt = Self.due(token, minTTL: minTTL, now: now)
+    }
+
+    /// Asking failed at `now`: try again soon.
+    mutating func failed(now: Date) {
+        nextAt = now.addingTimeInterval(Self.retryDelay(token.expiresAt.timeIntervalSince(now)))
+    }
+
+    /// The `min_ttl` that makes the broker answer a token living longer than the current one.
+    func minTTLForNext(now: Date) -> Double {
+        let remaining = max(0, token.expiresAt.timeIntervalSince(now))
+        return min(max(minTTL ?? 0, remaining + 1), Bounds.maximumLifetime)
+    }
+
+    private static func due(_ token: TokenResult, minTTL: Double?, now: Date) -> Date {
+        let lifetime = token.expiresAt.timeIntervalSince(now)
+        let due = token.expiresAt.addingTimeInterval(-max(minTTL ?? 0, lifetime / 3))
+        return due > now ? due : now.addingTimeInterval(retryDelay(lifetime))
+    }
+
+    /// A quarter of what remains, from half a second to 30 seconds.
+    private static func retryDelay(_ remaining: TimeInterval) -> TimeInterval {
+        min(max(remaining / 4, 0.5), 30)
+    }
+}

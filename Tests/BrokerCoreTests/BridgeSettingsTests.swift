@@ -1,0 +1,81 @@
+import BrokerProtocol
+import FoundationEssentials
+import Testing
+
+@testable import BrokerCore
+
+/// `[accounts.NAME.git]` and `[accounts.NAME.docker]`: checked and normalised when read.
+@Suite struct BridgeSettingsTests {
+    @Test func hostsAndRegistriesAreReadNormalised() throws {
+        let text = """
+            [accounts.api]
+            kind = "static"
+            [accounts.api.git]
+            hosts = ["GitHub.com", "git.example:8443", "[::1]:8080"]
+            [accounts.api.docker]
+            registries = ["https://index.docker.io/v1/", "GHCR.io", "http://registry.example:5000//"]
+            username = "x-access-token"
+
+            [accounts.runtime.git]
+            hosts = ["gitlab.example"]
+            username = "me"
+            """
+        let configuration = try ConfigFile.parse(text, path: "/cfg/broker.toml")
+        #expect(
+            configuration.bridges["api"]
+                == AccountBridges(
+                    git: GitBridge(hosts: ["github.com", "git.example:8443", "[::1]:8080"], username: "oauth2"),
+                    docker: DockerBridge(
+                        registries: ["index.docker.io/v1", "ghcr.io", "registry.example:5000"],
+                        username: "x-access-token")))
+        // A table of bridges only, like one of access only, declares no account.
+        #expect(configuration.accounts.keys.sorted() == ["api"])
+        #expect(
+            configuration.bridges["runtime"]
+                == AccountBridges(git: GitBridge(hosts: ["gitlab.example"], username: "me")))
+    }
+
+    @Test(arguments: [
+        ("hosts = [\"https://github.com\"]", "accounts.api.git.hosts must be an array of hosts"),
+        ("hosts = [\"github.com/org\"]", "accounts.api.git.hosts must be an array of hosts"),
+        ("hosts = [\"me@github.com\"]", "accounts.api.git.hosts must be an array of hosts"),
+        ("hosts = [\"git hub.com\"]", "accounts.api.git.hosts must be an array of hosts"),
+        ("hosts = [\"github.com\\u0007\"]", "accounts.api.git.hosts must be an array of hosts"),
+        ("hosts = []", "accounts.api.git.hosts must be an array of 1 to 64"),
+        ("hosts = [\"github.com\"]\nusername = \"a b\"", "accounts.api.git.username must be printable ASCII"),
+        ("hosts = [\"github.com\"]\npassword = \"x\"", "accounts.api.git: unknown key password"),
+    ])
+    func badGitTablesAreRefused(body: String, message: String) {
+        let text = "[accounts.api]\nkind = \"static\"\n[accounts.api.git]\n" + body
+        #expect {
+            try ConfigFile.parse(text, path: "/cfg/broker.toml")
+        } throws: { error in
+            "\(error)".contains(message)
+        }
+    }
+
+    @Test func tooManyHostsAndOverlongNamesAreRefused() {
+        let many = (0...BridgeNames.maximumEntries).map { "\"h\($0).example\"" }.joined(separator: ", ")
+        let long = "\"" + String(repeating: "a", count: BridgeNames.maximumLength + 1) + "\""
+        for hosts in [many, long] {
+            #expect(throws: ConfigError.self) {
+                try ConfigFile.parse(
+                    "[accounts.api]\nkind = \"static\"\n[accounts.api.git]\nhosts = [\(hosts)]\n", path: "/c")
+            }
+        }
+        #expect(throws: ConfigError.self) {
+            try ConfigFile.parse("[accounts.api.docker]\nregistries = [\"ftp://x\"]\n", path: "/c")
+        }
+    }
+
+    @Test func registriesCompareAsDockerSendsThem() {
+        #expect(BridgeNames.registry("https://index.docker.io/v1/") == "index.docker.io/v1")
+        #expect(BridgeNames.registry("index.docker.io/v1") == "index.docker.io/v1")
+        #expect(BridgeNames.registry("HTTP://Registry.Example:5000/") == "registry.example:5000")
+        #expect(BridgeNames.registry("ghcr.io//x") == nil)
+        #expect(BridgeNames.registry("") == nil)
+        #expect(BridgeNames.registry("https://") == nil)
+        #expect(BridgeNames.host("localhost:8080") == "localhost:8080")
+        #expect(BridgeNames.host("") == nil)
+    }
+}

@@ -1,0 +1,103 @@
+import BrokerClient
+import BrokerProtocol
+import Foundation
+import Synchronization
+import TestSupport
+import Testing
+
+/// A live brokerd with one oauth2 account `api` at a test IdP, declared in broker.toml with
+/// `extraConfig` after it (its `[accounts.api.git]` and `.docker` tables), and brokerctl run as
+/// the bridges run it. Every output brokerctl gives is kept, to check that no refresh token or
+/// client secret ever appears in one.
+final class BridgeBroker: Sendable {
+    let broker: BrokerProcess
+    let idp: OAuth2TestIdP
+    /// The refresh token the broker was given.
+    let initialRefreshToken: String
+    private let outputs = Mutex<[String]>([])
+
+    /// Starts the IdP (tokens living `lifetime` seconds) and the broker, and pushes the refresh token.
+    static func start(lifetime: Int = 3600, extraConfig: (OAuth2TestIdP) -> String) async throws -> BridgeBroker {
+        let refreshToken = "rt-bridge-\(UInt32.random(in: 0...UInt32.max))"
+        let idp = try await OAuth2TestIdP(initialRefreshToken: refreshToken, lifetime: lifetime)
+        let broker = try BrokerProcess()
+        try broker.writeConfig(
+            """
+            [accounts.api]
+            kind = "oauth2"
+            token_endpoint = "\(idp.tokenEndpoint)"
+            client_id = "\(idp.clientID)"
+
+            \(extraConfig(idp))
+            """)
+        try await broker.start()
+        let pushed = try broker.brokerctl(
+            ["set-tokens", "api"], stdin: #"{"refresh_token":"\#(refreshToken)"}"#)
+        guard pushed.status == 0 else { throw HarnessError("set-tokens failed: \(pushed.stderr)") }
+        return BridgeBroker(broker: broker, idp: idp, initialRefreshToken: refreshToken)
+    }
+
+    private init(broker: BrokerProcess, idp: OAuth2TestIdP, initialRefreshToken: String) {
+        self.broker = broker
+        self.idp = idp
+        self.initialRefreshToken = initialRefreshToken
+    }
+
+    func stop() async {
+        broker.stop()
+        await idp.shutdown()
+    }
+
+    /// The environment brokerctl and the tools run with: the broker's private home, its
+    /// socket in TOKENBROKER_SOCKET, and `extra`.
+    func environment(_ extra: [String: String] = [:]) -> [String: String] {
+        broker.environment.merging(["TOKENBROKER_SOCKET": broker.socketPath]) { $1 }.merging(extra) { $1 }
+    }
+
+    /// Runs `program` (brokerctl by default; a path, or a name found on PATH by `env`) and
+    /// keeps its output.
+    func run(
+        _ arguments: [String], program: String = BrokerProcess.binary("brokerctl").path, stdin: String? = nil,
+        environment extra: [String: String] = [:]
+    ) throws -> (status: Int32, stdout: String, stderr: String) {
+        let result = try ChildProcess.capture(
+            "/usr/bin/env", [program] + arguments, environment: environment(extra), stdin: stdin)
+        outputs.withLock { $0 += [result.stdout, result.stderr] }
+        return result
+    }
+
+    /// A directory holding `name` as a symlink to brokerctl, as scripts/install-user-service makes it.
+    func helperDirectory(named names: [String]) throws -> String {
+        let directory = broker.root.appendingPathComponent("bin").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        for name in names {
+            try FileManager.default.createSymbolicLink(
+                atPath: directory + "/" + name, withDestinationPath: BrokerProcess.binary("brokerctl").path)
+        }
+        return directory
+    }
+
+    /// Every output kept so far, and the broker's log, hold no refresh token and no client secret.
+    func expectNoSecretInOutputs(sourceLocation: SourceLocation = #_sourceLocation) {
+        let texts = outputs.withLock { $0 } + [broker.log]
+        let secrets = [initialRefreshToken, idp.clientSecret] + idp.issuedRefreshTokens
+        for secret in secrets {
+            #expect(
+                !texts.contains { $0.contains(secret) }, "a secret appeared in an output",
+                sourceLocation: sourceLocation)
+        }
+    }
+
+    /// The access token the IdP issued last (the one the broker serves after a refresh).
+    var lastIssued: String? { idp.issuedAccessTokens.last }
+
+    /// Whether `token` was issued by the IdP and had not expired at `date` (by the IdP's clock:
+    /// issued when it received the refresh, living the IdP's lifetime).
+    func wasValid(_ token: String, at date: Date, lifetime: TimeInterval) -> Bool {
+        // Every refresh in these tests succeeds: the n-th issued token answered the n-th refresh.
+        let refreshes = idp.calls.filter { $0.grantType == "refresh_token" }
+        guard let index = idp.issuedAccessTokens.firstIndex(of: token), index < refreshes.count else { return false }
+        let issuedAt = refreshes[index].at
+        return date >= issuedAt && date < issuedAt.addingTimeInterval(lifetime)
+    }
+}

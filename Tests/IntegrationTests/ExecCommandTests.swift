@@ -1,0 +1,91 @@
+import Foundation
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `brokerctl exec`: a command that outlives several tokens reads a valid one from
+/// `BEARER_TOKEN_FILE` every time; the file is gone afterwards; exit codes and signals pass through.
+@Suite struct ExecCommandTests {
+    /// Tokens live this many seconds at the test IdP.
+    static let lifetime = 3
+
+    @Test func aLongJobReadsAValidTokenFromTheFileAtEveryMoment() async throws {
+        let bridge = try await BridgeBroker.start(lifetime: Self.lifetime) { _ in "" }
+        let log = bridge.broker.root.appendingPathComponent("reads.log").path
+        // Runs for more than two lifetimes, reading the file every 0.1 s; then exits 7.
+        let script = """
+            echo "file $BEARER_TOKEN_FILE $(stat -c %a "$BEARER_TOKEN_FILE") $BEARER_TOKEN" > "$1"
+            echo "fds $(ls /proc/$$/fd | tr '\\n' ' ')" >> "$1"
+            end=$(($(date +%s) + \(3 * Self.lifetime)))
+            while [ "$(date +%s)" -lt "$end" ]; do
+                echo "read $(date +%s.%N) $(cat "$BEARER_TOKEN_FILE")" >> "$1"
+                sleep 0.1
+            done
+            exit 7
+            """
+        let result = try bridge.run(["exec", "api", "--min-ttl", "1", "--", "sh", "-c", script, "job", log])
+        #expect(result.status == 7, "\(result.stderr)")
+
+        let lines = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n").map {
+            $0.split(separator: " ").map(String.init)
+        }
+        let file = try #require(lines.first)
+        #expect(file.count == 4)
+        #expect(file[1].hasPrefix(bridge.broker.root.appendingPathComponent("run/tokenbroker/bearer-").path))
+        #expect(file[2] == "600")
+        #expect(file[3] == bridge.idp.issuedAccessTokens.first)
+        #expect(!FileManager.default.fileExists(atPath: file[1]), "the file is removed when the command ends")
+        // Only standard input, output and error (and the directory ls reads) reach the command.
+        #expect(
+            lines.dropFirst().first.map { Array($0.dropFirst()) }?.allSatisfy { ["0", "1", "2", "3"].contains($0) }
+                == true)
+
+        let reads = lines.filter { $0.first == "read" }
+        #expect(reads.count > 20)
+        for read in reads {
+            let at = Date(timeIntervalSince1970: Double(read[1]) ?? 0)
+            #expect(read.count == 3 && bridge.wasValid(read[2], at: at, lifetime: Double(Self.lifetime)), "\(read)")
+        }
+        #expect(Set(reads.map { $0.last ?? "" }).count >= 3, "the job outlived at least two tokens")
+        await bridge.stop()
+        bridge.expectNoSecretInOutputs()
+    }
+
+    @Test func signalsPassToTheCommandAndTheFileIsRemoved() async throws {
+        let bridge = try await BridgeBroker.start { _ in "" }
+        let log = bridge.broker.root.appendingPathComponent("signal.log").path
+        let output = open(
+            bridge.broker.root.appendingPathComponent("exec.out").path, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
+        defer { close(output) }
+        let exec = try ChildProcess.spawn(
+            BrokerProcess.binary("brokerctl").path,
+            [
+                "exec", "api", "--env", "API_TOKEN", "--", "sh", "-c",
+                #"echo "$BEARER_TOKEN_FILE $API_TOKEN" > "$1"; exec sleep 60"#, "job", log,
+            ],
+            environment: bridge.environment(), output: output)
+        #expect(await eventually { ((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").hasSuffix("\n") })
+        let fields = try String(contentsOfFile: log, encoding: .utf8).split(separator: " ").map {
+            $0.trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        #expect(fields.count == 2 && fields.last == bridge.lastIssued)
+        #expect(FileManager.default.fileExists(atPath: fields[0]))
+        kill(exec.pid, SIGTERM)
+        #expect(exec.wait() == 128 + SIGTERM)
+        #expect(!FileManager.default.fileExists(atPath: fields[0]))
+
+        // A command that is not there: 127, as a shell answers, and no file left behind.
+        let missing = try bridge.run(["exec", "api", "--", "no-such-command-\(UInt32.random(in: 0...UInt32.max))"])
+        #expect(missing.status == 127 && missing.stderr.contains("cannot run"))
+        let directory = bridge.broker.root.appendingPathComponent("run/tokenbroker").path
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory).filter { $0.hasPrefix("bearer-") } == [])
+        // The broker down: nothing is run.
+        await bridge.stop()
+        let down = try bridge.run(["exec", "api", "--", "true"])
+        #expect(down.status == 3)
+        bridge.expectNoSecretInOutputs()
+    }
+}

@@ -1,0 +1,210 @@
+import BrokerProtocol
+import Foundation
+import TestSupport
+import Testing
+
+/// `brokerctl git-credential` driven by the real git: `git credential fill`, and clones over
+/// HTTP from a server that requires the token and refuses it once.
+@Suite struct GitCredentialTests {
+    /// A git configuration of its own (no system or user file), with `helpers` in order.
+    private func gitEnvironment(_ bridge: BridgeBroker, helpers: [String], path: String? = nil) throws -> [String:
+        String]
+    {
+        let home = bridge.broker.root.appendingPathComponent("home").path
+        let config = home + "/gitconfig"
+        try (helpers.map { "[credential]\n\thelper = \"\($0)\"\n" }.joined()).write(
+            toFile: config, atomically: true, encoding: .utf8)
+        var environment = [
+            "GIT_CONFIG_GLOBAL": config, "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "",
+            "SSH_ASKPASS": "",
+        ]
+        if let path {
+            environment["PATH"] = path + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
+        }
+        return environment
+    }
+
+    /// `key=value` lines as pairs, in order.
+    private func pairs(_ text: String) -> [(String, String)] {
+        text.split(separator: "\n").map { line in
+            let parts = line.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            return (String(parts[0]), parts.count > 1 ? String(parts[1]) : "")
+        }
+    }
+
+    @Test func gitCredentialFillGetsTheTokenAndTheHelperItsExpiry() async throws {
+        let bridge = try await BridgeBroker.start { _ in
+            """
+            [accounts.api.git]
+            hosts = ["git.example:8443", "GitHub.com"]
+
+            [accounts.hidden]
+            kind = "static"
+            [accounts.hidden.access]
+            executables = ["/usr/bin/false"]
+            [accounts.hidden.git]
+            hosts = ["hidden.example"]
+            """
+        }
+        let brokerctl = BrokerProcess.binary("brokerctl").path
+        let git = try gitEnvironment(bridge, helpers: ["!\(brokerctl) git-credential"])
+
+        let fill = try bridge.run(
+            ["credential", "fill"], program: "git", stdin: "protocol=https\nhost=git.example:8443\n\n", environment: git
+        )
+        #expect(fill.status == 0, "\(fill.stderr)")
+        let token = try #require(bridge.lastIssued)
+        let filled = Dictionary(pairs(fill.stdout), uniquingKeysWith: { $1 })
+        #expect(filled["username"] == "oauth2")
+        #expect(filled["password"] == token)
+        #expect(filled["host"] == "git.example:8443")
+
+        // The helper's own answer, exactly as gitcredentials(7) states it (git 2.39 drops the expiry).
+        let json = try bridge.run(["token", "api", "--json"])
+        let object = try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any]
+        let expected = try #require(
+            (object?["expires_at"] as? String).flatMap(Wire.parseRFC3339)?.timeIntervalSince1970)
+        let get = try bridge.run(["git-credential", "get"], stdin: "protocol=https\nhost=github.com\npath=o/r.git\n\n")
+        #expect(get.status == 0, "\(get.stderr)")
+        let answer = pairs(get.stdout)
+        #expect(answer.map(\.0) == ["username", "password", "password_expiry_utc"])
+        #expect(answer.first?.1 == "oauth2")
+        #expect(answer.dropFirst().first?.1 == token)
+        #expect(answer.last?.1 == String(Int(expected.rounded(.down))))
+
+        // git 2.46+ offers capability[]=authtype: a Bearer credential instead of a password.
+        let bearer = try bridge.run(
+            ["git-credential", "get"], stdin: "capability[]=authtype\nprotocol=https\nhost=git.example:8443\n\n")
+        #expect(bearer.status == 0, "\(bearer.stderr)")
+        let bearerAnswer = pairs(bearer.stdout)
+        #expect(
+            bearerAnswer.map(\.0) == ["capability[]", "authtype", "credential", "ephemeral", "password_expiry_utc"])
+        #expect(bearerAnswer.map(\.1).prefix(4) == ["authtype", "Bearer", token, "1"])
+
+        // A host, a protocol or a user no account serves: an empty answer, exit 0, and git goes
+        // on to its next helper.
+        for input in [
+            "protocol=https\nhost=other.example\n", "protocol=ssh\nhost=github.com\n",
+            "protocol=https\nhost=github.com\nusername=someone\n", "protocol=https\nhost=git.example\n",
+            // Served by an account brokerctl may not use: status does not show it to brokerctl.
+            "protocol=https\nhost=hidden.example\n",
+        ] {
+            let none = try bridge.run(["git-credential", "get"], stdin: input + "\n")
+            #expect(none.status == 0 && none.stdout.isEmpty, "\(input): \(none.stderr)")
+        }
+        let status = try bridge.run(["status", "--json"])
+        let listed = try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any]
+        let accounts = try #require(listed?["accounts"] as? [[String: Any]])
+        #expect(accounts.map { $0["account"] as? String } == ["api"])
+        let gitBridge = try #require(accounts.first?["git"] as? [String: Any])
+        #expect(Set(gitBridge.keys) == ["hosts", "username"])
+        #expect(gitBridge["hosts"] as? [String] == ["git.example:8443", "github.com"])
+        #expect(gitBridge["username"] as? String == "oauth2")
+        let chained = try gitEnvironment(
+            bridge, helpers: ["!\(brokerctl) git-credential", "!f() { echo username=next; echo password=pw-next; }; f"])
+        let next = try bridge.run(
+            ["credential", "fill"], program: "git", stdin: "protocol=https\nhost=other.example\n\n",
+            environment: chained)
+        #expect(next.status == 0, "\(next.stderr)")
+        #expect(Dictionary(pairs(next.stdout), uniquingKeysWith: { $1 })["password"] == "pw-next")
+
+        // store keeps nothing; a control character or an oversized description is refused.
+        let store = try bridge.run(
+            ["git-credential", "store"], stdin: "protocol=https\nhost=github.com\nusername=oauth2\npassword=x\n\n")
+        #expect(store.status == 0 && store.stdout.isEmpty)
+        let control = try bridge.run(["git-credential", "get"], stdin: "protocol=https\nhost=github.com\u{1B}[2J\n\n")
+        #expect(control.status == 1 && control.stdout.isEmpty)
+        let huge = try bridge.run(
+            ["git-credential", "get"],
+            stdin: String(repeating: "path=\(String(repeating: "a", count: 1000))\n", count: 300))
+        #expect(huge.status == 1 && huge.stdout.isEmpty)
+        #expect(bridge.idp.callCount == 1, "every answer came from the one token")
+
+        // erase of a password the broker did not give changes nothing; of its token, refreshes once.
+        let erase = "protocol=https\nhost=github.com\nusername=oauth2\npassword="
+        let foreign = try bridge.run(["git-credential", "erase"], stdin: erase + "someone-elses\n\n")
+        #expect(foreign.status == 0 && foreign.stdout.isEmpty && bridge.idp.callCount == 1)
+        let own = try bridge.run(["git-credential", "erase"], stdin: erase + token + "\n\n")
+        #expect(own.status == 0 && own.stdout.isEmpty && bridge.idp.callCount == 2, "\(own.stderr)")
+        let again = try bridge.run(["git-credential", "get"], stdin: "protocol=https\nhost=github.com\n\n")
+        #expect(pairs(again.stdout).dropFirst().first?.1 == bridge.lastIssued && bridge.lastIssued != token)
+        _ = try bridge.run(["git-credential", "erase"], stdin: erase + token + "\n\n")
+        #expect(bridge.idp.callCount == 2, "an old token erased again makes no refresh")
+
+        // A broker that is not running: a message, and a failure git reports and passes over.
+        await bridge.stop()
+        let down = try bridge.run(["git-credential", "get"], stdin: "protocol=https\nhost=github.com\n\n")
+        #expect(down.status == 3 && down.stdout.isEmpty && down.stderr.contains("brokerctl:"))
+        bridge.expectNoSecretInOutputs()
+    }
+
+    @Test func aRefusedTokenIsErasedAndTheNextCloneRefreshesOnce() async throws {
+        let work = try TemporaryDirectory()
+        defer { work.remove() }
+        let repositories = work.file("srv")
+        try FileManager.default.createDirectory(atPath: repositories, withIntermediateDirectories: true)
+        let plain = ["GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": work.path]
+        let environment = ProcessInfo.processInfo.environment.merging(plain) { $1 }
+        for command in [
+            ["git", "init", "-q", "--bare", repositories + "/repo.git"],
+            ["git", "init", "-q", work.path + "/src"],
+            ["sh", "-c", "echo served-by-test > \(work.path)/src/README"],
+            ["git", "-C", work.path + "/src", "add", "README"],
+            ["git", "-C", work.path + "/src", "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "one"],
+            ["git", "-C", work.path + "/src", "push", "-q", repositories + "/repo.git", "HEAD:refs/heads/main"],
+            ["git", "-C", repositories + "/repo.git", "symbolic-ref", "HEAD", "refs/heads/main"],
+            ["git", "-C", repositories + "/repo.git", "update-server-info"],
+        ] {
+            let result = try ChildProcess.run("/usr/bin/env", command, environment: environment)
+            #expect(result.status == 0, "\(command): \(result.output)")
+        }
+
+        let issued = SharedValue<OAuth2TestIdP?>(nil)
+        let server = try await GitHTTPServer(root: repositories) { password in
+            issued.value?.issuedAccessTokens.last == password
+        }
+        let bridge = try await BridgeBroker.start { _ in
+            """
+            [accounts.api.git]
+            hosts = ["127.0.0.1:\(server.port)"]
+            username = "x-access-token"
+            """
+        }
+        issued.value = bridge.idp
+        // Installed as scripts/install-user-service installs it: credential.helper = tokenbroker.
+        let bin = try bridge.helperDirectory(named: ["git-credential-tokenbroker"])
+        let git = try gitEnvironment(bridge, helpers: ["tokenbroker"], path: bin)
+        let first = try #require(try bridge.run(["token", "api"]).stdout.split(separator: "\n").first)
+        #expect(bridge.idp.callCount == 1)
+
+        let url = "http://127.0.0.1:\(server.port)/repo.git"
+        let refused = try bridge.run(["clone", "-q", url, work.path + "/one"], program: "git", environment: git)
+        #expect(refused.status != 0, "the server refused the token once")
+        #expect(bridge.idp.callCount == 2, "git erased the refused token: exactly one refresh")
+
+        let cloned = try bridge.run(["clone", "-q", url, work.path + "/two"], program: "git", environment: git)
+        #expect(cloned.status == 0, "\(cloned.stderr)")
+        let readme = try String(contentsOfFile: work.file("two/README"), encoding: .utf8)
+        #expect(readme == "served-by-test\n")
+        #expect(bridge.idp.callCount == 2, "the fresh token served the clone; no other refresh")
+        let attempts = server.attempts
+        #expect(attempts.first?.password == String(first) && attempts.first?.status == 401)
+        #expect(attempts.dropFirst().allSatisfy { $0.password == bridge.lastIssued && $0.status == 200 })
+        #expect(attempts.allSatisfy { $0.username == "x-access-token" })
+        #expect(attempts.count > 1)
+        await server.shutdown()
+        await bridge.stop()
+        bridge.expectNoSecretInOutputs()
+    }
+}
+
+/// A value shared with a closure that runs on another thread.
+final class SharedValue<Value: Sendable>: @unchecked Sendable {
+    private let lock = NSLock()
+    private var stored: Value
+    init(_ value: Value) { stored = value }
+    var value: Value {
+        get { lock.withLock { stored } }
+        set { lock.withLock { stored = newValue } }
+    }
+}
