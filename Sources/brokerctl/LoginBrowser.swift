@@ -1,3 +1,5 @@
+import CSpawn
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -5,7 +7,7 @@ import Glibc
 /// `xdg-open URL`, started with posix_spawn (found on `PATH`, no shell): standard input and
 /// output on /dev/null, so nothing the browser prints reaches brokerctl's output, and in a
 /// process group of its own, so Ctrl-C at brokerctl's terminal does not reach it (nor a
-/// browser it starts). Reaped with `reap()`.
+/// browser it starts); it inherits no other descriptor. Reaped with `reap()`.
 struct BrowserLauncher {
     let pid: pid_t
 
@@ -17,6 +19,8 @@ struct BrowserLauncher {
         for (descriptor, flags) in [(Int32(0), O_RDONLY), (1, O_WRONLY), (2, O_WRONLY)] {
             posix_spawn_file_actions_addopen(&actions, descriptor, "/dev/null", flags, 0)
         }
+        // brokerctl's other descriptors (the broker socket among them) stay out of the browser.
+        tokenbroker_spawn_close_from(&actions, 3)
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }
