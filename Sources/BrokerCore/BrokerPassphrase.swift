@@ -58,6 +58,7 @@ extension Broker {
         padlock.enter(.locking)
         cache.removeAll()
         for running in refreshTasks.values { _ = await running.task.value }
+        for running in narrowedRefreshes.values { _ = await running.value }
         if !unsaved.isEmpty, (try? persist(changing: [])) == nil {
             logger.error("locked with changes the vault could not save", metadata: ["accounts": "\(unsaved.count)"])
         }
@@ -68,6 +69,7 @@ extension Broker {
         accounts = [:]
         tokenProviders = [:]
         refreshTasks = [:]
+        narrowedRefreshes = [:]
         unsaved = []
         vault.lock()
         logger.notice("locked", metadata: ["accounts": "\(shown.count)"])
