@@ -60,6 +60,11 @@ extension Broker {
         let machine = try self.machine(name)
         try checkNarrowable(machine)
         try checkRefreshable(machine)
+        try checkLifetime(machine, covers: minTTL)
+        let now = clock.now()
+        if let backoff = narrowedBackoffs[NarrowedRefresh(account: name, key: key)], backoff.until > now {
+            throw .refreshFailing(reason: backoff.reason, retryAfter: backoff.until.timeIntervalSince(now))
+        }
         return .refreshing(startNarrowedRefresh(name, key: key), .issued)
     }
 
@@ -114,6 +119,7 @@ extension Broker {
             } catch {
                 return .failure(error)
             }
+            narrowedBackoffs[refresh] = nil
             guard !padlock.isLocked else { return .failure(.locked) }
             cache.publish(Self.prepare(name, grant.token), for: name, key: refresh.key, now: now)
             logger.info(
@@ -125,10 +131,17 @@ extension Broker {
                 ])
             return .success(())
         case .failure(let failure) where failure.kind == .transient:
+            // The key waits (the IdP's Retry-After, or a jittered backoff); the account does not.
+            let delay = planner.backoff(failures: 1, retryAfter: failure.retryAfter)
+            narrowedBackoffs = narrowedBackoffs.filter { $0.value.until > now }
+            narrowedBackoffs[refresh] = (now.addingTimeInterval(delay), failure.message)
             logger.warning(
-                "narrowed refresh failed", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
-            return .failure(
-                .refreshFailing(reason: failure.message, retryAfter: failure.retryAfter ?? settings.backoffBase))
+                "narrowed refresh failed",
+                metadata: [
+                    "account": "\(name)", "reason": "\(failure.message)",
+                    "retry_in_s": "\(Bounds.wholeSeconds(delay.rounded(.up)))",
+                ])
+            return .failure(.refreshFailing(reason: failure.message, retryAfter: delay))
         case .failure(let failure):
             // A refusal of a narrowed refresh leaves the account as it is: its own refresh,
             // which asks for nothing new, tells whether the credential itself is still good.

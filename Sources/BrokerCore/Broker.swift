@@ -24,7 +24,7 @@ public actor Broker {
     let vault: Vault
     private let http: IdPClient
     let logger: Logger
-    private var planner: RefreshPlanner { RefreshPlanner(settings: settings) }
+    var planner: RefreshPlanner { RefreshPlanner(settings: settings) }
     /// Every account's lifecycle; the actor runs the effects its transitions return.
     var accounts: [String: AccountMachine] = [:]
     /// The task of each refresh under way, by account, with the serial its machine knows it by.
@@ -38,6 +38,8 @@ public actor Broker {
     private var refreshSerial = 0
     /// The narrowed refresh under way for each account and key (see `token(for:key:minTTL:)`).
     var narrowedRefreshes: [NarrowedRefresh: Task<Result<Void, BrokerFailure>, Never>] = [:]
+    /// Until when a narrowed token whose refresh failed transiently is not asked for again, and why.
+    var narrowedBackoffs: [NarrowedRefresh: (until: Date, reason: String)] = [:]
     /// The refreshes waiting for their turn on each account's refresh-token chain; an account
     /// is here while one of its refreshes runs (see `takeChainTurn`).
     var chainQueues: [String: [CheckedContinuation<Void, Never>]] = [:]
@@ -662,7 +664,7 @@ public actor Broker {
 
     /// Refuses, without calling the IdP, a `minTTL` longer than the lifetime the IdP grants,
     /// while the current token is not yet due for refresh (a refresh could not help).
-    private func checkLifetime(_ machine: AccountMachine, covers minTTL: TimeInterval) throws(BrokerFailure) {
+    func checkLifetime(_ machine: AccountMachine, covers minTTL: TimeInterval) throws(BrokerFailure) {
         guard machine.record.provider.renewal == .refreshes, let token = machine.record.token, token.pushed != true,
             token.expiresAt > clock.now(),
             let due = machine.nextRefreshAt, due > clock.now(),

@@ -70,6 +70,7 @@ extension Broker {
         tokenProviders = [:]
         refreshTasks = [:]
         narrowedRefreshes = [:]
+        narrowedBackoffs = [:]
         unsaved = []
         vault.lock()
         logger.notice("locked", metadata: ["accounts": "\(shown.count)"])

@@ -164,6 +164,27 @@ import Testing
         }
     }
 
+    /// A transient failure of a narrowed refresh makes that key wait out the IdP's Retry-After,
+    /// answering `unavailable` without calling the IdP again; the account does not back off.
+    @Test func transientFailureBacksOffTheKeyNotTheAccount() async throws {
+        try await Setup.run { setup in
+            setup.idp.setBehavior(.status(503, retryAfter: 30))
+            for _ in 0..<3 {
+                let error = await #expect(throws: BrokerError.self) {
+                    try await setup.client.token(account: "api", scope: "read")
+                }
+                #expect(error?.code == .unavailable)
+                #expect((25_000...30_000).contains(error?.retryAfterMs ?? 0), "\(error?.retryAfterMs ?? 0)")
+            }
+            #expect(setup.idp.refreshCalls.count == 1, "one IdP call, then the key waits")
+            setup.idp.setBehavior(.normal)
+            #expect(try await setup.client.token(account: "api", scope: "write").scope == "write")
+            let status = try #require(try await setup.client.status(account: "api").first)
+            #expect(status.state == "valid" && status.lastError == nil)
+            #expect(try await setup.client.token(account: "api").accessToken == "at-default")
+        }
+    }
+
     /// The resource goes to the IdP with the refresh and keys a token of its own; the account's
     /// configured scope is asked for when the request names none.
     @Test func resourceIsSentAndKeysItsOwnToken() async throws {
