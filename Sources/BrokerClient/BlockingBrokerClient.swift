@@ -30,13 +30,17 @@ public struct BlockingBrokerClient: Sendable {
         return try BrokerCall.result(of: exchange(fd, call, reader: &reader).line)
     }
 
-    /// The access token of `account`, valid for at least `minTTL` seconds: `perform(.token(…))`
-    /// without the decoder when the answer has the usual shape (`FlatTokenAnswer`).
-    public func accessToken(account: String, minTTL: TimeInterval? = nil) throws -> String {
+    /// The access token of `account`, valid for at least `minTTL` seconds (for `scope` and
+    /// `resource`, when given): `perform(.token(…))` without the decoder when the answer has
+    /// the usual shape (`FlatTokenAnswer`).
+    public func accessToken(
+        account: String, minTTL: TimeInterval? = nil, scope: String? = nil, resource: String? = nil
+    ) throws -> String {
         let fd = try BrokerSocket.connect(socketPath)
         defer { close(fd) }
         var reader = LineReader(descriptor: fd)
-        let answer = try exchange(fd, BrokerCall.token(account: account, minTTL: minTTL), reader: &reader)
+        let call = BrokerCall.token(account: account, minTTL: minTTL, scope: scope, resource: resource)
+        let answer = try exchange(fd, call, reader: &reader)
         return try answer.accessToken ?? BrokerCall<TokenResult>.result(of: answer.line).accessToken
     }
 

@@ -31,14 +31,26 @@ public struct BrokerCall<Result: Decodable & Sendable>: Sendable {
 }
 
 extension BrokerCall where Result == TokenResult {
-    /// An access token valid for at least `minTTL` seconds (the broker refreshes if needed).
-    public static func token(account: String, minTTL: TimeInterval? = nil) -> Self {
-        Self(Request(id: nil, op: "token", account: account, minTTL: minTTL))
+    /// An access token valid for at least `minTTL` seconds (the broker refreshes if needed),
+    /// narrowed to `scope` (space-separated) and bound to `resource` (an absolute URI) when
+    /// given: `oauth2` accounts only; the result's `scope` is what the IdP granted.
+    public static func token(
+        account: String, minTTL: TimeInterval? = nil, scope: String? = nil, resource: String? = nil
+    ) -> Self {
+        var request = Request(id: nil, op: "token", account: account, minTTL: minTTL)
+        (request.scope, request.resource) = (scope, resource)
+        return Self(request)
     }
 
-    /// Reports that a resource server refused `accessToken`; answers the token to use instead.
-    public static func reject(account: String, accessToken: String, minTTL: TimeInterval? = nil) -> Self {
-        Self(Request(id: nil, op: "reject", account: account, minTTL: minTTL, accessToken: accessToken))
+    /// Reports that a resource server refused `accessToken` (got with `scope` and `resource`);
+    /// answers the token to use instead.
+    public static func reject(
+        account: String, accessToken: String, minTTL: TimeInterval? = nil, scope: String? = nil,
+        resource: String? = nil
+    ) -> Self {
+        var request = Request(id: nil, op: "reject", account: account, minTTL: minTTL, accessToken: accessToken)
+        (request.scope, request.resource) = (scope, resource)
+        return Self(request)
     }
 }
 

@@ -59,26 +59,38 @@ public final class BrokerClient: Sendable {
 
     // MARK: Operations
 
-    /// An access token valid for at least `minTTL` seconds (the broker refreshes if needed).
-    public func token(account: String, minTTL: TimeInterval? = nil) async throws -> TokenResult {
-        try await perform(.token(account: account, minTTL: minTTL))
+    /// An access token valid for at least `minTTL` seconds (the broker refreshes if needed),
+    /// narrowed to `scope` (space-separated) and bound to `resource` (an absolute URI, RFC 8707)
+    /// when given; the result's `scope` is what the IdP granted.
+    public func token(
+        account: String, minTTL: TimeInterval? = nil, scope: String? = nil, resource: String? = nil
+    ) async throws -> TokenResult {
+        try await perform(.token(account: account, minTTL: minTTL, scope: scope, resource: resource))
     }
 
-    /// Reports that a resource server refused `accessToken`; returns the token to use instead.
-    public func reject(account: String, accessToken: String, minTTL: TimeInterval? = nil) async throws -> TokenResult {
-        try await perform(.reject(account: account, accessToken: accessToken, minTTL: minTTL))
+    /// Reports that a resource server refused `accessToken` (got with `scope` and `resource`);
+    /// returns the token to use instead.
+    public func reject(
+        account: String, accessToken: String, minTTL: TimeInterval? = nil, scope: String? = nil,
+        resource: String? = nil
+    ) async throws -> TokenResult {
+        try await perform(
+            .reject(account: account, accessToken: accessToken, minTTL: minTTL, scope: scope, resource: resource))
     }
 
-    /// Runs `body` with a token; if `body` throws `TokenRefused`, rejects the token and runs
-    /// `body` exactly once more with the replacement. A second refusal is rethrown.
+    /// Runs `body` with a token (for `scope` and `resource`, when given); if `body` throws
+    /// `TokenRefused`, rejects the token and runs `body` exactly once more with the
+    /// replacement. A second refusal is rethrown.
     public func withToken<T>(
-        account: String, minTTL: TimeInterval? = nil, _ body: (TokenResult) async throws -> T
+        account: String, minTTL: TimeInterval? = nil, scope: String? = nil, resource: String? = nil,
+        _ body: (TokenResult) async throws -> T
     ) async throws -> T {
-        let token = try await self.token(account: account, minTTL: minTTL)
+        let token = try await self.token(account: account, minTTL: minTTL, scope: scope, resource: resource)
         do {
             return try await body(token)
         } catch is TokenRefused {
-            let replacement = try await reject(account: account, accessToken: token.accessToken, minTTL: minTTL)
+            let replacement = try await reject(
+                account: account, accessToken: token.accessToken, minTTL: minTTL, scope: scope, resource: resource)
             return try await body(replacement)
         }
     }

@@ -194,6 +194,15 @@ struct AccountMachine: Sendable {
         return .applied([.persist, .publish(token), .emit(.refreshed)])
     }
 
+    /// A narrowed refresh (`TokenKey`), which presented `presented`, got `grant`: the account
+    /// keeps its own token and schedule, and a credential the IdP rotated replaces the one
+    /// presented. `nil` when the account no longer holds that credential (new tokens came
+    /// meanwhile), so the grant belongs to a chain it left.
+    mutating func narrowedRefreshSucceeded(presented: AccountSecrets, grant: Grant) -> [Effect]? {
+        guard record.secrets.refreshToken == presented.refreshToken else { return nil }
+        return keepRotated(grant, presented: presented)
+    }
+
     /// The vault could not save what refresh `serial` brought: try again after `backoffBase`.
     mutating func saveFailed(planner: RefreshPlanner, now: Date) {
         let retry = now.addingTimeInterval(planner.settings.backoffBase)
@@ -339,8 +348,8 @@ struct AccountMachine: Sendable {
         }
     }
 
-    /// A refresh overtaken by new tokens still consumed the credential it presented; if the
-    /// account still holds that now-dead credential, the rotated one replaces it.
+    /// A refresh overtaken by new tokens (or a narrowed refresh) consumed the credential it
+    /// presented; if the account still holds that now-dead credential, the rotated one replaces it.
     private mutating func keepRotated(_ grant: Grant, presented: AccountSecrets) -> [Effect] {
         var changed = false
         if let rotated = grant.refreshToken, record.secrets.refreshToken == presented.refreshToken {

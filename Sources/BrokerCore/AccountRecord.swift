@@ -41,6 +41,9 @@ public struct AccountRecord: Codable, Sendable, Equatable {
     public var lastRefreshAt: Date?
     /// Declared in the config file (its provider settings come from there); `nil` in older vaults.
     public var declared: Bool?
+    /// The scope of the tokens last pushed or signed in with (before any refresh); `nil` when
+    /// they stated none, and in older vaults.
+    public var grantedScope: String?
 
     /// This record with every date within `Bounds.representableDates` and its last error
     /// cleaned, so a vault written before numbers and texts were checked still loads,
@@ -64,6 +67,17 @@ public struct AccountRecord: Codable, Sendable, Equatable {
 }
 
 extension AccountRecord {
+    /// The scopes the account should hold (its configured `scope`, else the scope it was first
+    /// granted) that the IdP left out of the token its last refresh issued, sorted; `nil` when
+    /// none are missing or the token states no scope (RFC 6749 section 5.1: as asked).
+    var lostScope: [String]? {
+        guard let token, token.pushed != true, let granted = token.scope,
+            let expected = (provider.settings as? OAuth2Settings)?.scope ?? grantedScope
+        else { return nil }
+        let lost = Set(expected.split(separator: " ")).subtracting(granted.split(separator: " "))
+        return lost.isEmpty ? nil : lost.map(String.init).sorted()
+    }
+
     /// Whether the record holds a credential an IdP would accept (not just settings).
     var holdsCredential: Bool {
         secrets.refreshToken != nil || secrets.refreshURL != nil || token != nil

@@ -13,6 +13,8 @@ public struct AccountSnapshot: Sendable, Equatable {
     public var lastRefreshAt: Date?
     /// What the last failed refresh met, cleared by a success or new tokens.
     public var lastError: AccountError?
+    /// The scopes the IdP no longer grants the account's own token (`AccountRecord.lostScope`).
+    public var lostScope: [String]?
 }
 
 /// The state of an account.

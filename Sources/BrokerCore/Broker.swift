@@ -26,7 +26,7 @@ public actor Broker {
     let vault: Vault
     private let http: IdPClient
     let logger: Logger
-    private var planner: RefreshPlanner { RefreshPlanner(settings: settings) }
+    var planner: RefreshPlanner { RefreshPlanner(settings: settings) }
     /// Every account's lifecycle; the actor runs the effects its transitions return.
     var accounts: [String: AccountMachine] = [:]
     /// The task of each refresh under way, by account, with the serial its machine knows it by.
@@ -38,6 +38,13 @@ public actor Broker {
     /// The configuration to apply at unlock: the one given while the broker was locked.
     var pendingConfiguration: BrokerConfiguration?
     private var refreshSerial = 0
+    /// The narrowed refresh under way for each account and key (see `token(for:key:minTTL:)`).
+    var narrowedRefreshes: [NarrowedRefresh: Task<Result<Void, BrokerFailure>, Never>] = [:]
+    /// Until when a narrowed token whose refresh failed transiently is not asked for again, and why.
+    var narrowedBackoffs: [NarrowedRefresh: (until: Date, reason: String)] = [:]
+    /// The refreshes waiting for their turn on each account's refresh-token chain; an account
+    /// is here while one of its refreshes runs (see `takeChainTurn`).
+    var chainQueues: [String: [CheckedContinuation<Void, Never>]] = [:]
     /// Accounts a login is running for.
     private var loginsRunning: Set<String> = []
     /// The token files kept fresh (`export_file`, `wlcg_account`), from the configuration.
@@ -114,7 +121,7 @@ public actor Broker {
     }
 
     /// What a `token` call for `name` that missed the cache gets on the actor.
-    private enum TokenWait {
+    enum TokenWait {
         /// A refresh that ended since the call looked filled the cache.
         case ready(PreparedToken)
         /// The refresh to wait for (joined if one is under way), and what holds the tokens.
@@ -231,6 +238,7 @@ public actor Broker {
         let effects = machine.tokensReplaced(by: record, planner: planner, now: now)
         accounts[name] = machine
         try run(effects, for: name)
+        cache.withdrawNarrowed(for: name)
         logger.info("tokens replaced", metadata: ["account": "\(name)"])
         return describe(try self.machine(name), now: clock.now())
     }
@@ -368,6 +376,8 @@ public actor Broker {
         accounts[name] = machine
         // A refresh under way may rotate the credential: revoke the one it leaves behind.
         _ = await refreshTasks[name]?.task.value
+        await takeChainTurn(name)
+        defer { endChainTurn(name) }
         let current = try self.machine(name).record
 
         var revoked = false
@@ -529,6 +539,9 @@ public actor Broker {
         for running in refreshTasks.values {
             _ = await running.task.value
         }
+        for running in narrowedRefreshes.values {
+            _ = await running.value
+        }
     }
 
     // MARK: Refresh machinery
@@ -558,7 +571,13 @@ public actor Broker {
 
     private func performRefresh(_ name: String, serial: Int) async -> Result<Void, BrokerFailure> {
         defer { if refreshTasks[name]?.serial == serial { refreshTasks[name] = nil } }
+        await takeChainTurn(name)
+        defer { endChainTurn(name) }
         guard let started = accounts[name]?.record else { return .failure(.noSuchAccount(AccountName(known: name))) }
+        // New tokens or a removal came while it waited for its turn: nothing to present.
+        guard accounts[name]?.refreshSerial == serial else {
+            return .failure(.changedDuringRefresh(AccountName(known: name)))
+        }
         let provider = provider(for: started)
         let asked = ContinuousClock.now
         // Whatever the IdP or helper wrote is cleaned here, once, before it is stored, logged or sent.
@@ -620,21 +639,21 @@ public actor Broker {
 
     /// Obtains an account's tokens; built once per account from its settings and the engine's
     /// (again after a reload), so a provider that watches a source keeps what it saw.
-    private func provider(for record: AccountRecord) -> any TokenProvider {
+    func provider(for record: AccountRecord) -> any TokenProvider {
         if let provider = tokenProviders[record.name] { return provider }
         let provider = record.provider.makeProvider(ProviderContext(http: http, settings: settings, logger: logger))
         tokenProviders[record.name] = provider
         return provider
     }
 
-    private func machine(_ name: String) throws(BrokerFailure) -> AccountMachine {
+    func machine(_ name: String) throws(BrokerFailure) -> AccountMachine {
         guard !padlock.isLocked else { throw .locked }
         guard let machine = accounts[name] else { throw .noSuchAccount(AccountName(known: name)) }
         return machine
     }
 
     /// Fails fast for accounts that cannot be refreshed now, instead of calling the IdP.
-    private func checkRefreshable(_ machine: AccountMachine) throws(BrokerFailure) {
+    func checkRefreshable(_ machine: AccountMachine) throws(BrokerFailure) {
         try checkCredentialUsable(machine)
         guard machine.refreshesOnItsOwn else {
             throw .noTokenLongEnough(AccountName(known: machine.record.name), kind: machine.record.provider.kind)
@@ -663,7 +682,7 @@ public actor Broker {
 
     /// Refuses, without calling the IdP, a `minTTL` longer than the lifetime the IdP grants,
     /// while the current token is not yet due for refresh (a refresh could not help).
-    private func checkLifetime(_ machine: AccountMachine, covers minTTL: TimeInterval) throws(BrokerFailure) {
+    func checkLifetime(_ machine: AccountMachine, covers minTTL: TimeInterval) throws(BrokerFailure) {
         guard machine.record.provider.renewal == .refreshes, let token = machine.record.token, token.pushed != true,
             token.expiresAt > clock.now(),
             let due = machine.nextRefreshAt, due > clock.now(),
@@ -680,6 +699,7 @@ public actor Broker {
             record.token = AccessToken(
                 value: access.value, type: access.type, expiresAt: Bounds.date(expiry.date(receivedAt: now)),
                 obtainedAt: now, idToken: access.idToken, scope: access.scope, pushed: true)
+            record.grantedScope = access.scope
         }
         if let refreshToken = tokens.refreshToken {
             record.secrets.refreshToken = refreshToken
@@ -692,13 +712,14 @@ public actor Broker {
     /// credential it held (a login without an id token leaves none).
     private func apply(_ grant: Grant, to record: inout AccountRecord) {
         record.token = grant.token
+        record.grantedScope = grant.token.scope
         record.secrets.refreshToken = grant.refreshToken
         record.secrets.refreshExpiresAt = grant.refreshExpiresAt
         record.secrets.refreshURL = nil
     }
 
     /// Runs a transition's effects in order; a failed save stops the rest and is thrown.
-    private func run(_ effects: [AccountMachine.Effect], for name: String) throws(BrokerFailure) {
+    func run(_ effects: [AccountMachine.Effect], for name: String) throws(BrokerFailure) {
         for effect in effects {
             switch effect {
             case .persist:
@@ -740,7 +761,7 @@ public actor Broker {
         duration.components.seconds * 1_000_000 + duration.components.attoseconds / 1_000_000_000_000
     }
 
-    private static func prepare(_ name: String, _ token: AccessToken) -> PreparedToken {
+    static func prepare(_ name: String, _ token: AccessToken) -> PreparedToken {
         PreparedToken(
             TokenResult(
                 account: name, accessToken: token.value, tokenType: token.type, expiresAt: token.expiresAt,
@@ -752,6 +773,7 @@ public actor Broker {
             name: AccountName(known: machine.record.name), kind: machine.record.provider.kind,
             state: machine.state(now: now), expiresAt: machine.record.token?.expiresAt,
             refreshExpiresAt: machine.record.secrets.refreshExpiresAt, nextRefreshAt: machine.nextRefreshAt,
-            lastRefreshAt: machine.record.lastRefreshAt, lastError: machine.record.lastError)
+            lastRefreshAt: machine.record.lastRefreshAt, lastError: machine.record.lastError,
+            lostScope: machine.record.lostScope)
     }
 }

@@ -43,6 +43,9 @@ public enum BrokerFailure: Error, Sendable, Equatable {
     case configUnreadable(reason: String)
     /// The config file's table for `account` cannot be applied; nothing changed.
     indirect case configNotApplied(account: String, because: BrokerFailure)
+    /// The IdP refused a token of the account narrowed to a scope or bound to a resource
+    /// (`TokenKey`); `reason` is what it said, already cleaned. The account is not affected.
+    case targetRefused(AccountName, reason: String)
     /// The config would move a credential the account holds elsewhere (`move` says how).
     case credentialWouldMove(AccountName, move: String)
 

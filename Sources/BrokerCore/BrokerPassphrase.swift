@@ -59,6 +59,7 @@ extension Broker {
         cache.removeAll()
         tokenFiles.removeAll(logger: logger)
         for running in refreshTasks.values { _ = await running.task.value }
+        for running in narrowedRefreshes.values { _ = await running.value }
         if !unsaved.isEmpty, (try? persist(changing: [])) == nil {
             logger.error("locked with changes the vault could not save", metadata: ["accounts": "\(unsaved.count)"])
         }
@@ -69,6 +70,8 @@ extension Broker {
         accounts = [:]
         tokenProviders = [:]
         refreshTasks = [:]
+        narrowedRefreshes = [:]
+        narrowedBackoffs = [:]
         unsaved = []
         vault.lock()
         logger.notice("locked", metadata: ["accounts": "\(shown.count)"])

@@ -126,7 +126,8 @@ extension FlatRequest {
         guard request.accounts == nil, request.accessToken == nil, request.versions == nil, request.client == nil,
             request.provider == nil, request.tokens == nil, request.force == nil, request.flow == nil,
             request.secretsFile == nil, request.redirectPort == nil, request.timeout == nil, request.idToken == nil,
-            request.passphrase == nil, request.to == nil, let op = request.op
+            request.passphrase == nil, request.to == nil, request.scope == nil, request.resource == nil,
+            let op = request.op
         else { return nil }
         var text = "{\"id\":\(JSONText.encode(id)),\"op\":\(JSONText.quote(op))"
         if let account = request.account { text += ",\"account\":\(JSONText.quote(account))" }

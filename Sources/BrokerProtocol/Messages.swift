@@ -52,6 +52,10 @@ public struct Request: Codable, Sendable {
     public var passphrase: String?
     /// `rekey`: the key to move the vault to, `passphrase` or `keyfile`.
     public var to: String?
+    /// `token`, `reject`: the scopes to narrow the token to, space-separated (RFC 6749 section 6).
+    public var scope: String?
+    /// `token`, `reject`: the absolute URI of the resource the token is for (RFC 8707).
+    public var resource: String?
 
     public init(
         id: RequestID?, op: String, account: String? = nil, minTTL: Double? = nil, accessToken: String? = nil,
@@ -78,6 +82,7 @@ public struct Request: Codable, Sendable {
 
     enum CodingKeys: String, CodingKey {
         case id, op, account, accounts, versions, client, provider, tokens, force, flow, timeout, passphrase, to
+        case scope, resource
         case minTTL = "min_ttl"
         case accessToken = "access_token"
         case secretsFile = "secrets_file"
@@ -248,11 +253,14 @@ public struct AccountStatus: Codable, Sendable, Equatable {
     public var git: GitBridge?
     /// The registries the account serves (`[accounts.NAME.docker]`), for `brokerctl docker-credential`.
     public var docker: DockerBridge?
+    /// The scopes the account was configured with (or first granted) that the IdP left out of
+    /// its current token, space-separated; absent when none are missing.
+    public var lostScope: String?
 
     public init(
         account: String, provider: String, state: String, expiresAt: Date? = nil, refreshExpiresAt: Date? = nil,
         nextRefreshAt: Date? = nil, lastRefreshAt: Date? = nil, lastError: AccountError? = nil,
-        git: GitBridge? = nil, docker: DockerBridge? = nil
+        git: GitBridge? = nil, docker: DockerBridge? = nil, lostScope: String? = nil
     ) {
         self.account = account
         self.provider = provider
@@ -264,10 +272,12 @@ public struct AccountStatus: Codable, Sendable, Equatable {
         self.lastError = lastError
         self.git = git
         self.docker = docker
+        self.lostScope = lostScope
     }
 
     enum CodingKeys: String, CodingKey {
         case account, provider, state, git, docker
+        case lostScope = "lost_scope"
         case expiresAt = "expires_at"
         case refreshExpiresAt = "refresh_expires_at"
         case nextRefreshAt = "next_refresh_at"

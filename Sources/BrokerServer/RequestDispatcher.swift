@@ -155,12 +155,16 @@ public struct RequestDispatcher: Sendable {
                     protocol: protocolVersion, server: Self.serverName, ops: Operation.allCases.map(\.rawValue))
                 return try success(request, hello, encoder)
             case .token where request.idToken == true:
+                if request.scope != nil || request.resource != nil {
+                    throw BrokerError(.badRequest, "\"id_token\" takes no \"scope\" or \"resource\"")
+                }
                 let idToken = try await broker.idToken(
                     account: try AccountField.required(request.account), minTTL: minTTL(request.minTTL))
                 return try success(request, idToken, encoder)
             case .token:
                 let token = try await broker.token(
-                    account: try AccountField.required(request.account), minTTL: minTTL(request.minTTL))
+                    account: try AccountField.required(request.account), minTTL: minTTL(request.minTTL),
+                    scope: request.scope, resource: request.resource)
                 return token.line(id: request.id, now: broker.clock.now())
             case .reject:
                 guard let accessToken = request.accessToken else {
@@ -168,7 +172,7 @@ public struct RequestDispatcher: Sendable {
                 }
                 let token = try await broker.reject(
                     account: try AccountField.required(request.account), accessToken: accessToken,
-                    minTTL: minTTL(request.minTTL))
+                    minTTL: minTTL(request.minTTL), scope: request.scope, resource: request.resource)
                 return token.line(id: request.id, now: broker.clock.now())
             case .status:
                 let accounts = try await broker.status(account: request.account)

@@ -7,19 +7,27 @@ import FoundationEssentials
 /// none touches the actor's state, so none runs on it (a `token` call that waited for a refresh
 /// does not queue on the actor again to return its answer).
 extension Broker {
-    /// `token`: a token of `account` valid for `minTTL` seconds.
-    public nonisolated func token(account: String, minTTL: TimeInterval) async throws(BrokerError) -> PreparedToken {
+    /// `token`: a token of `account` valid for `minTTL` seconds, narrowed to `scope` and bound
+    /// to `resource` when they are given.
+    public nonisolated func token(
+        account: String, minTTL: TimeInterval, scope: String? = nil, resource: String? = nil
+    ) async throws(BrokerError) -> PreparedToken {
         let name = try WireTranslation.existingAccountName(account)
-        return try await translating { () async throws(BrokerFailure) in try await token(for: name, minTTL: minTTL) }
+        let key = try WireTranslation.tokenKey(scope: scope, resource: resource)
+        return try await translating { () async throws(BrokerFailure) in
+            try await token(for: name, key: key, minTTL: minTTL)
+        }
     }
 
-    /// `reject`: a token to use instead of `accessToken`, which a resource server refused.
-    public nonisolated func reject(account: String, accessToken: String, minTTL: TimeInterval) async throws(BrokerError)
-        -> PreparedToken
-    {
+    /// `reject`: a token to use instead of `accessToken`, which a resource server refused;
+    /// `scope` and `resource` name the token as `token` did.
+    public nonisolated func reject(
+        account: String, accessToken: String, minTTL: TimeInterval, scope: String? = nil, resource: String? = nil
+    ) async throws(BrokerError) -> PreparedToken {
         let name = try WireTranslation.existingAccountName(account)
+        let key = try WireTranslation.tokenKey(scope: scope, resource: resource)
         return try await translating { () async throws(BrokerFailure) in
-            try await reject(accessToken, of: name, minTTL: minTTL)
+            try await reject(accessToken, of: name, key: key, minTTL: minTTL)
         }
     }
 

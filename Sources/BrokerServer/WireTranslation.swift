@@ -55,6 +55,15 @@ public enum WireTranslation {
         }
     }
 
+    /// The token a `token` or `reject` request asks for: its `scope` and `resource`, checked.
+    public static func tokenKey(scope: String?, resource: String?) throws(BrokerError) -> TokenKey {
+        do {
+            return try TokenKey.checking(scope: scope, resource: resource)
+        } catch {
+            throw BrokerError(error)
+        }
+    }
+
     /// The `flow`, `redirect_port` and `timeout` of a `login` request, checked.
     public static func loginOptions(_ request: Request) throws(BrokerError) -> LoginOptions {
         guard let text = request.flow else {
@@ -83,7 +92,7 @@ public enum WireTranslation {
             account: snapshot.name.rawValue, provider: snapshot.kind, state: snapshot.state.rawValue,
             expiresAt: snapshot.expiresAt, refreshExpiresAt: snapshot.refreshExpiresAt,
             nextRefreshAt: snapshot.nextRefreshAt, lastRefreshAt: snapshot.lastRefreshAt, lastError: snapshot.lastError,
-            git: bridges?.git, docker: bridges?.docker)
+            git: bridges?.git, docker: bridges?.docker, lostScope: snapshot.lostScope?.joined(separator: " "))
     }
 
     /// The result of an owner op that changed an account.
@@ -192,6 +201,8 @@ extension BrokerError {
                     + (retryAfter == nil ? "Check the account's settings, " : "Try again later, ")
                     + "or brokerctl logout \(name) --force to discard it without revoking",
                 retryAfterMs: retryAfter.map(Bounds.milliseconds))
+        case .targetRefused(let name, let reason):
+            self.init(.forbidden, "the IdP refused this scope or resource for \(name): \(reason)")
         case .vaultNotSaved:
             self.init(.internal, "the broker cannot save its vault; see its log")
         case .configUnreadable(let reason):

@@ -32,15 +32,25 @@ struct BridgeOptions: ParsableArguments {
         try GlobalOptions.client(socket: socket, timeout: timeout)
     }
 
-    /// The token of `account`, valid for `--min-ttl` seconds.
-    func token(of account: String) throws -> TokenResult {
-        try client().perform(.token(account: account, minTTL: minTTL))
+    /// The token of `account`, valid for `--min-ttl` seconds (narrowed as `narrowing` says).
+    /// (A `Narrowing` only exists parsed: reading an unparsed option group traps.)
+    func token(of account: String, narrowing: Narrowing? = nil) throws -> TokenResult {
+        try client().perform(
+            .token(account: account, minTTL: minTTL, scope: narrowing?.scope, resource: narrowing?.resource))
     }
 
     /// The accounts the caller may use, with their bridge settings.
     func accounts() throws -> [AccountStatus] {
         try client().perform(.status()).accounts
     }
+}
+
+/// `--scope` and `--resource`: a token cut down to some scopes or one audience (oauth2 accounts).
+struct Narrowing: ParsableArguments {
+    @Option(help: "Scopes to narrow the token to, space-separated (oauth2 accounts; exit 7 when the IdP refuses).")
+    var scope: String?
+    @Option(help: "Absolute URI of the resource the token is for (RFC 8707; oauth2 accounts).")
+    var resource: String?
 }
 
 /// What stopped a bridge: printed as `Error: description` with no usage text (the command line

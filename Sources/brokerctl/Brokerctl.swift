@@ -183,12 +183,23 @@ struct Token: ParsableCommand {
     @Option(help: "Seconds the token must stay valid.") var minTTL: Double?
     @Flag(help: "Print the account's OpenID Connect id token instead (exit 4 when its IdP issued none).")
     var idToken = false
+    @OptionGroup var narrowing: Narrowing
+
+    func validate() throws {
+        if idToken, narrowing.scope != nil || narrowing.resource != nil {
+            throw ValidationError("--id-token takes no --scope or --resource")
+        }
+    }
 
     func run() throws {
         if idToken {
             try options.run(.idToken(account: account, minTTL: minTTL)) { $0.idToken }
         } else {
-            try options.run(.token(account: account, minTTL: minTTL)) { $0.accessToken }
+            try options.run(
+                .token(account: account, minTTL: minTTL, scope: narrowing.scope, resource: narrowing.resource)
+            ) {
+                $0.accessToken
+            }
         }
     }
 }
@@ -372,14 +383,19 @@ enum StatusTable {
 
     /// For each account that waits for its owner (`needs_login`, `logged_out`), the command
     /// that restores it: `brokerctl login` for oauth2 accounts, `brokerctl set-tokens` for the
-    /// others; preceded by a blank line when there are any.
+    /// others; and each account whose scope the IdP narrowed; preceded by a blank line when
+    /// there are any.
     static func hints(_ accounts: [AccountStatus], socket: String?) -> [String] {
         let socketOption = socket.map { " --socket " + ShellWord.quoted($0) } ?? ""
-        let hints = accounts.filter { ["needs_login", "logged_out"].contains($0.state) }.map { account in
+        let restore = accounts.filter { ["needs_login", "logged_out"].contains($0.state) }.map { account in
             account.provider == "oauth2"
                 ? "\(account.account): sign in again with: brokerctl login \(account.account)\(socketOption)"
                 : "\(account.account): push new tokens with: brokerctl set-tokens \(account.account)\(socketOption)"
         }
+        let narrowed = accounts.compactMap { account in
+            account.lostScope.map { "\(account.account): the IdP no longer grants the scope \($0)" }
+        }
+        let hints = restore + narrowed
         return hints.isEmpty ? [] : [""] + hints
     }
 

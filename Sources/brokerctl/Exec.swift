@@ -36,6 +36,7 @@ struct Exec: ParsableCommand {
     static let sentByKernel: Int32 = 0x80
 
     @OptionGroup var options: BridgeOptions
+    @OptionGroup var narrowing: Narrowing
     @Option(help: "The environment variable that holds the token.") var env = "BEARER_TOKEN"
     @Argument(help: "Account name.") var account: String
     @Argument(parsing: .postTerminator, help: "The command and its arguments, after --.") var command: [String] = []
@@ -52,7 +53,7 @@ struct Exec: ParsableCommand {
     }
 
     func run() throws {
-        let first = try GlobalOptions.reportingFailures { try options.token(of: account) }
+        let first = try GlobalOptions.reportingFailures { try options.token(of: account, narrowing: narrowing) }
         let file = try TokenFile(in: Self.tokenDirectory(), token: first.accessToken)
         defer { file.remove() }
         var signals = sigset_t()
@@ -88,7 +89,9 @@ struct Exec: ParsableCommand {
     private func renew(_ renewal: inout Renewal, file: TokenFile) {
         do {
             let token = try options.client().perform(
-                .token(account: account, minTTL: renewal.minTTLForNext(now: Date())))
+                .token(
+                    account: account, minTTL: renewal.minTTLForNext(now: Date()), scope: narrowing.scope,
+                    resource: narrowing.resource))
             if token.accessToken != renewal.token.accessToken { try file.replace(with: token.accessToken) }
             renewal.took(token, now: Date())
         } catch let error as BrokerError {

@@ -9,10 +9,11 @@ struct Header: ParsableCommand {
         abstract: "Print \"Authorization: Bearer TOKEN\", e.g. for curl -H \"$(brokerctl header api)\".")
 
     @OptionGroup var options: BridgeOptions
+    @OptionGroup var narrowing: Narrowing
     @Argument(help: "Account name.") var account: String
 
     func run() throws {
-        let token = try GlobalOptions.reportingFailures { try options.token(of: account) }
+        let token = try GlobalOptions.reportingFailures { try options.token(of: account, narrowing: narrowing) }
         StandardStream.output.write("Authorization: \(token.tokenType) \(token.accessToken)\n")
     }
 }

@@ -26,11 +26,12 @@ struct KubeCredential: ParsableCommand {
     static let maximumInfoSize = 1 << 20
 
     @OptionGroup var options: BridgeOptions
+    @OptionGroup var narrowing: Narrowing
     @Argument(help: "Account name.") var account: String
 
     func run() throws {
         let apiVersion = try Self.requestedVersion(getenv("KUBERNETES_EXEC_INFO").map { String(cString: $0) })
-        let token = try GlobalOptions.reportingFailures { try options.token(of: account) }
+        let token = try GlobalOptions.reportingFailures { try options.token(of: account, narrowing: narrowing) }
         let credential = ExecCredential(
             apiVersion: apiVersion,
             status: .init(token: token.accessToken, expirationTimestamp: Wire.rfc3339(token.expiresAt)))

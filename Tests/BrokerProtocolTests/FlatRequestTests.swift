@@ -107,9 +107,25 @@ import Testing
         #"{"op":"token","account":"api","versions":1}"#,
         #"{"op":"token","account":"api","tokens":"x"}"#,
         #"{"op":"token","account":"api","provider":1}"#,
+        #"{"op":"token","account":"api","scope":"read"}"#,
+        #"{"op":"token","account":"api","resource":"https://api.example/"}"#,
     ])
     func declinesFieldsItDoesNotCheck(line: String) {
         #expect(Self.parse(line) == nil)
+    }
+
+    /// A token request narrowed to a scope or bound to a resource is written by the encoder:
+    /// the hand-written line has neither field.
+    @Test func leavesNarrowedRequestsToTheEncoder() throws {
+        var request = Request(id: nil, op: "token", account: "api")
+        request.scope = "read"
+        #expect(FlatRequest.line(of: request, id: .integer(1)) == nil)
+        request.scope = nil
+        request.resource = "https://api.example/"
+        #expect(FlatRequest.line(of: request, id: .integer(1)) == nil)
+        let line = try Wire.makeEncoder().encode(request)
+        let decoded = try Wire.makeDecoder().decode(Request.self, from: line)
+        #expect(decoded.resource == "https://api.example/" && decoded.scope == nil)
     }
 
     /// Many generated lines, near the request shape and broken in small ways: wherever the

@@ -9,7 +9,9 @@ import NIOHTTP1
 /// `brokerctl login` (see `OAuth2TestIdP+Login.swift`): a device authorization endpoint
 /// (RFC 8628) and an authorization endpoint with PKCE (RFC 7636) and loopback redirects
 /// (RFC 8252), whose codes the token endpoint exchanges; grants asked with scope `openid`
-/// carry an id token.
+/// carry an id token. With `setOriginalGrant`, it holds a refresh's `scope` to the scopes of
+/// the original grant (RFC 6749 section 6: `invalid_scope` otherwise), states the granted scope
+/// in every answer, and, with `setResources`, refuses other resources (RFC 8707 `invalid_target`).
 public final class OAuth2TestIdP: Sendable {
     /// How the endpoint answers the next requests.
     public enum Behavior: Sendable, Equatable {
@@ -29,6 +31,13 @@ public final class OAuth2TestIdP: Sendable {
         public var clientID: String?
         public var clientSecret: String?
         public var at: Date
+        /// The `scope` parameter, as sent.
+        public var scope: String? = nil
+        /// The `resource` parameter (RFC 8707), as sent.
+        public var resource: String? = nil
+        /// Whether the refresh token presented was the current one (a refresh that reused a
+        /// dead one is refused).
+        public var presentedCurrent = false
     }
 
     struct State {
@@ -45,6 +54,12 @@ public final class OAuth2TestIdP: Sendable {
         var discoveryCount = 0
         var revocations: [Revocation] = []
         var login = LoginState()
+        /// The scopes of the original grant; `nil`: scopes are not checked or stated.
+        var originalGrant: Set<String>?
+        /// The resources a refresh may name; `nil`: any.
+        var resources: Set<String>?
+        /// Whether a refresh with a narrower scope narrows the grant itself (django-oauth-toolkit).
+        var narrowsChain = false
     }
 
     /// One request the revocation endpoint received.
@@ -110,6 +125,17 @@ public final class OAuth2TestIdP: Sendable {
     public func setBehavior(_ behavior: Behavior) { state.withLock { $0.behavior = behavior } }
     public func setLifetime(_ seconds: Int) { state.withLock { $0.lifetime = seconds } }
     public func setDelay(_ delay: Duration) { state.withLock { $0.delay = delay } }
+    /// Holds refreshes to the scopes of `scope` (space-separated) and states the granted scope.
+    public func setOriginalGrant(scope: String) {
+        state.withLock { $0.originalGrant = Set(scope.split(separator: " ").map(String.init)) }
+    }
+    /// Makes a refresh with a narrower scope narrow the grant for every later refresh too, as
+    /// django-oauth-toolkit does (RFC 6749 section 6 keeps the original grant).
+    public func setNarrowsChain(_ narrows: Bool) { state.withLock { $0.narrowsChain = narrows } }
+    /// Refuses a refresh naming a resource not in `resources` with `invalid_target`.
+    public func setResources(_ resources: Set<String>) { state.withLock { $0.resources = resources } }
+    /// The refresh-token grants received, in order.
+    public var refreshCalls: [Call] { state.withLock { $0.calls.filter { $0.grantType == "refresh_token" } } }
 
     public var calls: [Call] { state.withLock { $0.calls } }
     public var callCount: Int { state.withLock { $0.calls.count } }
@@ -198,7 +224,8 @@ public final class OAuth2TestIdP: Sendable {
             state.calls.append(
                 Call(
                     grantType: form["grant_type"], refreshToken: form["refresh_token"], clientID: presentedID,
-                    clientSecret: presentedSecret, at: Date()))
+                    clientSecret: presentedSecret, at: Date(), scope: form["scope"], resource: form["resource"],
+                    presentedCurrent: form["refresh_token"] == state.currentRefreshToken))
             let delay = state.delay
             switch state.behavior {
             case .hang:
@@ -227,17 +254,40 @@ public final class OAuth2TestIdP: Sendable {
                     status: .badRequest,
                     body: #"{"error":"invalid_grant","error_description":"refresh token is not valid"}"#, delay: delay)
             }
+            if let refusal = refusal(of: form, state: state) {
+                return Answer(status: .badRequest, body: refusal, delay: delay)
+            }
             let scope = form["scope"] ?? state.login.grantedScope
+            let granted = state.originalGrant.map { original in
+                form["scope"].map { Set($0.split(separator: " ").map(String.init)) } ?? original
+            }
+            if state.narrowsChain, let granted { state.originalGrant = granted }
             return Answer(
                 status: .ok,
-                body: issue(&state, idToken: state.login.idTokensOnRefresh && hasOpenID(scope), clientID: clientID),
+                body: issue(
+                    &state, idToken: state.login.idTokensOnRefresh && hasOpenID(scope), clientID: clientID,
+                    scope: granted.map { $0.sorted().joined(separator: " ") }),
                 delay: delay)
         }
     }
 
+    /// The error body refusing a refresh's scope beyond the original grant (`invalid_scope`) or
+    /// a resource not served (`invalid_target`); `nil` when neither applies.
+    static func refusal(of form: [String: String], state: State) -> String? {
+        if let original = state.originalGrant, let asked = form["scope"],
+            let extra = Set(asked.split(separator: " ").map(String.init)).subtracting(original).sorted().first
+        {
+            return #"{"error":"invalid_scope","error_description":"scope \#(extra) was not granted"}"#
+        }
+        if let resources = state.resources, let resource = form["resource"], !resources.contains(resource) {
+            return #"{"error":"invalid_target","error_description":"no such resource here"}"#
+        }
+        return nil
+    }
+
     /// A token answer with a new access token and a rotated refresh token (the old one dies),
     /// and an id token when `idToken`.
-    static func issue(_ state: inout State, idToken: Bool, clientID: String) -> String {
+    static func issue(_ state: inout State, idToken: Bool, clientID: String, scope: String? = nil) -> String {
         state.serial += 1
         let access = "at-\(state.serial)-\(UInt32.random(in: 0...UInt32.max))"
         let refresh = "rt-\(state.serial)-\(UInt32.random(in: 0...UInt32.max))"
@@ -250,6 +300,7 @@ public final class OAuth2TestIdP: Sendable {
             let token = makeIDToken(&state, clientID: clientID)
             body += #","id_token":"\#(token)""#
         }
+        if let scope { body += #","scope":"\#(scope)""# }
         return body + "}"
     }
 }

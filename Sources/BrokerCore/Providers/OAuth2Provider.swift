@@ -137,17 +137,27 @@ extension OAuth2Settings {
 
 /// `oauth2` accounts: the RFC 6749 section 6 refresh grant against a token endpoint, given
 /// directly or discovered from an OIDC issuer.
-struct OAuth2Provider: TokenProvider {
+struct OAuth2Provider: NarrowingTokenProvider {
     let settings: OAuth2Settings
     let http: IdPClient
     let defaultLifetime: TimeInterval
 
     func refresh(_ record: AccountRecord, now: Date) async -> Result<Grant, RefreshFailure> {
+        await post(refreshing: record, scope: settings.scope, resource: nil).flatMap {
+            Self.interpret($0, now: now, defaultLifetime: defaultLifetime)
+        }
+    }
+
+    /// The refresh grant of `record` (RFC 6749 section 6) with `scope` and `resource` (RFC 8707).
+    private func post(refreshing record: AccountRecord, scope: String?, resource: String?) async -> Result<
+        IdPReply, RefreshFailure
+    > {
         guard let refreshToken = record.secrets.refreshToken else {
             return .failure(.denial("no refresh token; push one with set_tokens"))
         }
         var form = [("grant_type", "refresh_token"), ("refresh_token", refreshToken)]
-        if let scope = settings.scope { form.append(("scope", scope)) }
+        if let scope { form.append(("scope", scope)) }
+        if let resource { form.append(("resource", resource)) }
         let headers = settings.authenticate(&form, secret: record.secrets.clientSecret)
 
         let endpoint: URL
@@ -156,7 +166,30 @@ struct OAuth2Provider: TokenProvider {
         case .failure(let failure): return .failure(failure)
         }
         return await http.post(endpoint, headers: headers, body: FormEncoding.encode(form))
-            .flatMap { Self.interpret($0, now: now, defaultLifetime: defaultLifetime) }
+    }
+
+    /// The refresh grant narrowed to `key`: its scopes (the configured scope when it names
+    /// none) and its resource. The token's `scope` is what the IdP granted, or what was asked.
+    func refresh(_ record: AccountRecord, for key: TokenKey, now: Date) async -> Result<Grant, RefreshFailure> {
+        let scope = key.scopeText ?? settings.scope
+        return await post(refreshing: record, scope: scope, resource: key.resource).flatMap { reply in
+            if let refusal = Self.targetRefusal(reply) { return .failure(refusal) }
+            return Self.interpret(reply, now: now, defaultLifetime: defaultLifetime).map { grant in
+                var grant = grant
+                if grant.token.scope == nil { grant.token.scope = scope }
+                return grant
+            }
+        }
+    }
+
+    /// The IdP's refusal of the scope or resource asked for (RFC 6749 section 5.2
+    /// `invalid_scope`, RFC 8707 section 2 `invalid_target`), with its description.
+    static func targetRefusal(_ reply: IdPReply) -> RefreshFailure? {
+        guard reply.status == 400, let object = UntypedJSON.object(reply.body),
+            let code = object["error"] as? String, code == "invalid_scope" || code == "invalid_target"
+        else { return nil }
+        let description = (object["error_description"] as? String).map { ": \($0)" } ?? ""
+        return RefreshFailure(kind: .targetRefused, message: "\(code)\(description)", retryAfter: nil)
     }
 
     /// Revokes the refresh token (or, without one, the access token) at the revocation endpoint

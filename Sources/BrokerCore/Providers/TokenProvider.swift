@@ -27,6 +27,9 @@ public struct RefreshFailure: Error, Sendable, Equatable {
         case transient
         /// The IdP refused the credential: stop refreshing until new tokens arrive.
         case denial
+        /// The IdP refused the scope or resource a narrowed refresh asked for (`invalid_scope`,
+        /// `invalid_target`); the credential itself is fine.
+        case targetRefused
     }
 
     public var kind: Kind
@@ -112,6 +115,14 @@ public enum Revocation: Sendable, Equatable {
     case revoked
     /// The provider has no revocation (or nothing to revoke); the credential is only discarded.
     case unsupported
+}
+
+/// A provider that can also obtain tokens narrowed to other scopes and bound to a resource
+/// (`TokenKey`), from the same refresh credential.
+public protocol NarrowingTokenProvider: TokenProvider {
+    /// Exchanges the account's refresh credential for a token for `key`. The credential it
+    /// rotates is the account's (there is one chain); the token is `key`'s alone.
+    func refresh(_ record: AccountRecord, for key: TokenKey, now: Date) async -> Result<Grant, RefreshFailure>
 }
 
 /// One way of obtaining new tokens for an account.

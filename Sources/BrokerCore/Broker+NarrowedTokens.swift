@@ -1,0 +1,177 @@
+import BrokerProtocol
+import FoundationEssentials
+import Logging
+
+/// Tokens narrowed to other scopes (RFC 6749 section 6) and bound to a resource (RFC 8707):
+/// each `TokenKey` of an account has its own token, cached in memory only, refreshed once for
+/// all its concurrent callers. Every refresh of an account, its own or a narrowed one, presents
+/// the one refresh token the account holds, so they take turns (`takeChainTurn`): each saves
+/// the credential the IdP rotated before the next starts.
+extension Broker {
+    /// One account's token for one key.
+    struct NarrowedRefresh: Hashable, Sendable {
+        let account: String
+        let key: TokenKey
+    }
+
+    /// A token of `account` for `key`, valid for `minTTL` seconds: the cached one, or one a
+    /// refresh narrowed to `key` brings (one refresh, shared by every caller of the key). The
+    /// account's own token, schedule and state are untouched; a refusal by the IdP is
+    /// `targetRefused`.
+    public nonisolated func token(for account: AccountName, key: TokenKey, minTTL: TimeInterval)
+        async throws(BrokerFailure) -> PreparedToken
+    {
+        guard !key.isAccount else { return try await token(for: account, minTTL: minTTL) }
+        let name = account.rawValue
+        if let token = cache.token(for: name, key: key, minTTL: minTTL, now: clock.now()) { return token }
+        switch try await narrowedRefreshForToken(name, key: key, minTTL: minTTL) {
+        case .ready(let token):
+            return token
+        case .refreshing(let refresh, let source):
+            let outcome = await refresh.value
+            if let token = cache.token(for: name, key: key, minTTL: minTTL, now: clock.now()) { return token }
+            if case .failure(let error) = outcome { throw error }
+            throw .tokenTooShort(heldBy: source, minTTL: minTTL)
+        }
+    }
+
+    /// Handles a token for `key` that a resource server refused: when the cache still holds
+    /// it, drops it and refreshes the key once; then answers the key's token.
+    public func reject(_ accessToken: String, of account: AccountName, key: TokenKey, minTTL: TimeInterval)
+        async throws(BrokerFailure) -> PreparedToken
+    {
+        guard !key.isAccount else { return try await reject(accessToken, of: account, minTTL: minTTL) }
+        let name = account.rawValue
+        let machine = try self.machine(name)
+        try checkNarrowable(machine)
+        if cache.withdraw(accessToken, for: name, key: key) {
+            try checkRefreshable(machine)
+            if case .failure(let error) = await startNarrowedRefresh(name, key: key).value { throw error }
+        }
+        return try await token(for: account, key: key, minTTL: minTTL)
+    }
+
+    /// The token, or the refresh a `token` call for `key` waits for. Looks at the cache again
+    /// first, on the actor, so a call that missed it just before a refresh ended starts none.
+    private func narrowedRefreshForToken(_ name: String, key: TokenKey, minTTL: TimeInterval) throws(BrokerFailure)
+        -> TokenWait
+    {
+        if let token = cache.token(for: name, key: key, minTTL: minTTL, now: clock.now()) { return .ready(token) }
+        let machine = try self.machine(name)
+        try checkNarrowable(machine)
+        try checkRefreshable(machine)
+        try checkLifetime(machine, covers: minTTL)
+        let now = clock.now()
+        if let backoff = narrowedBackoffs[NarrowedRefresh(account: name, key: key)], backoff.until > now {
+            throw .refreshFailing(reason: backoff.reason, retryAfter: backoff.until.timeIntervalSince(now))
+        }
+        return .refreshing(startNarrowedRefresh(name, key: key), .issued)
+    }
+
+    /// Refuses accounts whose kind cannot narrow a token (only `oauth2` can).
+    private func checkNarrowable(_ machine: AccountMachine) throws(BrokerFailure) {
+        guard provider(for: machine.record) is any NarrowingTokenProvider else {
+            throw .invalid(
+                "\(machine.record.name) is a \(machine.record.provider.kind) account; "
+                    + "\"scope\" and \"resource\" apply only to oauth2 accounts")
+        }
+    }
+
+    /// Starts the refresh of `name` narrowed to `key`, or joins the one under way.
+    private func startNarrowedRefresh(_ name: String, key: TokenKey) -> Task<Result<Void, BrokerFailure>, Never> {
+        let refresh = NarrowedRefresh(account: name, key: key)
+        if let running = narrowedRefreshes[refresh] { return running }
+        let task = Task { await self.performNarrowedRefresh(refresh) }
+        narrowedRefreshes[refresh] = task
+        return task
+    }
+
+    private func performNarrowedRefresh(_ refresh: NarrowedRefresh) async -> Result<Void, BrokerFailure> {
+        defer { narrowedRefreshes[refresh] = nil }
+        let name = refresh.account
+        let account = AccountName(known: name)
+        await takeChainTurn(name)
+        defer { endChainTurn(name) }
+        // Checked again after the wait: a logout, a denial or a removal may have come meanwhile.
+        let started: AccountRecord
+        let provider: any NarrowingTokenProvider
+        do throws(BrokerFailure) {
+            let machine = try self.machine(name)
+            try checkRefreshable(machine)
+            guard let narrowing = self.provider(for: machine.record) as? any NarrowingTokenProvider else {
+                return .failure(.changedDuringRefresh(account))
+            }
+            started = machine.record
+            provider = narrowing
+        } catch {
+            return .failure(error)
+        }
+        let outcome = await provider.refresh(started, for: refresh.key, now: clock.now())
+            .mapError(started.outsideText().clean)
+        let now = clock.now()
+        switch outcome {
+        case .success(let grant):
+            // The rotated credential is the account's: saved before the next turn starts.
+            guard let effects = accounts[name]?.narrowedRefreshSucceeded(presented: started.secrets, grant: grant)
+            else { return .failure(.changedDuringRefresh(account)) }
+            do {
+                try run(effects, for: name)
+            } catch {
+                return .failure(error)
+            }
+            narrowedBackoffs[refresh] = nil
+            guard !padlock.isLocked else { return .failure(.locked) }
+            cache.publish(Self.prepare(name, grant.token), for: name, key: refresh.key, now: now)
+            logger.info(
+                "refreshed a narrowed token",
+                metadata: [
+                    "account": "\(name)", "scope": "\(refresh.key.scopeText ?? "")",
+                    "resource": "\(refresh.key.resource ?? "")",
+                    "expires_in": "\(Bounds.wholeSeconds(grant.token.remaining(at: now)))",
+                ])
+            return .success(())
+        case .failure(let failure) where failure.kind == .transient:
+            // The key waits (the IdP's Retry-After, or a jittered backoff); the account does not.
+            let delay = planner.backoff(failures: 1, retryAfter: failure.retryAfter)
+            narrowedBackoffs = narrowedBackoffs.filter { $0.value.until > now }
+            narrowedBackoffs[refresh] = (now.addingTimeInterval(delay), failure.message)
+            logger.warning(
+                "narrowed refresh failed",
+                metadata: [
+                    "account": "\(name)", "reason": "\(failure.message)",
+                    "retry_in_s": "\(Bounds.wholeSeconds(delay.rounded(.up)))",
+                ])
+            return .failure(.refreshFailing(reason: failure.message, retryAfter: delay))
+        case .failure(let failure):
+            // A refusal of a narrowed refresh leaves the account as it is: its own refresh,
+            // which asks for nothing new, tells whether the credential itself is still good.
+            logger.notice(
+                "the IdP refused a narrowed token", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
+            return .failure(.targetRefused(account, reason: failure.message))
+        }
+    }
+
+    // MARK: The refresh-token chain
+
+    /// Waits until no other refresh of `name` runs, then holds the account's chain until
+    /// `endChainTurn`. Turns are given in the order they were asked for.
+    func takeChainTurn(_ name: String) async {
+        guard chainQueues[name] != nil else {
+            chainQueues[name] = []
+            return
+        }
+        await withCheckedContinuation { chainQueues[name, default: []].append($0) }
+    }
+
+    /// Hands the chain of `name` to the next refresh waiting, if any.
+    func endChainTurn(_ name: String) {
+        guard var waiting = chainQueues[name] else { return }
+        guard !waiting.isEmpty else {
+            chainQueues[name] = nil
+            return
+        }
+        let next = waiting.removeFirst()
+        chainQueues[name] = waiting
+        next.resume()
+    }
+}
