@@ -474,7 +474,8 @@ import Testing
     @Test func aClientThatReadsNoProgressDoesNotKeepTheRedirectPortPastTheTimeout() async throws {
         try await BrokerHarness.run { harness in
             let port = try freePort()
-            let request = Self.request("browser", provider: Self.provider(harness.idp), timeout: 1, redirectPort: port)
+            // 4 s: long enough for a loaded machine to see the listener open before the timeout.
+            let request = Self.request("browser", provider: Self.provider(harness.idp), timeout: 4, redirectPort: port)
             // The progress line is never taken (as when the client does not read its socket).
             let login = Task {
                 try await harness.broker.login(request, peerPID: getpid()) { _ in
@@ -484,7 +485,7 @@ import Testing
             #expect(await eventually { TestBrowser.isListening(port) })
             let held = try HeldConnection(port: port)
             defer { held.close() }
-            #expect(await eventually(timeout: 5) { !TestBrowser.isListening(port) && held.isClosedByPeer })
+            #expect(await eventually(timeout: 15) { !TestBrowser.isListening(port) && held.isClosedByPeer })
             login.cancel()
             #expect(await Self.failure(login) != nil)
             #expect(!(await Self.accountExists(harness)))

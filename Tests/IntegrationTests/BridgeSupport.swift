@@ -55,13 +55,16 @@ final class BridgeBroker: Sendable {
     }
 
     /// Runs `program` (brokerctl by default; a path, or a name found on PATH by `env`) and
-    /// keeps its output.
+    /// keeps its output. It waits on a thread of its own: the test process's two cooperative
+    /// threads also run the other suites' in-process brokers.
     func run(
         _ arguments: [String], program: String = BrokerProcess.binary("brokerctl").path, stdin: String? = nil,
         environment extra: [String: String] = [:]
-    ) throws -> (status: Int32, stdout: String, stderr: String) {
-        let result = try ChildProcess.capture(
-            "/usr/bin/env", [program] + arguments, environment: environment(extra), stdin: stdin)
+    ) async throws -> (status: Int32, stdout: String, stderr: String) {
+        let environment = environment(extra)
+        let result = try await onOwnThread {
+            try ChildProcess.capture("/usr/bin/env", [program] + arguments, environment: environment, stdin: stdin)
+        }
         outputs.withLock { $0 += [result.stdout, result.stderr] }
         return result
     }

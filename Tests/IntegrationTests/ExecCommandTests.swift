@@ -26,7 +26,7 @@ import Glibc
             done
             exit 7
             """
-        let result = try bridge.run(["exec", "api", "--min-ttl", "1", "--", "sh", "-c", script, "job", log])
+        let result = try await bridge.run(["exec", "api", "--min-ttl", "1", "--", "sh", "-c", script, "job", log])
         #expect(result.status == 7, "\(result.stderr)")
 
         let lines = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n").map {
@@ -78,13 +78,15 @@ import Glibc
         #expect(!FileManager.default.fileExists(atPath: fields[0]))
 
         // A command that is not there: 127, as a shell answers, and no file left behind.
-        let missing = try bridge.run(["exec", "api", "--", "no-such-command-\(UInt32.random(in: 0...UInt32.max))"])
+        let missing = try await bridge.run([
+            "exec", "api", "--", "no-such-command-\(UInt32.random(in: 0...UInt32.max))",
+        ])
         #expect(missing.status == 127 && missing.stderr.contains("cannot run"))
         let directory = bridge.broker.root.appendingPathComponent("run/tokenbroker").path
         #expect(try FileManager.default.contentsOfDirectory(atPath: directory).filter { $0.hasPrefix("bearer-") } == [])
         // The broker down: nothing is run.
         await bridge.stop()
-        let down = try bridge.run(["exec", "api", "--", "true"])
+        let down = try await bridge.run(["exec", "api", "--", "true"])
         #expect(down.status == 3)
         bridge.expectNoSecretInOutputs()
     }

@@ -49,7 +49,7 @@ import Testing
         let brokerctl = BrokerProcess.binary("brokerctl").path
         let git = try gitEnvironment(bridge, helpers: ["!\(brokerctl) git-credential"])
 
-        let fill = try bridge.run(
+        let fill = try await bridge.run(
             ["credential", "fill"], program: "git", stdin: "protocol=https\nhost=git.example:8443\n\n", environment: git
         )
         #expect(fill.status == 0, "\(fill.stderr)")
@@ -60,11 +60,12 @@ import Testing
         #expect(filled["host"] == "git.example:8443")
 
         // The helper's own answer, exactly as gitcredentials(7) states it (git 2.39 drops the expiry).
-        let json = try bridge.run(["token", "api", "--json"])
+        let json = try await bridge.run(["token", "api", "--json"])
         let object = try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any]
         let expected = try #require(
             (object?["expires_at"] as? String).flatMap(Wire.parseRFC3339)?.timeIntervalSince1970)
-        let get = try bridge.run(["git-credential", "get"], stdin: "protocol=https\nhost=github.com\npath=o/r.git\n\n")
+        let get = try await bridge.run(
+            ["git-credential", "get"], stdin: "protocol=https\nhost=github.com\npath=o/r.git\n\n")
         #expect(get.status == 0, "\(get.stderr)")
         let answer = pairs(get.stdout)
         #expect(answer.map(\.0) == ["username", "password", "password_expiry_utc"])
@@ -73,7 +74,7 @@ import Testing
         #expect(answer.last?.1 == String(Int(expected.rounded(.down))))
 
         // git 2.46+ offers capability[]=authtype: a Bearer credential instead of a password.
-        let bearer = try bridge.run(
+        let bearer = try await bridge.run(
             ["git-credential", "get"], stdin: "capability[]=authtype\nprotocol=https\nhost=git.example:8443\n\n")
         #expect(bearer.status == 0, "\(bearer.stderr)")
         let bearerAnswer = pairs(bearer.stdout)
@@ -89,10 +90,10 @@ import Testing
             // Served by an account brokerctl may not use: status does not show it to brokerctl.
             "protocol=https\nhost=hidden.example\n",
         ] {
-            let none = try bridge.run(["git-credential", "get"], stdin: input + "\n")
+            let none = try await bridge.run(["git-credential", "get"], stdin: input + "\n")
             #expect(none.status == 0 && none.stdout.isEmpty, "\(input): \(none.stderr)")
         }
-        let status = try bridge.run(["status", "--json"])
+        let status = try await bridge.run(["status", "--json"])
         let listed = try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any]
         let accounts = try #require(listed?["accounts"] as? [[String: Any]])
         #expect(accounts.map { $0["account"] as? String } == ["api"])
@@ -102,19 +103,20 @@ import Testing
         #expect(gitBridge["username"] as? String == "oauth2")
         let chained = try gitEnvironment(
             bridge, helpers: ["!\(brokerctl) git-credential", "!f() { echo username=next; echo password=pw-next; }; f"])
-        let next = try bridge.run(
+        let next = try await bridge.run(
             ["credential", "fill"], program: "git", stdin: "protocol=https\nhost=other.example\n\n",
             environment: chained)
         #expect(next.status == 0, "\(next.stderr)")
         #expect(Dictionary(pairs(next.stdout), uniquingKeysWith: { $1 })["password"] == "pw-next")
 
         // store keeps nothing; a control character or an oversized description is refused.
-        let store = try bridge.run(
+        let store = try await bridge.run(
             ["git-credential", "store"], stdin: "protocol=https\nhost=github.com\nusername=oauth2\npassword=x\n\n")
         #expect(store.status == 0 && store.stdout.isEmpty)
-        let control = try bridge.run(["git-credential", "get"], stdin: "protocol=https\nhost=github.com\u{1B}[2J\n\n")
+        let control = try await bridge.run(
+            ["git-credential", "get"], stdin: "protocol=https\nhost=github.com\u{1B}[2J\n\n")
         #expect(control.status == 1 && control.stdout.isEmpty)
-        let huge = try bridge.run(
+        let huge = try await bridge.run(
             ["git-credential", "get"],
             stdin: String(repeating: "path=\(String(repeating: "a", count: 1000))\n", count: 300))
         #expect(huge.status == 1 && huge.stdout.isEmpty)
@@ -122,18 +124,18 @@ import Testing
 
         // erase of a password the broker did not give changes nothing; of its token, refreshes once.
         let erase = "protocol=https\nhost=github.com\nusername=oauth2\npassword="
-        let foreign = try bridge.run(["git-credential", "erase"], stdin: erase + "someone-elses\n\n")
+        let foreign = try await bridge.run(["git-credential", "erase"], stdin: erase + "someone-elses\n\n")
         #expect(foreign.status == 0 && foreign.stdout.isEmpty && bridge.idp.callCount == 1)
-        let own = try bridge.run(["git-credential", "erase"], stdin: erase + token + "\n\n")
+        let own = try await bridge.run(["git-credential", "erase"], stdin: erase + token + "\n\n")
         #expect(own.status == 0 && own.stdout.isEmpty && bridge.idp.callCount == 2, "\(own.stderr)")
-        let again = try bridge.run(["git-credential", "get"], stdin: "protocol=https\nhost=github.com\n\n")
+        let again = try await bridge.run(["git-credential", "get"], stdin: "protocol=https\nhost=github.com\n\n")
         #expect(pairs(again.stdout).dropFirst().first?.1 == bridge.lastIssued && bridge.lastIssued != token)
-        _ = try bridge.run(["git-credential", "erase"], stdin: erase + token + "\n\n")
+        _ = try await bridge.run(["git-credential", "erase"], stdin: erase + token + "\n\n")
         #expect(bridge.idp.callCount == 2, "an old token erased again makes no refresh")
 
         // A broker that is not running: a message, and a failure git reports and passes over.
         await bridge.stop()
-        let down = try bridge.run(["git-credential", "get"], stdin: "protocol=https\nhost=github.com\n\n")
+        let down = try await bridge.run(["git-credential", "get"], stdin: "protocol=https\nhost=github.com\n\n")
         #expect(down.status == 3 && down.stdout.isEmpty && down.stderr.contains("brokerctl:"))
         bridge.expectNoSecretInOutputs()
     }
@@ -174,15 +176,15 @@ import Testing
         // Installed as scripts/install-user-service installs it: credential.helper = tokenbroker.
         let bin = try bridge.helperDirectory(named: ["git-credential-tokenbroker"])
         let git = try gitEnvironment(bridge, helpers: ["tokenbroker"], path: bin)
-        let first = try #require(try bridge.run(["token", "api"]).stdout.split(separator: "\n").first)
+        let first = try #require(try await bridge.run(["token", "api"]).stdout.split(separator: "\n").first)
         #expect(bridge.idp.callCount == 1)
 
         let url = "http://127.0.0.1:\(server.port)/repo.git"
-        let refused = try bridge.run(["clone", "-q", url, work.path + "/one"], program: "git", environment: git)
+        let refused = try await bridge.run(["clone", "-q", url, work.path + "/one"], program: "git", environment: git)
         #expect(refused.status != 0, "the server refused the token once")
         #expect(bridge.idp.callCount == 2, "git erased the refused token: exactly one refresh")
 
-        let cloned = try bridge.run(["clone", "-q", url, work.path + "/two"], program: "git", environment: git)
+        let cloned = try await bridge.run(["clone", "-q", url, work.path + "/two"], program: "git", environment: git)
         #expect(cloned.status == 0, "\(cloned.stderr)")
         let readme = try String(contentsOfFile: work.file("two/README"), encoding: .utf8)
         #expect(readme == "served-by-test\n")

@@ -11,8 +11,8 @@ import Testing
     }
 
     /// The expiry the broker gives for its current token, to the second.
-    private func expiry(_ bridge: BridgeBroker) throws -> Date? {
-        let json = try bridge.run(["token", "api", "--json"])
+    private func expiry(_ bridge: BridgeBroker) async throws -> Date? {
+        let json = try await bridge.run(["token", "api", "--json"])
         return (object(json.stdout)?["expires_at"] as? String).flatMap(Wire.parseRFC3339)
     }
 
@@ -26,7 +26,7 @@ import Testing
             (["KUBERNETES_EXEC_INFO": info("v1")], "v1"), (["KUBERNETES_EXEC_INFO": info("v1beta1")], "v1beta1"),
             ([:], "v1"),
         ] {
-            let result = try bridge.run(["kube-credential", "api"], environment: environment)
+            let result = try await bridge.run(["kube-credential", "api"], environment: environment)
             #expect(result.status == 0, "\(result.stderr)")
             let credential = try #require(object(result.stdout))
             #expect(Set(credential.keys) == ["kind", "apiVersion", "status"])
@@ -37,10 +37,10 @@ import Testing
             #expect(status["token"] as? String == bridge.lastIssued)
             let timestamp = try #require(status["expirationTimestamp"] as? String)
             #expect(timestamp.hasSuffix("Z") && timestamp.count == 20, "RFC 3339 in UTC: \(timestamp)")
-            #expect(
-                Wire.parseRFC3339(timestamp)
-                    == (try expiry(bridge)).map { Date(timeIntervalSince1970: $0.timeIntervalSince1970.rounded(.down)) }
-            )
+            let expected = try await expiry(bridge).map {
+                Date(timeIntervalSince1970: $0.timeIntervalSince1970.rounded(.down))
+            }
+            #expect(Wire.parseRFC3339(timestamp) == expected)
         }
         #expect(bridge.idp.callCount == 1)
 
@@ -50,11 +50,11 @@ import Testing
             (["KUBERNETES_EXEC_INFO": info("v1alpha1")], "api"), (["KUBERNETES_EXEC_INFO": "{not json"], "api"),
             ([:], "nobody"),
         ] {
-            let result = try bridge.run(["kube-credential", account], environment: environment)
+            let result = try await bridge.run(["kube-credential", account], environment: environment)
             #expect(result.status != 0 && result.stdout.isEmpty && !result.stderr.isEmpty)
         }
 
-        let header = try bridge.run(["header", "api"])
+        let header = try await bridge.run(["header", "api"])
         #expect(header.status == 0)
         #expect(header.stdout == "Authorization: Bearer \(bridge.lastIssued ?? "-")\n")
         await bridge.stop()
@@ -77,7 +77,7 @@ import Testing
             ("https://ghcr.io\n", "https://ghcr.io"), ("registry.example:5000", "registry.example:5000"),
             ("GHCR.IO/", "GHCR.IO/"),
         ] {
-            let get = try bridge.run(["get"], program: helper, stdin: input)
+            let get = try await bridge.run(["get"], program: helper, stdin: input)
             #expect(get.status == 0, "\(input): \(get.stdout)")
             let answer = try #require(object(get.stdout) as? [String: String])
             #expect(
@@ -86,14 +86,14 @@ import Testing
         #expect(bridge.idp.callCount == 1)
 
         for input in ["registry.other.example", "index.docker.io/v2/", "https://ghcr.io/org/repo", ""] {
-            let missing = try bridge.run(["get"], program: helper, stdin: input)
+            let missing = try await bridge.run(["get"], program: helper, stdin: input)
             #expect(missing.status == 1)
             #expect(
                 missing.stdout
                     == (input.isEmpty ? "no server URL on stdin\n" : "credentials not found in native keychain\n"))
         }
 
-        let list = try bridge.run(["list"], program: helper)
+        let list = try await bridge.run(["list"], program: helper)
         #expect(list.status == 0)
         #expect(
             object(list.stdout) as? [String: String] == [
@@ -101,11 +101,12 @@ import Testing
                 "registry.example:5000": "x-access-token",
             ])
 
-        let store = try bridge.run(
+        let store = try await bridge.run(
             ["store"], program: helper,
             stdin: #"{"ServerURL":"ghcr.io","Username":"someone","Secret":"a-password-docker-stores"}"#)
         #expect(store.status == 0 && store.stdout.isEmpty)
-        #expect(try bridge.run(["get"], program: helper, stdin: "ghcr.io").stdout.contains(bridge.lastIssued ?? "-"))
+        #expect(
+            try await bridge.run(["get"], program: helper, stdin: "ghcr.io").stdout.contains(bridge.lastIssued ?? "-"))
 
         // erase of a served registry, as `docker logout ghcr.io` sends it (docker 28.2): the
         // token is refreshed once. (Only a token older than 5 s is rejected: wait that long.)
@@ -113,27 +114,27 @@ import Testing
         try await Task.sleep(for: .seconds(max(0, 5.5 - Date().timeIntervalSince(firstRefresh))))
         let before = bridge.lastIssued
         for spelling in ["ghcr.io", "ghcr.io", "http://ghcr.io", "https://ghcr.io"] {
-            let erase = try bridge.run(["erase"], program: helper, stdin: spelling)
+            let erase = try await bridge.run(["erase"], program: helper, stdin: spelling)
             #expect(erase.status == 0 && erase.stdout.isEmpty, "\(erase.stdout)")
         }
         #expect(bridge.idp.callCount == 2)
-        let fresh = try #require(object(try bridge.run(["get"], program: helper, stdin: "ghcr.io").stdout))
+        let fresh = try #require(object(try await bridge.run(["get"], program: helper, stdin: "ghcr.io").stdout))
         #expect(fresh["Secret"] as? String == bridge.lastIssued && bridge.lastIssued != before)
-        _ = try bridge.run(["get"], program: helper, stdin: "ghcr.io")
+        _ = try await bridge.run(["get"], program: helper, stdin: "ghcr.io")
         #expect(bridge.idp.callCount == 2)
-        let unknown = try bridge.run(["erase"], program: helper, stdin: "registry.other.example")
+        let unknown = try await bridge.run(["erase"], program: helper, stdin: "registry.other.example")
         #expect(unknown.status == 1 && unknown.stdout == "credentials not found in native keychain\n")
 
-        let version = try bridge.run(["version"], program: helper)
+        let version = try await bridge.run(["version"], program: helper)
         #expect(
             version.status == 0 && version.stdout.hasPrefix("docker-credential-tokenbroker ")
                 && version.stdout.filter { $0 == "\n" }.count == 1)
         // The same helper under its brokerctl name.
-        let direct = try bridge.run(["docker-credential", "get"], stdin: "ghcr.io")
+        let direct = try await bridge.run(["docker-credential", "get"], stdin: "ghcr.io")
         #expect(object(direct.stdout)?["Secret"] as? String == bridge.lastIssued)
 
         await bridge.stop()
-        let down = try bridge.run(["get"], program: helper, stdin: "ghcr.io")
+        let down = try await bridge.run(["get"], program: helper, stdin: "ghcr.io")
         #expect(down.status == 1 && down.stdout.hasPrefix("brokerctl:"))
         bridge.expectNoSecretInOutputs()
     }
