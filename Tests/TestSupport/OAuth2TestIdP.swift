@@ -45,6 +45,9 @@ public final class OAuth2TestIdP: Sendable {
         var discoveryCount = 0
         var revocations: [Revocation] = []
         var login = LoginState()
+        /// Issue tokens with 40 random hex digits, long enough that finding one in a memory
+        /// scan cannot be a coincidence.
+        var longTokens = false
     }
 
     /// One request the revocation endpoint received.
@@ -110,6 +113,12 @@ public final class OAuth2TestIdP: Sendable {
     public func setBehavior(_ behavior: Behavior) { state.withLock { $0.behavior = behavior } }
     public func setLifetime(_ seconds: Int) { state.withLock { $0.lifetime = seconds } }
     public func setDelay(_ delay: Duration) { state.withLock { $0.delay = delay } }
+    /// From now on, tokens carry 40 random hex digits instead of a short number.
+    public func issueLongTokens() { state.withLock { $0.longTokens = true } }
+    /// Makes `refreshToken` the one valid refresh token, as if the user had logged in elsewhere.
+    public func acceptRefreshToken(_ refreshToken: String) {
+        state.withLock { $0.currentRefreshToken = refreshToken }
+    }
 
     public var calls: [Call] { state.withLock { $0.calls } }
     public var callCount: Int { state.withLock { $0.calls.count } }
@@ -239,8 +248,10 @@ public final class OAuth2TestIdP: Sendable {
     /// and an id token when `idToken`.
     static func issue(_ state: inout State, idToken: Bool, clientID: String) -> String {
         state.serial += 1
-        let access = "at-\(state.serial)-\(UInt32.random(in: 0...UInt32.max))"
-        let refresh = "rt-\(state.serial)-\(UInt32.random(in: 0...UInt32.max))"
+        let long = state.longTokens
+        let suffix = { long ? longRandomHex() : String(UInt32.random(in: 0...UInt32.max)) }
+        let access = "at-\(state.serial)-\(suffix())"
+        let refresh = "rt-\(state.serial)-\(suffix())"
         state.currentRefreshToken = refresh
         state.issuedAccessTokens.append(access)
         state.issuedRefreshTokens.append(refresh)
@@ -252,4 +263,9 @@ public final class OAuth2TestIdP: Sendable {
         }
         return body + "}"
     }
+}
+
+/// 40 random hex digits.
+public func longRandomHex() -> String {
+    String((0..<3).map { _ in String(UInt64.random(in: 1 << 60...UInt64.max), radix: 16) }.joined().prefix(40))
 }
