@@ -53,7 +53,7 @@ public final class IdPClient: Sendable {
         do {
             let response = try await client.execute(
                 request, deadline: .now() + .milliseconds(Int64(Bounds.milliseconds(requestTimeout))))
-            let bytes = try await response.body.collect(upTo: 1 << 20)
+            let bytes = try await Self.collectWiping(response.body, upTo: 1 << 20)
             return .success(
                 IdPReply(
                     status: Int(response.status.code), body: Data(bytes.readableBytesView),
@@ -63,6 +63,22 @@ public final class IdPClient: Sendable {
             return .failure(.transient("cannot reach \(name): \(Self.describe(error))"))
         }
     }
+
+    /// The whole body, at most `limit` bytes. Each chunk is a slice of the connection's receive
+    /// buffer, which a kept-alive connection reuses and the allocator never sees freed: it is
+    /// wiped in place once copied, so no token answer stays behind in it.
+    private static func collectWiping(_ body: HTTPClientResponse.Body, upTo limit: Int) async throws -> ByteBuffer {
+        var collected = ByteBuffer()
+        for try await chunk in body {
+            defer { chunk.withUnsafeReadableBytes { Sodium.wipe(UnsafeMutableRawBufferPointer(mutating: $0)) } }
+            guard chunk.readableBytes <= limit - collected.readableBytes else { throw BodyTooLarge() }
+            collected.writeImmutableBuffer(chunk)
+        }
+        return collected
+    }
+
+    /// An answer longer than the limit.
+    private struct BodyTooLarge: Error {}
 
     /// A form POST to a token endpoint.
     func post(_ url: URL, headers: HTTPHeaders, body: String) async -> Result<IdPReply, RefreshFailure> {

@@ -146,9 +146,9 @@ struct OAuth2Provider: TokenProvider {
         guard let refreshToken = record.secrets.refreshToken else {
             return .failure(.denial("no refresh token; push one with set_tokens"))
         }
-        var form = [("grant_type", "refresh_token"), ("refresh_token", refreshToken)]
+        var form = [("grant_type", "refresh_token"), ("refresh_token", refreshToken.text)]
         if let scope = settings.scope { form.append(("scope", scope)) }
-        let headers = settings.authenticate(&form, secret: record.secrets.clientSecret)
+        let headers = settings.authenticate(&form, secret: record.secrets.clientSecret?.text)
 
         let endpoint: URL
         switch await settings.tokenEndpoint(http: http) {
@@ -164,7 +164,7 @@ struct OAuth2Provider: TokenProvider {
     func revoke(_ record: AccountRecord) async -> Result<Revocation, RefreshFailure> {
         let credential: (token: String, hint: String)
         if let refreshToken = record.secrets.refreshToken {
-            credential = (refreshToken, "refresh_token")
+            credential = (refreshToken.text, "refresh_token")
         } else if let accessToken = record.token?.value {
             credential = (accessToken, "access_token")
         } else {
@@ -179,7 +179,7 @@ struct OAuth2Provider: TokenProvider {
         }
         guard let endpoint else { return .success(.unsupported) }
         var form = [("token", credential.token), ("token_type_hint", credential.hint)]
-        let headers = settings.authenticate(&form, secret: record.secrets.clientSecret)
+        let headers = settings.authenticate(&form, secret: record.secrets.clientSecret?.text)
         return await http.post(endpoint, headers: headers, body: FormEncoding.encode(form)).flatMap(
             Self.interpretRevocation)
     }
@@ -218,7 +218,7 @@ struct OAuth2Provider: TokenProvider {
                 .flatMap { token in
                     LifetimeField.read(object, "refresh_expires_in").map { refreshLifetime in
                         Grant(
-                            token: token, refreshToken: object["refresh_token"] as? String,
+                            token: token, refreshToken: (object["refresh_token"] as? String).map(SecretBytes.init),
                             refreshExpiresAt: refreshLifetime.map { now.addingTimeInterval($0) })
                     }
                 }

@@ -55,6 +55,29 @@ enum Sodium {
         }
     }
 
+    /// A copy of `bytes` in its own guarded allocation (guard pages, locked, canary), made
+    /// read-only at once; released with `guardedFree`. Out of memory is fatal.
+    static func guardedCopy(of bytes: UnsafeRawBufferPointer) -> UnsafeMutableRawPointer {
+        precondition(ready, "libsodium failed to initialise")
+        guard let memory = sodium_malloc(max(1, bytes.count)) else { fatalError("out of memory for a secret") }
+        if let base = bytes.baseAddress { memory.copyMemory(from: base, byteCount: bytes.count) }
+        sodium_mprotect_readonly(memory)
+        return memory
+    }
+
+    /// Wipes and releases memory from `guardedCopy`.
+    static func guardedFree(_ memory: UnsafeMutableRawPointer) { sodium_free(memory) }
+
+    /// Whether `count` bytes at `lhs` and `rhs` are equal, in time that does not depend on them.
+    static func constantTimeEqual(_ lhs: UnsafeRawPointer, _ rhs: UnsafeRawPointer, count: Int) -> Bool {
+        sodium_memcmp(lhs, rhs, count) == 0
+    }
+
+    /// Overwrites `bytes` with zeros in a way the compiler cannot elide.
+    static func wipe(_ bytes: UnsafeMutableRawBufferPointer) {
+        sodium_memzero(bytes.baseAddress, bytes.count)
+    }
+
     /// Overwrites `data` with zeros in a way the compiler cannot elide.
     static func wipe(_ data: inout Data) {
         let count = data.count
