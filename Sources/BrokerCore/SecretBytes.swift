@@ -1,34 +1,36 @@
 import FoundationEssentials
 
-/// A secret (refresh token, refresh URL, client secret, passphrase) held in guarded memory:
-/// its own `sodium_malloc` allocation, locked in RAM between inaccessible guard pages, written
-/// once and then read-only, wiped when the last reference goes. Equal in constant time; never
+/// A secret (refresh token, refresh URL, client secret) held in guarded memory: a slot of
+/// `SecretArena`, locked in RAM between inaccessible guard pages, written once and then
+/// read-only, wiped when the last reference goes. Equal in constant time; never
 /// printed (`description`, `debugDescription` and `dump` say `<secret>`); Codable as a JSON
 /// string for the vault's plaintext only.
 public final class SecretBytes: @unchecked Sendable {
-    private let memory: UnsafeMutableRawPointer
+    private let place: SecretArena.Place
     /// Length in bytes.
     public let count: Int
 
-    private init(memory: UnsafeMutableRawPointer, count: Int) {
-        self.memory = memory
+    private var memory: UnsafeMutableRawPointer { place.bytes }
+
+    private init(place: SecretArena.Place, count: Int) {
+        self.place = place
         self.count = count
     }
 
     /// Copies `bytes` into guarded memory; the caller drops (or wipes) its own copy.
     public convenience init(bytes: UnsafeRawBufferPointer) {
-        self.init(memory: Sodium.guardedCopy(of: bytes), count: bytes.count)
+        self.init(place: SecretArena.shared.store(bytes), count: bytes.count)
     }
 
     /// Copies the UTF-8 of `text` into guarded memory.
     public convenience init(_ text: String) {
         var text = text
         text.makeContiguousUTF8()
-        let memory = text.utf8.withContiguousStorageIfAvailable { Sodium.guardedCopy(of: UnsafeRawBufferPointer($0)) }
-        self.init(memory: memory!, count: text.utf8.count)
+        let place = text.utf8.withContiguousStorageIfAvailable { SecretArena.shared.store(UnsafeRawBufferPointer($0)) }
+        self.init(place: place!, count: text.utf8.count)
     }
 
-    deinit { Sodium.guardedFree(memory) }
+    deinit { SecretArena.shared.release(place) }
 
     /// Calls `body` with the secret's bytes, for copying them into the buffer being written.
     public func withUnsafeBytes<T, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> T) throws(E) -> T {

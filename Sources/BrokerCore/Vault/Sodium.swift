@@ -55,17 +55,26 @@ enum Sodium {
         }
     }
 
-    /// A copy of `bytes` in its own guarded allocation (guard pages, locked, canary), made
-    /// read-only at once; released with `guardedFree`. Out of memory is fatal.
-    static func guardedCopy(of bytes: UnsafeRawBufferPointer) -> UnsafeMutableRawPointer {
+    /// `count` bytes of guarded memory (guard pages, locked, canary) that `fill` writes, then
+    /// read-only; released with `guardedFree`. Out of memory is fatal.
+    static func guardedAllocation(_ count: Int, filling fill: (UnsafeMutableRawPointer) -> Void)
+        -> UnsafeMutableRawPointer
+    {
         precondition(ready, "libsodium failed to initialise")
-        guard let memory = sodium_malloc(max(1, bytes.count)) else { fatalError("out of memory for a secret") }
-        if let base = bytes.baseAddress { memory.copyMemory(from: base, byteCount: bytes.count) }
+        guard let memory = sodium_malloc(max(1, count)) else { fatalError("out of memory for a secret") }
+        fill(memory)
         sodium_mprotect_readonly(memory)
         return memory
     }
 
-    /// Wipes and releases memory from `guardedCopy`.
+    /// Runs `body` while the guarded allocation `memory` is writable, then makes it read-only.
+    static func whileWritable<T>(_ memory: UnsafeMutableRawPointer, _ body: () -> T) -> T {
+        sodium_mprotect_readwrite(memory)
+        defer { sodium_mprotect_readonly(memory) }
+        return body()
+    }
+
+    /// Wipes and releases memory from `guardedAllocation`.
     static func guardedFree(_ memory: UnsafeMutableRawPointer) { sodium_free(memory) }
 
     /// Whether `count` bytes at `lhs` and `rhs` are equal, in time that does not depend on them.
