@@ -12,8 +12,9 @@ import Glibc
 /// live one only inside guarded pages (locked, between two inaccessible pages, as
 /// `sodium_malloc` makes them); after `lock`, no token and no passphrase anywhere. Tokens
 /// carry 40 random hex digits, so a hit cannot be a coincidence. Serialized: the scans read
-/// hundreds of megabytes in blocking calls.
-@Suite(.serialized) struct GuardedMemoryTests {
+/// hundreds of megabytes in blocking calls. Root only: brokerd is non-dumpable, so no other
+/// process of its uid may read its memory.
+@Suite(.serialized, .enabled(if: getuid() == 0)) struct GuardedMemoryTests {
     @Test func retiredRefreshTokensAreNowhereAndLiveOnesOnlyInGuardedPages() async throws {
         let broker = try BrokerProcess()
         try await broker.start()
