@@ -68,9 +68,16 @@ public final class IdPClient: Sendable {
     /// buffer, which a kept-alive connection reuses and the allocator never sees freed: it is
     /// wiped in place once copied, so no token answer stays behind in it.
     private static func collectWiping(_ body: HTTPClientResponse.Body, upTo limit: Int) async throws -> ByteBuffer {
+        var chunks: [ByteBuffer] = []
+        // Wiped once the whole answer has been read, so no wipe races the connection's parsing.
+        defer {
+            for chunk in chunks {
+                chunk.withUnsafeReadableBytes { Sodium.wipe(UnsafeMutableRawBufferPointer(mutating: $0)) }
+            }
+        }
         var collected = ByteBuffer()
         for try await chunk in body {
-            defer { chunk.withUnsafeReadableBytes { Sodium.wipe(UnsafeMutableRawBufferPointer(mutating: $0)) } }
+            chunks.append(chunk)
             guard chunk.readableBytes <= limit - collected.readableBytes else { throw BodyTooLarge() }
             collected.writeImmutableBuffer(chunk)
         }
