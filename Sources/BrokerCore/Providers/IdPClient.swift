@@ -39,8 +39,10 @@ public final class IdPClient: Sendable {
     /// Sends one request and reads the whole answer (bounded). `target` names the endpoint in
     /// failure messages; pass it for secret URLs (e.g. "the refresh URL"), whose host and path
     /// must never appear in a message. Without it, messages name the IdP's host.
+    /// `public`: the answer carries no secret (a discovery document), so its buffer is left as is.
     func send(
-        method: HTTPMethod, url: URL, headers: HTTPHeaders, body: String? = nil, target: String? = nil
+        method: HTTPMethod, url: URL, headers: HTTPHeaders, body: String? = nil, target: String? = nil,
+        public: Bool = false
     ) async -> Result<IdPReply, RefreshFailure> {
         guard EndpointPolicy.isAllowed(url) else {
             return .failure(
@@ -53,7 +55,9 @@ public final class IdPClient: Sendable {
         do {
             let response = try await client.execute(
                 request, deadline: .now() + .milliseconds(Int64(Bounds.milliseconds(requestTimeout))))
-            let bytes = try await Self.collectWiping(response.body, upTo: 1 << 20)
+            let bytes =
+                try await `public`
+                ? response.body.collect(upTo: 1 << 20) : Self.collectWiping(response.body, upTo: 1 << 20)
             return .success(
                 IdPReply(
                     status: Int(response.status.code), body: Data(bytes.readableBytesView),
