@@ -18,13 +18,13 @@ public struct AccessToken: Codable, Sendable, Equatable {
     public func remaining(at now: Date) -> TimeInterval { expiresAt.timeIntervalSince(now) }
 }
 
-/// Refresh credentials and client secrets: only ever in memory and in the vault.
+/// Refresh credentials and client secrets: only ever in guarded memory and in the vault.
 public struct AccountSecrets: Codable, Sendable, Equatable {
-    public var refreshToken: String?
+    public var refreshToken: SecretBytes?
     /// The refresh credential of `refresh_url` accounts: a one-time URL.
-    public var refreshURL: String?
+    public var refreshURL: SecretBytes?
     public var refreshExpiresAt: Date?
-    public var clientSecret: String?
+    public var clientSecret: SecretBytes?
 }
 
 /// Everything the vault keeps about one account.

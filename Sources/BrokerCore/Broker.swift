@@ -187,7 +187,7 @@ public actor Broker {
     /// Creates an account with `provider` (and the client secret given with it); an `oauth2`
     /// account given only a refresh token refreshes at once.
     public func add(
-        _ account: AccountName, provider: ProviderConfig, clientSecret: String?, tokens: TokenPush?
+        _ account: AccountName, provider: ProviderConfig, clientSecret: SecretBytes?, tokens: TokenPush?
     ) throws(BrokerFailure) -> AccountSnapshot {
         try create(account, provider: provider, clientSecret: clientSecret) { record, now in
             if let tokens { apply(tokens, to: &record, now: now) }
@@ -196,7 +196,7 @@ public actor Broker {
 
     /// Creates an account with `provider` and the tokens `fill` puts into its record.
     private func create(
-        _ account: AccountName, provider: ProviderConfig, clientSecret: String?,
+        _ account: AccountName, provider: ProviderConfig, clientSecret: SecretBytes?,
         filling fill: (inout AccountRecord, Date) -> Void
     ) throws(BrokerFailure) -> AccountSnapshot {
         let name = account.rawValue
@@ -248,7 +248,7 @@ public actor Broker {
     /// in place with its own settings, as `setTokens` would. Waits for the user off the actor;
     /// `progress` receives what to show them. A cancelled login stores nothing.
     public func login(
-        _ account: AccountName, provider: ProviderConfig?, clientSecret: String?, options: LoginOptions,
+        _ account: AccountName, provider: ProviderConfig?, clientSecret: SecretBytes?, options: LoginOptions,
         progress: @escaping @Sendable (LoginProgress) async -> Void
     ) async throws(BrokerFailure) -> (snapshot: AccountSnapshot, hasIDToken: Bool) {
         let name = account.rawValue
@@ -288,8 +288,8 @@ public actor Broker {
 
     /// The settings and client secret a login of `account` uses: an existing account's own
     /// (a provider or secret given must be the same), else the ones given.
-    private func loginSettings(_ account: AccountName, provider: ProviderConfig?, clientSecret: String?)
-        throws(BrokerFailure) -> (ProviderConfig, String?)
+    private func loginSettings(_ account: AccountName, provider: ProviderConfig?, clientSecret: SecretBytes?)
+        throws(BrokerFailure) -> (ProviderConfig, SecretBytes?)
     {
         guard let machine = accounts[account.rawValue] else {
             guard let provider else { throw .loginNeedsProvider(account) }

@@ -58,7 +58,10 @@ extension AccountRecord {
     /// secret, access token and ID token, plus any `extra` (e.g. tokens just issued).
     func outsideText(alsoHiding extra: [String?] = []) -> OutsideText {
         OutsideText(
-            secrets: [secrets.refreshToken, secrets.refreshURL, secrets.clientSecret, token?.value, token?.idToken]
+            secrets: [
+                secrets.refreshToken?.text, secrets.refreshURL?.text, secrets.clientSecret?.text, token?.value,
+                token?.idToken,
+            ]
                 + extra)
     }
 }

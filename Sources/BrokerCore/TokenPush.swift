@@ -34,13 +34,14 @@ public struct TokenPush: Sendable, Equatable {
     }
 
     public var access: Access?
-    public var refreshToken: String?
+    public var refreshToken: SecretBytes?
     /// `nil`: the refresh token's expiry is not known.
     public var refreshExpiry: Expiry?
-    public var refreshURL: String?
+    public var refreshURL: SecretBytes?
 
     public init(
-        access: Access? = nil, refreshToken: String? = nil, refreshExpiry: Expiry? = nil, refreshURL: String? = nil
+        access: Access? = nil, refreshToken: SecretBytes? = nil, refreshExpiry: Expiry? = nil,
+        refreshURL: SecretBytes? = nil
     ) {
         self.access = access
         self.refreshToken = refreshToken

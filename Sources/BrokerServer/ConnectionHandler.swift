@@ -185,8 +185,11 @@ final class ConnectionHandler: ChannelDuplexHandler {
     }
 
     private func handle(_ line: ByteBuffer, context: ChannelHandlerContext) {
-        let decision = line.withUnsafeReadableBytes {
-            dispatcher.decide(line: $0, access: &access, decoder: decoder, now: dispatcher.broker.clock.now())
+        // Decoded, the line is wiped where it lies: the read buffer may outlive it, and a line
+        // may carry tokens, a client secret or a passphrase.
+        let decision = line.withUnsafeReadableBytes { bytes in
+            defer { SecretBytes.wipe(UnsafeMutableRawBufferPointer(mutating: bytes)) }
+            return dispatcher.decide(line: bytes, access: &access, decoder: decoder, now: dispatcher.broker.clock.now())
         }
         switch decision {
         case .immediate(let bytes):

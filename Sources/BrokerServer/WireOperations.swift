@@ -110,20 +110,21 @@ extension Broker {
     ) async throws(BrokerError) -> LoginResult {
         let name = try WireTranslation.accountName(request.account)
         let options = try WireTranslation.loginOptions(request)
-        var clientSecret: String?
+        var fileSecret: String?
         if let path = request.secretsFile {
-            clientSecret = try await translating { () async throws(BrokerFailure) in
+            fileSecret = try await translating { () async throws(BrokerFailure) in
                 try await SecretsFile.clientSecret(at: path, peerPID: peerPID)
             }
         }
+        var clientSecret = fileSecret.map(SecretBytes.init)
         var provider: ProviderConfig?
         if var spec = request.provider {
-            if let clientSecret {
+            if let fileSecret {
                 guard spec["client_secret"] == nil else {
                     throw BrokerError(
                         .badRequest, "give the client secret in \"secrets_file\" or in \"provider\", not both")
                 }
-                spec["client_secret"] = .string(clientSecret)
+                spec["client_secret"] = .string(fileSecret)
             }
             (provider, clientSecret) = try WireTranslation.provider(spec)
         }

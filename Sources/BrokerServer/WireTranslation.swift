@@ -26,7 +26,9 @@ public enum WireTranslation {
     }
 
     /// A `provider` object: required, and checked with its kind's rules.
-    public static func provider(_ spec: ProviderSpec?) throws(BrokerError) -> (ProviderConfig, clientSecret: String?) {
+    public static func provider(_ spec: ProviderSpec?) throws(BrokerError) -> (
+        ProviderConfig, clientSecret: SecretBytes?
+    ) {
         guard let spec else { throw BrokerError(.badRequest, "the field \"provider\" is required") }
         do {
             return try ProviderConfig.checking(spec)
@@ -46,10 +48,10 @@ public enum WireTranslation {
                     idToken: tokens.idToken, scope: tokens.scope)
             }
             return TokenPush(
-                access: access, refreshToken: tokens.refreshToken,
+                access: access, refreshToken: tokens.refreshToken.map(SecretBytes.init),
                 refreshExpiry: try expiry(
                     at: tokens.refreshExpiresAt, after: tokens.refreshExpiresIn, "refresh_expires_in"),
-                refreshURL: tokens.refreshURL)
+                refreshURL: tokens.refreshURL.map(SecretBytes.init))
         } catch {
             throw BrokerError(error)
         }

@@ -3,6 +3,7 @@ import BrokerCore
 import BrokerProtocol
 import BrokerServer
 import BrokerSystemd
+import CWipeOnFree
 import FoundationEssentials
 import Logging
 import ServiceLifecycle
@@ -46,6 +47,8 @@ struct Brokerd: AsyncParsableCommand {
         }
         let logger = Logger(label: "brokerd")
         ProcessHardening.apply()
+        // Keeps the wipe-on-free allocator linked in: every freed heap block is zeroed.
+        precondition(tokenbroker_wipe_on_free() == 1)
         do {
             _ = try level.get()
             try EventLoops.configure(environment: environment)

@@ -33,7 +33,7 @@ import Testing
     }
 
     func grant(_ value: String, rotated: String?, at now: Date) -> Grant {
-        Grant(token: token(value, at: now), refreshToken: rotated)
+        Grant(token: token(value, at: now), refreshToken: rotated.map { SecretBytes($0) })
     }
 
     // MARK: Start

@@ -31,8 +31,8 @@ import Testing
 
             // The rotated refresh token is in the vault, and nothing is there in plaintext.
             let stored = try #require(try h.vaultCopy()?.accounts.first)
-            #expect(stored.secrets.refreshToken == h.idp.issuedRefreshTokens.last)
-            #expect(stored.secrets.clientSecret == h.idp.clientSecret)
+            #expect(stored.secrets.refreshToken?.text == h.idp.issuedRefreshTokens.last)
+            #expect(stored.secrets.clientSecret?.text == h.idp.clientSecret)
             #expect(stored.token?.value == token.result.accessToken)
             let file = try Data(contentsOf: URL(fileURLWithPath: h.vaultPath))
             for secret in [h.idp.clientSecret, token.result.accessToken] + h.idp.issuedRefreshTokens {

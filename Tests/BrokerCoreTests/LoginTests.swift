@@ -115,8 +115,8 @@ import Testing
             let token = try await harness.broker.token(account: "work", minTTL: 60)
             #expect(harness.idp.issuedAccessTokens == [token.result.accessToken])
             let stored = try #require(try harness.vaultCopy()?.accounts.first { $0.name == "work" })
-            #expect(stored.secrets.refreshToken == harness.idp.issuedRefreshTokens.first)
-            #expect(stored.secrets.clientSecret == harness.idp.clientSecret)
+            #expect(stored.secrets.refreshToken?.text == harness.idp.issuedRefreshTokens.first)
+            #expect(stored.secrets.clientSecret?.text == harness.idp.clientSecret)
             #expect(stored.token?.idToken == harness.idp.issuedIDTokens.first)
 
             _ = try await harness.broker.refreshNow(account: "work")
@@ -558,7 +558,7 @@ import Testing
             #expect(after.secrets.clientSecret == before.secrets.clientSecret)
             #expect(after.declared == before.declared)
             #expect(!after.needsLogin && after.lastError == nil)
-            #expect(after.secrets.refreshToken == harness.idp.issuedRefreshTokens.first)
+            #expect(after.secrets.refreshToken?.text == harness.idp.issuedRefreshTokens.first)
             #expect(try await harness.state("work").state == "valid")
         }
     }
@@ -594,7 +594,7 @@ import Testing
             #expect(try await first.value.account == "one")
             #expect(try await second.value.account == "two")
             let stored = try #require(try harness.vaultCopy()?.accounts)
-            let refreshTokens = Set(stored.compactMap(\.secrets.refreshToken))
+            let refreshTokens = Set(stored.compactMap(\.secrets.refreshToken?.text))
             #expect(refreshTokens.count == 2 && refreshTokens.isSubset(of: harness.idp.issuedRefreshTokens))
         }
     }
@@ -722,7 +722,7 @@ import Testing
             // client_secret_basic, with the secret from the file.
             #expect(harness.idp.calls.last?.clientSecret == harness.idp.clientSecret)
             let stored = try #require(try harness.vaultCopy()?.accounts.first { $0.name == "work" })
-            #expect(stored.secrets.clientSecret == harness.idp.clientSecret)
+            #expect(stored.secrets.clientSecret?.text == harness.idp.clientSecret)
         }
     }
 

@@ -88,7 +88,7 @@ import Testing
             #expect(calls.map(\.refreshToken) == (["rt-0"] + h.idp.issuedRefreshTokens.dropLast()).map(Optional.some))
             #expect(h.idp.rejectedReuse == 0)
             let stored = try #require(try h.vaultCopy()?.accounts.first)
-            #expect(stored.secrets.refreshToken == h.idp.issuedRefreshTokens.last)
+            #expect(stored.secrets.refreshToken?.text == h.idp.issuedRefreshTokens.last)
             // The account's own token is the one its own refresh brought.
             let ownCall = try #require(calls.firstIndex { $0.scope == nil })
             #expect(stored.token?.value == h.idp.issuedAccessTokens[ownCall])

@@ -16,8 +16,8 @@ extension AccountRecord {
                     tokenEndpoint: URL(string: "https://idp.example/oauth/token")!, clientID: "client-\(name)",
                     clientAuth: .clientSecretBasic, scope: "read write")),
             secrets: AccountSecrets(
-                refreshToken: refreshToken, refreshExpiresAt: obtained.addingTimeInterval(86_400),
-                clientSecret: "cs-\(UUID().uuidString)"),
+                refreshToken: SecretBytes(refreshToken), refreshExpiresAt: obtained.addingTimeInterval(86_400),
+                clientSecret: SecretBytes("cs-\(UUID().uuidString)")),
             token: AccessToken(
                 value: "at-\(UUID().uuidString)", type: "Bearer", expiresAt: obtained.addingTimeInterval(3600),
                 obtainedAt: obtained, idToken: "id.token.\(name)", scope: "read"),

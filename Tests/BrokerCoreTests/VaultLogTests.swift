@@ -63,7 +63,7 @@ import Testing
     /// `record` with a new refresh token, as a refresh leaves it.
     static func rotated(_ record: AccountRecord) -> AccountRecord {
         var record = record
-        record.secrets.refreshToken = "rt-rotated-\(UUID().uuidString)"
+        record.secrets.refreshToken = SecretBytes("rt-rotated-\(UUID().uuidString)")
         return record
     }
 
@@ -124,7 +124,7 @@ import Testing
             #expect(Self.records(in: log).count == 1)
             #expect(log.count < 2_000, "one account's record, not the vault (\(log.count) bytes)")
             #expect(snapshot.count > 50 * log.count)
-            #expect(!Data(log).contains(changed.secrets.refreshToken!), "no plaintext secret in the log")
+            #expect(!Data(log).contains(changed.secrets.refreshToken!.text), "no plaintext secret in the log")
 
             try vault.save(changed: [], removed: [all[3].name])
             #expect(Self.records(in: rig.bytes(rig.logPath)!).count == 2)
@@ -332,7 +332,7 @@ import Testing
         #expect(error?.description.contains(rig.logPath) == true, "the message names the file")
         #expect(error?.description.contains("left untouched") == true)
         for record in saved.values {
-            #expect(error?.description.contains(record.secrets.refreshToken!) == false)
+            #expect(error?.description.contains(record.secrets.refreshToken!.text) == false)
         }
         #expect(rig.bytes(rig.logPath) == log && rig.bytes(rig.path) == snapshot)
     }

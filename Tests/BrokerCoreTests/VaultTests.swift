@@ -32,7 +32,7 @@ import Testing
         let bytes = try Data(contentsOf: URL(fileURLWithPath: vault.path))
         #expect(bytes.prefix(8) == Data("TKBVAULT".utf8))
         for record in saved.accounts {
-            for secret in [record.secrets.refreshToken, record.secrets.clientSecret, record.token?.value] {
+            for secret in [record.secrets.refreshToken?.text, record.secrets.clientSecret?.text, record.token?.value] {
                 if let secret { #expect(!bytes.contains(secret), "plaintext secret in the vault file") }
             }
         }
@@ -96,7 +96,7 @@ import Testing
         let error = #expect(throws: VaultError.self) { try vault.load() }
         #expect(error?.description.contains(vault.path) == true, "the message names the file")
         for record in saved.accounts {
-            #expect(error?.description.contains(record.secrets.refreshToken ?? "<none>") == false)
+            #expect(error?.description.contains(record.secrets.refreshToken?.text ?? "<none>") == false)
         }
         #expect(try Data(contentsOf: URL(fileURLWithPath: vault.path)) == tampered, "the file was modified")
     }
@@ -138,7 +138,7 @@ import Testing
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         var newer = contents()
-        newer.accounts[0].secrets.refreshToken = "rt-rotated-\(UUID().uuidString)"
+        newer.accounts[0].secrets.refreshToken = SecretBytes("rt-rotated-\(UUID().uuidString)")
         let (path, staging) = try interruptedSave(in: directory, older: contents(), newer: newer)
 
         let reader = try Vault(path: path, key: VaultKey.load(path: directory.file("key"), create: false))

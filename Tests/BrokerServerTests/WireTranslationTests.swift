@@ -1,5 +1,6 @@
 import BrokerProtocol
 import FoundationEssentials
+import TestSupport
 import Testing
 
 @testable import BrokerCore

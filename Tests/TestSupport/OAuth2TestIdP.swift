@@ -60,6 +60,9 @@ public final class OAuth2TestIdP: Sendable {
         var resources: Set<String>?
         /// Whether a refresh with a narrower scope narrows the grant itself (django-oauth-toolkit).
         var narrowsChain = false
+        /// Issue tokens with 40 random hex digits, long enough that finding one in a memory
+        /// scan cannot be a coincidence.
+        var longTokens = false
     }
 
     /// One request the revocation endpoint received.
@@ -136,6 +139,12 @@ public final class OAuth2TestIdP: Sendable {
     public func setResources(_ resources: Set<String>) { state.withLock { $0.resources = resources } }
     /// The refresh-token grants received, in order.
     public var refreshCalls: [Call] { state.withLock { $0.calls.filter { $0.grantType == "refresh_token" } } }
+    /// From now on, tokens carry 40 random hex digits instead of a short number.
+    public func issueLongTokens() { state.withLock { $0.longTokens = true } }
+    /// Makes `refreshToken` the one valid refresh token, as if the user had logged in elsewhere.
+    public func acceptRefreshToken(_ refreshToken: String) {
+        state.withLock { $0.currentRefreshToken = refreshToken }
+    }
 
     public var calls: [Call] { state.withLock { $0.calls } }
     public var callCount: Int { state.withLock { $0.calls.count } }
@@ -289,8 +298,10 @@ public final class OAuth2TestIdP: Sendable {
     /// and an id token when `idToken`.
     static func issue(_ state: inout State, idToken: Bool, clientID: String, scope: String? = nil) -> String {
         state.serial += 1
-        let access = "at-\(state.serial)-\(UInt32.random(in: 0...UInt32.max))"
-        let refresh = "rt-\(state.serial)-\(UInt32.random(in: 0...UInt32.max))"
+        let long = state.longTokens
+        let suffix = { long ? longRandomHex() : String(UInt32.random(in: 0...UInt32.max)) }
+        let access = "at-\(state.serial)-\(suffix())"
+        let refresh = "rt-\(state.serial)-\(suffix())"
         state.currentRefreshToken = refresh
         state.issuedAccessTokens.append(access)
         state.issuedRefreshTokens.append(refresh)
@@ -303,4 +314,9 @@ public final class OAuth2TestIdP: Sendable {
         if let scope { body += #","scope":"\#(scope)""# }
         return body + "}"
     }
+}
+
+/// 40 random hex digits.
+public func longRandomHex() -> String {
+    String((0..<3).map { _ in String(UInt64.random(in: 1 << 60...UInt64.max), radix: 16) }.joined().prefix(40))
 }

@@ -27,7 +27,7 @@ public struct LoginOptions: Sendable {
 struct LoginContext: Sendable {
     let account: AccountName
     let settings: OAuth2Settings
-    let clientSecret: String?
+    let clientSecret: SecretBytes?
     let http: IdPClient
     let clock: any WallClock
     let defaultLifetime: TimeInterval
@@ -35,7 +35,7 @@ struct LoginContext: Sendable {
 
     /// Text from the IdP made fit for a line: bounded, printable, the client secret redacted.
     func clean(_ text: String) -> String {
-        OutsideText(secrets: [clientSecret]).clean(text, or: "?")
+        OutsideText(secrets: [clientSecret?.text]).clean(text, or: "?")
     }
 
     /// The endpoint `configured`, else the one the issuer's discovery document names
@@ -54,7 +54,7 @@ struct LoginContext: Sendable {
     /// POSTs `form` with the client's authentication to `url`.
     func post(_ form: [(String, String)], to url: URL) async -> Result<IdPReply, RefreshFailure> {
         var form = form
-        let headers = settings.authenticate(&form, secret: clientSecret)
+        let headers = settings.authenticate(&form, secret: clientSecret?.text)
         return await http.post(url, headers: headers, body: FormEncoding.encode(form))
     }
 

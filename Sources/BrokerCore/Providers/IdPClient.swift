@@ -39,8 +39,10 @@ public final class IdPClient: Sendable {
     /// Sends one request and reads the whole answer (bounded). `target` names the endpoint in
     /// failure messages; pass it for secret URLs (e.g. "the refresh URL"), whose host and path
     /// must never appear in a message. Without it, messages name the IdP's host.
+    /// `public`: the answer carries no secret (a discovery document), so its buffer is left as is.
     func send(
-        method: HTTPMethod, url: URL, headers: HTTPHeaders, body: String? = nil, target: String? = nil
+        method: HTTPMethod, url: URL, headers: HTTPHeaders, body: String? = nil, target: String? = nil,
+        public: Bool = false
     ) async -> Result<IdPReply, RefreshFailure> {
         guard EndpointPolicy.isAllowed(url) else {
             return .failure(
@@ -53,7 +55,9 @@ public final class IdPClient: Sendable {
         do {
             let response = try await client.execute(
                 request, deadline: .now() + .milliseconds(Int64(Bounds.milliseconds(requestTimeout))))
-            let bytes = try await response.body.collect(upTo: 1 << 20)
+            let bytes =
+                try await `public`
+                ? response.body.collect(upTo: 1 << 20) : Self.collectWiping(response.body, upTo: 1 << 20)
             return .success(
                 IdPReply(
                     status: Int(response.status.code), body: Data(bytes.readableBytesView),
@@ -63,6 +67,29 @@ public final class IdPClient: Sendable {
             return .failure(.transient("cannot reach \(name): \(Self.describe(error))"))
         }
     }
+
+    /// The whole body, at most `limit` bytes. Each chunk is a slice of the connection's receive
+    /// buffer, which a kept-alive connection reuses and the allocator never sees freed: it is
+    /// wiped in place once copied, so no token answer stays behind in it.
+    private static func collectWiping(_ body: HTTPClientResponse.Body, upTo limit: Int) async throws -> ByteBuffer {
+        var chunks: [ByteBuffer] = []
+        // Wiped once the whole answer has been read, so no wipe races the connection's parsing.
+        defer {
+            for chunk in chunks {
+                chunk.withUnsafeReadableBytes { Sodium.wipe(UnsafeMutableRawBufferPointer(mutating: $0)) }
+            }
+        }
+        var collected = ByteBuffer()
+        for try await chunk in body {
+            chunks.append(chunk)
+            guard chunk.readableBytes <= limit - collected.readableBytes else { throw BodyTooLarge() }
+            collected.writeImmutableBuffer(chunk)
+        }
+        return collected
+    }
+
+    /// An answer longer than the limit.
+    private struct BodyTooLarge: Error {}
 
     /// A form POST to a token endpoint.
     func post(_ url: URL, headers: HTTPHeaders, body: String) async -> Result<IdPReply, RefreshFailure> {

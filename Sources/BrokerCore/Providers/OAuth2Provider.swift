@@ -155,10 +155,10 @@ struct OAuth2Provider: NarrowingTokenProvider {
         guard let refreshToken = record.secrets.refreshToken else {
             return .failure(.denial("no refresh token; push one with set_tokens"))
         }
-        var form = [("grant_type", "refresh_token"), ("refresh_token", refreshToken)]
+        var form = [("grant_type", "refresh_token"), ("refresh_token", refreshToken.text)]
         if let scope { form.append(("scope", scope)) }
         if let resource { form.append(("resource", resource)) }
-        let headers = settings.authenticate(&form, secret: record.secrets.clientSecret)
+        let headers = settings.authenticate(&form, secret: record.secrets.clientSecret?.text)
 
         let endpoint: URL
         switch await settings.tokenEndpoint(http: http) {
@@ -197,7 +197,7 @@ struct OAuth2Provider: NarrowingTokenProvider {
     func revoke(_ record: AccountRecord) async -> Result<Revocation, RefreshFailure> {
         let credential: (token: String, hint: String)
         if let refreshToken = record.secrets.refreshToken {
-            credential = (refreshToken, "refresh_token")
+            credential = (refreshToken.text, "refresh_token")
         } else if let accessToken = record.token?.value {
             credential = (accessToken, "access_token")
         } else {
@@ -212,7 +212,7 @@ struct OAuth2Provider: NarrowingTokenProvider {
         }
         guard let endpoint else { return .success(.unsupported) }
         var form = [("token", credential.token), ("token_type_hint", credential.hint)]
-        let headers = settings.authenticate(&form, secret: record.secrets.clientSecret)
+        let headers = settings.authenticate(&form, secret: record.secrets.clientSecret?.text)
         return await http.post(endpoint, headers: headers, body: FormEncoding.encode(form)).flatMap(
             Self.interpretRevocation)
     }
@@ -251,7 +251,7 @@ struct OAuth2Provider: NarrowingTokenProvider {
                 .flatMap { token in
                     LifetimeField.read(object, "refresh_expires_in").map { refreshLifetime in
                         Grant(
-                            token: token, refreshToken: object["refresh_token"] as? String,
+                            token: token, refreshToken: (object["refresh_token"] as? String).map(SecretBytes.init),
                             refreshExpiresAt: refreshLifetime.map { now.addingTimeInterval($0) })
                     }
                 }

@@ -40,7 +40,9 @@ actor DiscoveryCache {
         var headers = HTTPHeaders()
         headers.add(name: "Accept", value: "application/json")
         let target = "the discovery document of \(issuer.host ?? "?")"
-        switch await http.send(method: .GET, url: documentURL(issuer: issuer), headers: headers, target: target) {
+        switch await http.send(
+            method: .GET, url: documentURL(issuer: issuer), headers: headers, target: target, public: true)
+        {
         case .success(let reply): return interpret(reply, issuer: issuer)
         case .failure(let failure): return .failure(.transient(failure.message, retryAfter: failure.retryAfter))
         }

@@ -93,7 +93,9 @@ extension ProviderConfig {
     /// Checks a provider object (of `add`, or a config table) with its kind's rules; returns its
     /// settings and the client secret it carried. Every field any kind knows is type-checked,
     /// whatever the kind.
-    public static func checking(_ spec: ProviderSpec) throws(BrokerFailure) -> (ProviderConfig, clientSecret: String?) {
+    public static func checking(_ spec: ProviderSpec) throws(BrokerFailure) -> (
+        ProviderConfig, clientSecret: SecretBytes?
+    ) {
         guard let kind = ProviderKinds.named(spec.kind) else {
             throw .invalid("unknown provider kind \"\(InputEcho.printable(spec.kind))\"; use \(ProviderKinds.names)")
         }
@@ -101,6 +103,6 @@ extension ProviderConfig {
         for field in ProviderKinds.fields { try fields.check(field) }
         let settings = try kind.init(checking: fields)
         let clientSecret = kind.fields.contains(.clientSecret) ? try fields.text(ProviderField.clientSecret.name) : nil
-        return (ProviderConfig(settings), clientSecret)
+        return (ProviderConfig(settings), clientSecret.map(SecretBytes.init))
     }
 }

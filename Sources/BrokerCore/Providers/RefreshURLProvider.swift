@@ -46,7 +46,7 @@ struct RefreshURLProvider: TokenProvider {
     let defaultLifetime: TimeInterval
 
     func refresh(_ record: AccountRecord, now: Date) async -> Result<Grant, RefreshFailure> {
-        guard let text = record.secrets.refreshURL, !text.isEmpty else {
+        guard let text = record.secrets.refreshURL?.text, !text.isEmpty else {
             return .failure(.denial("no refresh URL; push one with set_tokens"))
         }
         guard let url = URL(string: text), EndpointPolicy.isAllowed(url) else {
@@ -96,7 +96,7 @@ struct RefreshURLProvider: TokenProvider {
                 }
             }
             return AccessToken.issued(accessToken, in: object, now: now, defaultLifetime: defaultLifetime)
-                .map { Grant(token: $0, refreshURL: rotated as? String) }
+                .map { Grant(token: $0, refreshURL: (rotated as? String).map(SecretBytes.init)) }
         case let status where denialStatuses.contains(status):
             return .failure(.denial("the refresh URL was refused: HTTP \(status); push a new one with set_tokens"))
         default:

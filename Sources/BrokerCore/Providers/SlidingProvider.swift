@@ -57,7 +57,7 @@ struct SlidingProvider: TokenProvider {
     }
 
     func refresh(_ record: AccountRecord, now: Date) async -> Result<Grant, RefreshFailure> {
-        guard let refreshToken = record.secrets.refreshToken, !refreshToken.isEmpty else {
+        guard let refreshToken = record.secrets.refreshToken?.text, !refreshToken.isEmpty else {
             return .failure(.denial("no refresh token; push one with set_tokens"))
         }
         // Checked here so the HTTP layer never reports the header (and the token in it) as invalid.
@@ -114,7 +114,7 @@ struct SlidingProvider: TokenProvider {
         case (.success(let access), .success(let refresh)): (expiresAt, refreshExpiresAt) = (access, refresh)
         case (.failure(let failure), _), (_, .failure(let failure)): return .failure(failure)
         }
-        let rotated = (data["refreshToken"] as? String).flatMap { $0.isEmpty ? nil : $0 }
+        let rotated = (data["refreshToken"] as? String).flatMap { $0.isEmpty ? nil : SecretBytes($0) }
         let token = AccessToken(
             value: accessToken, type: data["tokenType"] as? String ?? "Bearer",
             expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(defaultLifetime)), obtainedAt: now)

@@ -5,13 +5,14 @@ import FoundationEssentials
 public struct Grant: Sendable, Equatable {
     public var token: AccessToken
     /// A rotated refresh token; `nil` when the IdP kept the old one.
-    public var refreshToken: String?
+    public var refreshToken: SecretBytes?
     public var refreshExpiresAt: Date?
     /// A rotated refresh URL (`refresh_url` accounts); `nil` when unchanged.
-    public var refreshURL: String?
+    public var refreshURL: SecretBytes?
 
     public init(
-        token: AccessToken, refreshToken: String? = nil, refreshExpiresAt: Date? = nil, refreshURL: String? = nil
+        token: AccessToken, refreshToken: SecretBytes? = nil, refreshExpiresAt: Date? = nil,
+        refreshURL: SecretBytes? = nil
     ) {
         self.token = token
         self.refreshToken = refreshToken

@@ -55,6 +55,38 @@ enum Sodium {
         }
     }
 
+    /// `count` bytes of guarded memory (guard pages, locked, canary) that `fill` writes, then
+    /// read-only; released with `guardedFree`. Out of memory is fatal.
+    static func guardedAllocation(_ count: Int, filling fill: (UnsafeMutableRawPointer) -> Void)
+        -> UnsafeMutableRawPointer
+    {
+        precondition(ready, "libsodium failed to initialise")
+        guard let memory = sodium_malloc(max(1, count)) else { fatalError("out of memory for a secret") }
+        fill(memory)
+        sodium_mprotect_readonly(memory)
+        return memory
+    }
+
+    /// Runs `body` while the guarded allocation `memory` is writable, then makes it read-only.
+    static func whileWritable<T>(_ memory: UnsafeMutableRawPointer, _ body: () -> T) -> T {
+        sodium_mprotect_readwrite(memory)
+        defer { sodium_mprotect_readonly(memory) }
+        return body()
+    }
+
+    /// Wipes and releases memory from `guardedAllocation`.
+    static func guardedFree(_ memory: UnsafeMutableRawPointer) { sodium_free(memory) }
+
+    /// Whether `count` bytes at `lhs` and `rhs` are equal, in time that does not depend on them.
+    static func constantTimeEqual(_ lhs: UnsafeRawPointer, _ rhs: UnsafeRawPointer, count: Int) -> Bool {
+        sodium_memcmp(lhs, rhs, count) == 0
+    }
+
+    /// Overwrites `bytes` with zeros in a way the compiler cannot elide.
+    static func wipe(_ bytes: UnsafeMutableRawBufferPointer) {
+        sodium_memzero(bytes.baseAddress, bytes.count)
+    }
+
     /// Overwrites `data` with zeros in a way the compiler cannot elide.
     static func wipe(_ data: inout Data) {
         let count = data.count

@@ -1,0 +1,72 @@
+import FoundationEssentials
+
+/// A secret (refresh token, refresh URL, client secret) held in guarded memory: a slot of
+/// `SecretArena`, locked in RAM between inaccessible guard pages, written once and then
+/// read-only, wiped when the last reference goes. Equal in constant time; never
+/// printed (`description`, `debugDescription` and `dump` say `<secret>`); Codable as a JSON
+/// string for the vault's plaintext only.
+public final class SecretBytes: @unchecked Sendable {
+    private let place: SecretArena.Place
+    /// Length in bytes.
+    public let count: Int
+
+    private var memory: UnsafeMutableRawPointer { place.bytes }
+
+    private init(place: SecretArena.Place, count: Int) {
+        self.place = place
+        self.count = count
+    }
+
+    /// Copies `bytes` into guarded memory; the caller drops (or wipes) its own copy.
+    public convenience init(bytes: UnsafeRawBufferPointer) {
+        self.init(place: SecretArena.shared.store(bytes), count: bytes.count)
+    }
+
+    /// Copies the UTF-8 of `text` into guarded memory.
+    public convenience init(_ text: String) {
+        var text = text
+        text.makeContiguousUTF8()
+        let place = text.utf8.withContiguousStorageIfAvailable { SecretArena.shared.store(UnsafeRawBufferPointer($0)) }
+        self.init(place: place!, count: text.utf8.count)
+    }
+
+    deinit { SecretArena.shared.release(place) }
+
+    /// Calls `body` with the secret's bytes, for copying them into the buffer being written.
+    public func withUnsafeBytes<T, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> T) throws(E) -> T {
+        try body(UnsafeRawBufferPointer(start: memory, count: count))
+    }
+
+    /// A transient copy as text, for an API that takes only a `String` (a form body, a header);
+    /// drop it at once (brokerd's allocator wipes it when freed).
+    public var text: String { withUnsafeBytes { String(decoding: $0, as: UTF8.self) } }
+
+    public var isEmpty: Bool { count == 0 }
+
+    /// Overwrites `bytes` with zeros where they lie (a buffer that outlives the secret it held).
+    public static func wipe(_ bytes: UnsafeMutableRawBufferPointer) { Sodium.wipe(bytes) }
+}
+
+extension SecretBytes: Equatable {
+    /// Constant-time comparison of the bytes (the lengths are not secret).
+    public static func == (lhs: SecretBytes, rhs: SecretBytes) -> Bool {
+        lhs === rhs || (lhs.count == rhs.count && Sodium.constantTimeEqual(lhs.memory, rhs.memory, count: lhs.count))
+    }
+}
+
+extension SecretBytes: CustomStringConvertible, CustomDebugStringConvertible, CustomReflectable {
+    public var description: String { "<secret>" }
+    public var debugDescription: String { "<secret>" }
+    public var customMirror: Mirror { Mirror(self, children: []) }
+}
+
+extension SecretBytes: Codable {
+    public convenience init(from decoder: any Decoder) throws {
+        self.init(try decoder.singleValueContainer().decode(String.self))
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        try container.encode(text)
+    }
+}

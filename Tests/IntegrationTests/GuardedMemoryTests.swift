@@ -1,0 +1,153 @@
+import Foundation
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Where secrets live in a running brokerd (issue 11, floor items 2 and 3): its whole readable
+/// memory, read as root through `/proc/PID/mem`, is searched for every refresh token the test
+/// IdPs issued. A removed, rotated-away or logged-out refresh token must be found nowhere, a
+/// live one only inside guarded pages (locked, between two inaccessible pages, as
+/// `sodium_malloc` makes them); after `lock`, no token and no passphrase anywhere. Tokens
+/// carry 40 random hex digits, so a hit cannot be a coincidence. Serialized: the scans read
+/// hundreds of megabytes in blocking calls. Root only: brokerd is non-dumpable, so no other
+/// process of its uid may read its memory.
+@Suite(.serialized, .enabled(if: getuid() == 0)) struct GuardedMemoryTests {
+    @Test func retiredRefreshTokensAreNowhereAndLiveOnesOnlyInGuardedPages() async throws {
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        var idps: [String: OAuth2TestIdP] = [:]
+        var initial: [String: String] = [:]
+        for account in ["a", "b", "c", "d"] {
+            initial[account] = "rt-\(account)-0-" + longRandomHex()
+            let idp = try await OAuth2TestIdP(
+                initialRefreshToken: initial[account]!, clientSecret: "cs-\(account)-" + longRandomHex())
+            idp.issueLongTokens()
+            idps[account] = idp
+        }
+        let pushed = "rt-b-pushed-" + longRandomHex()
+        let (accounts, firstTokens, socketPath) = (idps, initial, broker.socketPath)
+        // Blocking socket calls, off the cooperative threads the other suites' tasks need.
+        let refused = try await onOwnThread {
+            let connection = try RawConnection(path: socketPath)
+            var refused: [String] = []
+            let ask = { (op: String, line: String) in
+                if !Self.succeeds(connection, line) { refused.append(op) }
+            }
+            for (account, idp) in accounts.sorted(by: { $0.key < $1.key }) {
+                let provider =
+                    #"{"kind":"oauth2","token_endpoint":"\#(idp.tokenEndpoint)","client_id":"\#(idp.clientID)","#
+                    + #""client_secret":"\#(idp.clientSecret)","revocation_endpoint":"\#(idp.revocationEndpoint)"}"#
+                let tokens = #"{"refresh_token":"\#(firstTokens[account]!)"}"#
+                ask(
+                    "add \(account)",
+                    #"{"id":1,"op":"add","account":"\#(account)","provider":\#(provider),"tokens":\#(tokens)}"#)
+            }
+            for _ in 0..<3 { ask("refresh a", #"{"id":2,"op":"refresh","account":"a"}"#) }
+            ask("refresh b", #"{"id":3,"op":"refresh","account":"b"}"#)
+            accounts["b"]!.acceptRefreshToken(pushed)
+            ask("set_tokens b", #"{"id":4,"op":"set_tokens","account":"b","tokens":{"refresh_token":"\#(pushed)"}}"#)
+            ask("refresh b", #"{"id":5,"op":"refresh","account":"b"}"#)
+            for account in ["c", "d"] {
+                ask("refresh \(account)", #"{"id":6,"op":"refresh","account":"\#(account)"}"#)
+            }
+            ask("remove c", #"{"id":7,"op":"remove","account":"c"}"#)
+            ask("logout d", #"{"id":8,"op":"logout","account":"d"}"#)
+            for account in ["a", "b"] { ask("token \(account)", #"{"id":9,"op":"token","account":"\#(account)"}"#) }
+            return refused
+        }
+        #expect(refused.isEmpty, "refused: \(refused)")
+        #expect(idps["d"]!.revocations.count == 1, "the logout revoked at the IdP")
+        initial["b-pushed"] = pushed
+        try await Task.sleep(for: .milliseconds(300))
+
+        let live = ["a", "b"].compactMap { idps[$0]!.issuedRefreshTokens.last }
+        let retired =
+            Array(initial.values) + ["a", "b"].flatMap { idps[$0]!.issuedRefreshTokens.dropLast() }
+            + ["c", "d"].flatMap { idps[$0]!.issuedRefreshTokens }
+        // `add` of an oauth2 account with only a refresh token refreshes at once: 11 refreshes.
+        #expect(live.count == 2 && retired.count == 14, "every refresh rotated the refresh token")
+        let accessTokens = idps.values.flatMap(\.issuedAccessTokens)
+        let clientSecrets = idps.values.map(\.clientSecret)
+        let pid = try #require(broker.process?.pid)
+        let scan = try await onOwnThread {
+            try MemoryScan(pid: pid, needles: live + retired + accessTokens + clientSecrets)
+        }
+        #expect(scan.scannedBytes > 1 << 20, "the scan read the broker's memory")
+        for token in retired {
+            #expect(scan.places(of: token).isEmpty, "a retired refresh token in \(scan.places(of: token))")
+        }
+        for token in live {
+            #expect(!scan.places(of: token).isEmpty, "the live refresh token is in memory somewhere")
+            #expect(
+                scan.unguardedPlaces(of: token).isEmpty, "a live refresh token in \(scan.unguardedPlaces(of: token))")
+        }
+        Self.report("live refresh tokens", live, scan)
+        Self.report("retired refresh tokens", retired, scan)
+        Self.report("access tokens", accessTokens, scan)
+        Self.report("client secrets", clientSecrets, scan)
+        for idp in idps.values { await idp.shutdown() }
+    }
+
+    @Test func lockLeavesNoTokenAndNoPassphraseInMemory() async throws {
+        let broker = try BrokerProcess()
+        try await broker.start(arguments: ["--passphrase"])
+        defer { broker.stop() }
+        let passphrase = "pp-" + longRandomHex()
+        let initial = "rt-0-" + longRandomHex()
+        let idp = try await OAuth2TestIdP(initialRefreshToken: initial, clientSecret: "cs-" + longRandomHex())
+        idp.issueLongTokens()
+        let socketPath = broker.socketPath
+        let provider =
+            #"{"kind":"oauth2","token_endpoint":"\#(idp.tokenEndpoint)","client_id":"\#(idp.clientID)","#
+            + #""client_secret":"\#(idp.clientSecret)"}"#
+        let lines = [
+            #"{"id":1,"op":"unlock","passphrase":"\#(passphrase)"}"#,
+            #"{"id":2,"op":"add","account":"api","provider":\#(provider),"tokens":{"refresh_token":"\#(initial)"}}"#,
+            #"{"id":3,"op":"refresh","account":"api"}"#, #"{"id":3,"op":"refresh","account":"api"}"#,
+            #"{"id":4,"op":"token","account":"api"}"#, #"{"id":5,"op":"lock"}"#,
+        ]
+        // Blocking socket calls, off the cooperative threads the other suites' tasks need.
+        let refused = try await onOwnThread {
+            let connection = try RawConnection(path: socketPath)
+            return lines.indices.filter { !Self.succeeds(connection, lines[$0]) }
+        }
+        #expect(refused.isEmpty, "refused: lines \(refused)")
+        try await Task.sleep(for: .milliseconds(300))
+
+        let refreshTokens = [initial] + idp.issuedRefreshTokens
+        let pid = try #require(broker.process?.pid)
+        let scan = try await onOwnThread {
+            try MemoryScan(
+                pid: pid, needles: refreshTokens + idp.issuedAccessTokens + [passphrase, idp.clientSecret])
+        }
+        #expect(refreshTokens.count >= 3 && idp.issuedAccessTokens.count >= 2, "the refreshes rotated")
+        for secret in refreshTokens + idp.issuedAccessTokens + [passphrase] {
+            #expect(scan.places(of: secret).isEmpty, "a secret after lock in \(scan.places(of: secret))")
+        }
+        Self.report("refresh tokens after lock", refreshTokens, scan)
+        Self.report("access tokens after lock", idp.issuedAccessTokens, scan)
+        Self.report("the passphrase after lock", [passphrase], scan)
+        Self.report("the client secret after lock", [idp.clientSecret], scan)
+        await idp.shutdown()
+    }
+
+    /// Sends `line` and tells whether the answer is a success.
+    static func succeeds(_ connection: RawConnection, _ line: String) -> Bool {
+        guard connection.send(line + "\n"), let answer = connection.readObject() else { return false }
+        return answer["ok"] as? Bool == true
+    }
+
+    /// Prints how many places hold the secrets of one kind and how many of those are guarded,
+    /// never the secrets themselves.
+    static func report(_ kind: String, _ secrets: [String], _ scan: MemoryScan) {
+        let places = secrets.flatMap { scan.places(of: $0) }
+        let unguarded = secrets.flatMap { scan.unguardedPlaces(of: $0) }
+        print(
+            "memory scan (\(scan.scannedBytes >> 20) MiB): \(secrets.count) \(kind) found in \(places.count) places, "
+                + "\(places.count - unguarded.count) guarded; unguarded: \(unguarded.map(\.description))")
+    }
+}
