@@ -474,18 +474,19 @@ import Testing
     @Test func aClientThatReadsNoProgressDoesNotKeepTheRedirectPortPastTheTimeout() async throws {
         try await BrokerHarness.run { harness in
             let port = try freePort()
-            // 4 s: long enough for a loaded machine to see the listener open before the timeout.
-            let request = Self.request("browser", provider: Self.provider(harness.idp), timeout: 4, redirectPort: port)
+            // 10 s: the login reads the discovery document first, which in a full parallel run can
+            // wait seconds for one of the test process's two cooperative threads.
+            let request = Self.request("browser", provider: Self.provider(harness.idp), timeout: 10, redirectPort: port)
             // The progress line is never taken (as when the client does not read its socket).
             let login = Task {
                 try await harness.broker.login(request, peerPID: getpid()) { _ in
                     try? await Task.sleep(for: .seconds(3600))
                 }
             }
-            #expect(await eventually { TestBrowser.isListening(port) })
+            #expect(await eventually(timeout: 60) { TestBrowser.isListening(port) })
             let held = try HeldConnection(port: port)
             defer { held.close() }
-            #expect(await eventually(timeout: 15) { !TestBrowser.isListening(port) && held.isClosedByPeer })
+            #expect(await eventually(timeout: 30) { !TestBrowser.isListening(port) && held.isClosedByPeer })
             login.cancel()
             #expect(await Self.failure(login) != nil)
             #expect(!(await Self.accountExists(harness)))
@@ -543,7 +544,8 @@ import Testing
             let provider = Self.provider(harness.idp)
             _ = try await harness.broker.add(
                 account: "work", provider: provider, tokens: TokenSet(refreshToken: "rt-dead"))
-            #expect(await eventually { (try? await harness.state("work").state) == "needs_login" })
+            // Generous: in a full parallel run the refresh can wait long for a cooperative thread.
+            #expect(await eventually(timeout: 60) { (try? await harness.state("work").state) == "needs_login" })
             let before = try #require(try harness.vaultCopy()?.accounts.first { $0.name == "work" })
             #expect(before.needsLogin)
 
