@@ -21,8 +21,9 @@ struct DockerCredential: ParsableCommand {
     /// What docker-credential-helpers answers for a registry it holds nothing for; docker
     /// recognises this text.
     static let notFound = "credentials not found in native keychain"
-    /// Seconds after a refresh during which `erase` leaves the new token alone.
-    static let freshTokenAge: TimeInterval = 5
+    /// Seconds after a refresh during which `erase` leaves the new token alone: long enough for
+    /// the four erases of one `docker logout` on a loaded machine (at 5 s, one CI run saw two).
+    static let freshTokenAge: TimeInterval = 30
     /// Largest input read (a server URL, or store's small JSON object).
     static let maximumSize = 64 * 1024
 
