@@ -830,7 +830,7 @@ import Testing
         #expect(pkce.challenge == "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM")
         let fresh = PKCE()
         #expect(fresh.verifier.count == 43 && fresh.state.count == 43)
-        #expect(fresh.verifier != PKCE().verifier && fresh.state != fresh.verifier)
+        #expect(fresh.verifier != PKCE().verifier && fresh.state != fresh.verifier.text)
     }
 
     @Test func idTokenExpiryIsReadFromTheJWTPayloadOnly() {
