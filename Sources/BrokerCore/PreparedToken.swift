@@ -50,9 +50,12 @@ public struct PreparedToken: Sendable {
     /// Seconds of validity left at `now`, rounded down.
     public func expiresIn(at now: Date) -> Int { Bounds.wholeSeconds(token.expiresAt.timeIntervalSince(now)) }
 
+    /// Bytes a success line takes at most, for sizing the buffer it is written into.
+    public var lineCapacity: Int { fields.count + 64 }
+
     /// Writes the complete success line for request `id`, newline included, into `buffer`.
     public func write(id: RequestID?, now: Date, into buffer: inout ByteBuffer) {
-        buffer.reserveCapacity(minimumWritableBytes: fields.count + 64)
+        buffer.reserveCapacity(minimumWritableBytes: lineCapacity)
         buffer.writeString(#"{"id":"#)
         buffer.writeString(JSONText.encode(id ?? .null))
         buffer.writeString(#","ok":true,"result":{"#)
@@ -64,7 +67,7 @@ public struct PreparedToken: Sendable {
 
     /// The complete success line for request `id`, newline included (the slow path's answer).
     public func line(id: RequestID?, now: Date) -> [UInt8] {
-        var buffer = ByteBuffer()
+        var buffer = ByteBufferAllocator().buffer(capacity: lineCapacity)
         write(id: id, now: now, into: &buffer)
         return Array(buffer.readableBytesView)
     }

@@ -195,7 +195,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         case .immediate(let bytes):
             write(bytes, context: context)
         case .cached(let token, let id, let now):
-            var buffer = context.channel.allocator.buffer(capacity: 0)
+            var buffer = context.channel.allocator.buffer(capacity: token.lineCapacity)
             token.write(id: id, now: now, into: &buffer)
             context.write(wrapOutboundOut(buffer), promise: nil)
             flushPending = true
