@@ -1,14 +1,14 @@
 import BrokerProtocol
 import FoundationEssentials
 
-/// The current access token of an account.
+/// The current access token of an account; the token and its id token in guarded memory.
 public struct AccessToken: Codable, Sendable, Equatable {
-    public var value: String
+    public var value: SecretBytes
     public var type: String
     public var expiresAt: Date
     /// When the broker received it; with `expiresAt` it gives the token's lifetime.
     public var obtainedAt: Date
-    public var idToken: String?
+    public var idToken: SecretBytes?
     public var scope: String?
     /// Pushed by a person (`add`, `set_tokens`) rather than issued to the broker by the IdP,
     /// so its lifetime says nothing about what the IdP grants.

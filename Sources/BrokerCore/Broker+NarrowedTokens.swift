@@ -37,7 +37,7 @@ extension Broker {
 
     /// Handles a token for `key` that a resource server refused: when the cache still holds
     /// it, drops it and refreshes the key once; then answers the key's token.
-    public func reject(_ accessToken: String, of account: AccountName, key: TokenKey, minTTL: TimeInterval)
+    public func reject(_ accessToken: SecretBytes, of account: AccountName, key: TokenKey, minTTL: TimeInterval)
         async throws(BrokerFailure) -> PreparedToken
     {
         guard !key.isAccount else { return try await reject(accessToken, of: account, minTTL: minTTL) }
@@ -121,7 +121,7 @@ extension Broker {
             }
             narrowedBackoffs[refresh] = nil
             guard !padlock.isLocked else { return .failure(.locked) }
-            cache.publish(Self.prepare(name, grant.token), for: name, key: refresh.key, now: now)
+            cache.publish(PreparedToken(account: name, token: grant.token), for: name, key: refresh.key, now: now)
             logger.info(
                 "refreshed a narrowed token",
                 metadata: [

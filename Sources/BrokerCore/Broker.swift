@@ -81,7 +81,7 @@ public actor Broker {
                 record: stored.sanitized(), planner: RefreshPlanner(settings: settings), now: now)
             machines[machine.record.name] = machine
             if let token = machine.servableToken {
-                cache.publish(Self.prepare(machine.record.name, token), for: machine.record.name)
+                cache.publish(PreparedToken(account: machine.record.name, token: token), for: machine.record.name)
             }
         }
         return machines
@@ -143,7 +143,7 @@ public actor Broker {
 
     /// Handles a token a resource server refused: refreshes once if it is still current,
     /// otherwise returns the newer token at once.
-    public func reject(_ accessToken: String, of account: AccountName, minTTL: TimeInterval)
+    public func reject(_ accessToken: SecretBytes, of account: AccountName, minTTL: TimeInterval)
         async throws(BrokerFailure) -> PreparedToken
     {
         let name = account.rawValue
@@ -306,11 +306,11 @@ public actor Broker {
     /// states an expiry. The access token is obtained first, as `token` does (a due refresh
     /// runs, and may bring a new id token); an id token still too short forces one refresh.
     public nonisolated func idToken(for account: AccountName, minTTL: TimeInterval) async throws(BrokerFailure)
-        -> (idToken: String, expiresAt: Date?)
+        -> (idToken: SecretBytes, expiresAt: Date?)
     {
         _ = try await token(for: account, minTTL: minTTL)
         var held = try await heldIDToken(account)
-        var expiry = IDToken.expiry(of: held)
+        var expiry = IDToken.expiry(of: held.text)
         if let shortExpiry = expiry, shortExpiry < clock.now().addingTimeInterval(minTTL) {
             do {
                 _ = try await refreshNow(account)
@@ -318,7 +318,7 @@ public actor Broker {
                 throw .idTokenExpired(account)
             }
             held = try await heldIDToken(account)
-            expiry = IDToken.expiry(of: held)
+            expiry = IDToken.expiry(of: held.text)
             if let renewed = expiry, renewed < clock.now().addingTimeInterval(minTTL) {
                 throw .idTokenExpired(account)
             }
@@ -327,7 +327,7 @@ public actor Broker {
     }
 
     /// The id token `account` holds.
-    private func heldIDToken(_ account: AccountName) throws(BrokerFailure) -> String {
+    private func heldIDToken(_ account: AccountName) throws(BrokerFailure) -> SecretBytes {
         guard let idToken = try machine(account.rawValue).servableToken?.idToken else {
             throw .noIDToken(account)
         }
@@ -727,7 +727,7 @@ public actor Broker {
             case .publish(let token):
                 // The files first, so that no token is served before they hold it.
                 tokenFiles.update(name, token: token, logger: logger)
-                cache.publish(token.map { Self.prepare(name, $0) }, for: name)
+                cache.publish(token.map { PreparedToken(account: name, token: $0) }, for: name)
             case .emit(let kind, let message):
                 guard let machine = accounts[name] else { continue }
                 let now = clock.now()
@@ -759,13 +759,6 @@ public actor Broker {
 
     private static func microseconds(_ duration: Duration) -> Int64 {
         duration.components.seconds * 1_000_000 + duration.components.attoseconds / 1_000_000_000_000
-    }
-
-    static func prepare(_ name: String, _ token: AccessToken) -> PreparedToken {
-        PreparedToken(
-            TokenResult(
-                account: name, accessToken: token.value, tokenType: token.type, expiresAt: token.expiresAt,
-                expiresIn: 0, idToken: token.idToken, scope: token.scope))
     }
 
     private func describe(_ machine: AccountMachine, now: Date) -> AccountSnapshot {

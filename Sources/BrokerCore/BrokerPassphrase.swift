@@ -19,7 +19,7 @@ extension Broker {
     /// does not exist yet is created, so the first unlock sets the passphrase. A wrong
     /// passphrase is answered after a delay, 1 s doubling with each wrong one in a row up to
     /// 30 s, during which no other unlock is tried.
-    public nonisolated func unlock(with passphrase: String) async throws(BrokerFailure) -> UnlockOutcome {
+    public nonisolated func unlock(with passphrase: SecretBytes?) async throws(BrokerFailure) -> UnlockOutcome {
         var bytes = try Self.bytes(of: passphrase)
         defer { Sodium.wipe(&bytes) }
         switch padlock.phase {
@@ -81,7 +81,7 @@ extension Broker {
     /// Seals the vault under a key derived from `passphrase` (a fresh salt), or under the key
     /// file (`passphrase` is then ignored), atomically (see `Vault.rekey(to:)`). The broker stays
     /// unlocked. Returns the key file that could not be removed (a systemd credential), if any.
-    public nonisolated func rekey(to mode: VaultKeyMode, passphrase: String?) async throws(BrokerFailure)
+    public nonisolated func rekey(to mode: VaultKeyMode, passphrase: SecretBytes?) async throws(BrokerFailure)
         -> String?
     {
         guard padlock.phase == .unlocked else { throw .locked }
@@ -95,13 +95,14 @@ extension Broker {
         }
     }
 
-    /// The UTF-8 of `passphrase`, which must be 1 to `maximumPassphraseLength` bytes long.
-    private static func bytes(of passphrase: String?) throws(BrokerFailure) -> [UInt8] {
+    /// A copy of `passphrase` for the key derivation (the caller wipes it), which must be 1 to
+    /// `maximumPassphraseLength` bytes long.
+    private static func bytes(of passphrase: SecretBytes?) throws(BrokerFailure) -> [UInt8] {
         guard let passphrase, !passphrase.isEmpty else { throw .invalid("the field \"passphrase\" is required") }
-        guard passphrase.utf8.count <= maximumPassphraseLength else {
+        guard passphrase.count <= maximumPassphraseLength else {
             throw .invalid("a passphrase is at most \(maximumPassphraseLength) bytes")
         }
-        return Array(passphrase.utf8)
+        return passphrase.withUnsafeBytes { Array($0) }
     }
 
     /// The derivation the vault's header names, or a fresh one when there is no vault yet.

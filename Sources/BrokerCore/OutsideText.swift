@@ -59,8 +59,8 @@ extension AccountRecord {
     func outsideText(alsoHiding extra: [String?] = []) -> OutsideText {
         OutsideText(
             secrets: [
-                secrets.refreshToken?.text, secrets.refreshURL?.text, secrets.clientSecret?.text, token?.value,
-                token?.idToken,
+                secrets.refreshToken?.text, secrets.refreshURL?.text, secrets.clientSecret?.text, token?.value.text,
+                token?.idToken?.text,
             ]
                 + extra)
     }

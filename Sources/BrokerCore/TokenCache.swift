@@ -49,11 +49,11 @@ public final class TokenCache: Sendable {
     /// narrowed tokens that expired by `now`.
     func publish(_ token: PreparedToken?, for account: String, key: TokenKey, now: Date) {
         entries.withLock { entries in
-            var narrowed = (entries.narrowed[account] ?? [:]).filter { $0.value.result.expiresAt > now }
+            var narrowed = (entries.narrowed[account] ?? [:]).filter { $0.value.expiresAt > now }
             narrowed[key] = token
             if narrowed.count > Self.maximumNarrowedTokens,
                 let first = narrowed.filter({ $0.key != key }).min(by: {
-                    $0.value.result.expiresAt < $1.value.result.expiresAt
+                    $0.value.expiresAt < $1.value.expiresAt
                 })
             {
                 narrowed[first.key] = nil
@@ -64,9 +64,9 @@ public final class TokenCache: Sendable {
 
     /// Forgets the token of `account` for `key` if it is `accessToken` (a resource server
     /// refused it); `false` when the cache holds another one or none.
-    func withdraw(_ accessToken: String, for account: String, key: TokenKey) -> Bool {
+    func withdraw(_ accessToken: SecretBytes, for account: String, key: TokenKey) -> Bool {
         entries.withLock { entries in
-            guard entries.narrowed[account]?[key]?.result.accessToken == accessToken else { return false }
+            guard entries.narrowed[account]?[key]?.token.value == accessToken else { return false }
             entries.narrowed[account]?[key] = nil
             return true
         }
@@ -83,6 +83,6 @@ public final class TokenCache: Sendable {
     }
 
     private static func lasts(_ token: PreparedToken, _ minTTL: TimeInterval, _ now: Date) -> Bool {
-        token.result.expiresAt.timeIntervalSince(now) >= minTTL
+        token.expiresAt.timeIntervalSince(now) >= minTTL
     }
 }

@@ -37,7 +37,9 @@ struct TokenFiles {
     func update(_ account: String, token: AccessToken?, logger: Logger) {
         for path in paths[account] ?? [] {
             if let token {
-                Self.write(Array(token.value.utf8), to: path, account: account, logger: logger)
+                var bytes = token.value.withUnsafeBytes { Array($0) }
+                Self.write(bytes, to: path, account: account, logger: logger)
+                bytes.withUnsafeMutableBytes { SecretBytes.wipe($0) }
             } else {
                 Self.remove(path, logger: logger)
             }

@@ -12,11 +12,11 @@ public struct TokenPush: Sendable, Equatable {
 
     /// A pushed access token whose fields can go into HTTP headers.
     public struct Access: Sendable, Equatable {
-        public let value: String
+        public let value: SecretBytes
         public let type: String
         /// `nil`: the broker's default lifetime.
         public let expiry: Expiry?
-        public let idToken: String?
+        public let idToken: SecretBytes?
         public let scope: String?
 
         /// Refuses an empty token and fields that could not go into an HTTP header
@@ -26,6 +26,7 @@ public struct TokenPush: Sendable, Equatable {
         {
             guard !value.isEmpty else { throw .invalid("\"access_token\" is empty") }
             let type = type ?? "Bearer"
+            let (value, idToken) = (SecretBytes(value), idToken.map(SecretBytes.init))
             if let field = AccessToken.unsafeField(value: value, type: type, idToken: idToken, scope: scope) {
                 throw .invalid("\"\(field)\" must be printable ASCII (it goes into HTTP headers)")
             }

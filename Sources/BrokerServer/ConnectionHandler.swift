@@ -194,6 +194,11 @@ final class ConnectionHandler: ChannelDuplexHandler {
         switch decision {
         case .immediate(let bytes):
             write(bytes, context: context)
+        case .cached(let token, let id, let now):
+            var buffer = context.channel.allocator.buffer(capacity: token.lineCapacity)
+            token.write(id: id, now: now, into: &buffer)
+            context.write(wrapOutboundOut(buffer), promise: nil)
+            flushPending = true
         case .deferred(let request):
             run(request, as: .run(request), context: context)
         case .login(let request):

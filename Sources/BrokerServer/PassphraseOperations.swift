@@ -4,10 +4,10 @@ import FoundationEssentials
 
 /// The passphrase-mode operations as the protocol states them (see `WireOperations`).
 extension Broker {
-    /// `unlock`.
+    /// `unlock`; the passphrase goes into guarded memory at once and is wiped when the call ends.
     public nonisolated func unlock(passphrase: String?) async throws(BrokerError) -> LockResult {
         do {
-            switch try await unlock(with: passphrase ?? "") {
+            switch try await unlock(with: passphrase.map(SecretBytes.init)) {
             case .alreadyUnlocked:
                 return LockResult(state: "unlocked")
             case .unlocked(let accounts, let created):
@@ -28,13 +28,15 @@ extension Broker {
         return LockResult(state: "locked")
     }
 
-    /// `rekey`: `to` is `passphrase` (with `passphrase`) or `keyfile`.
+    /// `rekey`: `to` is `passphrase` (with `passphrase`, into guarded memory at once) or `keyfile`.
     public nonisolated func rekey(to: String?, passphrase: String?) async throws(BrokerError) -> RekeyResult {
         guard let to, let mode = VaultKeyMode(rawValue: to) else {
             throw BrokerError(.badRequest, "\"to\" must be \"passphrase\" or \"keyfile\"")
         }
         do {
-            return RekeyResult(key: mode.rawValue, keyFileLeft: try await rekey(to: mode, passphrase: passphrase))
+            return RekeyResult(
+                key: mode.rawValue, keyFileLeft: try await rekey(to: mode, passphrase: passphrase.map(SecretBytes.init))
+            )
         } catch {
             throw BrokerError(error)
         }

@@ -21,6 +21,8 @@ public struct RequestDispatcher: Sendable {
     /// What to do with one line: answer it now (`immediate`) or run it on the broker (`deferred`).
     public enum Decision {
         case immediate([UInt8])
+        /// A cached token, written from guarded memory straight into the outgoing buffer.
+        case cached(PreparedToken, id: RequestID?, now: Date)
         case deferred(Request)
         /// Acknowledge with the first line, then stream the events as lines on the same connection.
         case subscribe(ack: [UInt8], id: RequestID, events: EventHub.Events)
@@ -42,7 +44,7 @@ public struct RequestDispatcher: Sendable {
                 if let seconds = try? minTTL(flat.minTTL),
                     let token = broker.cache.token(for: account, minTTL: seconds, now: now)
                 {
-                    return .immediate(token.line(id: flat.id, now: now))
+                    return .cached(token, id: flat.id, now: now)
                 }
             }
             if broker.padlock.isLocked { return .immediate(errorLine(id: flat.id, BrokerError(BrokerFailure.locked))) }

@@ -27,7 +27,7 @@ extension Broker {
         let name = try WireTranslation.existingAccountName(account)
         let key = try WireTranslation.tokenKey(scope: scope, resource: resource)
         return try await translating { () async throws(BrokerFailure) in
-            try await reject(accessToken, of: name, key: key, minTTL: minTTL)
+            try await reject(SecretBytes(accessToken), of: name, key: key, minTTL: minTTL)
         }
     }
 
@@ -98,7 +98,7 @@ extension Broker {
         }
         let now = clock.now()
         return IDTokenResult(
-            account: name.rawValue, idToken: held.idToken, expiresAt: held.expiresAt,
+            account: name.rawValue, idToken: held.idToken.text, expiresAt: held.expiresAt,
             expiresIn: held.expiresAt.map { Bounds.wholeSeconds(max(0, $0.timeIntervalSince(now))) })
     }
 

@@ -16,7 +16,8 @@ import Testing
     }()
 
     func token(_ value: String, at now: Date, lifetime: TimeInterval = 3600) -> AccessToken {
-        AccessToken(value: value, type: "Bearer", expiresAt: now.addingTimeInterval(lifetime), obtainedAt: now)
+        AccessToken(
+            value: SecretBytes(value), type: "Bearer", expiresAt: now.addingTimeInterval(lifetime), obtainedAt: now)
     }
 
     func record(provider: ProviderConfig? = nil, token: AccessToken? = nil) -> AccountRecord {
@@ -169,7 +170,7 @@ import Testing
             now: start)
         #expect(late == .overtaken([.persist]))
         #expect(machine.record.secrets.refreshToken == "rt-2")
-        #expect(machine.record.token?.value == "at-pushed")
+        #expect(machine.record.token?.value.text == "at-pushed")
         #expect(machine.phase == .idle)
 
         // A newly pushed refresh token is not replaced by what an older refresh rotated.

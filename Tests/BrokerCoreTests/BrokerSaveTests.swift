@@ -22,12 +22,12 @@ import Testing
             #expect(failed?.code == .internal)
             #expect(h.logs.all.contains { $0.contains("cannot save the vault") })
             try FileManager.default.removeItem(atPath: log)
-            #expect(try h.vaultCopy()?.accounts.first?.token?.value == "a-1")
+            #expect(try h.vaultCopy()?.accounts.first?.token?.value.text == "a-1")
 
             _ = try await h.broker.add(account: "b", provider: ProviderSpec(kind: "static"), tokens: pushed("b-1"))
             let stored = try #require(try h.vaultCopy()?.accounts)
             #expect(stored.map(\.name) == ["a", "b"])
-            #expect(stored.first?.token?.value == "a-2", "the change that failed to save was saved with the next")
+            #expect(stored.first?.token?.value.text == "a-2", "the change that failed to save was saved with the next")
         }
     }
 }

@@ -33,7 +33,7 @@ import Testing
             let stored = try #require(try h.vaultCopy()?.accounts.first)
             #expect(stored.secrets.refreshToken?.text == h.idp.issuedRefreshTokens.last)
             #expect(stored.secrets.clientSecret?.text == h.idp.clientSecret)
-            #expect(stored.token?.value == token.result.accessToken)
+            #expect(stored.token?.value.text == token.result.accessToken)
             let file = try Data(contentsOf: URL(fileURLWithPath: h.vaultPath))
             for secret in [h.idp.clientSecret, token.result.accessToken] + h.idp.issuedRefreshTokens {
                 #expect(!file.contains(secret))

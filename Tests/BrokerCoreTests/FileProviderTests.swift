@@ -76,7 +76,7 @@ private struct TokenFileRig {
         let written = Date(timeIntervalSince1970: (Date().timeIntervalSince1970 - 600).rounded())
         try rig.write(TokenFileRig.body("at-file-1", #","expires_in":3600,"token_type":"DPoP""#), modified: written)
         let grant = try await rig.refresh().get()
-        #expect(grant.token.value == "at-file-1")
+        #expect(grant.token.value.text == "at-file-1")
         #expect(grant.token.type == "DPoP")
         #expect(grant.token.obtainedAt == written)
         #expect(grant.token.expiresAt == written.addingTimeInterval(3600), "expires_in counts from the file's mtime")
@@ -84,7 +84,7 @@ private struct TokenFileRig {
 
         try rig.write(TokenFileRig.body("at-file-2", #","expires_at":"2999-01-01T00:00:00Z""#))
         let dated = try await rig.refresh().get()
-        #expect(dated.token.value == "at-file-2")
+        #expect(dated.token.value.text == "at-file-2")
         #expect(dated.token.expiresAt == Wire.parseRFC3339("2999-01-01T00:00:00Z"))
     }
 
@@ -93,12 +93,12 @@ private struct TokenFileRig {
         defer { rig.directory.remove() }
         try rig.write(TokenFileRig.body("at-old"))
         #expect(rig.provider.sourceChanged(), "a file never read counts as changed")
-        #expect(try await rig.refresh().get().token.value == "at-old")
+        #expect(try await rig.refresh().get().token.value.text == "at-old")
         #expect(!rig.provider.sourceChanged(), "nothing changed since the read")
 
         try rig.write(TokenFileRig.body("at-newer"))
         #expect(rig.provider.sourceChanged())
-        #expect(try await rig.refresh().get().token.value == "at-newer")
+        #expect(try await rig.refresh().get().token.value.text == "at-newer")
         #expect(!rig.provider.sourceChanged())
 
         // A new mode, a replacement by rename, a removal: each is a change worth a read.
@@ -110,7 +110,7 @@ private struct TokenFileRig {
         chmod(staging, 0o600)
         #expect(rename(staging, rig.path) == 0)
         #expect(rig.provider.sourceChanged())
-        #expect(try await rig.refresh().get().token.value == "at-renamed")
+        #expect(try await rig.refresh().get().token.value.text == "at-renamed")
         unlink(rig.path)
         #expect(rig.provider.sourceChanged())
         _ = await rig.refresh()
@@ -262,7 +262,7 @@ private struct TokenFileRig {
             #expect(
                 h.broker.cache.token(for: "cron", minTTL: 60, now: h.clock.now())?.result.accessToken
                     == "at-file-2-longer")
-            #expect(try h.vaultCopy()?.accounts.first { $0.name == "cron" }?.token?.value == "at-file-2-longer")
+            #expect(try h.vaultCopy()?.accounts.first { $0.name == "cron" }?.token?.value.text == "at-file-2-longer")
 
             // Writable by others: refused and reported; the last good token is still served.
             chmod(path, 0o666)

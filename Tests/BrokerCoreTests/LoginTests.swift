@@ -117,7 +117,7 @@ import Testing
             let stored = try #require(try harness.vaultCopy()?.accounts.first { $0.name == "work" })
             #expect(stored.secrets.refreshToken?.text == harness.idp.issuedRefreshTokens.first)
             #expect(stored.secrets.clientSecret?.text == harness.idp.clientSecret)
-            #expect(stored.token?.idToken == harness.idp.issuedIDTokens.first)
+            #expect(stored.token?.idToken?.text == harness.idp.issuedIDTokens.first)
 
             _ = try await harness.broker.refreshNow(account: "work")
             let refresh = try #require(harness.idp.calls.last)
@@ -830,7 +830,7 @@ import Testing
         #expect(pkce.challenge == "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM")
         let fresh = PKCE()
         #expect(fresh.verifier.count == 43 && fresh.state.count == 43)
-        #expect(fresh.verifier != PKCE().verifier && fresh.state != fresh.verifier)
+        #expect(fresh.verifier != PKCE().verifier && fresh.state != fresh.verifier.text)
     }
 
     @Test func idTokenExpiryIsReadFromTheJWTPayloadOnly() {

@@ -91,7 +91,7 @@ import Testing
             #expect(stored.secrets.refreshToken?.text == h.idp.issuedRefreshTokens.last)
             // The account's own token is the one its own refresh brought.
             let ownCall = try #require(calls.firstIndex { $0.scope == nil })
-            #expect(stored.token?.value == h.idp.issuedAccessTokens[ownCall])
+            #expect(stored.token?.value.text == h.idp.issuedAccessTokens[ownCall])
         }
     }
 

@@ -12,7 +12,8 @@ import Testing
 
     private func token(lifetime: TimeInterval, obtainedAt: Date = now) -> AccessToken {
         AccessToken(
-            value: "at", type: "Bearer", expiresAt: obtainedAt.addingTimeInterval(lifetime), obtainedAt: obtainedAt,
+            value: SecretBytes("at"), type: "Bearer", expiresAt: obtainedAt.addingTimeInterval(lifetime),
+            obtainedAt: obtainedAt,
             idToken: nil, scope: nil)
     }
 

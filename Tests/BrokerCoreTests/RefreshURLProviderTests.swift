@@ -27,7 +27,7 @@ import Testing
             }
             """
         let grant = try interpret(200, body).get()
-        #expect(grant.token.value == "6FaIukmIEl4eaJ5UKXeWCLBB1Cui8O9lFmgtdPgrS0s")
+        #expect(grant.token.value.text == "6FaIukmIEl4eaJ5UKXeWCLBB1Cui8O9lFmgtdPgrS0s")
         #expect(grant.token.type == "Bearer")
         #expect(grant.token.expiresAt == Self.now.addingTimeInterval(28_801))
         #expect(grant.refreshURL == "https://idp.example/refresh/dom/ehoviiRefX4bW7oO9i9vU30U1InbRCSMCzljz6bDdE4P")

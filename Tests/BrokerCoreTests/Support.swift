@@ -19,8 +19,9 @@ extension AccountRecord {
                 refreshToken: SecretBytes(refreshToken), refreshExpiresAt: obtained.addingTimeInterval(86_400),
                 clientSecret: SecretBytes("cs-\(UUID().uuidString)")),
             token: AccessToken(
-                value: "at-\(UUID().uuidString)", type: "Bearer", expiresAt: obtained.addingTimeInterval(3600),
-                obtainedAt: obtained, idToken: "id.token.\(name)", scope: "read"),
+                value: SecretBytes("at-\(UUID().uuidString)"), type: "Bearer",
+                expiresAt: obtained.addingTimeInterval(3600),
+                obtainedAt: obtained, idToken: SecretBytes("id.token.\(name)"), scope: "read"),
             needsLogin: false,
             lastError: AccountError(code: "unavailable", message: "HTTP 503", at: obtained.addingTimeInterval(-60)),
             lastRefreshAt: obtained)

@@ -32,7 +32,9 @@ import Testing
         let bytes = try Data(contentsOf: URL(fileURLWithPath: vault.path))
         #expect(bytes.prefix(8) == Data("TKBVAULT".utf8))
         for record in saved.accounts {
-            for secret in [record.secrets.refreshToken?.text, record.secrets.clientSecret?.text, record.token?.value] {
+            for secret in [
+                record.secrets.refreshToken?.text, record.secrets.clientSecret?.text, record.token?.value.text,
+            ] {
                 if let secret { #expect(!bytes.contains(secret), "plaintext secret in the vault file") }
             }
         }

@@ -9,33 +9,6 @@ import Testing
         Array(text.utf8).withUnsafeBytes { FlatTokenAnswer.parse($0) }
     }
 
-    /// The full path of `BlockingBrokerClient`: the head, then the result.
-    static func fullRead(_ text: String) throws -> (id: RequestID?, token: String) {
-        let decoder = Wire.makeDecoder()
-        let head = try decoder.decode(ResponseHead.self, from: Data(text.utf8))
-        guard head.ok == true else { throw BrokerError(.internal, "not a success") }
-        return (head.id, try decoder.decode(ResultBody<TokenResult>.self, from: Data(text.utf8)).result.accessToken)
-    }
-
-    static let expiresAt = Date(timeIntervalSince1970: 1_795_422_600)
-
-    @Test(arguments: [
-        TokenResult(
-            account: "api", accessToken: "at-\"quoted\"\\slash\n\u{1}é🙂", tokenType: "Bearer", expiresAt: expiresAt,
-            expiresIn: 0, idToken: "eyJ.id", scope: "read write"),
-        TokenResult(account: "gh", accessToken: "gho_abc", tokenType: "bearer", expiresAt: expiresAt, expiresIn: 0),
-    ])
-    func readsWhatTheBrokerWritesAsTheDecoderDoes(result: TokenResult) throws {
-        for id in [Int64(1), 0, -7, Int64.max] {
-            let line = PreparedToken(result).line(id: .integer(id), now: Self.expiresAt.addingTimeInterval(-90))
-            let text = String(decoding: line.dropLast(), as: UTF8.self)
-            let flat = try #require(Self.parse(text))
-            let full = try Self.fullRead(text)
-            #expect(flat.id == id && flat.accessToken == result.accessToken)
-            #expect(full.id == .integer(id) && full.token == flat.accessToken)
-        }
-    }
-
     static let fields = #""account":"a","access_token":"t","token_type":"Bearer","expires_at":"2026-11-23T08:30:00Z""#
 
     @Test(arguments: [

@@ -7,15 +7,15 @@ import Glibc
 #endif
 
 /// Where secrets live in a running brokerd (issue 11, floor items 2 and 3): its whole readable
-/// memory, read as root through `/proc/PID/mem`, is searched for every refresh token the test
-/// IdPs issued. A removed, rotated-away or logged-out refresh token must be found nowhere, a
+/// memory, read as root through `/proc/PID/mem`, is searched for every refresh and access token
+/// the test IdPs issued. A removed, rotated-away or logged-out token must be found nowhere, a
 /// live one only inside guarded pages (locked, between two inaccessible pages, as
 /// `sodium_malloc` makes them); after `lock`, no token and no passphrase anywhere. Tokens
 /// carry 40 random hex digits, so a hit cannot be a coincidence. Serialized: the scans read
 /// hundreds of megabytes in blocking calls. Root only: brokerd is non-dumpable, so no other
 /// process of its uid may read its memory.
 @Suite(.serialized, .enabled(if: getuid() == 0)) struct GuardedMemoryTests {
-    @Test func retiredRefreshTokensAreNowhereAndLiveOnesOnlyInGuardedPages() async throws {
+    @Test func retiredTokensAreNowhereAndLiveOnesOnlyInGuardedPages() async throws {
         let broker = try BrokerProcess()
         try await broker.start()
         defer { broker.stop() }
@@ -70,24 +70,31 @@ import Glibc
             + ["c", "d"].flatMap { idps[$0]!.issuedRefreshTokens }
         // `add` of an oauth2 account with only a refresh token refreshes at once: 11 refreshes.
         #expect(live.count == 2 && retired.count == 14, "every refresh rotated the refresh token")
-        let accessTokens = idps.values.flatMap(\.issuedAccessTokens)
+        let liveAccess = ["a", "b"].compactMap { idps[$0]!.issuedAccessTokens.last }
+        let retiredAccess =
+            ["a", "b"].flatMap { idps[$0]!.issuedAccessTokens.dropLast() }
+            + ["c", "d"].flatMap { idps[$0]!.issuedAccessTokens }
+        // Each refresh issues one access token with each refresh token, whatever the count of refreshes.
+        #expect(
+            liveAccess.count == 2 && retiredAccess.count == retired.count - initial.count,
+            "every refresh issued an access token")
         let clientSecrets = idps.values.map(\.clientSecret)
         let pid = try #require(broker.process?.pid)
         let scan = try await onOwnThread {
-            try MemoryScan(pid: pid, needles: live + retired + accessTokens + clientSecrets)
+            try MemoryScan(pid: pid, needles: live + retired + liveAccess + retiredAccess + clientSecrets)
         }
         #expect(scan.scannedBytes > 1 << 20, "the scan read the broker's memory")
-        for token in retired {
-            #expect(scan.places(of: token).isEmpty, "a retired refresh token in \(scan.places(of: token))")
+        for token in retired + retiredAccess {
+            #expect(scan.places(of: token).isEmpty, "a retired token in \(scan.places(of: token))")
         }
-        for token in live {
-            #expect(!scan.places(of: token).isEmpty, "the live refresh token is in memory somewhere")
-            #expect(
-                scan.unguardedPlaces(of: token).isEmpty, "a live refresh token in \(scan.unguardedPlaces(of: token))")
+        for token in live + liveAccess {
+            #expect(!scan.places(of: token).isEmpty, "the live token is in memory somewhere")
+            #expect(scan.unguardedPlaces(of: token).isEmpty, "a live token in \(scan.unguardedPlaces(of: token))")
         }
         Self.report("live refresh tokens", live, scan)
         Self.report("retired refresh tokens", retired, scan)
-        Self.report("access tokens", accessTokens, scan)
+        Self.report("live access tokens", liveAccess, scan)
+        Self.report("retired access tokens", retiredAccess, scan)
         Self.report("client secrets", clientSecrets, scan)
         for idp in idps.values { await idp.shutdown() }
     }

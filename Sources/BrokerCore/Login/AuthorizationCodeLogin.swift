@@ -38,7 +38,7 @@ enum AuthorizationCodeLogin {
             return try await context.exchange(
                 [
                     ("grant_type", "authorization_code"), ("code", code), ("redirect_uri", listener.redirectURI),
-                    ("code_verifier", pkce.verifier),
+                    ("code_verifier", pkce.verifier.text),
                 ], refusal: "the code exchange")
         }
     }

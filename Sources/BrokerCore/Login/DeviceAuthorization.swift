@@ -17,7 +17,8 @@ enum DeviceAuthorization {
 
     /// What the device authorization endpoint answered, checked.
     struct Offer: Equatable {
-        var deviceCode: String
+        /// The secret the token endpoint takes for the user's sign-in, in guarded memory.
+        var deviceCode: SecretBytes
         var userCode: String
         var verificationURI: String
         var verificationURIComplete: String?
@@ -59,7 +60,6 @@ enum DeviceAuthorization {
     {
         var interval = offer.interval
         var lastTransient: String?
-        let form = [("grant_type", grantType), ("device_code", offer.deviceCode)]
         while true {
             let next = ContinuousClock.now + .seconds(interval)
             guard next < deadline else {
@@ -70,7 +70,10 @@ enum DeviceAuthorization {
             try await context.sleep(until: next)
             let reply: IdPReply
             do throws(BrokerFailure) {
-                reply = try await context.tokenEndpointReply(form)
+                // The form is built for each poll: the device code leaves guarded memory only for it.
+                reply = try await context.tokenEndpointReply([
+                    ("grant_type", grantType), ("device_code", offer.deviceCode.text),
+                ])
             } catch .loginUnavailable(let reason) {
                 lastTransient = reason
                 continue
@@ -137,7 +140,7 @@ enum DeviceAuthorization {
             interval = given
         }
         return Offer(
-            deviceCode: deviceCode, userCode: userCode, verificationURI: verificationURI,
+            deviceCode: SecretBytes(deviceCode), userCode: userCode, verificationURI: verificationURI,
             verificationURIComplete: (object["verification_uri_complete"] as? String).flatMap(shownURL),
             expiresIn: expiresIn, interval: interval)
     }

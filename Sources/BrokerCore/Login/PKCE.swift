@@ -2,9 +2,10 @@ import FoundationEssentials
 
 /// The secrets of one browser login (RFC 7636, S256): the code verifier the broker keeps, the
 /// challenge the authorization URL carries, and the `state` that ties the redirect to this
-/// login. Each is 32 random bytes (256 bits) from libsodium, base64url without padding.
+/// login. Each is 32 random bytes (256 bits) from libsodium, base64url without padding; the
+/// verifier, the one secret of the three, in guarded memory.
 struct PKCE: Sendable {
-    let verifier: String
+    let verifier: SecretBytes
     let challenge: String
     let state: String
 
@@ -16,7 +17,7 @@ struct PKCE: Sendable {
 
     /// The values for a known verifier (RFC 7636 appendix B checks the challenge).
     init(verifier: String, state: String) {
-        self.verifier = verifier
+        self.verifier = SecretBytes(verifier)
         challenge = Base64URL.encode(Sodium.sha256(Array(verifier.utf8)))
         self.state = state
     }

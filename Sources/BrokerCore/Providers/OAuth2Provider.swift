@@ -199,7 +199,7 @@ struct OAuth2Provider: NarrowingTokenProvider {
         if let refreshToken = record.secrets.refreshToken {
             credential = (refreshToken.text, "refresh_token")
         } else if let accessToken = record.token?.value {
-            credential = (accessToken, "access_token")
+            credential = (accessToken.text, "access_token")
         } else {
             return .success(.unsupported)
         }

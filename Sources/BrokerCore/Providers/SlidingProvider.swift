@@ -116,7 +116,7 @@ struct SlidingProvider: TokenProvider {
         }
         let rotated = (data["refreshToken"] as? String).flatMap { $0.isEmpty ? nil : SecretBytes($0) }
         let token = AccessToken(
-            value: accessToken, type: data["tokenType"] as? String ?? "Bearer",
+            value: SecretBytes(accessToken), type: data["tokenType"] as? String ?? "Bearer",
             expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(defaultLifetime)), obtainedAt: now)
         return token.checked().map {
             Grant(token: $0, refreshToken: rotated, refreshExpiresAt: refreshExpiresAt.map { Bounds.date($0) })

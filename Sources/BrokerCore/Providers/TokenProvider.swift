@@ -58,9 +58,10 @@ extension AccessToken {
     ) -> Result<AccessToken, RefreshFailure> {
         LifetimeField.read(object, "expires_in").flatMap { lifetime in
             AccessToken(
-                value: value, type: object["token_type"] as? String ?? "Bearer",
+                value: SecretBytes(value), type: object["token_type"] as? String ?? "Bearer",
                 expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(lifetime ?? defaultLifetime)),
-                obtainedAt: now, idToken: object["id_token"] as? String, scope: object["scope"] as? String
+                obtainedAt: now, idToken: (object["id_token"] as? String).map(SecretBytes.init),
+                scope: object["scope"] as? String
             ).checked()
         }
     }
@@ -80,11 +81,13 @@ extension AccessToken {
     var unsafeField: String? { Self.unsafeField(value: value, type: type, idToken: idToken, scope: scope) }
 
     /// `unsafeField` of a token with these fields.
-    static func unsafeField(value: String, type: String, idToken: String?, scope: String?) -> String? {
-        let visible: (String) -> Bool = { !$0.isEmpty && $0.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F } }
-        if !visible(value) { return "access_token" }
-        if !visible(type) { return "token_type" }
-        if let idToken, !visible(idToken) { return "id_token" }
+    static func unsafeField(value: SecretBytes, type: String, idToken: SecretBytes?, scope: String?) -> String? {
+        func visible(_ bytes: some Collection<UInt8>) -> Bool {
+            !bytes.isEmpty && bytes.allSatisfy { $0 > 0x20 && $0 < 0x7F }
+        }
+        if !value.withUnsafeBytes(visible) { return "access_token" }
+        if !visible(type.utf8) { return "token_type" }
+        if let idToken, !idToken.withUnsafeBytes(visible) { return "id_token" }
         if let scope, !scope.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7F && $0 != 0x22 && $0 != 0x5C }) { return "scope" }
         return nil
     }

@@ -1,8 +1,10 @@
+@testable import BrokerCore
 import BrokerProtocol
 import Foundation
 import Testing
 
-/// The hand-built success line of `token` must be the same JSON a full encode would give.
+/// The hand-built success line of `token` must be the same JSON a full encode would give, and
+/// the client's fast reader must read it as the full decoder does.
 @Suite struct PreparedTokenTests {
     /// A decoded success line carrying a token.
     private struct Envelope: Decodable {
@@ -77,5 +79,41 @@ import Testing
         let bytes = PreparedToken(Self.minimal).line(id: .number(.infinity), now: Self.expiresAt)
         let object = try #require(try JSONSerialization.jsonObject(with: Data(bytes)) as? [String: Any])
         #expect(object["id"] is NSNull)
+    }
+
+    /// The full path of `BlockingBrokerClient`: the head, then the result.
+    static func fullRead(_ text: String) throws -> (id: RequestID?, token: String) {
+        let decoder = Wire.makeDecoder()
+        let head = try decoder.decode(ResponseHead.self, from: Data(text.utf8))
+        guard head.ok == true else { throw BrokerError(.internal, "not a success") }
+        return (head.id, try decoder.decode(ResultBody<TokenResult>.self, from: Data(text.utf8)).result.accessToken)
+    }
+
+    @Test(arguments: [
+        TokenResult(
+            account: "api", accessToken: "at-\"quoted\"\\slash\n\u{1}é🙂", tokenType: "Bearer", expiresAt: expiresAt,
+            expiresIn: 0, idToken: "eyJ.id", scope: "read write"),
+        TokenResult(account: "gh", accessToken: "gho_abc", tokenType: "bearer", expiresAt: expiresAt, expiresIn: 0),
+    ])
+    func theClientsFlatReaderReadsItAsTheDecoderDoes(result: TokenResult) throws {
+        for id in [Int64(1), 0, -7, Int64.max] {
+            let line = PreparedToken(result).line(id: .integer(id), now: Self.expiresAt.addingTimeInterval(-90))
+            let text = String(decoding: line.dropLast(), as: UTF8.self)
+            let flat = try #require(Array(text.utf8).withUnsafeBytes { FlatTokenAnswer.parse($0) })
+            let full = try Self.fullRead(text)
+            #expect(flat.id == id && flat.accessToken == result.accessToken)
+            #expect(full.id == .integer(id) && full.token == flat.accessToken)
+        }
+    }
+}
+
+extension PreparedToken {
+    /// The prepared answer of the token `result` describes.
+    init(_ result: TokenResult) {
+        self.init(
+            account: result.account,
+            token: AccessToken(
+                value: SecretBytes(result.accessToken), type: result.tokenType, expiresAt: result.expiresAt,
+                obtainedAt: result.expiresAt, idToken: result.idToken.map(SecretBytes.init), scope: result.scope))
     }
 }

@@ -1,0 +1,74 @@
+import BrokerProtocol
+import FoundationEssentials
+import NIOCore
+
+/// An account's access token with its answer built once, in guarded memory, so serving a
+/// cached token costs a dictionary lookup and a few byte copies straight into the outgoing
+/// buffer instead of a JSON encode, and no copy of the token outlives the answer.
+public struct PreparedToken: Sendable {
+    public let account: String
+    public let token: AccessToken
+    /// `"account":…,"access_token":…,…,"expires_at":"…"` without braces or `expires_in`.
+    private let fields: SecretBytes
+
+    public init(account: String, token: AccessToken) {
+        self.account = account
+        self.token = token
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(256 + account.utf8.count + 2 * (token.value.count + (token.idToken?.count ?? 0)))
+        bytes += #""account":"#.utf8
+        JSONText.appendQuoted(account.utf8, to: &bytes)
+        bytes += #","access_token":"#.utf8
+        token.value.withUnsafeBytes { JSONText.appendQuoted($0, to: &bytes) }
+        bytes += #","token_type":"#.utf8
+        JSONText.appendQuoted(token.type.utf8, to: &bytes)
+        bytes += #","expires_at":""#.utf8
+        bytes += Wire.rfc3339(token.expiresAt).utf8
+        bytes += #"""#.utf8
+        if let idToken = token.idToken {
+            bytes += #","id_token":"#.utf8
+            idToken.withUnsafeBytes { JSONText.appendQuoted($0, to: &bytes) }
+        }
+        if let scope = token.scope {
+            bytes += #","scope":"#.utf8
+            JSONText.appendQuoted(scope.utf8, to: &bytes)
+        }
+        fields = bytes.withUnsafeBytes { SecretBytes(bytes: $0) }
+        bytes.withUnsafeMutableBytes { SecretBytes.wipe($0) }
+    }
+
+    /// When the token expires.
+    public var expiresAt: Date { token.expiresAt }
+
+    /// The answer as the wire type, for the slow path and tests: a transient copy of the secrets.
+    public var result: TokenResult {
+        TokenResult(
+            account: account, accessToken: token.value.text, tokenType: token.type, expiresAt: token.expiresAt,
+            expiresIn: 0, idToken: token.idToken?.text, scope: token.scope)
+    }
+
+    /// Seconds of validity left at `now`, rounded down.
+    public func expiresIn(at now: Date) -> Int { Bounds.wholeSeconds(token.expiresAt.timeIntervalSince(now)) }
+
+    /// Bytes a success line takes at most, for sizing the buffer it is written into.
+    public var lineCapacity: Int { fields.count + 64 }
+
+    /// Writes the complete success line for request `id`, newline included, into `buffer`.
+    public func write(id: RequestID?, now: Date, into buffer: inout ByteBuffer) {
+        buffer.reserveCapacity(minimumWritableBytes: lineCapacity)
+        buffer.writeString(#"{"id":"#)
+        buffer.writeString(JSONText.encode(id ?? .null))
+        buffer.writeString(#","ok":true,"result":{"#)
+        fields.withUnsafeBytes { _ = buffer.writeBytes($0) }
+        buffer.writeString(#","expires_in":"#)
+        buffer.writeString(String(expiresIn(at: now)))
+        buffer.writeString("}}\n")
+    }
+
+    /// The complete success line for request `id`, newline included (the slow path's answer).
+    public func line(id: RequestID?, now: Date) -> [UInt8] {
+        var buffer = ByteBufferAllocator().buffer(capacity: lineCapacity)
+        write(id: id, now: now, into: &buffer)
+        return Array(buffer.readableBytesView)
+    }
+}
