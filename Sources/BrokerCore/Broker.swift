@@ -725,6 +725,9 @@ public actor Broker {
             case .persist:
                 try persist(changing: [name])
             case .publish(let token):
+                // A broker that is locking (a refresh that ends while `lock` waits for it) keeps
+                // no token: it serves none and writes none.
+                let token = padlock.isLocked ? nil : token
                 // The files first, so that no token is served before they hold it.
                 tokenFiles.update(name, token: token, logger: logger)
                 cache.publish(token.map { PreparedToken(account: name, token: $0) }, for: name)

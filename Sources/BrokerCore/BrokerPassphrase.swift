@@ -136,6 +136,7 @@ extension Broker {
             } catch {
                 logger.error(
                     "config not applied at unlock; the vault's accounts stand", metadata: ["reason": "\(error)"])
+                rewriteTokenFiles(of: tokenFiles.paths.keys)
             }
         } else {
             rewriteTokenFiles(of: tokenFiles.paths.keys)
