@@ -399,7 +399,7 @@ public enum FileSystem {
     }
 
     /// Writes every byte of `bytes` at `fd`'s position, retrying after a signal or a short write.
-    private static func writeAll(_ bytes: some ContiguousBytes, to fd: Int32, role: String, path: String) throws {
+    static func writeAll(_ bytes: some ContiguousBytes, to fd: Int32, role: String, path: String) throws {
         try bytes.withUnsafeBytes { buffer in
             var offset = 0
             while offset < buffer.count {

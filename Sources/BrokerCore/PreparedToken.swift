@@ -34,7 +34,7 @@ public struct PreparedToken: Sendable {
             JSONText.appendQuoted(scope.utf8, to: &bytes)
         }
         fields = bytes.withUnsafeBytes { SecretBytes(bytes: $0) }
-        bytes.withUnsafeMutableBytes { SecretBytes.wipe($0) }
+        Sodium.wipe(&bytes)
     }
 
     /// When the token expires.

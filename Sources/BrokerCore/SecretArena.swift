@@ -9,8 +9,9 @@ final class SecretArena: Sendable {
     /// The one arena of the process.
     static let shared = SecretArena()
 
-    /// Slot sizes in bytes; a 16 KiB slab holds 512 of the smallest or 8 of the largest.
-    static let slotSizes = [32, 64, 128, 256, 512, 1024, 2048]
+    /// Slot sizes in bytes; a 16 KiB slab holds 512 of the smallest or 2 of the largest (a
+    /// prepared answer holding a JWT access token and an id token often passes 2 KiB).
+    static let slotSizes = [32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
     static let slabSize = 16 * 1024
 
     /// Where a secret's bytes live, and what to give back when it goes.

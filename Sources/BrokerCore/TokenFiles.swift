@@ -37,9 +37,7 @@ struct TokenFiles {
     func update(_ account: String, token: AccessToken?, logger: Logger) {
         for path in paths[account] ?? [] {
             if let token {
-                var bytes = token.value.withUnsafeBytes { Array($0) }
-                Self.write(bytes, to: path, account: account, logger: logger)
-                bytes.withUnsafeMutableBytes { SecretBytes.wipe($0) }
+                Self.write(token.value, to: path, account: account, logger: logger)
             } else {
                 Self.remove(path, logger: logger)
             }
@@ -51,10 +49,11 @@ struct TokenFiles {
         for path in paths.values.joined() { Self.remove(path, logger: logger) }
     }
 
-    /// Writes `bytes` to `path` atomically: a fresh 0600 file beside it (`O_EXCL`, no link
-    /// followed), fsync'd, renamed over it, the directory fsync'd. Refuses a directory that is
-    /// not this user's or that group or others may write, and anything but a regular file at `path`.
-    private static func write(_ bytes: [UInt8], to path: String, account: String, logger: Logger) {
+    /// Writes `secret` (straight from guarded memory) to `path` atomically: a fresh 0600 file
+    /// beside it (`O_EXCL`, no link followed), fsync'd, renamed over it, the directory fsync'd.
+    /// Refuses a directory that is not this user's or that group or others may write, and
+    /// anything but a regular file at `path`.
+    private static func write(_ secret: SecretBytes, to path: String, account: String, logger: Logger) {
         do {
             let directory = try TokenFileDirectory(holding: path)
             defer { directory.close() }
@@ -67,9 +66,9 @@ struct TokenFiles {
                 close(fd)
                 if !written { unlinkat(directory.fd, staging, 0) }
             }
-            guard fchmod(fd, 0o600) == 0, writeAll(bytes, to: fd), fsync(fd) == 0 else {
-                throw directory.refusal("cannot write it: \(FileSystem.errnoText())")
-            }
+            guard fchmod(fd, 0o600) == 0 else { throw directory.refusal("cannot write it: \(FileSystem.errnoText())") }
+            try secret.withUnsafeBytes { try FileSystem.writeAll($0, to: fd, role: "token file", path: path) }
+            guard fsync(fd) == 0 else { throw directory.refusal("cannot write it: \(FileSystem.errnoText())") }
             guard renameat(directory.fd, staging, directory.fd, directory.name) == 0 else {
                 throw directory.refusal("cannot rename the new file over it: \(FileSystem.errnoText())")
             }
@@ -92,19 +91,6 @@ struct TokenFiles {
             _ = fsync(directory.fd)
         } catch {
             logger.error("token file not removed", metadata: ["reason": "\(error)"])
-        }
-    }
-
-    private static func writeAll(_ bytes: [UInt8], to fd: Int32) -> Bool {
-        bytes.withUnsafeBytes { buffer in
-            var offset = 0
-            while offset < buffer.count {
-                let count = Glibc.write(fd, buffer.baseAddress! + offset, buffer.count - offset)
-                if count < 0, errno == EINTR { continue }
-                guard count > 0 else { return false }
-                offset += count
-            }
-            return true
         }
     }
 }

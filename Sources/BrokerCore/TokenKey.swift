@@ -67,7 +67,7 @@ public struct TokenKey: Hashable, Sendable {
             && scheme.allSatisfy {
                 isLetter($0) || ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x2B || $0 == 0x2D || $0 == 0x2E
             }
-        let uriCharacters = bytes.allSatisfy { $0 > 0x20 && $0 < 0x7F && !Array(#""<>\^`{|}"#.utf8).contains($0) }
+        let uriCharacters = bytes.allSatisfy { $0 > 0x20 && $0 < 0x7F && !Self.notInURIs.contains($0) }
         guard schemeIsValid, schemeEnd + 1 < bytes.count, uriCharacters, URL(string: text)?.scheme != nil else {
             throw .invalid("\"resource\" must be an absolute URI (RFC 8707), such as https://api.example.com/")
         }
@@ -76,6 +76,9 @@ public struct TokenKey: Hashable, Sendable {
         }
         return text
     }
+
+    /// Printable ASCII bytes that RFC 3986 never allows in a URI.
+    private static let notInURIs = Set(#""<>\^`{|}"#.utf8)
 
     private static func isLetter(_ byte: UInt8) -> Bool {
         (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A)
