@@ -60,20 +60,31 @@ struct BridgeFailure: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-/// Standard input, read to its end with bounds: a helper's input comes from another program.
+/// A descriptor (standard input by default) read to its end with bounds: a helper's input
+/// comes from another program.
 enum BoundedInput {
-    /// Everything on stdin, at most `limit` bytes; `nil` when there is more.
-    static func read(limit: Int) -> [UInt8]? {
+    /// Why the input was not read whole.
+    enum Failure: Error {
+        case tooLarge
+        case unreadable
+    }
+
+    /// Everything readable at `fd`, at most `limit` bytes.
+    static func read(_ fd: Int32 = STDIN_FILENO, limit: Int) throws(Failure) -> [UInt8] {
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 16384)
         while true {
-            let count = Glibc.read(STDIN_FILENO, &chunk, chunk.count)
+            let count = Glibc.read(fd, &chunk, chunk.count)
             if count < 0, errno == EINTR { continue }
+            guard count >= 0 else { throw .unreadable }
             guard count > 0 else { return bytes }
             bytes.append(contentsOf: chunk[..<count])
-            if bytes.count > limit { return nil }
+            if bytes.count > limit { throw .tooLarge }
         }
     }
+
+    /// Everything on standard input; `nil` when it is larger than `limit` or cannot be read.
+    static func read(limit: Int) -> [UInt8]? { try? read(STDIN_FILENO, limit: limit) }
 }
 
 extension String {

@@ -115,15 +115,13 @@ enum SecretInput {
         let fd = source == "-" ? STDIN_FILENO : open(source, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw ValidationError("cannot read \(source)") }
         defer { if fd != STDIN_FILENO { close(fd) } }
-        var data = Data()
-        var chunk = [UInt8](repeating: 0, count: 65536)
-        while true {
-            let count = Glibc.read(fd, &chunk, chunk.count)
-            if count < 0, errno == EINTR { continue }
-            guard count >= 0 else { throw ValidationError("cannot read \(name)") }
-            if count == 0 { break }
-            data.append(contentsOf: chunk[..<count])
-            guard data.count <= maximumSize else { throw ValidationError("\(name) is larger than 1 MiB") }
+        let data: Data
+        do {
+            data = Data(try BoundedInput.read(fd, limit: maximumSize))
+        } catch .tooLarge {
+            throw ValidationError("\(name) is larger than 1 MiB")
+        } catch {
+            throw ValidationError("cannot read \(name)")
         }
         do {
             return try Wire.makeDecoder().decode(T.self, from: data)
@@ -133,23 +131,27 @@ enum SecretInput {
     }
 }
 
-/// Standard output and error, written to directly: a line appears at once, even in a pipe.
+/// Standard output and error (or another descriptor), written to directly: a line appears at
+/// once, even in a pipe.
 struct StandardStream {
     static let output = StandardStream(descriptor: STDOUT_FILENO)
     static let error = StandardStream(descriptor: STDERR_FILENO)
 
     let descriptor: Int32
 
-    func write(_ text: String) {
+    /// Writes all of `text`, retrying after a signal or a short write; `false` when it could not.
+    @discardableResult
+    func write(_ text: String) -> Bool {
         var text = text
-        text.withUTF8 { bytes in
+        return text.withUTF8 { bytes in
             var offset = 0
             while offset < bytes.count {
                 let written = Glibc.write(descriptor, bytes.baseAddress! + offset, bytes.count - offset)
                 if written < 0, errno == EINTR { continue }
-                guard written > 0 else { return }
+                guard written > 0 else { return false }
                 offset += written
             }
+            return true
         }
     }
 }

@@ -80,9 +80,7 @@ struct DockerCredential: ParsableCommand {
 
     /// `object` as one line of JSON, keys sorted, `/` unescaped (as docker's helpers write it).
     private static func json(_ object: [String: String]) throws -> String {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return String(decoding: try encoder.encode(object), as: UTF8.self)
+        String(decoding: try Wire.makeEncoder().encode(object), as: UTF8.self)
     }
 
     /// The server URL on stdin (docker writes it without a newline; one is allowed).

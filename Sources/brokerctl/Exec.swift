@@ -109,7 +109,9 @@ struct Exec: ParsableCommand {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
-        tokenbroker_spawn_close_from(&actions, 3)
+        guard tokenbroker_spawn_close_from(&actions, 3) == 0 else {
+            throw BridgeFailure("cannot arrange for the command's descriptors to be closed")
+        }
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }

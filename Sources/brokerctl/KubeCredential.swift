@@ -35,9 +35,7 @@ struct KubeCredential: ParsableCommand {
         let credential = ExecCredential(
             apiVersion: apiVersion,
             status: .init(token: token.accessToken, expirationTimestamp: Wire.rfc3339(token.expiresAt)))
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        StandardStream.output.write(String(decoding: try encoder.encode(credential), as: UTF8.self) + "\n")
+        StandardStream.output.write(String(decoding: try Wire.makeEncoder().encode(credential), as: UTF8.self) + "\n")
     }
 
     /// The `apiVersion` to answer with: the one `info` (KUBERNETES_EXEC_INFO) asks for, v1

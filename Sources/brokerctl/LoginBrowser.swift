@@ -20,7 +20,9 @@ struct BrowserLauncher {
             posix_spawn_file_actions_addopen(&actions, descriptor, "/dev/null", flags, 0)
         }
         // brokerctl's other descriptors (the broker socket among them) stay out of the browser.
-        tokenbroker_spawn_close_from(&actions, 3)
+        guard tokenbroker_spawn_close_from(&actions, 3) == 0 else {
+            return .failure(BrowserFailure(reason: "cannot arrange for its descriptors to be closed"))
+        }
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }

@@ -62,20 +62,10 @@ final class TokenFile {
         let fd = openat(directory, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw BridgeFailure("cannot create \(name): \(String(cString: strerror(errno)))") }
         defer { close(fd) }
-        var token = token
-        let written = token.withUTF8 { bytes -> Bool in
-            var offset = 0
-            while offset < bytes.count {
-                let count = Glibc.write(fd, bytes.baseAddress! + offset, bytes.count - offset)
-                if count < 0, errno == EINTR { continue }
-                guard count > 0 else { return false }
-                offset += count
-            }
-            return true
-        }
-        guard written else {
+        guard StandardStream(descriptor: fd).write(token) else {
+            let reason = String(cString: strerror(errno))
             unlinkat(directory, name, 0)
-            throw BridgeFailure("cannot write \(name): \(String(cString: strerror(errno)))")
+            throw BridgeFailure("cannot write \(name): \(reason)")
         }
     }
 
