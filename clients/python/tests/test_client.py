@@ -270,7 +270,8 @@ class LiveBrokerTests(unittest.TestCase):
             self.assertNotIn(token.access_token, output)
         for secret in idp.secrets():
             for output in outputs + [self.broker.log]:
-                self.assertNotIn(secret, output)
+                # Not assertNotIn, whose failure message would print the secret and the output.
+                self.assertFalse(secret in output, "a secret in an output")
 
 
 class StandInTests(unittest.TestCase):

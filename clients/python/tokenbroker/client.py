@@ -46,7 +46,7 @@ class Client:
 
     def __init__(self, socket: Optional[str] = None, timeout: float = 120.0):
         self.socket = socket or default_socket()
-        self.timeout = checked_seconds("timeout", timeout)
+        self.timeout = checked_seconds("timeout", timeout, positive=True)
         self._connection: Optional[Connection] = None
         self._lock = threading.Lock()
         self._next_id = 1
@@ -123,8 +123,9 @@ class Client:
             request["accounts"] = [_name(name) for name in accounts]
         connection = Connection(self.socket, self.timeout)
         try:
-            connection.send(request)
-            _result(connection.read_answer(time.monotonic() + self.timeout))
+            deadline = time.monotonic() + self.timeout
+            connection.send(request, deadline)
+            _result(connection.read_answer(deadline))
         except BaseException:
             connection.close()
             raise
@@ -139,9 +140,9 @@ class Client:
             connection = self._live_connection()
             request = {"id": request_id, "op": op}
             request.update({key: value for key, value in fields.items() if value is not None})
-            connection.send(request)
             deadline = time.monotonic() + self.timeout
             try:
+                connection.send(request, deadline)
                 while True:
                     answer = connection.read_answer(deadline)
                     if answer.get("id") == request_id and "ok" in answer:

@@ -74,8 +74,9 @@ class Connection:
         except OSError:
             return True
 
-    def send(self, request: dict) -> None:
-        """Sends ``request`` as one line; a non-finite number is refused before anything is sent."""
+    def send(self, request: dict, deadline: float) -> None:
+        """Sends ``request`` as one line by ``deadline`` (``time.monotonic()`` seconds); a
+        non-finite number is refused before anything is sent."""
         try:
             line = json.dumps(request, allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode()
         except ValueError as error:
@@ -83,8 +84,10 @@ class Connection:
         if len(line) > MAXIMUM_REQUEST_LENGTH:
             raise LineTooLong(f"the request is {len(line)} bytes; the broker takes at most {MAXIMUM_REQUEST_LENGTH}")
         try:
-            self._socket.settimeout(None)
+            self._socket.settimeout(max(deadline - time.monotonic(), 0.001))
             self._socket.sendall(line + b"\n")
+        except socket.timeout:
+            raise BrokerConnectionError("the broker did not take the request in time") from None
         except OSError as error:
             raise BrokerConnectionError(f"sending to the broker failed: {error.strerror or error}") from None
 
@@ -130,10 +133,17 @@ def _decode(line: bytes) -> dict:
     return answer
 
 
-def checked_seconds(name: str, value: object) -> float:
-    """``value`` as a finite, non-negative number of seconds; raises ValueError otherwise."""
+MAXIMUM_SECONDS = 10 * 365 * 24 * 3600
+"""The longest span the broker takes (Bounds.maximumLifetime)."""
+
+
+def checked_seconds(name: str, value: object, positive: bool = False) -> float:
+    """``value`` as a finite number of seconds from 0 (above 0 when ``positive``) to
+    MAXIMUM_SECONDS; raises ValueError otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number of seconds, zero or more")
+    low_ok = value > 0 if positive else value >= 0
+    if not math.isfinite(value) or not low_ok or value > MAXIMUM_SECONDS:
+        low = "above 0" if positive else "from 0"
+        raise ValueError(f"{name} must be a number of seconds {low} to {MAXIMUM_SECONDS}")
     return value
