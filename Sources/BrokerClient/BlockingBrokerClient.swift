@@ -27,7 +27,7 @@ public struct BlockingBrokerClient: Sendable {
         let fd = try BrokerSocket.connect(socketPath)
         defer { close(fd) }
         var reader = LineReader(descriptor: fd)
-        return try BrokerCall.result(of: exchange(fd, call, reader: &reader).line)
+        return try BrokerCall.result(of: exchange(fd, try call.line(id: Self.requestID), reader: &reader).line)
     }
 
     /// The access token of `account`, valid for at least `minTTL` seconds (for `scope` and
@@ -39,8 +39,18 @@ public struct BlockingBrokerClient: Sendable {
         let fd = try BrokerSocket.connect(socketPath)
         defer { close(fd) }
         var reader = LineReader(descriptor: fd)
-        let call = BrokerCall.token(account: account, minTTL: minTTL, scope: scope, resource: resource)
-        let answer = try exchange(fd, call, reader: &reader)
+        // The usual request is written without building a `Request`, whose copies and
+        // destruction instantiate the metadata of all its fields' types at run time.
+        let line =
+            if scope == nil, resource == nil,
+                let flat = FlatRequest.line(op: "token", account: account, minTTL: minTTL, id: Self.requestID)
+            {
+                Data(flat)
+            } else {
+                try BrokerCall.token(account: account, minTTL: minTTL, scope: scope, resource: resource)
+                    .line(id: Self.requestID)
+            }
+        let answer = try exchange(fd, line, reader: &reader)
         return try answer.accessToken ?? BrokerCall<TokenResult>.result(of: answer.line).accessToken
     }
 
@@ -51,8 +61,8 @@ public struct BlockingBrokerClient: Sendable {
         let fd = try BrokerSocket.connect(socketPath)
         defer { close(fd) }
         var reader = LineReader(descriptor: fd)
-        let call = BrokerCall.subscribe(accounts: accounts)
-        _ = try BrokerCall<SubscribeResult>.result(of: exchange(fd, call, reader: &reader).line)
+        let line = try BrokerCall.subscribe(accounts: accounts).line(id: Self.requestID)
+        _ = try BrokerCall<SubscribeResult>.result(of: exchange(fd, line, reader: &reader).line)
         let decoder = Wire.makeDecoder()
         while let line = try reader.next() {
             let head = try? decoder.decode(ResponseHead.self, from: line)
@@ -82,7 +92,7 @@ public struct BlockingBrokerClient: Sendable {
         let fd = try BrokerSocket.connect(socketPath)
         defer { close(fd) }
         var reader = LineReader(descriptor: fd)
-        let id = RequestID.integer(1)
+        let id = Self.requestID
         if !BrokerSocket.send(fd, try call.line(id: id)) { shutdown(fd, Int32(SHUT_WR)) }
         let decoder = Wire.makeDecoder()
         var nextIdle = ContinuousClock.now + idleInterval
@@ -103,21 +113,24 @@ public struct BlockingBrokerClient: Sendable {
         }
     }
 
-    /// Writes `call`'s line and reads lines until the answer to it (at most `timeout`): the
-    /// line, and its access token when it is a token answer in the usual shape (`FlatTokenAnswer`,
-    /// read without the decoder).
-    private func exchange<Result>(_ fd: Int32, _ call: BrokerCall<Result>, reader: inout LineReader) throws -> (
+    /// The id of every request: one request per connection.
+    private static var requestID: RequestID { .integer(1) }
+
+    /// Writes `line` (a request with `requestID`) and reads lines until the answer to it (at
+    /// most `timeout`): the line, and its access token when it is a token answer in the usual
+    /// shape (`FlatTokenAnswer`, read without the decoder).
+    private func exchange(_ fd: Int32, _ line: Data, reader: inout LineReader) throws -> (
         line: Data, accessToken: String?
     ) {
         let deadline = timeout.map { ContinuousClock.now + $0 }
-        let number: Int64 = 1
-        let id = RequestID.integer(number)
+        let id = Self.requestID
         // A failed send means the broker went away; what it said before closing (e.g.
         // forbidden) is still read below.
-        if !BrokerSocket.send(fd, try call.line(id: id)) { shutdown(fd, Int32(SHUT_WR)) }
-        let decoder = Wire.makeDecoder()
+        if !BrokerSocket.send(fd, line) { shutdown(fd, Int32(SHUT_WR)) }
+        // Made only for a line of another shape: the usual token answer needs no decoder.
+        lazy var decoder = Wire.makeDecoder()
         while let line = try reader.next(deadline: deadline) {
-            if let answer = line.withUnsafeBytes(FlatTokenAnswer.parse), answer.id == number {
+            if let answer = line.withUnsafeBytes(FlatTokenAnswer.parse), case .integer(answer.id) = id {
                 return (line, answer.accessToken)
             }
             guard let head = try? decoder.decode(ResponseHead.self, from: line) else { continue }

@@ -129,9 +129,16 @@ extension FlatRequest {
             request.passphrase == nil, request.to == nil, request.scope == nil, request.resource == nil,
             let op = request.op
         else { return nil }
+        return line(op: op, account: request.account, minTTL: request.minTTL, id: id)
+    }
+
+    /// The line `{"id":…,"op":…,"account":…,"min_ttl":…}` with the fields given, newline
+    /// included; `nil` when `minTTL` is not finite. `BlockingBrokerClient` writes its token
+    /// request with it without building a `Request`.
+    public static func line(op: String, account: String?, minTTL: Double?, id: RequestID) -> [UInt8]? {
         var text = "{\"id\":\(JSONText.encode(id)),\"op\":\(JSONText.quote(op))"
-        if let account = request.account { text += ",\"account\":\(JSONText.quote(account))" }
-        if let minTTL = request.minTTL {
+        if let account { text += ",\"account\":\(JSONText.quote(account))" }
+        if let minTTL {
             guard minTTL.isFinite else { return nil }
             text += ",\"min_ttl\":\(minTTL)"
         }

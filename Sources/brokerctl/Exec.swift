@@ -152,9 +152,7 @@ struct Exec: ParsableCommand {
     /// `$XDG_RUNTIME_DIR/tokenbroker`: the directory of the broker's default socket (not of
     /// `$TOKENBROKER_SOCKET`, which may be a path another user chose).
     private static func tokenDirectory() -> String {
-        var paths = DefaultPaths()
-        paths.environment["TOKENBROKER_SOCKET"] = nil
-        let socket = paths.socket
+        let socket = DefaultPaths().ignoringSocketVariable.socket
         return String(socket[..<(socket.lastIndex(of: "/") ?? socket.endIndex)])
     }
 

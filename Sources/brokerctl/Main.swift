@@ -11,14 +11,20 @@ import Glibc
 /// names git and docker look for on PATH), it is that helper.
 @main
 enum Main {
-    /// The helper each installed name runs.
-    static let helperNames = [
-        "git-credential-tokenbroker": "git-credential", "docker-credential-tokenbroker": "docker-credential",
-    ]
+    /// The helper an installed name runs, if it is one. A `switch`, not a dictionary: a
+    /// dictionary's first use looks up `String: Hashable` among every conformance of the binary,
+    /// a tenth of `brokerctl token`'s CPU.
+    static func helper(named name: String) -> String? {
+        switch name {
+        case "git-credential-tokenbroker": return "git-credential"
+        case "docker-credential-tokenbroker": return "docker-credential"
+        default: return nil
+        }
+    }
 
     static func main() {
         let arguments = CommandLine.arguments
-        if let helper = arguments.first.flatMap({ helperNames[$0.baseName] }) {
+        if let helper = arguments.first.flatMap({ helper(named: $0.baseName) }) {
             Brokerctl.main([helper] + arguments.dropFirst())
             return
         }

@@ -136,4 +136,22 @@ import Testing
         #expect(!broker.log.contains("rt-out"), "no refresh token in the log")
         await idp.shutdown()
     }
+
+    /// brokerctl is one static executable: no program interpreter (`PT_INTERP`) and no shared
+    /// library (`DT_NEEDED`), so no dynamic loader runs before `brokerctl token` does its work.
+    @Test func brokerctlStartsWithoutTheDynamicLoader() throws {
+        let elf = try Data(contentsOf: BrokerProcess.binary("brokerctl"))
+        func integer(at offset: Int, size: Int) -> Int {
+            (0..<size).reduce(0) { $0 | Int(elf[offset + $1]) << (8 * $1) }
+        }
+        try #require(elf.count > 64 && elf.prefix(4) == Data([0x7F, 0x45, 0x4C, 0x46]), "an ELF file")
+        let (tableOffset, entrySize, entries) = (
+            integer(at: 32, size: 8), integer(at: 54, size: 2), integer(at: 56, size: 2)
+        )
+        let types = (0..<entries).map { integer(at: tableOffset + $0 * entrySize, size: 4) }
+        let (loadable, interpreter, dynamic) = (1, 3, 2)
+        #expect(types.contains(loadable))
+        #expect(!types.contains(interpreter), "brokerctl names a dynamic loader")
+        #expect(!types.contains(dynamic), "brokerctl has a dynamic section, so shared libraries")
+    }
 }
