@@ -1,0 +1,141 @@
+"""Prints the functions brokerd runs in a day's typical work, one symbol per line (see
+scripts/function-order). Usage: function-order.py WORKDIR, with WORKDIR/brokerd the binary."""
+
+import http.server
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+work = sys.argv[1]
+brokerd = os.path.join(work, "brokerd")
+environment = dict(os.environ)
+for name, directory in [("XDG_RUNTIME_DIR", "run"), ("XDG_CONFIG_HOME", "config"), ("XDG_STATE_HOME", "state")]:
+    os.makedirs(os.path.join(work, directory), mode=0o700)
+    environment[name] = os.path.join(work, directory)
+environment["HOME"] = work
+socket_path = os.path.join(work, "run", "tokenbroker", "broker.sock")
+
+
+class IdP(http.server.BaseHTTPRequestHandler):
+    """A token endpoint that rotates refresh tokens and issues short access tokens."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        body = json.dumps({
+            "access_token": secrets.token_hex(400), "token_type": "Bearer", "expires_in": 3600,
+            "refresh_token": secrets.token_hex(20),
+        }).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *arguments):
+        pass
+
+
+idp = http.server.ThreadingHTTPServer(("127.0.0.1", 0), IdP)
+threading.Thread(target=idp.serve_forever, daemon=True).start()
+endpoint = "http://127.0.0.1:%d/token" % idp.server_address[1]
+
+
+def start(command):
+    process = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not os.path.exists(socket_path):
+        if time.time() > deadline or process.poll() is not None:
+            process.kill()
+            process.wait()
+            sys.exit("brokerd did not start")
+        time.sleep(0.1)
+    return process
+
+
+def stop(process):
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=120)
+
+
+class Connection:
+    def __init__(self):
+        self.socket = socket.socket(socket.AF_UNIX)
+        self.socket.connect(socket_path)
+        self.file = self.socket.makefile("rwb")
+        self.next = 0
+
+    def send(self, **request):
+        self.next += 1
+        self.file.write((json.dumps(dict(id=self.next, **request)) + "\n").encode())
+        self.file.flush()
+
+    def ask(self, **request):
+        self.send(**request)
+        while True:
+            answer = json.loads(self.file.readline())
+            if answer.get("id") == self.next and "event" not in answer:
+                return answer
+
+
+def tokens(expires_in):
+    return {"access_token": secrets.token_hex(400), "expires_in": expires_in}
+
+
+# The vault brokerd starts from: a static account and an oauth2 account with a token.
+process = start([brokerd])
+setup = Connection()
+setup.ask(op="add", account="static", provider={"kind": "static"}, tokens=tokens(86400))
+oauth2 = {"kind": "oauth2", "token_endpoint": endpoint, "client_id": "order"}
+setup.ask(op="add", account="api", provider=oauth2, tokens={"refresh_token": secrets.token_hex(20)})
+setup.ask(op="token", account="api")
+stop(process)
+
+output = os.path.join(work, "callgrind.out")
+process = start(["valgrind", "--tool=callgrind", "--demangle=no", "--callgrind-out-file=" + output, brokerd])
+try:
+    client = Connection()
+    watcher = Connection()
+    watcher.ask(op="subscribe")
+    for _ in range(200):
+        client.ask(op="token", account="static")
+        client.ask(op="token", account="api", min_ttl=60)
+    client.ask(op="status")
+    client.ask(op="status", account="api")
+    token = client.ask(op="token", account="api")["result"]["access_token"]
+    client.ask(op="reject", account="api", access_token=token)
+    client.ask(op="token", account="api")
+    client.ask(op="set_tokens", account="static", tokens=tokens(3600))
+    client.ask(op="add", account="later", provider={"kind": "static"}, tokens=tokens(600))
+    client.ask(op="remove", account="later")
+    client.ask(op="token", account="nobody")
+    client.ask(op="hello", versions=[1])
+    client.ask(op="refresh", account="api")
+    client.ask(op="reload")
+finally:
+    stop(process)
+idp.shutdown()
+
+# callgrind names each function once, as `fn=(N) name`, and refers to it by `(N)` after that;
+# `ob=` says which binary the functions that follow belong to.
+objects, functions, used = {}, {}, set()
+current = None
+for line in open(output, errors="replace"):
+    match = re.match(r"^(c?ob|c?fn)=\((\d+)\)(?: (.*))?$", line.rstrip("\n"))
+    if not match:
+        continue
+    kind, number, name = match.groups()
+    table = objects if kind.endswith("ob") else functions
+    if name:
+        table[number] = name
+    if kind == "ob":
+        current = objects.get(number, "")
+    elif kind == "fn" and current.endswith("/brokerd"):
+        used.add(functions[number])
+print("\n".join(sorted(used)))
