@@ -37,6 +37,11 @@ struct Figures {
         try await idleMemoryAndStart()
     }
 
+    /// Only the fresh-token figures (`broker-bench fresh`).
+    func runFresh() async throws {
+        try await freshTokens()
+    }
+
     /// Only the cached-token figures with and without an access policy (`broker-bench policy`).
     func runPolicy() async throws {
         try await cachedTokens(brokers: [.shipped, .policy], againstEcho: false)
