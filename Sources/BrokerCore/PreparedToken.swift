@@ -56,13 +56,13 @@ public struct PreparedToken: Sendable {
     /// Writes the complete success line for request `id`, newline included, into `buffer`.
     public func write(id: RequestID?, now: Date, into buffer: inout ByteBuffer) {
         buffer.reserveCapacity(minimumWritableBytes: lineCapacity)
-        buffer.writeString(#"{"id":"#)
+        buffer.writeStaticString(#"{"id":"#)
         buffer.writeString(JSONText.encode(id ?? .null))
-        buffer.writeString(#","ok":true,"result":{"#)
+        buffer.writeStaticString(#","ok":true,"result":{"#)
         fields.withUnsafeBytes { _ = buffer.writeBytes($0) }
-        buffer.writeString(#","expires_in":"#)
+        buffer.writeStaticString(#","expires_in":"#)
         buffer.writeString(String(expiresIn(at: now)))
-        buffer.writeString("}}\n")
+        buffer.writeStaticString("}}\n")
     }
 
     /// The complete success line for request `id`, newline included (the slow path's answer).

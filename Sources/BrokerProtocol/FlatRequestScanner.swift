@@ -49,7 +49,7 @@ public struct FlatRequest: Equatable, Sendable {
                 guard let key = lexer.string(), lexer.skip(JSONLexer.Byte.colon), let value = Value(&lexer) else {
                     return nil
                 }
-                if let field = Request.CodingKeys(stringValue: key) {
+                if let field = Self.field(named: key) {
                     guard let bit = Self.bit(of: field), seen & bit == 0, request.set(field, to: value) else {
                         return nil
                     }
@@ -62,6 +62,18 @@ public struct FlatRequest: Equatable, Sendable {
             guard lexer.skip(JSONLexer.Byte.closeBrace) else { return nil }
         }
         return lexer.atEnd() ? request : nil
+    }
+
+    /// The field of `Request` named `key`; the keys of a `token` request are compared first,
+    /// as short strings, before the generic lookup.
+    private static func field(named key: String) -> Request.CodingKeys? {
+        switch key {
+        case "id": return .id
+        case "op": return .op
+        case "account": return .account
+        case "min_ttl": return .minTTL
+        default: return Request.CodingKeys(stringValue: key)
+        }
     }
 
     /// A member's value as the scanner reads it.

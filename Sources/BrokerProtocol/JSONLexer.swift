@@ -34,16 +34,19 @@ struct JSONLexer {
         var runStart = index
         /// Set at the first escape: the text so far, decoded.
         var decoded: [UInt8]?
+        /// Every byte of the text OR-ed together: below 0x80 when it is all ASCII.
+        var highBits: UInt8 = 0
         while index < bytes.count {
             let byte = bytes[index]
             if byte == Byte.quote {
-                let run = bytes[runStart..<index]
+                let run = UnsafeRawBufferPointer(rebasing: bytes[runStart..<index])
                 index += 1
-                guard var text = decoded else { return String(validating: run, as: UTF8.self) }
+                guard var text = decoded else { return Self.text(run, isASCII: highBits < 0x80) }
                 text += run
                 return String(validating: text, as: UTF8.self)
             }
             if byte < 0x20 { return nil }
+            highBits |= byte
             guard byte == Byte.backslash else {
                 index += 1
                 continue
@@ -57,6 +60,13 @@ struct JSONLexer {
             runStart = index
         }
         return nil
+    }
+
+    /// `run` as text when it is valid UTF-8. ASCII, valid as it is, skips the generic validator:
+    /// reading the strings of a request line was the largest cost of a cached token.
+    private static func text(_ run: UnsafeRawBufferPointer, isASCII: Bool) -> String? {
+        guard isASCII else { return String(validating: run, as: UTF8.self) }
+        return String(decoding: run.assumingMemoryBound(to: UInt8.self), as: UTF8.self)
     }
 
     /// A number literal: its text, and whether it is a plain integer (no fraction, no exponent).

@@ -64,8 +64,10 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     private var state = State.open
     private var framer = LineFramer()
-    /// Requests handed to the task and not answered yet.
+    /// Requests handed to the task or waiting for a refresh (`tickets`), not answered yet.
     private var requests = 0
+    /// The requests of this connection that wait for a refresh.
+    private var tickets: Set<RefreshWaiters.Ticket> = []
     private var subscriptions = 0
     /// Bytes this connection holds on the quota's shared budget.
     private var budgetDrawn = 0
@@ -101,6 +103,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
         state = .closed
         timer?.task.cancel()
         timer = nil
+        for ticket in tickets { dispatcher.waiters.cancel(ticket) }
+        tickets = []
         quota.releaseConnection(
             uid: peer.uid, requests: requests, subscriptions: subscriptions, budgetBytes: budgetDrawn)
         requests = 0
@@ -117,9 +121,12 @@ final class ConnectionHandler: ChannelDuplexHandler {
         takeLines(context: context)
     }
 
+    /// Flushes the answers written inline; the read's end goes on to the connection's task
+    /// only when work was passed to it (not after a read of cached tokens only).
     func channelReadComplete(context: ChannelHandlerContext) {
-        workPending = false
         flushIfPending(context: context)
+        guard workPending else { return }
+        workPending = false
         context.fireChannelReadComplete()
     }
 
@@ -149,6 +156,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     /// Takes and handles lines while that is allowed, then settles what the waiting bytes hold.
     private func takeLines(context: ChannelHandlerContext) {
+        // The time the lines taken now are judged by, read once for them all.
+        var now: Date?
         while mayTakeLine(context: context) {
             let line: ByteBuffer?
             do {
@@ -162,7 +171,9 @@ final class ConnectionHandler: ChannelDuplexHandler {
                 break
             }
             partialLineSince = nil
-            handle(line, context: context)
+            let time = now ?? dispatcher.broker.clock.now()
+            now = time
+            handle(line, now: time, context: context)
         }
         guard case .open = state else { return }
         settleHeldBytes(context: context)
@@ -184,21 +195,20 @@ final class ConnectionHandler: ChannelDuplexHandler {
         }
     }
 
-    private func handle(_ line: ByteBuffer, context: ChannelHandlerContext) {
+    private func handle(_ line: ByteBuffer, now: Date, context: ChannelHandlerContext) {
         // Decoded, the line is wiped where it lies: the read buffer may outlive it, and a line
         // may carry tokens, a client secret or a passphrase.
         let decision = line.withUnsafeReadableBytes { bytes in
             defer { SecretBytes.wipe(UnsafeMutableRawBufferPointer(mutating: bytes)) }
-            return dispatcher.decide(line: bytes, access: &access, decoder: decoder, now: dispatcher.broker.clock.now())
+            return dispatcher.decide(line: bytes, access: &access, decoder: decoder, now: now)
         }
         switch decision {
         case .immediate(let bytes):
             write(bytes, context: context)
         case .cached(let token, let id, let now):
-            var buffer = context.channel.allocator.buffer(capacity: token.lineCapacity)
-            token.write(id: id, now: now, into: &buffer)
-            context.write(wrapOutboundOut(buffer), promise: nil)
-            flushPending = true
+            write(token, id: id, now: now, context: context)
+        case .awaitToken(let key, let id):
+            awaitToken(key, id: id, context: context)
         case .deferred(let request):
             run(request, as: .run(request), context: context)
         case .login(let request):
@@ -226,14 +236,47 @@ final class ConnectionHandler: ChannelDuplexHandler {
     /// Hands `request` to the task as `work`, counted as a running request, unless the peer's
     /// uid runs too many.
     private func run(_ request: Request, as work: ConnectionWork, context: ChannelHandlerContext) {
+        guard reserveRequest(id: request.id, context: context) else { return }
+        pass(work, context: context)
+    }
+
+    /// Counts one more running request, unless the peer's uid runs too many: then request `id`
+    /// is answered `busy`.
+    private func reserveRequest(id: RequestID?, context: ChannelHandlerContext) -> Bool {
         guard quota.reserve(.request, uid: peer.uid) else {
             limitLog.hit("requests per uid", peer: peer)
             let message = "uid \(peer.uid) has \(limits.requestsPerUID) requests running"
-            write(busy(id: request.id, message), context: context)
-            return
+            write(busy(id: id, message), context: context)
+            return false
         }
         requests += 1
-        pass(work, context: context)
+        return true
+    }
+
+    /// Holds a `token` request until the token for `key` is fetched (`RefreshWaiters`), counted
+    /// as a running request like one handed to the task.
+    private func awaitToken(_ key: RefreshWaiters.Key, id: RequestID?, context: ChannelHandlerContext) {
+        guard reserveRequest(id: id, context: context) else { return }
+        let ticket = dispatcher.waiters.wait(
+            for: key, on: context.eventLoop,
+            answer: { ticket, outcome in self.answerWaiting(ticket, outcome, id: id, context: context) },
+            fetch: { [dispatcher] in await dispatcher.fetchToken(key) })
+        tickets.insert(ticket)
+    }
+
+    /// Answers a request that waited for a refresh, as the task's answers are answered.
+    private func answerWaiting(
+        _ ticket: RefreshWaiters.Ticket, _ outcome: RefreshWaiters.Outcome, id: RequestID?,
+        context: ChannelHandlerContext
+    ) {
+        // Not held any more: the connection closed (and gave back its requests).
+        guard tickets.remove(ticket) != nil else { return }
+        switch outcome {
+        case .success(let token): write(token, id: id, now: dispatcher.broker.clock.now(), context: context)
+        case .failure(let error): write(dispatcher.errorLine(id: id, error), context: context)
+        }
+        flushIfPending(context: context)
+        requestAnswered(context: context)
     }
 
     private func pass(_ work: ConnectionWork, context: ChannelHandlerContext) {
@@ -264,28 +307,43 @@ final class ConnectionHandler: ChannelDuplexHandler {
         switch unwrapOutboundIn(data) {
         case .answer(let line):
             context.write(wrapOutboundOut(line), promise: promise)
-            // Once closed, `handlerRemoved` gives back every request still counted.
-            if case .closed = state { return }
-            requests -= 1
-            quota.releaseRequest(uid: peer.uid)
-            lastActivity = context.eventLoop.now
-            switch state {
-            case .draining where requests == 0:
-                closeAfterFlush(context: context)
-            case .open where readHeld || !framer.isEmpty:
-                // Not from inside this write: taking lines may write and pass work on itself.
-                context.eventLoop.assumeIsolated().execute { self.resume(context: context) }
-            case .open:
-                rearmTimer(context: context)
-            case .draining, .closing, .closed:
-                break
-            }
+            requestAnswered(context: context)
         case .event(let line):
             context.write(wrapOutboundOut(line), promise: promise)
         case .farewell(let line):
             context.write(wrapOutboundOut(line), promise: promise)
             closeAfterFlush(context: context)
         }
+    }
+
+    /// Counts a request as answered, then does what that allows: closes a draining connection
+    /// that has answered everything, or takes the lines held back.
+    private func requestAnswered(context: ChannelHandlerContext) {
+        // Once closed, `handlerRemoved` gives back every request still counted.
+        if case .closed = state { return }
+        requests -= 1
+        quota.releaseRequest(uid: peer.uid)
+        lastActivity = context.eventLoop.now
+        switch state {
+        case .draining where requests == 0:
+            closeAfterFlush(context: context)
+        case .open where readHeld || !framer.isEmpty:
+            // Not from inside a write: taking lines may write and pass work on itself.
+            context.eventLoop.assumeIsolated().execute { self.resume(context: context) }
+        case .open:
+            rearmTimer(context: context)
+        case .draining, .closing, .closed:
+            break
+        }
+    }
+
+    /// Writes the answer to request `id` with `token`, from guarded memory straight into the
+    /// outgoing buffer.
+    private func write(_ token: PreparedToken, id: RequestID?, now: Date, context: ChannelHandlerContext) {
+        var buffer = context.channel.allocator.buffer(capacity: token.lineCapacity)
+        token.write(id: id, now: now, into: &buffer)
+        context.write(wrapOutboundOut(buffer), promise: nil)
+        flushPending = true
     }
 
     private func write(_ bytes: [UInt8], context: ChannelHandlerContext) {

@@ -11,6 +11,8 @@ public struct RequestDispatcher: Sendable {
     let policy: AccessPolicy
     /// Gets a debug line for each request that runs on the broker and fails.
     let logger: Logger
+    /// `token` requests that missed the cache, waiting on their event loops for a refresh.
+    let waiters = RefreshWaiters()
 
     public init(broker: Broker, policy: AccessPolicy, logger: Logger = Logger(label: "brokerd")) {
         self.broker = broker
@@ -19,10 +21,13 @@ public struct RequestDispatcher: Sendable {
     }
 
     /// What to do with one line: answer it now (`immediate`) or run it on the broker (`deferred`).
-    public enum Decision {
+    enum Decision {
         case immediate([UInt8])
         /// A cached token, written from guarded memory straight into the outgoing buffer.
         case cached(PreparedToken, id: RequestID?, now: Date)
+        /// A plain `token` request that missed the cache: wait on the event loop with the other
+        /// requests for the same token (`waiters`) until `fetchToken` has it.
+        case awaitToken(RefreshWaiters.Key, id: RequestID?)
         case deferred(Request)
         /// Acknowledge with the first line, then stream the events as lines on the same connection.
         case subscribe(ack: [UInt8], id: RequestID, events: EventHub.Events)
@@ -41,10 +46,13 @@ public struct RequestDispatcher: Sendable {
         if let flat, flat.op == Operation.token.rawValue {
             if let account = try? AccountField.required(flat.account) {
                 guard access.mayUse(account) else { return .immediate(forbidden(id: flat.id, account: account)) }
-                if let seconds = try? minTTL(flat.minTTL),
-                    let token = broker.cache.token(for: account, minTTL: seconds, now: now)
-                {
-                    return .cached(token, id: flat.id, now: now)
+                if let seconds = try? minTTL(flat.minTTL) {
+                    if let token = broker.cache.token(for: account, minTTL: seconds, now: now) {
+                        return .cached(token, id: flat.id, now: now)
+                    }
+                    if !broker.padlock.isLocked {
+                        return .awaitToken(RefreshWaiters.Key(account: account, minTTL: seconds), id: flat.id)
+                    }
                 }
             }
             if broker.padlock.isLocked { return .immediate(errorLine(id: flat.id, BrokerError(BrokerFailure.locked))) }
@@ -221,16 +229,32 @@ public struct RequestDispatcher: Sendable {
         }
     }
 
+    /// The token the requests waiting for `key` get: the same call and the same answer as
+    /// `run` gives a `token` request (its failure noted once for all of them).
+    func fetchToken(_ key: RefreshWaiters.Key) async -> RefreshWaiters.Outcome {
+        do {
+            return .success(try await broker.token(account: key.account, minTTL: key.minTTL))
+        } catch {
+            note(error, op: Operation.token.rawValue, account: key.account)
+            return .failure(error)
+        }
+    }
+
     /// The error line of `request`, noted in the debug log with what its client is told.
     private func failed(_ request: Request, _ error: BrokerError) -> [UInt8] {
+        note(error, op: request.op, account: request.account)
+        return errorLine(id: request.id, error)
+    }
+
+    /// Notes in the debug log that a request failed and what its client is told.
+    private func note(_ error: BrokerError, op: String?, account: String?) {
         logger.debug(
             "request failed",
             metadata: [
-                "op": "\(JSONText.quote(String((request.op ?? "").prefix(32))))",
-                "account": "\(JSONText.quote(String((request.account ?? "").prefix(64))))",
+                "op": "\(JSONText.quote(String((op ?? "").prefix(32))))",
+                "account": "\(JSONText.quote(String((account ?? "").prefix(64))))",
                 "code": "\(error.code.rawValue)", "message": "\(JSONText.quote(error.message))",
             ])
-        return errorLine(id: request.id, error)
     }
 
     /// Runs a `login`: writes each progress line with `write` as it comes, and returns the

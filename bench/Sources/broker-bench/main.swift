@@ -17,6 +17,7 @@ import Glibc
 let usage = """
     usage: broker-bench figures PATH-TO-BROKERD PATH-TO-LOAD-CLIENT PATH-TO-ECHO-SERVER [SECONDS-PER-LOAD-RUN]
            broker-bench policy PATH-TO-BROKERD PATH-TO-LOAD-CLIENT [SECONDS-PER-LOAD-RUN]
+           broker-bench fresh PATH-TO-BROKERD
            broker-bench save
            broker-bench table < FIGURES
            broker-bench flood PATH-TO-BROKERD [SECONDS-PER-RUN]
@@ -24,7 +25,9 @@ let usage = """
     """
 let arguments = CommandLine.arguments
 if arguments.count >= 3, arguments[1] == "echo-server" {
-    try EchoServer.run(path: arguments[2])
+    // An optional event-loop count, 1 to 64 (default: one per core).
+    let loops = arguments.count >= 4 ? Int(arguments[3]).flatMap { (1...64).contains($0) ? $0 : nil } : nil
+    try EchoServer.run(path: arguments[2], eventLoops: loops)
 }
 var fileLimit = rlimit()
 getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &fileLimit)
@@ -50,6 +53,9 @@ do {
     case "policy" where arguments.count >= 4:
         let tools = Figures.Tools(brokerd: arguments[2], loadClient: arguments[3], echoServer: "")
         try await Figures(tools: tools, secondsPerLoad: try seconds(at: 4, default: 2)).runPolicy()
+    case "fresh" where arguments.count >= 3:
+        let tools = Figures.Tools(brokerd: arguments[2], loadClient: "", echoServer: "")
+        try await Figures(tools: tools, secondsPerLoad: 2).runFresh()
     case "save":
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
@@ -180,28 +186,26 @@ extension BrokerProcess {
     }
 
     /// Sends `request` on every one of `clients` and returns when the first and the last
-    /// successful answer arrived. Answered connections leave the poll set at once, so that
-    /// waiting for the last of 1,000 costs the bench little.
+    /// successful answer arrived. The first is seen by one poll(2) over every client, set up
+    /// before any answer comes; then each client's answer is read in turn (a read waits 10 s at
+    /// most) into one buffer, and the last is when all have been read: an upper bound that
+    /// costs the bench one read per answer. Polling the clients still waiting after every
+    /// wake-up, and a 64 KiB buffer zeroed per answer, cost the bench milliseconds with 1,000.
     private func freshTokenLatency(request: String, start: Double, on clients: [RawConnection]) throws
         -> FreshTokenTimes
     {
         for client in clients { client.send(request + "\n") }
-        var times = FreshTokenTimes(start: start, first: .infinity, last: 0)
-        var waiting = Dictionary(uniqueKeysWithValues: clients.map { ($0.descriptor, $0) })
-        while !waiting.isEmpty {
-            var polls = waiting.keys.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
-            guard poll(&polls, nfds_t(polls.count), 10_000) > 0 else { throw BenchError("token answers timed out") }
-            for entry in polls where entry.revents != 0 {
-                guard let line = waiting.removeValue(forKey: entry.fd)?.readLine() else {
-                    throw BenchError("connection closed")
-                }
-                let now = WallClock.now()
-                let answer = String(decoding: line, as: UTF8.self)
-                guard answer.contains(#""ok":true"#) else { throw BenchError("no fresh token: \(answer)") }
-                times.first = min(times.first, now)
-                times.last = max(times.last, now)
-            }
+        var polls = clients.map { pollfd(fd: $0.descriptor, events: Int16(POLLIN), revents: 0) }
+        var ready: Int32
+        repeat { ready = poll(&polls, nfds_t(polls.count), 10_000) } while ready < 0 && errno == EINTR
+        guard ready > 0 else { throw BenchError("token answers timed out") }
+        var times = FreshTokenTimes(start: start, first: WallClock.now(), last: 0)
+        var line = LineReader()
+        for client in clients {
+            guard line.read(from: client.descriptor) else { throw BenchError("no answer") }
+            guard line.contains(#""ok":true"#) else { throw BenchError("no fresh token: \(line.text)") }
         }
+        times.last = WallClock.now()
         return times
     }
 
@@ -218,6 +222,36 @@ extension BrokerProcess {
 
     /// The running broker's resident memory in MiB (0 when it cannot be read).
     var residentMiB: Double { Double((try? residentKiB()) ?? 0) / 1024 }
+}
+
+/// Reads one answer line at a time into one buffer kept for every connection, so that the
+/// bench's reading costs no allocation per answer.
+struct LineReader {
+    private var buffer = [UInt8](repeating: 0, count: 65536)
+    private var length = 0
+
+    /// Reads from `descriptor` until a newline has come (the broker answers a token request with
+    /// one line and nothing after it); `false` when the connection ends first.
+    mutating func read(from descriptor: Int32) -> Bool {
+        length = 0
+        while length < buffer.count {
+            let count = buffer.withUnsafeMutableBytes {
+                recv(descriptor, $0.baseAddress! + length, $0.count - length, 0)
+            }
+            guard count > 0 else { return false }
+            length += count
+            if buffer[length - count..<length].contains(0x0A) { return true }
+        }
+        return false
+    }
+
+    /// Whether the line read contains `text`.
+    func contains(_ text: String) -> Bool {
+        buffer[..<length].firstRange(of: Array(text.utf8)) != nil
+    }
+
+    /// The line read, for an error message.
+    var text: String { String(decoding: buffer[..<length], as: UTF8.self) }
 }
 
 /// When a fresh token reached waiting clients: wall-clock seconds since 1970, the clock the
@@ -250,11 +284,13 @@ struct BenchError: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-/// The floor: a SwiftNIO server on a Unix socket that writes back whatever it reads.
+/// SwiftNIO's floor: a server on a Unix socket that writes back whatever it reads, on
+/// `eventLoops` event loops (one per core when `nil`).
 enum EchoServer {
-    static func run(path: String) throws -> Never {
+    static func run(path: String, eventLoops: Int?) throws -> Never {
         unlink(path)
-        let channel = try ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        let group = eventLoops.map { MultiThreadedEventLoopGroup(numberOfThreads: $0) } ?? .singleton
+        let channel = try ServerBootstrap(group: group)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(Echo()) }
             }
