@@ -69,10 +69,16 @@ enum Sodium {
 
     /// Runs `body` while the guarded allocation `memory` is writable, then makes it read-only.
     static func whileWritable<T>(_ memory: UnsafeMutableRawPointer, _ body: () -> T) -> T {
-        sodium_mprotect_readwrite(memory)
-        defer { sodium_mprotect_readonly(memory) }
+        makeWritable(memory)
+        defer { makeReadOnly(memory) }
         return body()
     }
+
+    /// Makes memory from `guardedAllocation` writable, until `makeReadOnly`.
+    static func makeWritable(_ memory: UnsafeMutableRawPointer) { sodium_mprotect_readwrite(memory) }
+
+    /// Makes memory from `guardedAllocation` read-only again.
+    static func makeReadOnly(_ memory: UnsafeMutableRawPointer) { sodium_mprotect_readonly(memory) }
 
     /// Wipes and releases memory from `guardedAllocation`.
     static func guardedFree(_ memory: UnsafeMutableRawPointer) { sodium_free(memory) }

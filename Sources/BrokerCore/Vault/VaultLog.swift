@@ -90,10 +90,11 @@ enum VaultLog {
 
     /// Reads the log `bytes` found at `path` (named in errors) beside `snapshot`. A record cut
     /// short at the end is left out; anything else that does not authenticate, is out of
-    /// order, or continues another snapshot is refused.
-    static func read(_ bytes: [UInt8], continuing snapshot: VaultSnapshot, path: String, key: SecretKey) throws
-        -> Reading
-    {
+    /// order, or continues another snapshot is refused. `reader` reads the records' plaintext.
+    static func read(
+        _ bytes: [UInt8], continuing snapshot: VaultSnapshot, path: String, key: SecretKey,
+        reader: VaultJSONReader = VaultJSONReader()
+    ) throws -> Reading {
         guard bytes.count >= headerLength else { return .unfinished }
         let refuse = { (reason: String) in VaultError("the vault log \(path) \(reason); the vault was left untouched") }
         guard bytes.starts(with: magic) else { throw refuse("is not a tokenbroker vault log (bad header)") }
@@ -142,7 +143,10 @@ enum VaultLog {
                 throw refuse("cannot be decrypted at record \(sequence): the key is wrong or the file was modified")
             }
             defer { Sodium.wipe(&plaintext) }
-            guard let change = try? decoder.decode(VaultChange.self, from: plaintext) else {
+            guard
+                let change = plaintext.withUnsafeBytes({ reader.change($0) })
+                    ?? (try? decoder.decode(VaultChange.self, from: plaintext))
+            else {
                 throw refuse("decrypted but record \(sequence) is not understood")
             }
             changes.append(change)
