@@ -12,7 +12,11 @@ public enum JSONText {
         return String(decoding: out, as: UTF8.self)
     }
 
-    /// Appends `bytes` (UTF-8) to `out` as a JSON string literal, quotes included.
+    /// Appends `bytes` (UTF-8) to `out` as a JSON string literal, quotes included. Inlinable,
+    /// so a caller in another module gets it specialized for its collection (unspecialized,
+    /// every byte cost a call through the iterator's witness table: a sixth of a start with
+    /// 1,000 accounts).
+    @inlinable
     public static func appendQuoted(_ bytes: some Collection<UInt8>, to out: inout [UInt8]) {
         out.reserveCapacity(out.count + bytes.count + 2)
         out.append(UInt8(ascii: "\""))
@@ -36,7 +40,7 @@ public enum JSONText {
         byte < 0x20 || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\")
     }
 
-    private static let hexDigits = Array("0123456789abcdef".utf8)
+    @usableFromInline static let hexDigits = Array("0123456789abcdef".utf8)
 
     /// A request id as JSON text.
     public static func encode(_ id: RequestID) -> String {
