@@ -48,6 +48,14 @@ final class VaultJSONReader {
         return VaultChange(changed: changed, removed: removed)
     }
 
+    /// `JSONDecoder`'s reading of `plaintext`, for what the reader leaves to it; the copy it
+    /// reads is wiped.
+    static func decoded<T: Decodable>(_ type: T.Type, from plaintext: [UInt8]) -> T? {
+        var data = Data(plaintext)
+        defer { Sodium.wipe(&data) }
+        return try? JSONDecoder().decode(type, from: data)
+    }
+
     // MARK: The vault's types
 
     private func records(_ lexer: inout JSONLexer, _ plaintext: UnsafeRawBufferPointer) -> [AccountRecord]? {

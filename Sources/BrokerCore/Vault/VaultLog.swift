@@ -118,7 +118,6 @@ enum VaultLog {
         }
 
         var changes: [VaultChange] = []
-        let decoder = JSONDecoder()
         var tail = Tail(previousTag: Array(header.suffix(Sodium.tagLength)), length: headerLength)
         while bytes.count - tail.length >= recordPrefixLength {
             let start = tail.length
@@ -136,7 +135,7 @@ enum VaultLog {
                 throw refuse("holds record \(sequence) where record \(tail.sequence) belongs (moved or repeated)")
             }
             let nonce = Array(bytes[(start + 16)..<(start + recordPrefixLength)])
-            let ciphertext = Array(bytes[(start + recordPrefixLength)..<end])
+            let ciphertext = bytes[(start + recordPrefixLength)..<end]
             let associatedData = header + lengthAndSequence(length, sequence) + tail.previousTag
             guard var plaintext = Sodium.open(ciphertext, associatedData: associatedData, nonce: nonce, key: key)
             else {
@@ -145,7 +144,7 @@ enum VaultLog {
             defer { Sodium.wipe(&plaintext) }
             guard
                 let change = plaintext.withUnsafeBytes({ reader.change($0) })
-                    ?? (try? decoder.decode(VaultChange.self, from: plaintext))
+                    ?? VaultJSONReader.decoded(VaultChange.self, from: plaintext)
             else {
                 throw refuse("decrypted but record \(sequence) is not understood")
             }

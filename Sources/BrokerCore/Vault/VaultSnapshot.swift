@@ -66,8 +66,7 @@ struct VaultSnapshot {
         let header = Array(bytes.prefix(headerLength))
         let nonce = Array(header.suffix(Sodium.nonceLength))
         guard
-            var plaintext = Sodium.open(
-                Array(bytes.dropFirst(headerLength)), associatedData: header, nonce: nonce, key: key)
+            var plaintext = Sodium.open(bytes[headerLength...], associatedData: header, nonce: nonce, key: key)
         else {
             throw VaultError(
                 "the vault \(path) cannot be decrypted: the key is wrong or the file was modified; it was left untouched",
@@ -76,7 +75,7 @@ struct VaultSnapshot {
         defer { Sodium.wipe(&plaintext) }
         guard
             let body = plaintext.withUnsafeBytes({ reader.snapshot($0) })
-                ?? (try? JSONDecoder().decode(Body.self, from: plaintext)).map({ ($0.generation, $0.accounts) }),
+                ?? VaultJSONReader.decoded(Body.self, from: plaintext).map({ ($0.generation, $0.accounts) }),
             (body.generation ?? 0) < generationLimit
         else {
             throw VaultError("the vault \(path) decrypted but its contents are not understood")
