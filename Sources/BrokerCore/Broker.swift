@@ -76,12 +76,14 @@ public actor Broker {
         -> [String: AccountMachine]
     {
         var machines: [String: AccountMachine] = [:]
-        for stored in contents?.accounts ?? [] {
-            let machine = AccountMachine(
-                record: stored.sanitized(), planner: RefreshPlanner(settings: settings), now: now)
-            machines[machine.record.name] = machine
-            if let token = machine.servableToken {
-                cache.publish(PreparedToken(account: machine.record.name, token: token), for: machine.record.name)
+        SecretArena.shared.storing {
+            for stored in contents?.accounts ?? [] {
+                let machine = AccountMachine(
+                    record: stored.sanitized(), planner: RefreshPlanner(settings: settings), now: now)
+                machines[machine.record.name] = machine
+                if let token = machine.servableToken {
+                    cache.publish(PreparedToken(account: machine.record.name, token: token), for: machine.record.name)
+                }
             }
         }
         return machines

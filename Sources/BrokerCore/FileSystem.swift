@@ -133,11 +133,13 @@ public enum FileSystem {
     }
 
     /// The content of the private file at `path` (see `openPrivateFile`), as long as `fstat`
-    /// said it was; `nil` when it does not exist. The caller wipes it when it holds a secret.
-    static func readPrivateFile(_ path: String, role: String) throws -> Data? {
-        guard let (fd, content) = try openAndReadPrivateFile(path, role: role, flags: O_RDONLY) else { return nil }
-        close(fd)
-        return content
+    /// said it was but at most `limit` bytes; `nil` when it does not exist. The caller wipes it
+    /// when it holds a secret.
+    static func readPrivateFile(_ path: String, role: String, limit: Int = .max) throws -> Data? {
+        guard let (fd, info) = try openCheckedFileIfPresent(path, role: role, flags: O_RDONLY, trust: .ownPrivate)
+        else { return nil }
+        defer { close(fd) }
+        return try readContent(fd, limit: min(limit, Int(info.st_size)), path: path, role: role)
     }
 
     /// Opens the private file at `path` with `flags` (see `openPrivateFile`) and reads it whole;

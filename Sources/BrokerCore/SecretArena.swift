@@ -4,7 +4,8 @@ import Synchronization
 /// both sides, locked in RAM, read-only except while one of their slots is written or wiped)
 /// cut into slots of a few sizes, so that 1,000 accounts cost a few locked pages rather than
 /// two pages per secret. A secret longer than the largest slot gets an allocation of its own.
-/// Slabs are kept for reuse, never unmapped; a released slot is wiped at once.
+/// Slabs are kept for reuse, never unmapped; a released slot is wiped at once. Many secrets
+/// stored at once (a vault being loaded) share one writable window per slab: see `storing(_:)`.
 final class SecretArena: Sendable {
     /// The one arena of the process.
     static let shared = SecretArena()
@@ -26,6 +27,18 @@ final class SecretArena: Sendable {
     private struct FreeSlots: @unchecked Sendable {
         var byClass = [[(slab: UnsafeMutableRawPointer, slot: UnsafeMutableRawPointer)]](
             repeating: [], count: SecretArena.slotSizes.count)
+        /// How many `storing(_:)` calls are under way; while any is, slabs written stay writable.
+        var batches = 0
+        /// The slabs left writable by the batches under way, made read-only when the last ends.
+        var writable: Set<UnsafeMutableRawPointer> = []
+
+        /// Runs `body`, which writes into `slab`, with the slab writable: for that call only, or
+        /// until the batches under way end.
+        mutating func writing(_ slab: UnsafeMutableRawPointer, _ body: () -> Void) {
+            guard batches > 0 else { return Sodium.whileWritable(slab, body) }
+            if writable.insert(slab).inserted { Sodium.makeWritable(slab) }
+            body()
+        }
     }
 
     private let free = Mutex(FreeSlots())
@@ -47,7 +60,7 @@ final class SecretArena: Sendable {
                 }
             }
             let (slab, slot) = free.byClass[sizeClass].removeLast()
-            Sodium.whileWritable(slab) { copy(slot) }
+            free.writing(slab) { copy(slot) }
             return Place(bytes: slot, slab: slab, sizeClass: sizeClass)
         }
     }
@@ -59,10 +72,26 @@ final class SecretArena: Sendable {
             return
         }
         free.withLock { free in
-            Sodium.whileWritable(slab) {
+            free.writing(slab) {
                 Sodium.wipe(UnsafeMutableRawBufferPointer(start: place.bytes, count: Self.slotSizes[place.sizeClass]))
             }
             free.byClass[place.sizeClass].append((slab, place.bytes))
         }
+    }
+
+    /// Runs `body`, which stores many secrets, with each slab it writes to made writable once
+    /// (rather than twice per secret) and read-only again when it returns: two system calls per
+    /// slab instead of two per secret. The slabs stay guarded and locked throughout.
+    func storing<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
+        free.withLock { $0.batches += 1 }
+        defer {
+            free.withLock { free in
+                free.batches -= 1
+                guard free.batches == 0 else { return }
+                for slab in free.writable { Sodium.makeReadOnly(slab) }
+                free.writable = []
+            }
+        }
+        return try body()
     }
 }

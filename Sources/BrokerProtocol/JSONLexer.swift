@@ -3,50 +3,68 @@
 /// Both readers of a request line stand on it, the fast path (`FlatRequest`) and the check
 /// before the full decoder (`JSONLine`), so the two accept exactly one grammar: whitespace is
 /// space, tab, LF and CR; strings are valid UTF-8 without raw control characters; numbers have
-/// no leading zeros, no bare `.` and no sign but a leading `-`.
-struct JSONLexer {
+/// no leading zeros, no bare `.` and no sign but a leading `-`. The vault's reader of its own
+/// plaintext (BrokerCore) stands on it too.
+public struct JSONLexer {
     private let bytes: UnsafeRawBufferPointer
     private var index = 0
 
-    init(_ bytes: UnsafeRawBufferPointer) {
+    public init(_ bytes: UnsafeRawBufferPointer) {
         self.bytes = bytes
     }
 
+    /// How many bytes are consumed.
+    public var offset: Int { index }
+
     /// The next byte after any whitespace, not consumed; `nil` at the end.
-    mutating func peek() -> UInt8? {
+    public mutating func peek() -> UInt8? {
         while index < bytes.count, Self.isWhitespace(bytes[index]) { index += 1 }
         return index < bytes.count ? bytes[index] : nil
     }
 
     /// Whether only whitespace is left.
-    mutating func atEnd() -> Bool { peek() == nil }
+    public mutating func atEnd() -> Bool { peek() == nil }
 
     /// Consumes `byte` when it comes next (after whitespace).
-    mutating func skip(_ byte: UInt8) -> Bool {
+    public mutating func skip(_ byte: UInt8) -> Bool {
         guard peek() == byte else { return false }
         index += 1
         return true
     }
 
     /// A string literal with its escapes decoded; `nil` when the next token is not a valid one.
-    mutating func string() -> String? {
+    public mutating func string() -> String? {
+        withString { String(decoding: $0, as: UTF8.self) }
+    }
+
+    /// Calls `body` with the UTF-8 of a string literal, its escapes decoded, and returns what
+    /// `body` returns; `nil` (and `body` not called) when the next token is not a valid string.
+    /// Without escapes, `body` sees the input's own bytes: no copy is made (for a secret that
+    /// goes straight into guarded memory).
+    public mutating func withString<T>(_ body: (UnsafeRawBufferPointer) -> T) -> T? {
         guard skip(Byte.quote) else { return nil }
         var runStart = index
         /// Set at the first escape: the text so far, decoded.
         var decoded: [UInt8]?
-        /// Every byte of the text OR-ed together: below 0x80 when it is all ASCII.
-        var highBits: UInt8 = 0
+        /// Every byte of the literal OR-ed together: below 0x80 means ASCII, valid UTF-8.
+        var bits: UInt8 = 0
         while index < bytes.count {
             let byte = bytes[index]
             if byte == Byte.quote {
                 let run = UnsafeRawBufferPointer(rebasing: bytes[runStart..<index])
                 index += 1
-                guard var text = decoded else { return Self.text(run, isASCII: highBits < 0x80) }
+                guard var text = decoded else {
+                    guard bits < 0x80 || Self.isUTF8(run) else { return nil }
+                    return body(run)
+                }
                 text += run
-                return String(validating: text, as: UTF8.self)
+                return text.withUnsafeBytes { text in
+                    guard bits < 0x80 || Self.isUTF8(text) else { return nil }
+                    return body(text)
+                }
             }
             if byte < 0x20 { return nil }
-            highBits |= byte
+            bits |= byte
             guard byte == Byte.backslash else {
                 index += 1
                 continue
@@ -62,16 +80,32 @@ struct JSONLexer {
         return nil
     }
 
-    /// `run` as text when it is valid UTF-8. ASCII, valid as it is, skips the generic validator:
-    /// reading the strings of a request line was the largest cost of a cached token.
-    private static func text(_ run: UnsafeRawBufferPointer, isASCII: Bool) -> String? {
-        guard isASCII else { return String(validating: run, as: UTF8.self) }
-        return String(decoding: run.assumingMemoryBound(to: UInt8.self), as: UTF8.self)
+    /// Consumes one value of any kind (object and array contents included), nested at most
+    /// `depth` deep; whether it was a valid value.
+    public mutating func skipValue(depth: Int = 64) -> Bool {
+        guard depth > 0, let next = peek() else { return false }
+        switch next {
+        case Byte.quote:
+            return withString { _ in true } != nil
+        case Byte.openBrace, Byte.openBracket:
+            let isObject = next == Byte.openBrace
+            index += 1
+            if skip(isObject ? Byte.closeBrace : Byte.closeBracket) { return true }
+            repeat {
+                if isObject {
+                    guard withString({ _ in true }) != nil, skip(Byte.colon) else { return false }
+                }
+                guard skipValue(depth: depth - 1) else { return false }
+            } while skip(Byte.comma)
+            return skip(isObject ? Byte.closeBrace : Byte.closeBracket)
+        default:
+            return number() != nil || literal()
+        }
     }
 
     /// A number literal: its text, and whether it is a plain integer (no fraction, no exponent).
     /// Nothing is consumed when the next token is not a number.
-    mutating func number() -> (text: String, isInteger: Bool)? {
+    public mutating func number() -> (text: String, isInteger: Bool)? {
         guard peek() != nil else { return nil }
         let start = index
         guard let isInteger = numberGrammar() else {
@@ -102,7 +136,7 @@ struct JSONLexer {
     }
 
     /// One of the literals `true`, `false` and `null`.
-    mutating func literal() -> Bool {
+    public mutating func literal() -> Bool {
         guard peek() != nil else { return false }
         for word in Self.literals where matches(word) {
             index += word.utf8CodeUnitCount
@@ -112,7 +146,7 @@ struct JSONLexer {
     }
 
     /// Consumes the literal `word` (`true`, `false` or `null`) when it comes next.
-    mutating func literal(_ word: StaticString) -> Bool {
+    public mutating func literal(_ word: StaticString) -> Bool {
         guard peek() != nil, matches(word) else { return false }
         index += word.utf8CodeUnitCount
         return true
@@ -176,6 +210,19 @@ struct JSONLexer {
         return index - start
     }
 
+    /// Whether `bytes` are valid UTF-8 (as `String(validating:)` requires).
+    private static func isUTF8(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        var iterator = bytes.makeIterator()
+        var parser = Unicode.UTF8.ForwardParser()
+        while true {
+            switch parser.parseScalar(from: &iterator) {
+            case .valid: continue
+            case .emptyInput: return true
+            case .error: return false
+            }
+        }
+    }
+
     private static func isWhitespace(_ byte: UInt8) -> Bool {
         byte == 0x20 || byte == 0x09 || byte == 0x0A || byte == 0x0D
     }
@@ -194,15 +241,15 @@ struct JSONLexer {
     }
 
     /// The structural bytes of JSON.
-    enum Byte {
-        static let quote = UInt8(ascii: "\"")
-        static let backslash = UInt8(ascii: "\\")
-        static let minus = UInt8(ascii: "-")
-        static let colon = UInt8(ascii: ":")
-        static let comma = UInt8(ascii: ",")
-        static let openBrace = UInt8(ascii: "{")
-        static let closeBrace = UInt8(ascii: "}")
-        static let openBracket = UInt8(ascii: "[")
-        static let closeBracket = UInt8(ascii: "]")
+    public enum Byte {
+        public static let quote = UInt8(ascii: "\"")
+        public static let backslash = UInt8(ascii: "\\")
+        public static let minus = UInt8(ascii: "-")
+        public static let colon = UInt8(ascii: ":")
+        public static let comma = UInt8(ascii: ",")
+        public static let openBrace = UInt8(ascii: "{")
+        public static let closeBrace = UInt8(ascii: "}")
+        public static let openBracket = UInt8(ascii: "[")
+        public static let closeBracket = UInt8(ascii: "]")
     }
 }

@@ -12,31 +12,45 @@ public enum JSONText {
         return String(decoding: out, as: UTF8.self)
     }
 
-    /// Appends `bytes` (UTF-8) to `out` as a JSON string literal, quotes included.
+    /// Appends `bytes` (UTF-8) to `out` as a JSON string literal, quotes included: runs that
+    /// need no escape are copied whole. Inlinable, so a caller in another module gets it
+    /// specialized for its collection (unspecialized, every byte cost a call through the
+    /// iterator's witness table: a sixth of a start with 1,000 accounts).
+    @inlinable
     public static func appendQuoted(_ bytes: some Collection<UInt8>, to out: inout [UInt8]) {
         out.reserveCapacity(out.count + bytes.count + 2)
         out.append(UInt8(ascii: "\""))
-        for byte in bytes {
+        var runStart = bytes.startIndex
+        var index = bytes.startIndex
+        while index != bytes.endIndex {
+            let byte = bytes[index]
+            guard needsEscape(byte) else {
+                bytes.formIndex(after: &index)
+                continue
+            }
+            out += bytes[runStart..<index]
             switch byte {
             case UInt8(ascii: "\""), UInt8(ascii: "\\"):
                 out += [UInt8(ascii: "\\"), byte]
             case UInt8(ascii: "\n"): out += #"\n"#.utf8
             case UInt8(ascii: "\r"): out += #"\r"#.utf8
             case UInt8(ascii: "\t"): out += #"\t"#.utf8
-            case ..<0x20:
+            default:
                 out += #"\u00"#.utf8
                 out += [hexDigits[Int(byte >> 4)], hexDigits[Int(byte & 0xF)]]
-            default: out.append(byte)
             }
+            bytes.formIndex(after: &index)
+            runStart = index
         }
+        out += bytes[runStart..<index]
         out.append(UInt8(ascii: "\""))
     }
 
-    private static func needsEscape(_ byte: UInt8) -> Bool {
+    @usableFromInline static func needsEscape(_ byte: UInt8) -> Bool {
         byte < 0x20 || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\")
     }
 
-    private static let hexDigits = Array("0123456789abcdef".utf8)
+    @usableFromInline static let hexDigits = Array("0123456789abcdef".utf8)
 
     /// A request id as JSON text.
     public static func encode(_ id: RequestID) -> String {

@@ -2,6 +2,10 @@ import FoundationEssentials
 import TestSupport
 import Testing
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 @testable import BrokerCore
 
 /// `SecretBytes` and its arena on their own: the bytes come back as given, compare by content,
@@ -53,5 +57,49 @@ import Testing
         secret = nil
         let left = UnsafeRawBufferPointer(start: UnsafeRawPointer(bitPattern: address), count: count)
         #expect(count > 1024 && left.allSatisfy { $0 == 0 }, "the slot still holds the secret")
+    }
+}
+
+/// Many secrets stored at once (`SecretArena.storing`): each slab is writable during the batch
+/// and read-only again after it, every secret as given. A private arena, so no other test's
+/// batch keeps its slabs writable.
+@Suite struct SecretArenaBatchTests {
+    /// The permissions (`r--p`, `rw-p`, ...) of the mapping holding `address`, from /proc/self/maps.
+    private static func permissions(at address: UnsafeMutableRawPointer) throws -> String? {
+        let value = UInt(bitPattern: address)
+        // Read to its end with read(2): its size shows as 0, where a reader of whole files may stop.
+        let fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw HarnessError("cannot open /proc/self/maps: errno \(errno)") }
+        defer { close(fd) }
+        var maps: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while case let count = read(fd, &chunk, chunk.count), count > 0 { maps += chunk[..<count] }
+        for line in String(decoding: maps, as: UTF8.self).split(separator: "\n") {
+            let fields = line.split(separator: " ")
+            let bounds = fields[0].split(separator: "-").compactMap { UInt($0, radix: 16) }
+            if bounds.count == 2, bounds[0] <= value, value < bounds[1] { return String(fields[1]) }
+        }
+        return nil
+    }
+
+    @Test func slabsAreWritableDuringABatchAndReadOnlyAfterIt() throws {
+        let arena = SecretArena()
+        let texts = (0..<600).map { "secret-\($0)-" + String(repeating: "s", count: $0 % 200) }
+        var inside: [String?] = []
+        let places = try arena.storing {
+            let places = texts.map { text in text.utf8.withContiguousStorageIfAvailable { arena.store(.init($0)) }! }
+            inside = try places.map { try Self.permissions(at: $0.bytes) }
+            return places
+        }
+        let after = try places.map { try Self.permissions(at: $0.bytes) }
+        #expect(inside.allSatisfy { $0?.hasPrefix("rw") == true }, "writable during the batch: \(Set(inside))")
+        #expect(after.allSatisfy { $0?.hasPrefix("r-") == true }, "read-only after it: \(Set(after))")
+        let stored = zip(places, texts).map { place, text in
+            String(decoding: UnsafeRawBufferPointer(start: place.bytes, count: text.utf8.count), as: UTF8.self)
+        }
+        #expect(stored == texts)
+        for place in places { arena.release(place) }
+        let released = try places.map { try Self.permissions(at: $0.bytes) }
+        #expect(released.allSatisfy { $0?.hasPrefix("r-") == true }, "read-only once released: \(Set(released))")
     }
 }

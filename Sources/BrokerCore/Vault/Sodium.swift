@@ -69,10 +69,16 @@ enum Sodium {
 
     /// Runs `body` while the guarded allocation `memory` is writable, then makes it read-only.
     static func whileWritable<T>(_ memory: UnsafeMutableRawPointer, _ body: () -> T) -> T {
-        sodium_mprotect_readwrite(memory)
-        defer { sodium_mprotect_readonly(memory) }
+        makeWritable(memory)
+        defer { makeReadOnly(memory) }
         return body()
     }
+
+    /// Makes memory from `guardedAllocation` writable, until `makeReadOnly`.
+    static func makeWritable(_ memory: UnsafeMutableRawPointer) { sodium_mprotect_readwrite(memory) }
+
+    /// Makes memory from `guardedAllocation` read-only again.
+    static func makeReadOnly(_ memory: UnsafeMutableRawPointer) { sodium_mprotect_readonly(memory) }
 
     /// Wipes and releases memory from `guardedAllocation`.
     static func guardedFree(_ memory: UnsafeMutableRawPointer) { sodium_free(memory) }
@@ -113,18 +119,33 @@ enum Sodium {
         return Data(ciphertext)
     }
 
-    /// Decrypts and authenticates; `nil` when the key is wrong or any byte was changed.
-    static func open(_ ciphertext: [UInt8], associatedData: [UInt8], nonce: [UInt8], key: SecretKey) -> Data? {
-        guard ciphertext.count >= tagLength else { return nil }
-        var plaintext = [UInt8](repeating: 0, count: max(1, ciphertext.count - tagLength))
-        defer { sodium_memzero(&plaintext, plaintext.count) }
-        var written: UInt64 = 0
-        let result = key.withBytes { keyBytes in
-            crypto_aead_xchacha20poly1305_ietf_decrypt(
-                &plaintext, &written, nil, ciphertext, UInt64(ciphertext.count),
-                associatedData, UInt64(associatedData.count), nonce, keyBytes)
+    /// Decrypts and authenticates; `nil` when the key is wrong or any byte was changed. The
+    /// plaintext is written once, straight into the array returned (which the caller wipes).
+    static func open(_ ciphertext: some ContiguousBytes, associatedData: [UInt8], nonce: [UInt8], key: SecretKey)
+        -> [UInt8]?
+    {
+        ciphertext.withUnsafeBytes { ciphertext in
+            guard ciphertext.count >= tagLength, let input = ciphertext.baseAddress else { return nil }
+            let capacity = max(1, ciphertext.count - tagLength)
+            var authentic = false
+            let plaintext = [UInt8](unsafeUninitializedCapacity: capacity) { buffer, initialized in
+                var written: UInt64 = 0
+                let result = key.withBytes { keyBytes in
+                    crypto_aead_xchacha20poly1305_ietf_decrypt(
+                        buffer.baseAddress, &written, nil, input.assumingMemoryBound(to: UInt8.self),
+                        UInt64(ciphertext.count),
+                        associatedData, UInt64(associatedData.count), nonce, keyBytes)
+                }
+                authentic = result == 0
+                guard authentic else {
+                    sodium_memzero(buffer.baseAddress, capacity)
+                    initialized = 0
+                    return
+                }
+                initialized = Int(written)
+            }
+            return authentic ? plaintext : nil
         }
-        return result == 0 ? Data(plaintext.prefix(Int(written))) : nil
     }
 }
 

@@ -73,9 +73,11 @@ extension Vault {
         return (derivation, false)
     }
 
-    /// The header of the snapshot on disk; `nil` when there is none yet.
+    /// The header of the snapshot on disk; `nil` when there is none yet. Reads only as much of
+    /// the file as the longest header and a tag (the whole snapshot is read again by `load`).
     private func storedHeader() throws -> (version: UInt16, derivation: KeyDerivation?)? {
-        guard let file = try FileSystem.readPrivateFile(path, role: "vault") else { return nil }
+        let limit = VaultSnapshot.passphraseHeaderLength + Sodium.tagLength
+        guard let file = try FileSystem.readPrivateFile(path, role: "vault", limit: limit) else { return nil }
         return try VaultSnapshot.header([UInt8](file), path: path)
     }
 

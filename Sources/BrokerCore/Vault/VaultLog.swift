@@ -90,10 +90,11 @@ enum VaultLog {
 
     /// Reads the log `bytes` found at `path` (named in errors) beside `snapshot`. A record cut
     /// short at the end is left out; anything else that does not authenticate, is out of
-    /// order, or continues another snapshot is refused.
-    static func read(_ bytes: [UInt8], continuing snapshot: VaultSnapshot, path: String, key: SecretKey) throws
-        -> Reading
-    {
+    /// order, or continues another snapshot is refused. `reader` reads the records' plaintext.
+    static func read(
+        _ bytes: [UInt8], continuing snapshot: VaultSnapshot, path: String, key: SecretKey,
+        reader: VaultJSONReader = VaultJSONReader()
+    ) throws -> Reading {
         guard bytes.count >= headerLength else { return .unfinished }
         let refuse = { (reason: String) in VaultError("the vault log \(path) \(reason); the vault was left untouched") }
         guard bytes.starts(with: magic) else { throw refuse("is not a tokenbroker vault log (bad header)") }
@@ -117,7 +118,6 @@ enum VaultLog {
         }
 
         var changes: [VaultChange] = []
-        let decoder = JSONDecoder()
         var tail = Tail(previousTag: Array(header.suffix(Sodium.tagLength)), length: headerLength)
         while bytes.count - tail.length >= recordPrefixLength {
             let start = tail.length
@@ -135,14 +135,17 @@ enum VaultLog {
                 throw refuse("holds record \(sequence) where record \(tail.sequence) belongs (moved or repeated)")
             }
             let nonce = Array(bytes[(start + 16)..<(start + recordPrefixLength)])
-            let ciphertext = Array(bytes[(start + recordPrefixLength)..<end])
+            let ciphertext = bytes[(start + recordPrefixLength)..<end]
             let associatedData = header + lengthAndSequence(length, sequence) + tail.previousTag
             guard var plaintext = Sodium.open(ciphertext, associatedData: associatedData, nonce: nonce, key: key)
             else {
                 throw refuse("cannot be decrypted at record \(sequence): the key is wrong or the file was modified")
             }
             defer { Sodium.wipe(&plaintext) }
-            guard let change = try? decoder.decode(VaultChange.self, from: plaintext) else {
+            guard
+                let change = plaintext.withUnsafeBytes({ reader.change($0) })
+                    ?? VaultJSONReader.decoded(VaultChange.self, from: plaintext)
+            else {
                 throw refuse("decrypted but record \(sequence) is not understood")
             }
             changes.append(change)

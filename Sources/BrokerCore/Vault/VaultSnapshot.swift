@@ -57,22 +57,25 @@ struct VaultSnapshot {
     }
 
     /// Authenticates and decodes the snapshot file `bytes` read from `path` (named in errors),
-    /// in either format.
-    static func open(_ bytes: [UInt8], path: String, key: SecretKey) throws -> VaultSnapshot {
+    /// in either format; `reader` reads its plaintext.
+    static func open(_ bytes: [UInt8], path: String, key: SecretKey, reader: VaultJSONReader = VaultJSONReader())
+        throws -> VaultSnapshot
+    {
         let (version, derivation) = try header(bytes, path: path)
         let headerLength = derivation == nil ? headerLength : passphraseHeaderLength
         let header = Array(bytes.prefix(headerLength))
         let nonce = Array(header.suffix(Sodium.nonceLength))
         guard
-            var plaintext = Sodium.open(
-                Array(bytes.dropFirst(headerLength)), associatedData: header, nonce: nonce, key: key)
+            var plaintext = Sodium.open(bytes[headerLength...], associatedData: header, nonce: nonce, key: key)
         else {
             throw VaultError(
                 "the vault \(path) cannot be decrypted: the key is wrong or the file was modified; it was left untouched",
                 wrongKey: true)
         }
         defer { Sodium.wipe(&plaintext) }
-        guard let body = try? JSONDecoder().decode(Body.self, from: plaintext),
+        guard
+            let body = plaintext.withUnsafeBytes({ reader.snapshot($0) })
+                ?? VaultJSONReader.decoded(Body.self, from: plaintext).map({ ($0.generation, $0.accounts) }),
             (body.generation ?? 0) < generationLimit
         else {
             throw VaultError("the vault \(path) decrypted but its contents are not understood")

@@ -1,0 +1,152 @@
+import BrokerProtocol
+import Foundation
+import TestSupport
+import Testing
+
+@testable import BrokerCore
+
+/// `VaultJSONReader`, the fast reader of the vault's plaintext: it gives what `JSONDecoder`
+/// gives for every record shape the vault writes (and wrote), in any key order, and gives
+/// nothing for what it does not understand, leaving the last word to `JSONDecoder`.
+@Suite struct VaultJSONReaderTests {
+    /// The snapshot's plaintext shape (`VaultSnapshot.Body`).
+    private struct Body: Codable {
+        var sequence: UInt64?
+        var accounts: [AccountRecord]
+    }
+
+    /// Records of every shape: every provider kind, every optional field present and absent,
+    /// texts that need escapes (quotes, backslashes, slashes, control characters, non-ASCII).
+    private static func records() -> [AccountRecord] {
+        let at = Date(timeIntervalSinceReferenceDate: 785_000_000.123_456)
+        var full = AccountRecord.sample("full")
+        full.loggedOut = false
+        full.declared = true
+        full.grantedScope = "read write"
+        full.token?.pushed = true
+        full.secrets.refreshURL = SecretBytes("https://api.example/refresh/a?b=\"c\"&d=\\e")
+        var bare = AccountRecord(
+            name: "bare \u{1F511} ü", provider: ProviderConfig(StaticSettings()), secrets: AccountSecrets(),
+            token: nil, needsLogin: true, lastError: nil, lastRefreshAt: nil)
+        bare.loggedOut = true
+        let escaped = AccountRecord(
+            name: "tab\there \"quoted\" back\\slash", provider: ProviderConfig(RefreshURLSettings(method: .get)),
+            secrets: AccountSecrets(refreshURL: SecretBytes("https://r.example/x/\u{7}\u{1F}é\u{1F600}")),
+            token: AccessToken(
+                value: SecretBytes("line\nbreak/\u{2028}"), type: "Bearer", expiresAt: at.addingTimeInterval(-1e9),
+                obtainedAt: at, idToken: nil, scope: nil, pushed: false),
+            needsLogin: false, lastError: AccountError(code: "denied", message: "said \"no\"\n", at: at),
+            lastRefreshAt: Date(timeIntervalSinceReferenceDate: 0))
+        let kinds: [any ProviderSettings] = [
+            ExecSettings(command: ["/usr/bin/get-token", "--profile", "work"]),
+            SlidingSettings(endpoint: URL(string: "https://idp.example/refresh")!, timeZone: "Europe/Berlin"),
+            FileSettings(path: "/run/user/1000/tok.json"),
+            RefreshURLSettings(method: .post),
+        ]
+        let others = kinds.enumerated().map { index, settings in
+            AccountRecord(
+                name: "kind-\(index)", provider: ProviderConfig(settings), secrets: AccountSecrets(),
+                token: AccessToken(
+                    value: SecretBytes(String(repeating: "x", count: 800)), type: "DPoP",
+                    expiresAt: at.addingTimeInterval(Double(index)), obtainedAt: at, idToken: SecretBytes("id"),
+                    scope: "s"),
+                needsLogin: false, lastError: nil, lastRefreshAt: at)
+        }
+        return [full, bare, escaped, .sample("same-provider-1"), .sample("same-provider-2")] + others
+    }
+
+    @Test func agreesWithJSONDecoderOnEverySnapshotShape() throws {
+        for sequence in [nil, 0, 7, UInt64(Int64.max) - 1] as [UInt64?] {
+            let plaintext = try JSONEncoder().encode(Body(sequence: sequence, accounts: Self.records()))
+            let expected = try JSONDecoder().decode(Body.self, from: plaintext)
+            let read = try #require(plaintext.withUnsafeBytes { VaultJSONReader().snapshot($0) })
+            #expect(read.generation == expected.sequence)
+            #expect(read.accounts.count == expected.accounts.count)
+            // Compared record by record and outside `#expect`, whose message would print them.
+            let equal = zip(read.accounts, expected.accounts).map { $0 == $1 }
+            #expect(equal.allSatisfy { $0 }, "records that differ: \(equal.indices.filter { !equal[$0] })")
+        }
+    }
+
+    @Test func agreesWithJSONDecoderOnEveryChangeShape() throws {
+        let reader = VaultJSONReader()
+        let change = VaultChange(changed: Self.records(), removed: ["gone", "gone \u{1F600} \"too\""])
+        // The same change twice: the second time, every provider's settings are known already.
+        for change in [change, change, VaultChange(changed: [], removed: [])] {
+            let plaintext = try JSONEncoder().encode(change)
+            let read = try #require(plaintext.withUnsafeBytes { reader.change($0) })
+            #expect(read == change)
+        }
+    }
+
+    /// The records of every kind as the code before the provider registry stored them (keys
+    /// sorted, `static` without `_0`).
+    @Test func readsRecordsSavedBeforeTheRegistry() throws {
+        let plaintext = Data(
+            (#"{"sequence":3,"accounts":"# + ProviderRegistryTests.recordsSavedBeforeTheRegistry + "}").utf8)
+        let expected = try JSONDecoder().decode(Body.self, from: plaintext)
+        let read = try #require(plaintext.withUnsafeBytes { VaultJSONReader().snapshot($0) })
+        #expect(read.generation == 3)
+        #expect(read.accounts == expected.accounts)
+        #expect(read.accounts.map(\.provider.kind) == ["oauth2", "refresh_url", "sliding", "exec", "static"])
+    }
+
+    /// Keys in another order, whitespace and keys it does not know (skipped, values of every
+    /// kind) change nothing, as with `JSONDecoder`.
+    @Test func anyKeyOrderAndUnknownKeys() throws {
+        let text = #"""
+             { "future" : {"a":[1,2.5e3,{"b":null}],"c":"\u00e9"} ,
+              "accounts" : [ { "needsLogin" : false , "secrets" : { "refreshToken" : "rt\/1" , "x" : [] } ,
+                "provider" : { "static" : { "_0" : { } } } , "name" : "n" , "token" : null ,
+                "lastError" : { "at" : -1.5 , "message" : "m" , "code" : "c" , "extra" : true } } ],
+              "sequence" : 12 }
+            """#
+        let plaintext = Data(text.utf8)
+        let expected = try JSONDecoder().decode(Body.self, from: plaintext)
+        let read = try #require(plaintext.withUnsafeBytes { VaultJSONReader().snapshot($0) })
+        #expect(read.generation == 12)
+        #expect(read.accounts == expected.accounts)
+        #expect(read.accounts.first?.secrets.refreshToken?.text == "rt/1")
+    }
+
+    /// What the reader does not take: malformed JSON and values of the wrong type (which
+    /// `JSONDecoder` refuses too), and the shapes it leaves to `JSONDecoder` (a repeated key, a
+    /// generation out of range).
+    @Test(arguments: [
+        #"{"accounts":[],"sequence":1"#,
+        #"{"accounts":[]} x"#,
+        #"{"accounts":[{"name":"n","provider":{"static":{}},"secrets":{},"needsLogin":"no"}]}"#,
+        #"{"accounts":[{"name":"n","provider":{"static":{}},"needsLogin":false}]}"#,
+        #"{"accounts":[{"name":"n","provider":{"nope":{}},"secrets":{},"needsLogin":false}]}"#,
+        #"{"accounts":[{"name":"n","provider":"static","secrets":{},"needsLogin":false}]}"#,
+        #"{"accounts":[{"name":1,"provider":{"static":{}},"secrets":{},"needsLogin":false}]}"#,
+        #"{"accounts":[{"name":"n","provider":{"static":{}},"secrets":{"refreshToken":7},"needsLogin":false}]}"#,
+        #"{"accounts":[{"name":"n","provider":{"static":{}},"secrets":{},"needsLogin":false,"lastRefreshAt":"x"}]}"#,
+        #"{"accounts":[{"name":"n","provider":{"static":{}},"secrets":{},"needsLogin":false,"token":{"type":"B"}}]}"#,
+        #"{"accounts":[{"name":"n","name":"m","provider":{"static":{}},"secrets":{},"needsLogin":false}]}"#,
+        #"{"accounts":[],"sequence":18446744073709551616}"#,
+        #"{"accounts":[],"sequence":-1}"#,
+        #"{"accounts":[],"future":[[[[{"deep":}]]]]}"#,
+        #"{"sequence":1}"#,
+        #"[]"#,
+        "",
+    ])
+    func givesNothingForWhatItDoesNotUnderstand(text: String) {
+        let plaintext = Data(text.utf8)
+        #expect(plaintext.withUnsafeBytes { VaultJSONReader().snapshot($0) } == nil)
+    }
+
+    @Test func givesNothingForAStringThatIsNotUTF8() {
+        var bytes = Array(#"{"accounts":[{"name":"n"#.utf8)
+        bytes += [0xC3, 0x28]
+        bytes += Array(#"","provider":{"static":{}},"secrets":{},"needsLogin":false}]}"#.utf8)
+        #expect(bytes.withUnsafeBytes { VaultJSONReader().snapshot($0) } == nil)
+        #expect((try? JSONDecoder().decode(Body.self, from: Data(bytes))) == nil, "JSONDecoder refuses it too")
+    }
+
+    @Test func changeNeedsBothLists() {
+        for text in [#"{"changed":[]}"#, #"{"removed":[]}"#, #"{"changed":[],"removed":[1]}"#] {
+            #expect(Data(text.utf8).withUnsafeBytes { VaultJSONReader().change($0) } == nil, "\(text)")
+        }
+    }
+}
