@@ -143,7 +143,9 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
             path: "bench/Sources/broker-bench",
-            swiftSettings: upcoming
+            swiftSettings: upcoming,
+            // lld, as for brokerd and brokerctl: scripts/build-release hands every link lld's options.
+            linkerSettings: [.unsafeFlags(["-use-ld=lld"])]
         ),
         .testTarget(name: "BrokerProtocolTests", dependencies: ["BrokerProtocol"], swiftSettings: upcoming),
         .testTarget(

@@ -49,6 +49,7 @@ struct Brokerd: AsyncParsableCommand {
         ProcessHardening.apply()
         // Keeps the wipe-on-free allocator linked in: every freed heap block is zeroed.
         precondition(tokenbroker_wipe_on_free() == 1)
+        tokenbroker_keep_heap_trimmed()
         do {
             _ = try level.get()
             try EventLoops.configure(environment: environment)
