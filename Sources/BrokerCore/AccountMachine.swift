@@ -235,15 +235,15 @@ struct AccountMachine: Sendable {
     /// Whether the scheduler should start a refresh now, and otherwise when to look again.
     /// A refresh found more than `overdueThreshold` seconds late (the machine slept, or the
     /// wall clock jumped) is moved `spread` seconds ahead once, so a backlog does not hit the
-    /// IdPs in one instant.
-    mutating func due(now: Date, overdueThreshold: TimeInterval, spread: TimeInterval) -> Due {
+    /// IdPs in one instant. `spread` is asked for only then (a random draw is a system call).
+    mutating func due(now: Date, overdueThreshold: TimeInterval, spread: @autoclosure () -> TimeInterval) -> Due {
         guard var due = nextRefreshAt else { return .nothing }
         switch phase {
         case .idle, .backingOff: break
         case .refreshing, .denied, .loggingOut, .loggedOut: return .nothing
         }
         if !spreadOverdue, now.timeIntervalSince(due) > overdueThreshold {
-            due = now.addingTimeInterval(spread)
+            due = now.addingTimeInterval(spread())
             nextRefreshAt = due
             spreadOverdue = true
         }

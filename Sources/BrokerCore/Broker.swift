@@ -514,8 +514,10 @@ public actor Broker {
         var next: Date?
         for name in accounts.keys {
             if let poll = pollSource(name, now: now) { next = min(next ?? poll, poll) }
-            let spread = Double.random(in: 0...settings.overdueSpread)
-            switch accounts[name]?.due(now: now, overdueThreshold: settings.overdueThreshold, spread: spread) {
+            let spread = settings.overdueSpread
+            switch accounts[name]?.due(
+                now: now, overdueThreshold: settings.overdueThreshold, spread: Double.random(in: 0...spread))
+            {
             case .refreshNow: _ = startRefresh(name)
             case .at(let due): next = min(next ?? due, due)
             case .nothing, nil: break
