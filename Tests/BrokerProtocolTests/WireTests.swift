@@ -1,10 +1,28 @@
-import BrokerProtocol
+@testable import BrokerProtocol
 import Foundation
 import Testing
 
 /// Dates travel as RFC 3339 UTC with whole seconds; requests tolerate fields they do not know.
 @Suite struct WireTests {
     static let instant = Date(timeIntervalSince1970: 1_795_422_600)  // 2026-11-23T08:30:00Z
+
+    /// The hand-written formatter agrees with FoundationEssentials' format style: on the
+    /// edges of days, months, leap years, centuries and its range, and on 20,000 random dates
+    /// (the style's calendar is Julian before 1582, which the range starts after).
+    @Test func formatsAsTheISO8601FormatStyleDoes() {
+        let edges: [Double] = [
+            0, -1, -0.5, 0.999, 86_399.9, 86_400, 951_782_400, 951_868_800, 4_107_542_400, -2_203_891_200,
+            -11_676_096_000, -11_676_096_000.5, -62_135_596_800, 253_402_300_799, 253_402_300_799.9, 253_402_300_800,
+            1_795_422_600, 2_147_483_647, 4_102_444_800,
+        ]
+        var generator = SystemRandomNumberGenerator()
+        let random = (0..<20_000).map { _ in Double.random(in: -11_676_096_000..<253_402_300_800, using: &generator) }
+        let mismatches = (edges + random).map { Date(timeIntervalSince1970: $0) }.filter {
+            Wire.rfc3339($0) != Wire.formattedRFC3339($0)
+        }
+        let agree = mismatches.isEmpty
+        #expect(agree, "\(mismatches.prefix(3).map { ($0.timeIntervalSince1970, Wire.rfc3339($0)) })")
+    }
 
     @Test func formatsUTCWithWholeSeconds() {
         #expect(Wire.rfc3339(Self.instant) == "2026-11-23T08:30:00Z")
