@@ -1,3 +1,5 @@
+import BrokerProtocol
+
 /// A POSIX `TZ` rule such as `CET-1CEST,M3.5.0,M10.5.0/3`, as TZif files end with (RFC 8536
 /// section 3.3): the offsets of the years after the file's last transition. Offsets are kept
 /// as seconds east of UTC (POSIX writes them west, hence `CET-1` for UTC+1).
@@ -77,36 +79,6 @@ extension POSIXZoneRule.Change {
             dayOfYear = first + Int64(day - 1) - CivilDate.days(year: year, month: 1, day: 1)
         }
         return dayOfYear * 86_400 + time
-    }
-}
-
-/// Proleptic Gregorian dates as day counts from 1970-01-01 (H. Hinnant's algorithms).
-enum CivilDate {
-    static func isLeap(_ year: Int64) -> Bool { year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) }
-
-    static func daysIn(month: Int, year: Int64) -> Int {
-        month == 2 ? (isLeap(year) ? 29 : 28) : [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31][month - 1]
-    }
-
-    /// Days from 1970-01-01 to `year`-`month`-`day`.
-    static func days(year: Int64, month: Int, day: Int) -> Int64 {
-        let shifted = month <= 2 ? year - 1 : year
-        let era = (shifted >= 0 ? shifted : shifted - 399) / 400
-        let yearOfEra = shifted - era * 400
-        let dayOfYear = Int64((153 * (month + (month > 2 ? -3 : 9)) + 2) / 5 + day - 1)
-        let dayOfEra = yearOfEra * 365 + yearOfEra / 4 - yearOfEra / 100 + dayOfYear
-        return era * 146_097 + dayOfEra - 719_468
-    }
-
-    /// The year of the day `days` after 1970-01-01.
-    static func year(days: Int64) -> Int64 {
-        let shifted = days + 719_468
-        let era = (shifted >= 0 ? shifted : shifted - 146_096) / 146_097
-        let dayOfEra = shifted - era * 146_097
-        let yearOfEra = (dayOfEra - dayOfEra / 1460 + dayOfEra / 36_524 - dayOfEra / 146_096) / 365
-        let dayOfYear = dayOfEra - (365 * yearOfEra + yearOfEra / 4 - yearOfEra / 100)
-        let monthIndex = (5 * dayOfYear + 2) / 153
-        return yearOfEra + era * 400 + (monthIndex >= 10 ? 1 : 0)
     }
 }
 

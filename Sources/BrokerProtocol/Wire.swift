@@ -30,29 +30,21 @@ public enum Wire {
     }
 
     /// Formats a date as RFC 3339 in UTC with whole seconds, e.g. `2026-11-23T08:30:00Z`.
-    /// Years 1600 to 9999 are written here, from the days since 1970 (Howard Hinnant's
-    /// `civil_from_days`): the format style set up its calendar on every call, a tenth of
-    /// brokerd's start with 1,000 accounts. Other dates go to the format style (whose calendar
-    /// is Julian before 1582).
+    /// Years 1600 to 9999 are written here, from the days since 1970 (`CivilDate`): the format
+    /// style set up its calendar on every call, a tenth of brokerd's start with 1,000 accounts.
+    /// Other dates go to the format style (whose calendar is Julian before 1582).
     public static func rfc3339(_ date: Date) -> String {
         let seconds = date.timeIntervalSince1970.rounded(.down)
         guard seconds >= -11_676_096_000, seconds < 253_402_300_800 else { return formattedRFC3339(date) }
         let (days, secondOfDay) = Int64(seconds).quotientAndRemainder(dividingBy: 86_400)
         let (day, time) = secondOfDay < 0 ? (days - 1, secondOfDay + 86_400) : (days, secondOfDay)
-        let shifted = day + 719_468
-        let era = (shifted >= 0 ? shifted : shifted - 146_096) / 146_097
-        let dayOfEra = shifted - era * 146_097
-        let yearOfEra = (dayOfEra - dayOfEra / 1460 + dayOfEra / 36_524 - dayOfEra / 146_096) / 365
-        let dayOfYear = dayOfEra - (365 * yearOfEra + yearOfEra / 4 - yearOfEra / 100)
-        let monthIndex = (5 * dayOfYear + 2) / 153
-        let dayOfMonth = dayOfYear - (153 * monthIndex + 2) / 5 + 1
-        let month = monthIndex < 10 ? monthIndex + 3 : monthIndex - 9
-        let year = yearOfEra + era * 400 + (month <= 2 ? 1 : 0)
+        let civil = CivilDate.date(days: day)
         func digits(_ value: Int64, _ width: Int) -> String {
             let text = String(value)
             return String(repeating: "0", count: max(0, width - text.count)) + text
         }
-        return digits(year, 4) + "-" + digits(month, 2) + "-" + digits(dayOfMonth, 2) + "T" + digits(time / 3600, 2)
+        return digits(civil.year, 4) + "-" + digits(civil.month, 2) + "-" + digits(civil.day, 2) + "T"
+            + digits(time / 3600, 2)
             + ":" + digits(time / 60 % 60, 2) + ":" + digits(time % 60, 2) + "Z"
     }
 

@@ -1,4 +1,5 @@
 import FoundationEssentials
+import BrokerProtocol
 
 /// ISO 8601 date-times as sliding endpoints send them: `2026-01-06T14:18:40`, with optional
 /// fractional seconds (any number of digits, as .NET writes seven) and an optional zone (`Z`,
