@@ -55,14 +55,7 @@ import Testing
             directory.remove()
         }
 
-        var provider: ProviderSpec {
-            ProviderSpec(
-                kind: "oauth2",
-                [
-                    "token_endpoint": .string(idp.tokenEndpoint), "client_id": .string(idp.clientID),
-                    "client_secret": .string(idp.clientSecret),
-                ])
-        }
+        var provider: ProviderSpec { idp.provider() }
 
         /// How long an unlock with `passphrase` took to answer, and its error.
         func timedUnlock(_ passphrase: String) async -> (seconds: Double, error: BrokerError?) {

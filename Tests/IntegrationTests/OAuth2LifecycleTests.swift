@@ -14,12 +14,7 @@ import Testing
         let client = try broker.client()
         _ = try await client.add(
             account: "api",
-            provider: ProviderSpec(
-                kind: "oauth2",
-                [
-                    "token_endpoint": .string(idp.tokenEndpoint), "client_id": .string(idp.clientID),
-                    "client_secret": .string(idp.clientSecret), "client_auth": "client_secret_basic",
-                ]),
+            provider: idp.provider(clientAuth: "client_secret_basic"),
             tokens: TokenSet(refreshToken: refreshToken))
 
         let first = try await client.token(account: "api", minTTL: 1)

@@ -37,12 +37,7 @@ import Testing
             let client = try broker.client()
             _ = try await client.add(
                 account: "api",
-                provider: ProviderSpec(
-                    kind: "oauth2",
-                    [
-                        "token_endpoint": .string(idp.tokenEndpoint), "client_id": .string(idp.clientID),
-                        "client_secret": .string(idp.clientSecret),
-                    ]),
+                provider: idp.provider(),
                 tokens: TokenSet(
                     accessToken: "at-default", expiresIn: 3600, refreshToken: refreshToken,
                     scope: "read write admin audit"))

@@ -34,25 +34,23 @@ import Glibc
         return lstat(path, &info) == 0 ? info.st_mode & 0o7777 : nil
     }
 
-    private static func addOAuth2(_ client: BrokerClient, idp: OAuth2TestIdP, refreshToken: String) async throws {
-        _ = try await client.add(
-            account: "api",
-            provider: ProviderSpec(
-                kind: "oauth2",
-                [
-                    "token_endpoint": .string(idp.tokenEndpoint), "client_id": .string(idp.clientID),
-                    "client_secret": .string(idp.clientSecret),
-                ]),
-            tokens: TokenSet(refreshToken: refreshToken))
-    }
-
-    @Test func theFilesHoldTheServedTokenThroughRefreshesAndSetTokensAndGoAtLogout() async throws {
+    /// `broker()` started, with `api` an `oauth2` account of a new IdP that rotates refresh
+    /// tokens, starting from `refreshToken`.
+    private static func brokerWithOAuth2Account() async throws -> (
+        BrokerProcess, idp: OAuth2TestIdP, client: BrokerClient, exportFile: String, wlcgFile: String,
+        refreshToken: String
+    ) {
         let refreshToken = "rt-\(UInt32.random(in: 0...UInt32.max))"
         let idp = try await OAuth2TestIdP(initialRefreshToken: refreshToken, lifetime: 3600)
         let (broker, exportFile, wlcgFile) = try Self.broker()
         try await broker.start()
         let client = try broker.client()
-        try await Self.addOAuth2(client, idp: idp, refreshToken: refreshToken)
+        _ = try await client.add(account: "api", provider: idp.provider(), tokens: TokenSet(refreshToken: refreshToken))
+        return (broker, idp, client, exportFile, wlcgFile, refreshToken)
+    }
+
+    @Test func theFilesHoldTheServedTokenThroughRefreshesAndSetTokensAndGoAtLogout() async throws {
+        let (broker, idp, client, exportFile, wlcgFile, refreshToken) = try await Self.brokerWithOAuth2Account()
 
         let served = try await client.token(account: "api", minTTL: 1).accessToken
         #expect(Self.content(exportFile) == served)
@@ -170,12 +168,7 @@ import Glibc
     }
 
     @Test func aReloadMovesTheFileAndADeniedRefreshRemovesIt() async throws {
-        let refreshToken = "rt-\(UInt32.random(in: 0...UInt32.max))"
-        let idp = try await OAuth2TestIdP(initialRefreshToken: refreshToken, lifetime: 3600)
-        let (broker, exportFile, wlcgFile) = try Self.broker()
-        try await broker.start()
-        let client = try broker.client()
-        try await Self.addOAuth2(client, idp: idp, refreshToken: refreshToken)
+        let (broker, idp, client, exportFile, wlcgFile, _) = try await Self.brokerWithOAuth2Account()
         let served = try await client.token(account: "api").accessToken
         #expect(await eventually { Self.content(exportFile) == served })
 

@@ -82,14 +82,7 @@ public struct BrokerHarness: Sendable {
     }
 
     /// An `oauth2` provider object pointing at the test IdP, with client_secret_basic.
-    public var provider: ProviderSpec {
-        ProviderSpec(
-            kind: "oauth2",
-            [
-                "token_endpoint": .string(idp.tokenEndpoint), "client_id": .string(idp.clientID),
-                "client_secret": .string(idp.clientSecret), "client_auth": "client_secret_basic",
-            ])
-    }
+    public var provider: ProviderSpec { idp.provider(clientAuth: "client_secret_basic") }
 
     /// Adds `api` with an access token valid for an hour and refresh token `refreshToken`.
     public func addWithValidToken(_ accessToken: String = "at-pushed", refreshToken: String = "rt-0") async throws {

@@ -1,3 +1,4 @@
+import BrokerProtocol
 import Foundation
 import NIOHTTP1
 
@@ -88,6 +89,19 @@ public final class OAuth2TestIdP: Sendable {
     /// The OIDC issuer whose discovery document (`{issuer}/.well-known/openid-configuration`)
     /// names `tokenEndpoint`.
     public var issuer: String { server.baseURL + Self.issuerPath }
+
+    /// An `oauth2` provider object for this IdP: its token endpoint, client id and secret, and
+    /// `clientAuth` when given (else the broker's default, client_secret_basic).
+    public func provider(clientAuth: String? = nil) -> ProviderSpec {
+        var provider = ProviderSpec(
+            kind: "oauth2",
+            [
+                "token_endpoint": .string(tokenEndpoint), "client_id": .string(clientID),
+                "client_secret": .string(clientSecret),
+            ])
+        if let clientAuth { provider["client_auth"] = .string(clientAuth) }
+        return provider
+    }
 
     /// Starts the server; `initialRefreshToken` is the one valid refresh token at first.
     public init(
