@@ -38,14 +38,8 @@ import Testing
             settings: BrokerSettings = BrokerSettings(), configuration: BrokerConfiguration? = nil,
             _ body: (Rig) async throws -> Void
         ) async throws {
-            let rig = try await Rig(settings: settings, configuration: configuration)
-            do {
-                try await body(rig)
-            } catch {
-                await rig.stop()
-                throw error
-            }
-            await rig.stop()
+            try await runThenStop(
+                try await Rig(settings: settings, configuration: configuration), stop: { await $0.stop() }, body)
         }
 
         func stop() async {

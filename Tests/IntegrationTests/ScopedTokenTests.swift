@@ -19,14 +19,7 @@ import Testing
 
         /// Runs `body` against a fresh setup, then stops brokerd (waiting for it) and the IdP.
         static func run(_ body: (Setup) async throws -> Void) async throws {
-            let setup = try await start()
-            do {
-                try await body(setup)
-            } catch {
-                await setup.stop()
-                throw error
-            }
-            await setup.stop()
+            try await runThenStop(try await start(), stop: { await $0.stop() }, body)
         }
 
         private static func start(lifetime: Int = 3600) async throws -> Setup {

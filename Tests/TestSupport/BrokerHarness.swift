@@ -56,13 +56,7 @@ public struct BrokerHarness: Sendable {
         _ body: (BrokerHarness) async throws -> Void
     ) async throws {
         let harness = try await start(initialRefreshToken: initialRefreshToken, settings: settings, vault: vault)
-        do {
-            try await body(harness)
-        } catch {
-            await harness.stop()
-            throw error
-        }
-        await harness.stop()
+        try await runThenStop(harness, stop: { await $0.stop() }, body)
     }
 
     /// Waits for refreshes under way (their saves complete), then shuts the IdP client and the

@@ -12,3 +12,17 @@ extension Result where Failure == any Error {
         do { self = .success(try await body()) } catch { self = .failure(error) }
     }
 }
+
+/// Runs `body` with `value`, then `stop(value)`, whether `body` returned or threw: the frame of
+/// every harness's `run`.
+public func runThenStop<Value>(
+    _ value: Value, stop: (Value) async -> Void, _ body: (Value) async throws -> Void
+) async throws {
+    do {
+        try await body(value)
+    } catch {
+        await stop(value)
+        throw error
+    }
+    await stop(value)
+}
