@@ -131,57 +131,59 @@ public final class Vault: @unchecked Sendable {
     /// a log that a newer snapshot replaced is deleted; a record cut short at the end of the log
     /// is cut away. A vault in format 1 (one file) is rewritten in today's format.
     public func load() throws -> VaultContents? {
-        // Every secret read is stored in guarded memory in one batch (see `SecretArena`).
-        try SecretArena.shared.storing {
-            try state.withLock { state in
-                guard let key = state.key?.secret else { throw Self.locked }
-                state.closeLog()
-                state = State(key: state.key)
-                let reader = VaultJSONReader()
-                let current = try readSnapshot(path, key: key, reader: reader)
-                let staged = try? readSnapshot(stagingPath, key: key, reader: reader)
-                let promoting = staged.map {
-                    $0.generation == (current?.generation ?? 0) + 1 && $0.version >= (current?.version ?? 0)
-                }
-                guard let snapshot = promoting == true ? staged : current else {
-                    guard try FileSystem.readPrivateFile(logPath, role: "vault log") == nil else {
-                        throw VaultError(
-                            "the vault log \(logPath) is there but not the vault \(path) it continues; it was left untouched "
-                                + "(remove it to start with an empty vault)")
-                    }
-                    unlink(stagingPath)
-                    state.loaded = true
-                    return nil
-                }
-                let log = try readLog(continuing: snapshot, key: key, reader: reader)
-
-                // Everything is read and authenticated: settle what a crash left behind.
-                if promoting == true {
-                    try FileSystem.promote(stagingPath, to: path)
-                    state.recovered = true
-                } else {
-                    unlink(stagingPath)
-                }
-                state.snapshot = (snapshot.generation, snapshot.nonce, snapshot.length)
-                state.accounts = Dictionary(snapshot.accounts.map { ($0.name, $0) }) { $1 }
-                if let log, case .changes(let changes, let header, let tail) = log.reading, !changes.isEmpty {
-                    for change in changes { change.apply(to: &state.accounts) }
-                    state.log = (log.fd, header, tail)
-                    if tail.length < log.length {
-                        try FileSystem.truncateDurably(log.fd, to: tail.length, role: "vault log", path: logPath)
-                    }
-                } else if let log {
-                    // Superseded, or holding nothing saved: the snapshot has all there is.
-                    close(log.fd)
-                    unlink(logPath)
-                }
-                if snapshot.version == VaultSnapshot.singleFileVersion {
-                    try writeSnapshot(state.accounts, &state)
-                    state.convertedVersion = snapshot.version
-                }
-                state.loaded = true
-                return VaultContents(accounts: state.accounts.values.sorted { $0.name < $1.name })
+        try state.withLock { state in
+            guard let key = state.key?.secret else { throw Self.locked }
+            state.closeLog()
+            state = State(key: state.key)
+            // The secrets read are stored in guarded memory in batches (see `SecretArena`).
+            let reader = VaultJSONReader()
+            let (current, staged) = try SecretArena.shared.storing {
+                (
+                    try readSnapshot(path, key: key, reader: reader),
+                    try? readSnapshot(stagingPath, key: key, reader: reader)
+                )
             }
+            let promoting = staged.map {
+                $0.generation == (current?.generation ?? 0) + 1 && $0.version >= (current?.version ?? 0)
+            }
+            guard let snapshot = promoting == true ? staged : current else {
+                guard try FileSystem.readPrivateFile(logPath, role: "vault log") == nil else {
+                    throw VaultError(
+                        "the vault log \(logPath) is there but not the vault \(path) it continues; it was left untouched "
+                            + "(remove it to start with an empty vault)")
+                }
+                unlink(stagingPath)
+                state.loaded = true
+                return nil
+            }
+            let log = try SecretArena.shared.storing { try readLog(continuing: snapshot, key: key, reader: reader) }
+
+            // Everything is read and authenticated: settle what a crash left behind.
+            if promoting == true {
+                try FileSystem.promote(stagingPath, to: path)
+                state.recovered = true
+            } else {
+                unlink(stagingPath)
+            }
+            state.snapshot = (snapshot.generation, snapshot.nonce, snapshot.length)
+            state.accounts = Dictionary(snapshot.accounts.map { ($0.name, $0) }) { $1 }
+            if let log, case .changes(let changes, let header, let tail) = log.reading, !changes.isEmpty {
+                for change in changes { change.apply(to: &state.accounts) }
+                state.log = (log.fd, header, tail)
+                if tail.length < log.length {
+                    try FileSystem.truncateDurably(log.fd, to: tail.length, role: "vault log", path: logPath)
+                }
+            } else if let log {
+                // Superseded, or holding nothing saved: the snapshot has all there is.
+                close(log.fd)
+                unlink(logPath)
+            }
+            if snapshot.version == VaultSnapshot.singleFileVersion {
+                try writeSnapshot(state.accounts, &state)
+                state.convertedVersion = snapshot.version
+            }
+            state.loaded = true
+            return VaultContents(accounts: state.accounts.values.sorted { $0.name < $1.name })
         }
     }
 
