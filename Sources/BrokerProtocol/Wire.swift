@@ -34,9 +34,13 @@ public enum Wire {
     /// style set up its calendar on every call, a tenth of brokerd's start with 1,000 accounts.
     /// Other dates go to the format style (whose calendar is Julian before 1582).
     public static func rfc3339(_ date: Date) -> String {
-        let seconds = date.timeIntervalSince1970.rounded(.down)
-        guard seconds >= -11_676_096_000, seconds < 253_402_300_800 else { return formattedRFC3339(date) }
-        let (days, secondOfDay) = Int64(seconds).quotientAndRemainder(dividingBy: 86_400)
+        // Whole seconds of the date as it is stored (since 2001), as the format style takes them:
+        // adding the 1970 offset first could round a date just short of a second up to it.
+        let sinceReference = date.timeIntervalSinceReferenceDate.rounded(.down)
+        let referenceSince1970: Int64 = 978_307_200
+        guard sinceReference >= -12_654_403_200, sinceReference < 252_423_993_600 else { return formattedRFC3339(date) }
+        let seconds = Int64(sinceReference) + referenceSince1970
+        let (days, secondOfDay) = seconds.quotientAndRemainder(dividingBy: 86_400)
         let (day, time) = secondOfDay < 0 ? (days - 1, secondOfDay + 86_400) : (days, secondOfDay)
         let civil = CivilDate.date(days: day)
         func digits(_ value: Int64, _ width: Int) -> String {
