@@ -25,8 +25,9 @@ let staticStdlib: [LinkerSetting] = [
 /// dynamic loader runs (a static "hello world" starts in 0.45 ms of CPU here, against 1.6 ms
 /// with `-static-stdlib` and the shared libstdc++: most of what `brokerctl token` cost). It is not
 /// position-independent: glibc's static-PIE start refuses the `$ORIGIN` run path SwiftPM gives
-/// every executable. brokerctl resolves no user or host names, so static glibc's NSS warning
-/// does not apply to it.
+/// every executable. brokerctl resolves no host names; its one user lookup, the home directory
+/// when `$HOME` is unset, goes through static glibc's NSS, which loads the system's modules and
+/// so needs the glibc it was built with (the link warns of that).
 let staticExecutable: [LinkerSetting] = [
     .unsafeFlags(["-static-executable", "-use-ld=lld"]),
     .linkedLibrary("_FoundationCollections"), .linkedLibrary("_FoundationCShims"),

@@ -15,7 +15,10 @@ import time
 
 work = sys.argv[1]
 brokerd = os.path.join(work, "brokerd")
-environment = dict(os.environ)
+# Only this run's directories: no variable may point brokerd at the user's own socket or vault.
+foreign = ("TOKENBROKER_", "STATE_DIRECTORY", "CONFIGURATION_DIRECTORY", "CREDENTIALS_DIRECTORY", "NOTIFY_SOCKET",
+           "LISTEN_")
+environment = {name: value for name, value in os.environ.items() if not name.startswith(foreign)}
 for name, directory in [("XDG_RUNTIME_DIR", "run"), ("XDG_CONFIG_HOME", "config"), ("XDG_STATE_HOME", "state")]:
     os.makedirs(os.path.join(work, directory), mode=0o700)
     environment[name] = os.path.join(work, directory)
