@@ -63,6 +63,8 @@ let package = Package(
         .target(name: "CSpawn"),
         // brokerd's wipe-on-free `free` and `realloc`; linked into brokerd only.
         .target(name: "CWipeOnFree"),
+        // brokerd's idle memory: a trimmed heap, and start-up's code pages given back.
+        .target(name: "CIdleMemory"),
         .target(name: "BrokerProtocol", swiftSettings: upcoming),
         .target(
             name: "BrokerCore",
@@ -101,7 +103,7 @@ let package = Package(
         .executableTarget(
             name: "brokerd",
             dependencies: [
-                "BrokerCore", "BrokerServer", "BrokerSystemd", "CWipeOnFree",
+                "BrokerCore", "BrokerServer", "BrokerSystemd", "CIdleMemory", "CWipeOnFree",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -168,7 +170,7 @@ let package = Package(
             ],
             swiftSettings: upcoming
         ),
-        .testTarget(name: "BrokerSystemdTests", dependencies: ["BrokerSystemd"], swiftSettings: upcoming),
+        .testTarget(name: "BrokerSystemdTests", dependencies: ["BrokerSystemd", "CIdleMemory"], swiftSettings: upcoming),
         // Both clients against a scripted stand-in broker on a Unix socket.
         .testTarget(
             name: "BrokerClientTests", dependencies: ["BrokerClient", "BrokerProtocol", "TestSupport"],

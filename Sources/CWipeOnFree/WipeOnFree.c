@@ -1,4 +1,4 @@
-// brokerd's allocator wipes every heap block before glibc takes it back (and keeps the heap trimmed).
+// brokerd's allocator wipes every heap block before glibc takes it back.
 //
 // Swift cannot keep every transient copy of a secret out of the heap: JSON encoders and
 // decoders, form bodies, `Data` and `String` buffers all hold one for a moment. Those copies
@@ -54,5 +54,3 @@ void *reallocarray(void *pointer, size_t count, size_t size) {
 }
 
 int tokenbroker_wipe_on_free(void) { return 1; }
-
-void tokenbroker_keep_heap_trimmed(void) { mallopt(M_TRIM_THRESHOLD, 128 * 1024); }

@@ -3,6 +3,7 @@ import BrokerCore
 import BrokerProtocol
 import BrokerServer
 import BrokerSystemd
+import CIdleMemory
 import CWipeOnFree
 import FoundationEssentials
 import Logging
@@ -114,7 +115,7 @@ struct Brokerd: AsyncParsableCommand {
             configuration: .init(
                 services: [
                     .init(service: server), .init(service: scheduler), .init(service: reloader),
-                    .init(service: lifecycle),
+                    .init(service: lifecycle), .init(service: IdleMemoryRelease(logger: logger)),
                 ],
                 gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()
