@@ -170,7 +170,8 @@ let package = Package(
             ],
             swiftSettings: upcoming
         ),
-        .testTarget(name: "BrokerSystemdTests", dependencies: ["BrokerSystemd", "CIdleMemory"], swiftSettings: upcoming),
+        .testTarget(
+            name: "BrokerSystemdTests", dependencies: ["BrokerSystemd", "CIdleMemory"], swiftSettings: upcoming),
         // Both clients against a scripted stand-in broker on a Unix socket.
         .testTarget(
             name: "BrokerClientTests", dependencies: ["BrokerClient", "BrokerProtocol", "TestSupport"],
