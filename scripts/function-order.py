@@ -1,5 +1,5 @@
-"""Prints the functions brokerd runs in a day's typical work, one symbol per line (see
-scripts/function-order). Usage: function-order.py WORKDIR, with WORKDIR/brokerd the binary."""
+"""Prints the functions brokerd runs in a day's typical work, one symbol per line, steady work
+first (see scripts/function-order). Usage: function-order.py WORKDIR, with WORKDIR/brokerd the binary."""
 
 import http.server
 import json
@@ -102,13 +102,24 @@ stop(process)
 
 output = os.path.join(work, "callgrind.out")
 process = start(["valgrind", "--tool=callgrind", "--demangle=no", "--callgrind-out-file=" + output, brokerd])
+
+
+def end_phase():
+    """Writes what callgrind counted since the last phase ended to callgrind.out.N."""
+    subprocess.run(["callgrind_control", "--dump", str(process.pid)], check=True, stdout=subprocess.DEVNULL)
+
+
 try:
     client = Connection()
     watcher = Connection()
     watcher.ask(op="subscribe")
+    # Start-up's one-time work (and IdleMemoryRelease's first round) ends here.
+    time.sleep(2)
+    end_phase()
     for _ in range(200):
         client.ask(op="token", account="static")
         client.ask(op="token", account="api", min_ttl=60)
+    end_phase()
     client.ask(op="status")
     client.ask(op="status", account="api")
     token = client.ask(op="token", account="api")["result"]["access_token"]
@@ -125,20 +136,49 @@ finally:
     stop(process)
 idp.shutdown()
 
-# callgrind names each function once, as `fn=(N) name`, and refers to it by `(N)` after that;
-# `ob=` says which binary the functions that follow belong to.
-objects, functions, used = {}, {}, set()
-current = None
-for line in open(output, errors="replace"):
-    match = re.match(r"^(c?ob|c?fn)=\((\d+)\)(?: (.*))?$", line.rstrip("\n"))
-    if not match:
-        continue
-    kind, number, name = match.groups()
-    table = objects if kind.endswith("ob") else functions
-    if name:
-        table[number] = name
-    if kind == "ob":
-        current = objects.get(number, "")
-    elif kind == "fn" and current.endswith("/brokerd"):
-        used.add(functions[number])
-print("\n".join(sorted(used)))
+
+def functions_run(path):
+    """brokerd's functions in one callgrind output, with the instructions each ran itself.
+
+    callgrind names each function once, as `fn=(N) name`, and refers to it by `(N)` after that;
+    `ob=` says which binary the functions that follow belong to. A cost line follows each
+    `calls=` line: the callee's cost, not the caller's own."""
+    objects, functions, cost = {}, {}, {}
+    current_object, current, skip_next = "", None, False
+    for line in open(path, errors="replace"):
+        line = line.rstrip("\n")
+        match = re.match(r"^(c?ob|c?fn)=\((\d+)\)(?: (.*))?$", line)
+        if match:
+            kind, number, name = match.groups()
+            table = objects if kind.endswith("ob") else functions
+            if name:
+                table[number] = name
+            if kind == "ob":
+                current_object = objects.get(number, "")
+            elif kind == "fn":
+                current = functions[number] if current_object.endswith("/brokerd") else None
+                if current is not None:
+                    cost.setdefault(current, 0)
+            continue
+        if line.startswith("calls="):
+            skip_next = True
+            continue
+        fields = line.split()
+        if len(fields) >= 2 and fields[0][0] in "0123456789+-*" and fields[1].isdigit():
+            if current is not None and not skip_next:
+                cost[current] += int(fields[1])
+            skip_next = False
+    return cost
+
+
+# Steady work first, hottest first: the cached-token loop, then the other requests, then what
+# only start-up runs. IdleMemoryRelease unmaps start-up's code; what runs after that then
+# lies in as few pages as it can.
+start_up, cached, rest = (functions_run(output + suffix) for suffix in (".1", ".2", ""))
+order, seen = [], set()
+for phase in (cached, rest, start_up):
+    for name in sorted(phase, key=lambda name: (-phase[name], name)):
+        if name not in seen:
+            seen.add(name)
+            order.append(name)
+print("\n".join(order))
