@@ -32,7 +32,7 @@ static int release_object(struct dl_phdr_info *info, size_t size, void *released
     (void)size;
     // The executable has an empty name and every library a path; the vDSO ("linux-vdso.so.1")
     // is the kernel's own mapping and is left alone.
-    if (info->dlpi_name[0] != '\0' && info->dlpi_name[0] != '/') return 0;
+    if (info->dlpi_name == NULL || (info->dlpi_name[0] != '\0' && info->dlpi_name[0] != '/')) return 0;
     if (has_text_relocations(info)) return 0;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     for (int index = 0; index < info->dlpi_phnum; index++) {

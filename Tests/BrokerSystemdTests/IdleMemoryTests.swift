@@ -26,7 +26,8 @@ import Testing
         #expect(counted == [6: 10, 7: 90, 8: 900])
         let encoded = try JSONEncoder().encode(["after": released > 0])
         #expect(String(decoding: encoded, as: UTF8.self) == #"{"after":true}"#)
-        // Again: what ran since is released again, and nothing breaks a second time.
-        #expect(tokenbroker_release_idle_memory() == released)
+        // Again: what ran since is released again (other suites, running alongside, may have
+        // loaded a library meanwhile), and nothing breaks a second time.
+        #expect(tokenbroker_release_idle_memory() >= released)
     }
 }
