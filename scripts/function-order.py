@@ -1,6 +1,7 @@
 """Prints the functions brokerd runs in a day's typical work, one symbol per line, steady work
 first (see scripts/function-order). Usage: function-order.py WORKDIR, with WORKDIR/brokerd the binary."""
 
+import bisect
 import http.server
 import json
 import os
@@ -116,9 +117,15 @@ try:
     # Start-up's one-time work (and IdleMemoryRelease's first round) ends here.
     time.sleep(2)
     end_phase()
-    for _ in range(200):
+    for index in range(200):
         client.ask(op="token", account="static")
         client.ask(op="token", account="api", min_ttl=60)
+        if index % 4 == 0:
+            # As `brokerctl token` does: a connection of its own, closed after the answer.
+            once = Connection()
+            once.ask(op="token", account="static")
+            once.file.close()
+            once.socket.close()
     end_phase()
     client.ask(op="status")
     client.ask(op="status", account="api")
@@ -135,6 +142,29 @@ try:
 finally:
     stop(process)
 idp.shutdown()
+
+
+# callgrind names some code by address only ("0x0000000000dc8ea0", "'2" marks a recursion
+# depth), often inside a function; the symbol table names the function for the linker.
+symbols = []
+for line in subprocess.run(["nm", "-S", "--defined-only", brokerd], capture_output=True, text=True,
+                           check=True).stdout.splitlines():
+    fields = line.split()
+    if len(fields) == 4 and fields[2] in "tTwW":
+        symbols.append((int(fields[0], 16), int(fields[1], 16), fields[3]))
+symbols.sort()
+starts = [start for start, _, _ in symbols]
+
+
+def symbol_named(name):
+    match = re.match(r"^0x([0-9a-f]+)(?:'\d+)?$", name)
+    if not match:
+        return name
+    address = int(match.group(1), 16)
+    index = bisect.bisect_right(starts, address) - 1
+    if index >= 0 and address < symbols[index][0] + symbols[index][1]:
+        return symbols[index][2]
+    return name
 
 
 def functions_run(path):
@@ -156,7 +186,7 @@ def functions_run(path):
             if kind == "ob":
                 current_object = objects.get(number, "")
             elif kind == "fn":
-                current = functions[number] if current_object.endswith("/brokerd") else None
+                current = symbol_named(functions[number]) if current_object.endswith("/brokerd") else None
                 if current is not None:
                     cost.setdefault(current, 0)
             continue
