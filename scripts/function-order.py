@@ -145,7 +145,7 @@ idp.shutdown()
 
 
 # callgrind names some code by address only ("0x0000000000dc8ea0", "'2" marks a recursion
-# depth), often inside a function; the symbol table names the function for the linker.
+# depth); the nearest symbol before it names the function section that holds it.
 symbols = []
 for line in subprocess.run(["nm", "-S", "--defined-only", brokerd], capture_output=True, text=True,
                            check=True).stdout.splitlines():
@@ -162,9 +162,9 @@ def symbol_named(name):
         return name
     address = int(match.group(1), 16)
     index = bisect.bisect_right(starts, address) - 1
-    if index >= 0 and address < symbols[index][0] + symbols[index][1]:
-        return symbols[index][2]
-    return name
+    # Past the end of the symbol before it, the code still lies in that function's section
+    # (a merged body or a tail the symbol's size leaves out): ordering the symbol moves it.
+    return symbols[index][2] if index >= 0 else name
 
 
 def functions_run(path):
