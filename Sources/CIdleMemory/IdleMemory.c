@@ -37,10 +37,11 @@ static int release_object(struct dl_phdr_info *info, size_t size, void *released
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     for (int index = 0; index < info->dlpi_phnum; index++) {
         const ElfW(Phdr) *header = &info->dlpi_phdr[index];
-        if (header->p_type != PT_LOAD || (header->p_flags & PF_W) || header->p_memsz == 0) continue;
-        // Whole pages inside the segment only: a page shared with a neighbour keeps its mapping.
+        if (header->p_type != PT_LOAD || (header->p_flags & PF_W) || header->p_filesz == 0) continue;
+        // Whole pages of the file's bytes only: a page shared with a neighbour keeps its mapping,
+        // and so does one the loader zero-filled past the file's end (memsz > filesz).
         uintptr_t start = info->dlpi_addr + header->p_vaddr;
-        uintptr_t end = start + header->p_memsz;
+        uintptr_t end = start + header->p_filesz;
         start = (start + page - 1) & ~(page - 1);
         end &= ~(page - 1);
         if (end > start && madvise((void *)start, end - start, MADV_DONTNEED) == 0) {

@@ -2,8 +2,8 @@ import CIdleMemory
 import Logging
 import ServiceLifecycle
 
-/// Keeps an idle brokerd small, as a `Service`: a second after it starts serving, and every ten
-/// minutes after that, it unmaps the code and read-only data it has not run since and trims
+/// Keeps an idle brokerd small, as a `Service`: a second after the service group starts (the
+/// vault is loaded by then), and every ten minutes after that, it unmaps the code and read-only data it has not run since and trims
 /// the heap (`tokenbroker_release_idle_memory`). Start-up code (the vault reader, argument
 /// parsing, the service group's set-up) then stops counting against brokerd's resident memory,
 /// and so does a refresh's HTTP code between refreshes; a page that runs again is mapped again

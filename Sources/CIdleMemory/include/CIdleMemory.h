@@ -12,8 +12,8 @@ void tokenbroker_keep_heap_trimmed(void);
 /// Unmaps the pages of code and read-only data that the process has not used since the last
 /// call, and gives free heap pages back (`malloc_trim`). Returns the bytes of segments advised.
 ///
-/// Every loaded object's segments that are never written (program headers without `PF_W`, in
-/// objects without text relocations) get `MADV_DONTNEED`: their pages equal the file's, so the
+/// The file bytes of every loaded object's segments that are never written (program headers
+/// without `PF_W`, in objects without text relocations) get `MADV_DONTNEED`: their pages equal the file's, so the
 /// kernel maps them again from the page cache when they run. Writable segments, and the
 /// relocated read-only ones (`PT_GNU_RELRO` lies inside a writable load segment), keep their
 /// pages. Start-up runs code steady work never does (the vault reader, argument parsing, the
