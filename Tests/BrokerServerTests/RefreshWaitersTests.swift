@@ -64,7 +64,9 @@ import Testing
             let answer = try await setup.answer(on: channel)
             #expect(answer.hasPrefix(#"{"id":\#(index),"ok":true"#))
             let issued = setup.harness.idp.issuedAccessTokens
-            #expect(issued.count == 1 && answer.contains(#""access_token":"\#(issued[0])""#))
+            // Checked outside #expect, whose failure message would print the token.
+            let holdsIssued = issued.count == 1 && answer.contains(#""access_token":"\#(issued[0])""#)
+            #expect(holdsIssued, "the answer does not hold the one token issued")
             #expect(try await channel.readInbound(as: ConnectionWork.self) == nil, "nothing went to the task")
         }
         #expect(setup.harness.idp.refreshCalls.count == 1)

@@ -131,7 +131,9 @@ import Glibc
         defer { client.close() }
         _ = try await client.add(account: "idle", provider: idp.provider(), tokens: TokenSet(refreshToken: "rt-idle"))
         let fresh = try await client.token(account: "idle")
-        #expect(try await client.token(account: "idle").accessToken == fresh.accessToken)
+        // Compared outside #expect, whose failure message would print the tokens.
+        let servedFromCache = try await client.token(account: "idle").accessToken == fresh.accessToken
+        #expect(servedFromCache, "the second token was not the cached one")
         #expect(idp.callCount == 1)
         #expect(try await client.status().first?.state == "valid")
         await idp.shutdown()
