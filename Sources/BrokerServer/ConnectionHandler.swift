@@ -59,6 +59,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private let quota: ConnectionQuota
     private let limitLog: LimitLog
     private let logger: Logger
+    private let tickFlush: TickFlush
     private let decoder = Wire.makeDecoder()
     private var limits: ConnectionLimits { quota.limits }
 
@@ -84,13 +85,15 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     /// Takes over a connection slot already reserved on `quota` for the caller.
     init(
-        dispatcher: RequestDispatcher, access: CallerAccess, quota: ConnectionQuota, limitLog: LimitLog, logger: Logger
+        dispatcher: RequestDispatcher, access: CallerAccess, quota: ConnectionQuota, limitLog: LimitLog, logger: Logger,
+        tickFlush: TickFlush
     ) {
         self.dispatcher = dispatcher
         self.access = access
         self.quota = quota
         self.limitLog = limitLog
         self.logger = logger
+        self.tickFlush = tickFlush
     }
 
     func channelActive(context: ChannelHandlerContext) {
@@ -121,10 +124,14 @@ final class ConnectionHandler: ChannelDuplexHandler {
         takeLines(context: context)
     }
 
-    /// Flushes the answers written inline; the read's end goes on to the connection's task
-    /// only when work was passed to it (not after a read of cached tokens only).
+    /// Has the answers written inline flushed with the others of this tick (`TickFlush`); the
+    /// read's end goes on to the connection's task only when work was passed to it (not after
+    /// a read of cached tokens only).
     func channelReadComplete(context: ChannelHandlerContext) {
-        flushIfPending(context: context)
+        if flushPending {
+            flushPending = false
+            tickFlush.flushAfterTick(context)
+        }
         guard workPending else { return }
         workPending = false
         context.fireChannelReadComplete()

@@ -35,6 +35,7 @@ public final class SocketServer: Service {
     private let limitLog: LimitLog
     private let logger: Logger
     private let group: any EventLoopGroup
+    private let tickFlushes: [ObjectIdentifier: TickFlush]
     private let onListening: @Sendable () async -> Void
 
     public init(
@@ -50,6 +51,7 @@ public final class SocketServer: Service {
         self.limitLog = LimitLog(logger: logger)
         self.logger = logger
         self.group = group
+        self.tickFlushes = TickFlush.perLoop(of: group)
         self.onListening = onListening
     }
 
@@ -101,9 +103,11 @@ public final class SocketServer: Service {
         let acceptBuffer = NIOAsyncSequenceProducerBackPressureStrategies.HighLowWatermark(
             lowWatermark: 64, highWatermark: 256)
         let initializer: @Sendable (any Channel) -> EventLoopFuture<Admission> = {
-            [dispatcher, policy, quota, limitLog, logger] channel in
-            Self.admit(
-                channel, dispatcher: dispatcher, policy: policy, quota: quota, limitLog: limitLog, logger: logger)
+            [dispatcher, policy, quota, limitLog, logger, tickFlushes] channel in
+            let tickFlush = tickFlushes[ObjectIdentifier(channel.eventLoop)] ?? TickFlush(eventLoop: channel.eventLoop)
+            return Self.admit(
+                channel, dispatcher: dispatcher, policy: policy, quota: quota, limitLog: limitLog, logger: logger,
+                tickFlush: tickFlush)
         }
         switch address {
         case .inherited(let descriptor, let path):
@@ -143,7 +147,7 @@ public final class SocketServer: Service {
     /// peer is attested (`CallerAttestor`); `/proc` is read only when a rule needs it.
     private static func admit(
         _ channel: any Channel, dispatcher: RequestDispatcher, policy: AccessPolicy, quota: ConnectionQuota,
-        limitLog: LimitLog, logger: Logger
+        limitLog: LimitLog, logger: Logger, tickFlush: TickFlush
     ) -> EventLoopFuture<Admission> {
         guard let provider = channel as? any SocketOptionProvider else {
             channel.close(promise: nil)
@@ -177,7 +181,7 @@ public final class SocketServer: Service {
             }
             let handler = ConnectionHandler(
                 dispatcher: dispatcher, access: CallerAccess(policy: policy, caller: caller),
-                quota: quota, limitLog: limitLog, logger: logger)
+                quota: quota, limitLog: limitLog, logger: logger, tickFlush: tickFlush)
             do {
                 try channel.pipeline.syncOperations.addHandler(handler)
             } catch {

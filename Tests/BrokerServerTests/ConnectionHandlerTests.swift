@@ -36,7 +36,8 @@ import Testing
             let handler = ConnectionHandler(
                 dispatcher: RequestDispatcher(broker: harness.broker, policy: policy),
                 access: CallerAccess(policy: policy, caller: caller), quota: quota,
-                limitLog: LimitLog(logger: Logger(label: "test")), logger: Logger(label: "test"))
+                limitLog: LimitLog(logger: Logger(label: "test")), logger: Logger(label: "test"),
+                tickFlush: TickFlush(eventLoop: loop))
             channel = EmbeddedChannel(handler: handler, loop: loop)
             try await channel.connect(to: SocketAddress(unixDomainSocketPath: harness.directory.file("peer"))).get()
         }
@@ -45,6 +46,7 @@ import Testing
 
         /// Every line written to the peer so far.
         func answers() throws -> [String] {
+            loop.run()
             var lines: [String] = []
             while let buffer = try channel.readOutbound(as: ByteBuffer.self) {
                 lines += String(buffer: buffer).split(separator: "\n").map(String.init)

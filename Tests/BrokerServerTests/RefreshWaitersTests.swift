@@ -35,7 +35,8 @@ import Testing
             let channel = try await NIOAsyncTestingChannel { [dispatcher, policy, quota] channel in
                 let handler = ConnectionHandler(
                     dispatcher: dispatcher, access: CallerAccess(policy: policy, caller: caller), quota: quota,
-                    limitLog: LimitLog(logger: Logger(label: "test")), logger: Logger(label: "test"))
+                    limitLog: LimitLog(logger: Logger(label: "test")), logger: Logger(label: "test"),
+                    tickFlush: TickFlush(eventLoop: channel.eventLoop))
                 try channel.pipeline.syncOperations.addHandler(handler)
             }
             try await channel.connect(to: SocketAddress(unixDomainSocketPath: harness.directory.file("peer"))).get()
