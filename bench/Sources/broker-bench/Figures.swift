@@ -108,7 +108,7 @@ struct Figures {
     }
 
     /// Cached `token` requests from the C load client at 64 connections and at 1: against the C
-    /// echo floor, brokerd as shipped, brokerd with an access policy on the account, and brokerd
+    /// echo floor and SwiftNIO's echo (`broker-bench echo-server`), brokerd as shipped, brokerd with an access policy on the account, and brokerd
     /// with 1 and with 2 event loops; with the CPU time each server spent per request.
     private func cachedTokens(brokers setups: [BrokerSetup], againstEcho: Bool) async throws {
         let workspace = try TemporaryDirectory()
@@ -144,6 +144,19 @@ struct Figures {
         }
         if let shipped = servers.first(where: { $0.name == BrokerSetup.shipped.name }) {
             emit("default_event_loops", Double(shipped.process.threads(named: "NIO-SGLTN-")))
+        }
+        var nioEcho: ChildProcess?
+        defer { nioEcho?.stop() }
+        if againstEcho, let shipped = servers.first(where: { $0.name == BrokerSetup.shipped.name }) {
+            // SwiftNIO alone, answering with as many bytes as the broker does, on one event loop.
+            let answer = try RawConnection(path: shipped.path).request(#"{"id":1,"op":"token","account":"bench-0"}"#)
+            guard let answer else { throw BenchError("brokerd did not answer") }
+            let path = workspace.file("nio-echo.sock")
+            let process = try ChildProcess.spawn(
+                CommandLine.arguments[0], ["echo-server", path, "1", String(answer.utf8.count + 1)], environment: [:])
+            nioEcho = process
+            _ = try RawConnection(path: path, waitingUpTo: 5)
+            servers.insert(("nioecho", path, process), at: 1)
         }
 
         var runs: [String: [LoadClientResult]] = [:]

@@ -37,6 +37,8 @@ enum Table {
         case ratioAtMost(Double)
         case ratioAtLeast(Double)
         case atMost(Double)
+        /// No target: shown to explain another figure.
+        case none
     }
 
     /// One line of the table.
@@ -74,8 +76,23 @@ enum Table {
             Row(
                 figure: "expired token, 1,000 waiting clients: last served after the IdP's answer",
                 key: "expired_1000_last_after_idp_ms", unit: .milliseconds, target: .atMost(10)),
-        ] + policyRows + cachedTokenRows(server: "loops1", label: "1 event loop: cached `token`")
+        ] + swiftNIORows + policyRows + cachedTokenRows(server: "loops1", label: "1 event loop: cached `token`")
         + cachedTokenRows(server: "loops2", label: "2 event loops: cached `token`")
+
+    /// SwiftNIO's echo (`broker-bench echo-server`, brokerd's answer size, one event loop) beside
+    /// the C floor, and brokerd beside it: what the event-loop library alone costs, and what the
+    /// broker adds to it. No target of the issue.
+    static let swiftNIORows: [Row] = [
+        Row(
+            figure: "SwiftNIO echo (no work, brokerd's answer size), 64 connections, req/s", key: "nioecho_64_rps",
+            unit: .requestsPerSecond, yardstick: ("echo floor", "echo_64_rps"), target: .none),
+        Row(
+            figure: "SwiftNIO echo, 1 connection, p50", key: "nioecho_1_p50_us", unit: .microseconds,
+            yardstick: ("echo floor", "echo_1_p50_us"), target: .none),
+        Row(
+            figure: "cached `token`, 64 connections, req/s, beside SwiftNIO's echo", key: "token_64_rps",
+            unit: .requestsPerSecond, yardstick: ("SwiftNIO echo", "nioecho_64_rps"), target: .none),
+    ]
 
     /// Cached tokens of an account behind a rule of three executables, beside the same broker
     /// without one in the same run (issue 11: at most 10% slower at 64 connections). Their p99
@@ -154,6 +171,7 @@ enum Table {
         case .ratioAtMost(let ratio): target = "≤ \(decimal(ratio, places: 1))x \(yardstickName)"
         case .ratioAtLeast(let ratio): target = "≥ \(decimal(ratio, places: 1))x \(yardstickName)"
         case .atMost(let limit): target = "≤ \(decimal(limit, places: 0)) \(row.unit.symbol)"
+        case .none: target = "-"
         }
         guard let measured = figures[row.key] else { return [row.figure, "not measured", "-", "-", target, "-"] }
         let yardstick = row.yardstick.flatMap { figures[$0.key] }
@@ -163,6 +181,7 @@ enum Table {
         case .ratioAtMost(let limit): met = ratio.map { $0 <= limit }
         case .ratioAtLeast(let limit): met = ratio.map { $0 >= limit }
         case .atMost(let limit): met = row.unit.shown(measured) <= limit
+        case .none: met = nil
         }
         return [
             row.figure, row.unit.show(measured),

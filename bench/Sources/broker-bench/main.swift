@@ -21,13 +21,15 @@ let usage = """
            broker-bench save
            broker-bench table < FIGURES
            broker-bench flood PATH-TO-BROKERD [SECONDS-PER-RUN]
+           broker-bench echo-server SOCKET [EVENT-LOOPS] [ANSWER-BYTES]
 
     """
 let arguments = CommandLine.arguments
 if arguments.count >= 3, arguments[1] == "echo-server" {
-    // An optional event-loop count, 1 to 64 (default: one per core).
+    // An optional event-loop count, 1 to 64 (default: one per core), and answer size, 32 to 65,536.
     let loops = arguments.count >= 4 ? Int(arguments[3]).flatMap { (1...64).contains($0) ? $0 : nil } : nil
-    try EchoServer.run(path: arguments[2], eventLoops: loops)
+    let bytes = arguments.count >= 5 ? Int(arguments[4]).flatMap { (32...65536).contains($0) ? $0 : nil } : nil
+    try EchoServer.run(path: arguments[2], eventLoops: loops, answerBytes: bytes ?? 200)
 }
 var fileLimit = rlimit()
 getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &fileLimit)
@@ -286,27 +288,54 @@ struct BenchError: Error, CustomStringConvertible {
 
 /// SwiftNIO's floor: a server on a Unix socket that writes back whatever it reads, on
 /// `eventLoops` event loops (one per core when `nil`).
+/// `broker-bench echo-server PATH [LOOPS] [BYTES]`: the C echo floor's behaviour in SwiftNIO, with
+/// brokerd's channel options and nothing else: every line received is answered with one fixed
+/// line of `BYTES` bytes (default 200, the C floor's) that holds `"access_token"`. Measured
+/// beside brokerd with the size of its answer, it shows what SwiftNIO alone costs per request.
 enum EchoServer {
-    static func run(path: String, eventLoops: Int?) throws -> Never {
+    static func run(path: String, eventLoops: Int?, answerBytes: Int) throws -> Never {
         unlink(path)
         let group = eventLoops.map { MultiThreadedEventLoopGroup(numberOfThreads: $0) } ?? .singleton
+        let answer = ByteBuffer(bytes: Self.answer(bytes: answerBytes))
         let channel = try ServerBootstrap(group: group)
+            .childChannelOption(.maxMessagesPerRead, value: 1)
             .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(Echo()) }
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(FixedAnswer(answer: answer))
+                }
             }
             .bind(unixDomainSocketPath: path).wait()
         try channel.closeFuture.wait()
         exit(0)
     }
 
-    final class Echo: ChannelInboundHandler {
+    /// `{"ok":true,"access_token":"xx…"}` and a newline, `bytes` long (at least 32).
+    static func answer(bytes: Int) -> [UInt8] {
+        let head = Array(#"{"ok":true,"access_token":""#.utf8)
+        let tail = Array("\"}\n".utf8)
+        return head + [UInt8](repeating: UInt8(ascii: "x"), count: max(0, bytes - head.count - tail.count)) + tail
+    }
+
+    final class FixedAnswer: ChannelInboundHandler {
         typealias InboundIn = ByteBuffer
         typealias OutboundOut = ByteBuffer
 
+        private let answer: ByteBuffer
+        private var written = false
+
+        init(answer: ByteBuffer) { self.answer = answer }
+
         func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-            context.write(data, promise: nil)
+            for byte in unwrapInboundIn(data).readableBytesView where byte == UInt8(ascii: "\n") {
+                context.write(wrapOutboundOut(answer), promise: nil)
+                written = true
+            }
         }
 
-        func channelReadComplete(context: ChannelHandlerContext) { context.flush() }
+        func channelReadComplete(context: ChannelHandlerContext) {
+            guard written else { return }
+            written = false
+            context.flush()
+        }
     }
 }
