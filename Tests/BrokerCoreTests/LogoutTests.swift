@@ -100,7 +100,8 @@ import Testing
     @Test func aLogoutUnderWayHoldsTheAccount() async throws {
         let rig = try await Rig(settings: FaultInjectionTests.settings, revocation: .configured)
         defer { Task { await rig.shutdown() } }
-        rig.idp.setDelay(.milliseconds(300))
+        let revocation = rig.idp.holdRevocations()
+        defer { revocation.open() }
         let logout = Task { try await rig.broker.logout(account: "api", force: false) }
         #expect(await eventually { rig.idp.revocations.count == 1 })
         for change in ["set_tokens", "remove", "logout", "refresh"] {
@@ -115,6 +116,7 @@ import Testing
             }
             #expect(refused?.code == .unavailable, "\(change)")
         }
+        revocation.open()
         #expect(try await logout.value.revoked)
         #expect(rig.idp.callCount == 0, "no refresh started during the logout")
         let seen = await FaultInjectionTests.collect(rig.events)

@@ -51,6 +51,8 @@ public final class OAuth2TestIdP: Sendable {
         var behavior = Behavior.normal
         var lifetime: Int
         var delay: Duration = .zero
+        /// Holds the revocation endpoint's answers while set.
+        var revocationGate: AnswerGate?
         var discoveryBehavior = Behavior.normal
         var discoveryCount = 0
         var revocations: [Revocation] = []
@@ -142,6 +144,12 @@ public final class OAuth2TestIdP: Sendable {
     public func setBehavior(_ behavior: Behavior) { state.withLock { $0.behavior = behavior } }
     public func setLifetime(_ seconds: Int) { state.withLock { $0.lifetime = seconds } }
     public func setDelay(_ delay: Duration) { state.withLock { $0.delay = delay } }
+    /// Holds every later answer of the revocation endpoint until the gate returned is opened.
+    public func holdRevocations() -> AnswerGate {
+        let gate = AnswerGate()
+        state.withLock { $0.revocationGate = gate }
+        return gate
+    }
     /// Holds refreshes to the scopes of `scope` (space-separated) and states the granted scope.
     public func setOriginalGrant(scope: String) {
         state.withLock { $0.originalGrant = Set(scope.split(separator: " ").map(String.init)) }
@@ -233,7 +241,7 @@ public final class OAuth2TestIdP: Sendable {
                 return Answer(status: .badRequest, body: #"{"error":"invalid_request"}"#)
             }
             if token == state.currentRefreshToken { state.currentRefreshToken = "revoked-\(randomSuffix())" }
-            return Answer(status: .ok, body: "", delay: state.delay)
+            return Answer(status: .ok, body: "", delay: state.delay, gate: state.revocationGate)
         }
     }
 

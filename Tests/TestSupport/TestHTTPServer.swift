@@ -26,20 +26,50 @@ public struct TestHTTPResponse: Sendable {
     public var delay: Duration
     /// Never answer (the connection stays open).
     public var hang: Bool
+    /// Answer only once this gate is open (then after `delay`).
+    public var gate: AnswerGate?
 
     public init(
         status: HTTPResponseStatus, body: String, headers: [(String, String)] = [], delay: Duration = .zero,
-        hang: Bool = false
+        hang: Bool = false, gate: AnswerGate? = nil
     ) {
         self.status = status
         self.body = body
         self.headers = headers
         self.delay = delay
         self.hang = hang
+        self.gate = gate
     }
 
     /// A response that never comes.
     public static var hanging: TestHTTPResponse { TestHTTPResponse(status: .ok, body: "", hang: true) }
+}
+
+/// Holds the answers given it until it is opened: a test that must act while the IdP has not
+/// answered yet opens it when done, instead of hoping that a delay lasts long enough.
+public final class AnswerGate: Sendable {
+    private let state = Mutex<(open: Bool, held: [@Sendable () -> Void])>((false, []))
+
+    public init() {}
+
+    /// Runs `answer` once the gate is open: at once if it is.
+    func whenOpen(_ answer: @escaping @Sendable () -> Void) {
+        let isOpen = state.withLock { state in
+            if !state.open { state.held.append(answer) }
+            return state.open
+        }
+        if isOpen { answer() }
+    }
+
+    /// Sends the answers held; later ones are not held.
+    public func open() {
+        let held = state.withLock { state in
+            state.open = true
+            defer { state.held = [] }
+            return state.held
+        }
+        for answer in held { answer() }
+    }
 }
 
 /// A real HTTP/1.1 server on 127.0.0.1 (port chosen by the system) that hands every request
@@ -113,14 +143,17 @@ private final class RequestHandler: ChannelInboundHandler, @unchecked Sendable {
                 channel.write(HTTPServerResponsePart.body(.byteBuffer(ByteBuffer(string: answer.body))), promise: nil)
                 channel.writeAndFlush(HTTPServerResponsePart.end(nil), promise: nil)
             }
-            if answer.delay == .zero {
-                respond()
-            } else {
-                let nanoseconds =
-                    answer.delay.components.seconds * 1_000_000_000 + answer.delay.components.attoseconds
-                    / 1_000_000_000
-                context.eventLoop.scheduleTask(in: .nanoseconds(nanoseconds)) { respond() }
+            let delay = answer.delay
+            let send: @Sendable () -> Void = {
+                if delay == .zero {
+                    respond()
+                } else {
+                    let (seconds, attoseconds) = delay.components
+                    let nanoseconds = seconds * 1_000_000_000 + attoseconds / 1_000_000_000
+                    channel.eventLoop.scheduleTask(in: .nanoseconds(nanoseconds)) { respond() }
+                }
             }
+            if let gate = answer.gate { gate.whenOpen(send) } else { send() }
         }
     }
 }
