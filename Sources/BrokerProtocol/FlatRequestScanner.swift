@@ -4,7 +4,7 @@
 ///
 /// It only gates the hot path, and never disagrees with the full path (`JSONLine.problem(in:)`
 /// then the decoder over `Request`): whatever it returns, the full path would read the same
-/// `id`, `op`, `account` and `min_ttl` from the same line. Anything it cannot vouch for yields
+/// `id`, `op`, `account`, `min_ttl` and `access_token` from the same line. Anything it cannot vouch for yields
 /// `nil` and the full path decides: text outside RFC 8259, nested values, a repeated key, a
 /// field of `Request` it does not read, a value of the wrong type, an `id` number that is not
 /// a plain integer within 64 bits (the decoder turns `1.0` into `1` and `1e2` into `100`).
@@ -13,6 +13,8 @@ public struct FlatRequest: Equatable, Sendable {
     public var op: String?
     public var account: String?
     public var minTTL: Double?
+    /// The token a `reject` names.
+    public var accessToken: String?
 
     /// The fields the fast path reads, as the full path read them from `request`.
     public init(_ request: Request) {
@@ -20,6 +22,7 @@ public struct FlatRequest: Equatable, Sendable {
         op = request.op
         account = request.account
         minTTL = request.minTTL
+        accessToken = request.accessToken
     }
 
     private init() {}
@@ -28,7 +31,7 @@ public struct FlatRequest: Equatable, Sendable {
     /// same strings and the same `min_ttl` bits.
     public static func == (lhs: FlatRequest, rhs: FlatRequest) -> Bool {
         lhs.id.map(JSONText.encode) == rhs.id.map(JSONText.encode) && lhs.op == rhs.op && lhs.account == rhs.account
-            && lhs.minTTL?.bitPattern == rhs.minTTL?.bitPattern
+            && lhs.minTTL?.bitPattern == rhs.minTTL?.bitPattern && lhs.accessToken == rhs.accessToken
     }
 
     /// Lines with more unknown members than this are left to the full path, which keeps the
@@ -123,7 +126,8 @@ public struct FlatRequest: Equatable, Sendable {
             // taken here is a plain `0`.
             guard let seconds = Double(text), seconds.isFinite, seconds != 0 || isInteger else { return false }
             minTTL = seconds
-        case (.client, .string), (.accessToken, .string): break
+        case (.accessToken, .string(let text)): accessToken = text
+        case (.client, .string): break
         default: return false
         }
         return true

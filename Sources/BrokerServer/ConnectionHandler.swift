@@ -280,7 +280,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         guard tickets.remove(ticket) != nil else { return }
         switch outcome {
         case .success(let token): write(token, id: id, now: dispatcher.broker.clock.now(), context: context)
-        case .failure(let error): write(dispatcher.errorLine(id: id, error), context: context)
+        case .failure(let shared): write(shared.line(id: id), context: context)
         }
         flushIfPending(context: context)
         requestAnswered(context: context)

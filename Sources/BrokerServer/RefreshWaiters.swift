@@ -4,20 +4,24 @@ import FoundationEssentials
 import NIOCore
 import Synchronization
 
-/// `token` requests that missed the cache, held on their connections' event loops while one
-/// fetch per account and `min_ttl` waits for the refresh they share.
+/// `token` requests that missed the cache, and `reject`s of an account's token, held on their
+/// connections' event loops while one fetch per account, `min_ttl` and token rejected waits for
+/// the refresh they share.
 ///
 /// When the fetch ends, each event loop gets one task that answers every request waiting on
 /// it: a thousand clients of an expired token cost one wake-up per loop, not a task each that
 /// then hops to its loop with its answer.
 final class RefreshWaiters: Sendable {
-    /// What the waiting requests are answered with.
-    typealias Outcome = Result<PreparedToken, BrokerError>
+    /// What the waiting requests are answered with: a failure is encoded once for them all.
+    typealias Outcome = Result<PreparedToken, SharedErrorLine>
 
-    /// The requests one fetch answers: the same account and the same `min_ttl`.
+    /// The requests one fetch answers: the same account and the same `min_ttl`, and for a
+    /// `reject` the same token rejected.
     struct Key: Hashable, Sendable {
         let account: String
         let minTTL: TimeInterval
+        /// The access token a `reject` names; `nil` for a `token` request.
+        var rejected: String? = nil
     }
 
     /// A waiting request, by which its connection can drop it.

@@ -25,8 +25,8 @@ public struct RequestDispatcher: Sendable {
         case immediate([UInt8])
         /// A cached token, written from guarded memory straight into the outgoing buffer.
         case cached(PreparedToken, id: RequestID?, now: Date)
-        /// A plain `token` request that missed the cache: wait on the event loop with the other
-        /// requests for the same token (`waiters`) until `fetchToken` has it.
+        /// A plain `token` request that missed the cache, or a plain `reject`: wait on the event
+        /// loop with the other requests for the same token (`waiters`) until `fetchToken` has it.
         case awaitToken(RefreshWaiters.Key, id: RequestID?)
         case deferred(Request)
         /// Acknowledge with the first line, then stream the events as lines on the same connection.
@@ -59,6 +59,14 @@ public struct RequestDispatcher: Sendable {
             // The scanner read every field a token request has, as the decoder would: no second read.
             return .deferred(
                 Request(id: flat.id, op: Operation.token.rawValue, account: flat.account, minTTL: flat.minTTL))
+        }
+        // A `reject` the full path would run waits with the others that reject the same token,
+        // for one refresh (an error the full path would give, it gives).
+        if let flat, flat.op == Operation.reject.rawValue, let rejected = flat.accessToken, !broker.padlock.isLocked,
+            let account = try? AccountField.required(flat.account), let seconds = try? minTTL(flat.minTTL)
+        {
+            guard access.mayUse(account) else { return .immediate(forbidden(id: flat.id, account: account)) }
+            return .awaitToken(RefreshWaiters.Key(account: account, minTTL: seconds, rejected: rejected), id: flat.id)
         }
         // A line the scanner read is well-formed JSON with no repeated key.
         if flat == nil, let problem = JSONLine.problem(in: line) {
@@ -230,13 +238,18 @@ public struct RequestDispatcher: Sendable {
     }
 
     /// The token the requests waiting for `key` get: the same call and the same answer as
-    /// `run` gives a `token` request (its failure noted once for all of them).
+    /// `run` gives a `token` or `reject` request (its failure noted once for all of them).
     func fetchToken(_ key: RefreshWaiters.Key) async -> RefreshWaiters.Outcome {
         do {
+            if let rejected = key.rejected {
+                let token = try await broker.reject(account: key.account, accessToken: rejected, minTTL: key.minTTL)
+                return .success(token)
+            }
             return .success(try await broker.token(account: key.account, minTTL: key.minTTL))
         } catch {
-            note(error, op: Operation.token.rawValue, account: key.account)
-            return .failure(error)
+            let op = key.rejected == nil ? Operation.token : Operation.reject
+            note(error, op: op.rawValue, account: key.account)
+            return .failure(SharedErrorLine(error))
         }
     }
 

@@ -75,6 +75,36 @@ import Testing
         await setup.finish(channels)
     }
 
+    /// `reject`s of the account's token wait together for one refresh; a later `reject` of the
+    /// same, now replaced, token gets the new one without another IdP call.
+    @Test func theRejectsOfOneTokenShareOneRefresh() async throws {
+        let setup = try await Setup()
+        setup.harness.idp.setDelay(.milliseconds(200))
+        let reject = #""op":"reject","account":"api","access_token":"at-pushed"}"# + "\n"
+        let channels = try await (0..<3).asyncMap { _ in try await setup.connect() }
+        for (index, channel) in channels.enumerated() {
+            try await channel.writeInbound(ByteBuffer(string: #"{"id":\#(index),"# + reject))
+        }
+        #expect(setup.dispatcher.waiters.count == 3)
+        var answers: [String] = []
+        for (index, channel) in channels.enumerated() {
+            let answer = try await setup.answer(on: channel)
+            #expect(answer.hasPrefix(#"{"id":\#(index),"ok":true"#))
+            #expect(try await channel.readInbound(as: ConnectionWork.self) == nil, "nothing went to the task")
+            answers.append(answer)
+        }
+        let late = try await setup.connect()
+        try await late.writeInbound(ByteBuffer(string: #"{"id":9,"# + reject))
+        answers.append(try await setup.answer(on: late))
+        let issued = setup.harness.idp.issuedAccessTokens
+        // Checked outside #expect, whose failure message would print the token.
+        let allHoldIssued = issued.count == 1 && answers.allSatisfy { $0.contains(#""access_token":"\#(issued[0])""#) }
+        #expect(allHoldIssued, "not every answer holds the one token issued")
+        #expect(setup.harness.idp.refreshCalls.count == 1)
+        #expect(setup.dispatcher.waiters.count == 0)
+        await setup.finish(channels + [late])
+    }
+
     @Test func aWaiterWhoseConnectionClosedIsDroppedAndTheOthersAreStillAnswered() async throws {
         let setup = try await Setup()
         setup.harness.idp.setDelay(.milliseconds(300))
