@@ -510,13 +510,11 @@ public actor Broker {
     /// that needs such an account's token meanwhile gets an on-demand refresh.
     public func runDueRefreshes() -> Date? {
         let now = clock.now()
-        let settings = settings
+        let (threshold, spread) = (settings.overdueThreshold, settings.overdueSpread)
         var next: Date?
         for name in accounts.keys {
             if let poll = pollSource(name, now: now) { next = min(next ?? poll, poll) }
-            let spread = settings.overdueSpread
-            switch accounts[name]?.due(
-                now: now, overdueThreshold: settings.overdueThreshold, spread: Double.random(in: 0...spread))
+            switch accounts[name]?.due(now: now, overdueThreshold: threshold, spread: Double.random(in: 0...spread))
             {
             case .refreshNow: _ = startRefresh(name)
             case .at(let due): next = min(next ?? due, due)

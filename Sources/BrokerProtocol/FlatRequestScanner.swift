@@ -4,8 +4,8 @@
 ///
 /// It only gates the hot path, and never disagrees with the full path (`JSONLine.problem(in:)`
 /// then the decoder over `Request`): whatever it returns, the full path would read the same
-/// `id`, `op`, `account`, `min_ttl` and `access_token` from the same line. Anything it cannot vouch for yields
-/// `nil` and the full path decides: text outside RFC 8259, nested values, a repeated key, a
+/// `id`, `op`, `account`, `min_ttl` and `access_token` from the same line. Anything it cannot
+/// vouch for yields `nil` and the full path decides: text outside RFC 8259, nested values, a repeated key, a
 /// field of `Request` it does not read, a value of the wrong type, an `id` number that is not
 /// a plain integer within 64 bits (the decoder turns `1.0` into `1` and `1e2` into `100`).
 public struct FlatRequest: Equatable, Sendable {

@@ -260,8 +260,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
         return true
     }
 
-    /// Holds a `token` request until the token for `key` is fetched (`RefreshWaiters`), counted
-    /// as a running request like one handed to the task.
+    /// Holds a `token` or `reject` request until the token for `key` is fetched
+    /// (`RefreshWaiters`), counted as a running request like one handed to the task.
     private func awaitToken(_ key: RefreshWaiters.Key, id: RequestID?, context: ChannelHandlerContext) {
         guard reserveRequest(id: id, context: context) else { return }
         let ticket = dispatcher.waiters.wait(

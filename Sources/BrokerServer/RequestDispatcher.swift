@@ -11,7 +11,8 @@ public struct RequestDispatcher: Sendable {
     let policy: AccessPolicy
     /// Gets a debug line for each request that runs on the broker and fails.
     let logger: Logger
-    /// `token` requests that missed the cache, waiting on their event loops for a refresh.
+    /// `token` requests that missed the cache, and `reject`s, waiting on their event loops for a
+    /// refresh.
     let waiters = RefreshWaiters()
 
     public init(broker: Broker, policy: AccessPolicy, logger: Logger = Logger(label: "brokerd")) {

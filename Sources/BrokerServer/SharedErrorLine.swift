@@ -5,12 +5,10 @@ import FoundationEssentials
 /// client waiting on it), encoded once: only the id differs between their lines, and it is
 /// written by hand in front of the error object, as `PreparedToken` writes a token's line.
 struct SharedErrorLine: Error, Sendable {
-    let error: BrokerError
     /// `,"ok":false,"error":{…}}` and the newline.
     private let tail: [UInt8]
 
     init(_ error: BrokerError) {
-        self.error = error
         let body = ErrorBody(code: error.code.rawValue, message: error.message, retryAfterMs: error.retryAfterMs)
         let object =
             (try? Wire.makeEncoder().encode(body)).map { Array($0) }

@@ -34,7 +34,9 @@ static int release_object(struct dl_phdr_info *info, size_t size, void *released
     // is the kernel's own mapping and is left alone.
     if (info->dlpi_name == NULL || (info->dlpi_name[0] != '\0' && info->dlpi_name[0] != '/')) return 0;
     if (has_text_relocations(info)) return 0;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    long page_size = sysconf(_SC_PAGESIZE);
+    if (page_size <= 0) return 0;
+    uintptr_t page = (uintptr_t)page_size;
     for (int index = 0; index < info->dlpi_phnum; index++) {
         const ElfW(Phdr) *header = &info->dlpi_phdr[index];
         if (header->p_type != PT_LOAD || (header->p_flags & PF_W) || header->p_filesz == 0) continue;

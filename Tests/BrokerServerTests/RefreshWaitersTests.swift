@@ -9,9 +9,10 @@ import Testing
 
 @testable import BrokerServer
 
-/// `token` requests that miss the cache wait on their event loops (`RefreshWaiters`) for one
-/// shared fetch: several connections (each a `ConnectionHandler` on a `NIOAsyncTestingChannel`
-/// sharing one dispatcher) ask for the token of an expired `api` account at once.
+/// `token` requests that miss the cache, and `reject`s, wait on their event loops
+/// (`RefreshWaiters`) for one shared fetch: several connections (each a `ConnectionHandler` on a
+/// `NIOAsyncTestingChannel` sharing one dispatcher) ask for the token of an expired `api`
+/// account at once.
 @Suite struct RefreshWaitersTests {
     final class Setup {
         let harness: BrokerHarness

@@ -27,6 +27,12 @@ import Testing
         context.write(NIOAny(ByteBuffer(string: text)), promise: nil)
     }
 
+    /// Writes `text` on `context` as an inline answer and hands the context to `flush`.
+    func answer(_ text: String, on context: ChannelHandlerContext, flushedBy flush: TickFlush) {
+        write(text, on: context)
+        flush.flushAfterTick(context)
+    }
+
     func flushed(_ channel: EmbeddedChannel) throws -> [String] {
         var texts: [String] = []
         while let buffer = try channel.readOutbound(as: ByteBuffer.self) { texts.append(String(buffer: buffer)) }
@@ -37,10 +43,8 @@ import Testing
         let flush = TickFlush(eventLoop: loop)
         let (first, firstContext) = try connection()
         let (second, secondContext) = try connection()
-        write("a\n", on: firstContext)
-        flush.flushAfterTick(firstContext)
-        write("b\n", on: secondContext)
-        flush.flushAfterTick(secondContext)
+        answer("a\n", on: firstContext, flushedBy: flush)
+        answer("b\n", on: secondContext, flushedBy: flush)
         write("c\n", on: firstContext)
         #expect(try flushed(first).isEmpty)
         #expect(try flushed(second).isEmpty)
@@ -49,8 +53,7 @@ import Testing
         #expect(try flushed(first) == ["a\n", "c\n"])
         #expect(try flushed(second) == ["b\n"])
 
-        write("d\n", on: secondContext)
-        flush.flushAfterTick(secondContext)
+        answer("d\n", on: secondContext, flushedBy: flush)
         #expect(try flushed(second).isEmpty)
         loop.run()
         #expect(try flushed(second) == ["d\n"])
@@ -63,10 +66,8 @@ import Testing
         let flush = TickFlush(eventLoop: loop)
         let (closing, closingContext) = try connection()
         let (open, openContext) = try connection()
-        write("gone\n", on: closingContext)
-        flush.flushAfterTick(closingContext)
-        write("kept\n", on: openContext)
-        flush.flushAfterTick(openContext)
+        answer("gone\n", on: closingContext, flushedBy: flush)
+        answer("kept\n", on: openContext, flushedBy: flush)
         _ = try closing.finish(acceptAlreadyClosed: false)
 
         loop.run()

@@ -108,8 +108,8 @@ struct Figures {
     }
 
     /// Cached `token` requests from the C load client at 64 connections and at 1: against the C
-    /// echo floor and SwiftNIO's echo (`broker-bench echo-server`), brokerd as shipped, brokerd with an access policy on the account, and brokerd
-    /// with 1 and with 2 event loops; with the CPU time each server spent per request.
+    /// echo floor and SwiftNIO's echo (`broker-bench echo-server`), brokerd as shipped, brokerd
+    /// with an access policy on the account, and brokerd with 1 and with 2 event loops; with the CPU time each server spent per request.
     private func cachedTokens(brokers setups: [BrokerSetup], againstEcho: Bool) async throws {
         let workspace = try TemporaryDirectory()
         defer { workspace.remove() }
