@@ -98,7 +98,11 @@ import Testing
 
     /// While a logout waits for the IdP, the account cannot be changed or removed under it.
     @Test func aLogoutUnderWayHoldsTheAccount() async throws {
-        let rig = try await Rig(settings: FaultInjectionTests.settings, revocation: .configured)
+        // The revocation's answer is held until every change has been tried, however long that
+        // takes on a loaded machine: the broker must not give up on it meanwhile.
+        var settings = FaultInjectionTests.settings
+        settings.requestTimeout = 60
+        let rig = try await Rig(settings: settings, revocation: .configured)
         defer { Task { await rig.shutdown() } }
         let revocation = rig.idp.holdRevocations()
         defer { revocation.open() }
