@@ -1,6 +1,10 @@
 import FoundationEssentials
 import Synchronization
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Who may get one account's token (`[accounts.NAME.access]`). A caller is served when its uid
 /// is the owner's or listed in `uids` and, when `executables` or `units` is given, its
 /// executable or its systemd unit is listed.
@@ -47,6 +51,54 @@ public struct AccessRules: Sendable, Equatable {
 
     /// Every uid other than the owner's that some account lists: those may connect.
     public var listedUIDs: Set<UInt32> { Set(accounts.values.flatMap(\.uids)) }
+
+    /// Every listed executable (account rules and `admins`) that `uid` could replace: the
+    /// file, a directory above it, or, for a symbolic link, the same along its target, is
+    /// writable by `uid` or owned by it (an owner may change the mode). A rule naming such a
+    /// path stops nothing that runs as `uid`. Root's own files are not counted: a process of
+    /// root can do anything a rule would stop.
+    public func replaceablePrograms(by uid: UInt32 = getuid()) -> [String] {
+        let groups = Self.groups()
+        let paths = Set(admins + accounts.values.flatMap(\.executables))
+        return paths.sorted().filter { path in
+            var resolved = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+            let target =
+                realpath(path, &resolved) == nil
+                ? nil : String(decoding: resolved.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            return ([path] + (target.map { [$0] } ?? [])).contains { candidate in
+                Self.chain(of: candidate).contains { Self.isReplaceable($0, by: uid, groups: groups) }
+            }
+        }
+    }
+
+    /// The path and every directory above it.
+    private static func chain(of path: String) -> [String] {
+        var chain = [path]
+        var current = Substring(path)
+        while let slash = current.lastIndex(of: "/"), slash != current.startIndex {
+            current = current[..<slash]
+            chain.append(String(current))
+        }
+        return chain + ["/"]
+    }
+
+    /// Whether `uid` may change the file at `path` (not following a last symbolic link) or what
+    /// it holds: it owns it, or the mode lets it write (a sticky directory only lets it replace
+    /// what it owns, which is counted by that entry's owner).
+    private static func isReplaceable(_ path: String, by uid: UInt32, groups: Set<gid_t>) -> Bool {
+        var info = stat()
+        guard lstat(path, &info) == 0 else { return false }
+        if uid != 0, info.st_uid == uid { return true }
+        guard info.st_mode & S_ISVTX == 0 || info.st_mode & S_IFMT != S_IFDIR else { return false }
+        return info.st_mode & S_IWOTH != 0 || (info.st_mode & S_IWGRP != 0 && groups.contains(info.st_gid))
+    }
+
+    /// The broker's own groups.
+    private static func groups() -> Set<gid_t> {
+        var list = [gid_t](repeating: 0, count: Int(NGROUPS_MAX) + 1)
+        let count = getgroups(Int32(list.count), &list)
+        return Set(list.prefix(max(0, Int(count)))).union([getegid()])
+    }
 
     /// The `[broker]` keys these rules own, beside the engine's numeric settings.
     static let brokerKeys = ["admins", "socket_group", "socket_mode"]

@@ -454,6 +454,11 @@ public actor Broker {
         }
         settingsBox.withLock { $0 = configuration.settings }
         accessRules.replace(with: configuration.access)
+        for path in configuration.access.replaceablePrograms() {
+            logger.warning(
+                "a listed executable is writable by the broker's user, so a rule naming it stops none of its programs",
+                metadata: ["path": "\(JSONText.quote(path))"])
+        }
         bridges.replace(with: configuration.bridges)
         let now = clock.now()
         let stored = accounts.mapValues(\.record)

@@ -51,53 +51,68 @@ public struct ProcessFacts: Sendable, Equatable {
     }
 }
 
-/// The process at the other end of a connection: its credentials from when it connected, and
-/// what `/proc` shows of it, read when a rule first needs it (without rules that name programs,
-/// never) and then kept for the connection.
+/// The process at the other end of a connection: its credentials and what `/proc` showed of it
+/// when the connection was accepted, before any line was read. Those facts are the caller's for
+/// the connection; a request is judged by them, and `isUnchanged` tells whether the process
+/// still runs that program (it may have exec'ed another one since, keeping the socket).
 public final class Caller: Sendable, CustomStringConvertible {
     public let peer: PeerIdentity
     private let process: PeerProcess?
     private let reader: any ProcessReader
-    /// `nil` until read; then the facts, or `nil` inside when the caller had exited.
-    private let known: Mutex<ProcessFacts??>
+    /// What `/proc` showed at accept; `nil` when the caller had exited by then.
+    private let connected: ProcessFacts?
+    /// For a caller that runs the bridge program (brokerctl beside brokerd): the program it
+    /// works for, attested at accept (see `CallerAttestor.bridged(from:)`).
+    public let bridged: BridgedProgram?
 
-    init(peer: PeerIdentity, process: PeerProcess, reader: any ProcessReader) {
+    init(
+        peer: PeerIdentity, process: PeerProcess, reader: any ProcessReader, connected: ProcessFacts?,
+        bridged: BridgedProgram?
+    ) {
         self.peer = peer
         self.process = process
         self.reader = reader
-        self.known = Mutex(nil)
+        self.connected = connected
+        self.bridged = bridged
     }
 
-    /// A caller whose facts are known already (`nil`: it has exited).
-    public init(peer: PeerIdentity, facts: ProcessFacts?) {
+    /// A caller whose facts are known already (`nil`: it has exited), for tests of the rules.
+    public init(peer: PeerIdentity, facts: ProcessFacts?, bridged: BridgedProgram? = nil) {
         self.peer = peer
         self.process = nil
         self.reader = ProcFileSystemReader()
-        self.known = Mutex(.some(facts))
+        self.connected = facts
+        self.bridged = bridged
     }
 
-    /// What `/proc` showed of the caller when first asked; `nil` when it had exited by then.
-    public func facts() -> ProcessFacts? {
-        known.withLock { known in
-            if let known { return known }
-            let facts = process?.read(with: reader)
-            known = .some(facts)
-            return facts
-        }
-    }
+    /// What `/proc` showed of the caller when its connection was accepted; `nil` when it had
+    /// exited by then.
+    public func facts() -> ProcessFacts? { connected }
 
-    /// What `/proc` shows of the caller now (before an owner operation: it may have exec'ed
-    /// another program since it connected); `nil` when it has exited.
+    /// What `/proc` shows of the caller now; `nil` when it has exited.
     public func currentFacts() -> ProcessFacts? {
-        guard let process else { return facts() }
+        guard let process else { return connected }
         return process.read(with: reader)
+    }
+
+    /// Whether the caller still runs the executable it ran when it connected, and the program a
+    /// bridge works for still runs too: a process that exec'ed another program (or exited, its
+    /// socket kept by a child) is no longer the caller the facts describe. (Another user's
+    /// executable cannot be read: such a caller only has to run still.)
+    public func isUnchanged() -> Bool {
+        guard let connected, let current = currentFacts(), current.executable?.file == connected.executable?.file
+        else { return false }
+        return bridged?.isUnchanged(with: reader) ?? true
     }
 
     /// uid, pid, executable and unit, for log lines (never anything the caller sent).
     public var description: String {
-        guard let facts = facts() else { return "uid \(peer.uid) pid \(peer.pid) (exited)" }
-        return "uid \(peer.uid) pid \(peer.pid) executable \(Self.printable(facts.executable?.path)) unit "
+        guard let facts = connected else { return "uid \(peer.uid) pid \(peer.pid) (exited)" }
+        let line =
+            "uid \(peer.uid) pid \(peer.pid) executable \(Self.printable(facts.executable?.path)) unit "
             + Self.printable(facts.unit)
+        guard let bridged else { return line }
+        return line + " for pid \(bridged.pid) executable \(Self.printable(bridged.facts.executable?.path))"
     }
 
     /// `text` with control characters shown as `?`, so a file name cannot forge log lines.
@@ -105,6 +120,33 @@ public final class Caller: Sendable, CustomStringConvertible {
         guard let text else { return "(unknown)" }
         return String(
             String.UnicodeScalarView(text.unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7F ? "?" : $0 }))
+    }
+}
+
+/// The program a bridge (brokerctl run by git, docker or kubectl) works for: the nearest
+/// ancestor of the caller that is not a shell, with what `/proc` showed of it at accept.
+public struct BridgedProgram: Sendable {
+    public let facts: ProcessFacts
+    private let process: PeerProcess?
+
+    init(process: PeerProcess, facts: ProcessFacts) {
+        self.process = process
+        self.facts = facts
+    }
+
+    /// A program whose facts are known already, for tests of the rules.
+    public init(facts: ProcessFacts) {
+        self.process = nil
+        self.facts = facts
+    }
+
+    var pid: Int32 { process?.pid ?? 0 }
+
+    /// Whether it still runs the executable it ran at accept.
+    func isUnchanged(with reader: any ProcessReader) -> Bool {
+        guard let process else { return true }
+        guard let current = process.read(with: reader) else { return false }
+        return current.executable?.file == facts.executable?.file
     }
 }
 
@@ -133,6 +175,14 @@ final class PeerProcess: Sendable {
         guard pid > 0, let directory = ProcessDirectory(pid: pid) else { return nil }
         let facts = reader.facts(of: directory)
         return Self.hasExited(pidfd) ? nil : facts
+    }
+
+    /// The pid of the process's parent now (`/proc/PID/stat`), or `nil` once it has exited.
+    func parentPID() -> Int32? {
+        guard let pidfd else { return directory.flatMap(ProcessStat.parentPID(of:)) }
+        guard pid > 0, let directory = ProcessDirectory(pid: pid) else { return nil }
+        let parent = ProcessStat.parentPID(of: directory)
+        return Self.hasExited(pidfd) ? nil : parent
     }
 
     /// Whether the process behind `pidfd` has exited (a pidfd polls readable then).
@@ -210,20 +260,90 @@ public struct ProcFileSystemReader: ProcessReader {
 
 /// Attests callers from the kernel, as SPIRE's peertracker does: uid and pid from
 /// `SO_PEERCRED` and a pidfd from `SO_PEERPIDFD` at accept, naming the very process that
-/// connected; its executable and unit are read from `/proc` when first needed, each read
-/// followed by asking the pidfd whether that process still runs (see `PeerProcess`).
+/// connected; its executable and unit are read from `/proc` at once, each read followed by
+/// asking the pidfd whether that process still runs (see `PeerProcess`).
 public struct CallerAttestor: Sendable {
     /// `SO_PEERPIDFD` (Linux 6.5), which the C library's headers may not name yet.
     public static let peerPIDFDOption: Int32 = 77
+    /// Most ancestors walked to find the program a bridge works for.
+    static let maximumAncestors = 8
+    /// Programs a bridge may be run through without being the program it works for: git runs
+    /// a `!` helper through `/bin/sh -c`, and dash does not exec the last command.
+    static let shells: Set<String> = [
+        "sh", "dash", "bash", "zsh", "ksh", "ksh93", "mksh", "yash", "posh", "fish", "busybox",
+    ]
 
     let reader: any ProcessReader
+    /// The bridge program (brokerctl), by file: a caller running it is judged with the
+    /// program it works for.
+    let bridge: FileIdentity?
 
-    public init(reader: any ProcessReader = ProcFileSystemReader()) { self.reader = reader }
+    public init(reader: any ProcessReader = ProcFileSystemReader(), bridge: FileIdentity? = Self.bridgeBesideBroker()) {
+        self.reader = reader
+        self.bridge = bridge
+    }
 
     /// The caller behind `peer`. `pidfd` is its pidfd from `SO_PEERPIDFD` (taken over), or
     /// `nil` on a kernel without it: then its `/proc` directory is opened at once by pid, and
     /// a caller that exited before that may leave its pid to another process.
     public func attest(_ peer: PeerIdentity, pidfd: Int32?) -> Caller {
-        Caller(peer: peer, process: PeerProcess(pid: peer.pid, pidfd: pidfd), reader: reader)
+        let process = PeerProcess(pid: peer.pid, pidfd: pidfd)
+        let facts = process.read(with: reader)
+        let runsBridge = bridge != nil && facts?.executable?.file == bridge
+        return Caller(
+            peer: peer, process: process, reader: reader, connected: facts,
+            bridged: runsBridge ? bridged(from: process) : nil)
+    }
+
+    /// The nearest ancestor of `process` that is not a shell, attested as carefully as a caller:
+    /// its `/proc` directory is opened, and then the child asked whether that pid is still its
+    /// parent (had the parent exited, the child would have a new one, and the pid might have
+    /// gone to another program); reads through the directory fail once that process is gone.
+    func bridged(from process: PeerProcess) -> BridgedProgram? {
+        var child = process
+        for _ in 0..<Self.maximumAncestors {
+            guard let parentPID = child.parentPID(), parentPID > 1 else { return nil }
+            let parent = PeerProcess(pid: parentPID, pidfd: nil)
+            guard child.parentPID() == parentPID, let facts = parent.read(with: reader),
+                let path = facts.executable?.path
+            else { return nil }
+            let name = path.split(separator: "/").last.map(String.init) ?? path
+            if !Self.shells.contains(name) { return BridgedProgram(process: parent, facts: facts) }
+            child = parent
+        }
+        return nil
+    }
+
+    /// brokerctl in brokerd's own directory, as installed and as built.
+    public static func bridgeBesideBroker() -> FileIdentity? {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let length = readlink("/proc/self/exe", &buffer, buffer.count - 1)
+        guard length > 0 else { return nil }
+        let path = String(decoding: buffer[..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        guard let slash = path.lastIndex(of: "/") else { return nil }
+        return FileIdentity.at(path[..<slash] + "/brokerctl")
+    }
+}
+
+/// Reads `/proc/PID/stat`, whose second field (the command, in parentheses) may hold any
+/// character: the fields after it are found from its last closing parenthesis.
+enum ProcessStat {
+    /// Longest `stat` file read (about 300 bytes in practice).
+    static let limit = 4096
+
+    /// The fourth field, the parent's pid.
+    static func parentPID(of process: ProcessDirectory) -> Int32? {
+        let file = openat(process.descriptor, "stat", O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        guard file >= 0 else { return nil }
+        defer { close(file) }
+        var bytes = [UInt8](repeating: 0, count: limit)
+        let count = bytes.withUnsafeMutableBytes { read(file, $0.baseAddress!, $0.count) }
+        guard count > 0, count < limit, let command = bytes[..<count].lastIndex(of: UInt8(ascii: ")")) else {
+            return nil
+        }
+        // ") S 1234 ...": the state, then the parent's pid.
+        let fields = bytes[(command + 1)..<count].split(separator: UInt8(ascii: " "))
+        guard fields.count > 2 else { return nil }
+        return Int32(String(decoding: fields[fields.startIndex + 1], as: UTF8.self))
     }
 }

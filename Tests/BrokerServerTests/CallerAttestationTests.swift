@@ -21,7 +21,8 @@ import Glibc
         let child: ChildProcess
         let brokerctl = BrokerProcess.binary("brokerctl").path
 
-        init() throws {
+        /// brokerctl started by this process, or through `/bin/sh -c` when `throughShell`.
+        init(throughShell: Bool = false) throws {
             directory = try TemporaryDirectory()
             let path = directory.file("s.sock")
             let listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
@@ -39,7 +40,12 @@ import Glibc
             var wait = timeval(tv_sec: 20, tv_usec: 0)
             setsockopt(listener, SOL_SOCKET, SO_RCVTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
             guard bound == 0, listen(listener, 4) == 0,
-                let child = try? ChildProcess.spawn(brokerctl, ["status", "--socket", path], environment: [:])
+                let child = try? ChildProcess.spawn(
+                    throughShell ? "/bin/sh" : brokerctl,
+                    // "; exit": the shell stays brokerctl's parent instead of exec'ing it.
+                    throughShell
+                        ? ["-c", "'\(brokerctl)' status --socket '\(path)'; exit $?"] : ["status", "--socket", path],
+                    environment: [:])
             else {
                 close(listener)
                 throw HarnessError("cannot listen on \(path) or start brokerctl")
@@ -114,6 +120,38 @@ import Glibc
         #expect(caller.description.contains("pid \(peer.child.pid)"))
     }
 
+    @Test func theBridgeIsJudgedWithTheProgramItWorksForPastShells() throws {
+        let ownExecutable = try #require(FileIdentity.at("/proc/self/exe"))
+        for throughShell in [false, true] {
+            let peer = try ConnectedPeer(throughShell: throughShell)
+            let (identity, pidfd) = try peer.credentials()
+            let bridge = FileIdentity.at(peer.brokerctl)
+            let caller = CallerAttestor(bridge: bridge).attest(identity, pidfd: pidfd)
+            #expect(caller.facts()?.executable?.file == bridge)
+            #expect(caller.bridged?.facts.executable?.file == ownExecutable, "through a shell: \(throughShell)")
+            #expect(caller.isUnchanged())
+            #expect(caller.description.contains("for pid \(getpid())"))
+            // A caller that is not the bridge program is judged alone.
+            let (_, otherPidfd) = try peer.credentials()
+            #expect(CallerAttestor(bridge: ownExecutable).attest(identity, pidfd: otherPidfd).bridged == nil)
+        }
+    }
+
+    @Test func theProgramABridgeWorksForMustBeListed() {
+        let rules = AccessRules(accounts: ["api": AccountAccess(executables: ["/usr/bin/env"])])
+        let listed = BridgedProgram(
+            facts: ProcessFacts(
+                executable: Executable(path: "/usr/bin/env", file: FileIdentity.at("/usr/bin/env")!), unit: nil))
+        let unlisted = BridgedProgram(
+            facts: ProcessFacts(executable: Executable(path: "/bin/sh", file: FileIdentity.at("/bin/sh")!), unit: nil))
+        let bridge = ProcessFacts(
+            executable: Executable(path: "/bin/true", file: FileIdentity.at("/bin/true")!), unit: nil)
+        let peer = PeerIdentity(pid: 42, uid: owner, gid: owner)
+        #expect(policy().mayUse("api", caller: Caller(peer: peer, facts: bridge, bridged: listed), rules: rules))
+        #expect(!policy().mayUse("api", caller: Caller(peer: peer, facts: bridge, bridged: unlisted), rules: rules))
+        #expect(!policy().mayUse("api", caller: Caller(peer: peer, facts: bridge), rules: rules))
+    }
+
     @Test func aCallerWhosePIDWasReusedDuringTheReadsIsRefused() throws {
         // Control: the same facts from a caller that is still running are taken.
         let running = try ConnectedPeer()
@@ -143,6 +181,8 @@ import Glibc
         #expect(policy.isAdmin(caller, rules: rules))
         peer.killAndReap()
         #expect(caller.currentFacts() == nil)
+        #expect(caller.facts() != nil, "the facts read at accept stay the connection's")
+        #expect(!caller.isUnchanged())
         #expect(!policy.isAdmin(caller, rules: rules))
     }
 

@@ -108,6 +108,179 @@ import Glibc
         #expect(await eventually { (try? await client.token(account: "api")) == nil })
     }
 
+    /// Connects, says hello (so the connection was accepted and attested), forks a helper that
+    /// keeps the socket, and execs the program given (as `perl -e wait`, which reaps the
+    /// helper). The helper sends the `before` line (if any) while its parent still runs the
+    /// program that connected, waits until the parent runs another one, sends `after`, and
+    /// prints both answers.
+    static let execAfterConnect = """
+        use IO::Socket::UNIX; use IO::Handle;
+        my ($path, $program, $before, $after) = @ARGV;
+        my $socket = IO::Socket::UNIX->new(Peer => $path) or die "connect: $!";
+        $socket->autoflush(1); STDOUT->autoflush(1);
+        print $socket qq({"id":0,"op":"hello"}\n); my $hello = <$socket>;
+        pipe(my $reader, my $writer) or die "pipe: $!";
+        my $parent = $$; my $started = readlink("/proc/$parent/exe");
+        my $pid = fork() // die "fork: $!";
+        if ($pid == 0) {
+            close $reader;
+            if ($before ne "") { print $socket "$before\n"; print "before " . <$socket>; }
+            close $writer;
+            for (1..1000) { last if readlink("/proc/$parent/exe") ne $started; select(undef, undef, undef, 0.01); }
+            print $socket "$after\n"; print "after " . <$socket>;
+            exit 0;
+        }
+        close $writer; my $done = <$reader>;
+        exec $program, "-e", "wait";
+        """
+
+    /// The helper's answers (`before ...`, `after ...`) when `connecting` connects and then execs `then`.
+    func execAfterConnect(
+        _ broker: BrokerProcess, connecting: String, then program: String, before: String = "", after: String
+    ) throws -> [String] {
+        let (status, output, errors) = try ChildProcess.capture(
+            connecting, ["-e", Self.execAfterConnect, broker.socketPath, program, before, after],
+            environment: broker.environment)
+        #expect(status == 0, "\(errors)")
+        return output.split(separator: "\n").map(String.init)
+    }
+
+    @Test(.enabled(if: perlAvailable)) func aCallerThatExecsAListedProgramAfterConnectingIsRefused() async throws {
+        let broker = try BrokerProcess()
+        let allowed = try perlCopy(in: broker)
+        let config = { (admins: String) in
+            "\(admins)\n[accounts.api]\nkind = \"static\"\n\n[accounts.api.access]\nexecutables = [\"\(allowed)\"]\n"
+        }
+        try broker.writeConfig(config(""))
+        try await broker.start()
+        defer { broker.stop() }
+        _ = try broker.brokerctl(["set-tokens", "api"], stdin: #"{"access_token":"at-api","expires_in":3600}"#)
+        try broker.writeConfig(config("[broker]\nadmins = [\"\(allowed)\"]\n"))
+        #expect(try broker.brokerctl(["reload"]).status == 0)
+
+        // Unlisted when it connected, listed when it asks: refused on both paths and for an
+        // owner operation, since the connection's caller is what connected.
+        for line in [Self.fastLine, Self.fullLine, #"{"id":3,"op":"reload"}"#] {
+            let answers = try execAfterConnect(broker, connecting: Self.perl, then: allowed, after: line)
+            #expect(answers.count == 1 && answers[0].contains(#""code":"forbidden""#), "\(answers)")
+            #expect(!answers.joined().contains("at-api"))
+        }
+        // Listed when it connected, then another program: served before, refused after.
+        let changed = try execAfterConnect(
+            broker, connecting: allowed, then: Self.perl, before: Self.fastLine, after: Self.fastLine)
+        #expect(changed.count == 2, "\(changed)")
+        #expect(changed.first?.contains(#""access_token":"at-api""#) == true, "\(changed)")
+        #expect(changed.last?.contains(#""code":"forbidden""#) == true, "\(changed)")
+        let reload = try execAfterConnect(
+            broker, connecting: allowed, then: Self.perl, before: #"{"id":3,"op":"reload"}"#,
+            after: #"{"id":4,"op":"reload"}"#)
+        #expect(reload.first?.contains(#""ok":true"#) == true, "\(reload)")
+        #expect(reload.last?.contains(#""code":"forbidden""#) == true, "\(reload)")
+        // Control: a listed program that does not exec passes its connection on with its rights.
+        let kept = try execAfterConnect(
+            broker, connecting: allowed, then: allowed, before: Self.fastLine, after: Self.fastLine)
+        #expect(kept.count == 2 && kept.allSatisfy { $0.contains(#""access_token":"at-api""#) }, "\(kept)")
+        #expect(await eventually { broker.log.contains("no longer runs the program it connected with") })
+    }
+
+    @Test(.enabled(if: perlAvailable)) func aListedExecutableTheUserCanReplaceIsWarnedAbout() async throws {
+        let broker = try BrokerProcess()
+        // A directory anyone may write: whoever runs the tests (root too) could replace the file.
+        let open = broker.root.appendingPathComponent("open").path
+        try FileManager.default.createDirectory(atPath: open, withIntermediateDirectories: true)
+        chmod(open, 0o777)
+        let replaceable = open + "/perl"
+        try copyExecutable(Self.perl, to: replaceable)
+        try broker.writeConfig(
+            """
+            [accounts.api]
+            kind = "static"
+            [accounts.api.access]
+            executables = ["\(replaceable)", "/usr/bin/perl"]
+            """)
+        try await broker.start()
+        defer { broker.stop() }
+        let warnings = broker.log.split(separator: "\n").filter { $0.contains("listed executable is writable") }
+        #expect(warnings.count == 1, "\(broker.log)")
+        #expect(warnings.first?.contains(replaceable) == true)
+        // And again on reload.
+        #expect(try broker.brokerctl(["reload"]).status == 0)
+        #expect(
+            await eventually {
+                broker.log.split(separator: "\n").filter { $0.contains("listed executable is writable") }.count == 2
+            })
+    }
+
+    /// The git bridge under a rule that lists git: brokerctl run by git is judged by git (the
+    /// nearest ancestor that is not a shell), for `git credential fill` and for a clone through
+    /// git-remote-http; brokerctl run from a shell or by this test is refused.
+    @Test func aRuleListingGitServesTheGitBridgeAndNotAShell() async throws {
+        let work = try TemporaryDirectory()
+        defer { work.remove() }
+        let repositories = work.file("srv")
+        try FileManager.default.createDirectory(atPath: repositories, withIntermediateDirectories: true)
+        let plain = ["GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": work.path]
+        let setUp = ProcessInfo.processInfo.environment.merging(plain) { $1 }
+        for command in [
+            ["git", "init", "-q", "--bare", repositories + "/repo.git"],
+            ["git", "init", "-q", work.path + "/src"],
+            ["sh", "-c", "echo served > \(work.path)/src/README"],
+            ["git", "-C", work.path + "/src", "add", "README"],
+            ["git", "-C", work.path + "/src", "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "one"],
+            ["git", "-C", work.path + "/src", "push", "-q", repositories + "/repo.git", "HEAD:refs/heads/main"],
+            ["git", "-C", repositories + "/repo.git", "symbolic-ref", "HEAD", "refs/heads/main"],
+            ["git", "-C", repositories + "/repo.git", "update-server-info"],
+        ] {
+            let result = try ChildProcess.run("/usr/bin/env", command, environment: setUp)
+            #expect(result.status == 0, "\(command): \(result.output)")
+        }
+        let issued = SharedValue<OAuth2TestIdP?>(nil)
+        let server = try await GitHTTPServer(root: repositories) { password in
+            issued.value?.issuedAccessTokens.last == password
+        }
+        let bridge = try await BridgeBroker.start { _ in
+            """
+            [accounts.api.access]
+            executables = ["/usr/bin/git", "/usr/lib/git-core/git-remote-https"]
+
+            [accounts.api.git]
+            hosts = ["127.0.0.1:\(server.port)"]
+            """
+        }
+        issued.value = bridge.idp
+        let brokerctl = BrokerProcess.binary("brokerctl").path
+        let config = bridge.broker.root.appendingPathComponent("gitconfig").path
+        try "[credential]\n\thelper = \"!\(brokerctl) git-credential\"\n".write(
+            toFile: config, atomically: true, encoding: .utf8)
+        let git = [
+            "GIT_CONFIG_GLOBAL": config, "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", "HOME": work.path,
+        ]
+
+        let fill = try await bridge.run(
+            ["credential", "fill"], program: "/usr/bin/git", stdin: "protocol=http\nhost=127.0.0.1:\(server.port)\n\n",
+            environment: git)
+        #expect(fill.status == 0, "\(fill.stderr)")
+        #expect(fill.stdout.contains("password=\(bridge.idp.issuedAccessTokens.last ?? "-")"))
+
+        // The server refuses the first token once: git erases it (a refresh) and the next clone is served.
+        let url = "http://127.0.0.1:\(server.port)/repo.git"
+        _ = try await bridge.run(["clone", "-q", url, work.path + "/one"], program: "/usr/bin/git", environment: git)
+        let cloned = try await bridge.run(
+            ["clone", "-q", url, work.path + "/two"], program: "/usr/bin/git", environment: git)
+        #expect(cloned.status == 0, "\(cloned.stderr)")
+        #expect(server.attempts.contains { $0.status == 200 }, "the clone was served with the token")
+        #expect(server.attempts.contains { $0.status == 200 && $0.password == bridge.idp.issuedAccessTokens.last })
+
+        let fromShell = try await bridge.run(["-c", "\(brokerctl) token api"], program: "/bin/sh")
+        #expect(fromShell.status == 7 && fromShell.stdout.isEmpty, "\(fromShell.stderr)")
+        let direct = try await bridge.run(["token", "api"])
+        #expect(direct.status == 7 && direct.stdout.isEmpty, "\(direct.stderr)")
+        #expect(bridge.broker.log.contains("for pid"), "the refusal names the program brokerctl worked for")
+        await server.shutdown()
+        await bridge.stop()
+        bridge.expectNoSecretInOutputs()
+    }
+
     @Test func subscriptionsCarryOnlyTheAccountsACallerMayUse() async throws {
         let broker = try BrokerProcess()
         try broker.writeConfig("[accounts.hidden.access]\nexecutables = [\"/nonexistent/program\"]\n")
