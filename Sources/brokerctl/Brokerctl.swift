@@ -7,18 +7,15 @@ import FoundationEssentials
 import Glibc
 #endif
 
-/// The release brokerctl belongs to.
-let brokerctlVersion = "0.1.0"
-
 /// brokerctl: inspect and manage brokerd, and fetch tokens in scripts.
 struct Brokerctl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "brokerctl", abstract: "Inspect and manage tokenbroker; print tokens for scripts.",
         discussion: """
             Exit codes: 0 ok, 1 other error, 3 broker not running, 4 not found, 5 needs login,
-            6 unavailable, 7 forbidden, 8 locked.
+            6 unavailable, 7 forbidden, 8 locked, 64 usage error (an unknown command or option).
             """,
-        version: brokerctlVersion,
+        version: Release.version,
         subcommands: [
             Status.self, Token.self, Watch.self, Login.self, Add.self, SetTokens.self, Remove.self, Refresh.self,
             Logout.self, Reload.self, Unlock.self, Lock.self, Rekey.self, GitCredential.self, DockerCredential.self,
@@ -48,7 +45,9 @@ struct GlobalOptions: ParsableArguments {
     /// Sends `call`, prints its result, and turns failures into a message on stderr and a
     /// distinct exit code.
     func run<Result: Encodable>(_ call: BrokerCall<Result>, human: (Result) -> String) throws {
-        let result = try reportingFailures { try client().perform(call) }
+        let result = try Self.reportingFailures(account: call.request.account, socket: socket) {
+            try client().perform(call)
+        }
         if json {
             let data = try Wire.makeEncoder().encode(result)
             print(String(decoding: data, as: UTF8.self))
@@ -76,16 +75,29 @@ struct GlobalOptions: ParsableArguments {
     func reportingFailures<T>(_ body: () throws -> T) throws -> T { try Self.reportingFailures(body) }
 
     /// Runs `body`; a failure becomes a message on stderr and the exit code that says what failed.
-    static func reportingFailures<T>(_ body: () throws -> T) throws -> T {
+    /// An `account` the broker does not know gets the nearest name among those `status` at
+    /// `socket` shows this caller (only accounts it may use), when one is close.
+    static func reportingFailures<T>(account: String? = nil, socket: String? = nil, _ body: () throws -> T) throws
+        -> T
+    {
         do {
             return try body()
         } catch let error as ConnectionError {
             StandardStream.error.write("brokerctl: \(error)\n")
             throw ExitCode(3)
         } catch let error as BrokerError {
-            StandardStream.error.write("brokerctl: \(error.message)\(Self.hint(error))\n")
+            let suggestion = error.code == .notFound ? account.flatMap { nearestAccount(to: $0, socket: socket) } : nil
+            StandardStream.error.write(
+                "brokerctl: \(error.message)\(Self.hint(error))"
+                    + (suggestion.map { "; did you mean \(JSONText.quote($0))?" } ?? "") + "\n")
             throw ExitCode(Self.exitCode(error.code))
         }
+    }
+
+    /// The account name nearest to `name` among those the broker shows this caller, if close.
+    private static func nearestAccount(to name: String, socket: String?) -> String? {
+        let status = try? client(socket: socket, timeout: 2).perform(.status())
+        return Suggestion.nearest(to: name, among: status?.accounts.map(\.account) ?? [])
     }
 
     static func exitCode(_ code: BrokerError.Code) -> Int32 {

@@ -62,7 +62,7 @@ struct DockerCredential: ParsableCommand {
                     throw BridgeFailure("the credentials are larger than \(Self.maximumSize / 1024) KiB")
                 }
             case "version":
-                StandardStream.output.write("docker-credential-tokenbroker (tokenbroker) \(brokerctlVersion)\n")
+                StandardStream.output.write("docker-credential-tokenbroker (tokenbroker) \(Release.version)\n")
             default:
                 throw BridgeFailure("unknown operation \(operation) (known: get, store, erase, list, version)")
             }

@@ -31,7 +31,23 @@ enum Main {
         if let call = TokenCall(arguments: arguments.dropFirst()) {
             exit(call.run())
         }
+        if let command = arguments.dropFirst().first, let message = unknownCommand(command) {
+            StandardStream.error.write(message)
+            exit(ExitCode.validationFailure.rawValue)
+        }
         Brokerctl.main()
+    }
+
+    /// The message for a first argument that names no subcommand (ArgumentParser would call it
+    /// an unexpected argument), with the nearest one when a typo is likely; `nil` for a known
+    /// subcommand, an option, or `help`.
+    static func unknownCommand(_ command: String) -> String? {
+        let names = Brokerctl.configuration.subcommands.map { $0._commandName } + ["help"]
+        guard !command.hasPrefix("-"), !names.contains(command) else { return nil }
+        let shown = JSONText.quote(String(command.prefix(64)))
+        let nearest = Suggestion.nearest(to: command, among: names)
+        return "brokerctl: unknown command \(shown)" + (nearest.map { "; did you mean \"\($0)\"?" } ?? "")
+            + " (brokerctl --help lists the commands)\n"
     }
 }
 
@@ -82,7 +98,7 @@ struct TokenCall {
     /// Prints the token; returns the exit code.
     func run() -> Int32 {
         do {
-            let token = try GlobalOptions.reportingFailures {
+            let token = try GlobalOptions.reportingFailures(account: account, socket: socket) {
                 try GlobalOptions.client(socket: socket, timeout: timeout).accessToken(account: account, minTTL: minTTL)
             }
             StandardStream.output.write(token + "\n")

@@ -14,7 +14,8 @@ import UnixSignals
 @main
 struct Brokerd: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "brokerd", abstract: "Keep OAuth tokens fresh and hand them to local programs over a Unix socket.")
+        commandName: "brokerd", abstract: "Keep OAuth tokens fresh and hand them to local programs over a Unix socket.",
+        version: Release.version)
 
     @Option(help: "Socket path (default: $TOKENBROKER_SOCKET or $XDG_RUNTIME_DIR/tokenbroker/broker.sock).")
     var socket: String?

@@ -66,6 +66,39 @@ import Testing
     /// `brokerctl logout`: refused with "unavailable" while the IdP is down, forced with --force,
     /// `brokerctl token` in its plain forms takes a short path past ArgumentParser; every form,
     /// plain or not, gets the same output, error text and exit code.
+    /// A typo gets the nearest command or account; a usage error exits 64, which `--help` lists;
+    /// both programs print their version.
+    @Test func typosGetADidYouMeanAndUsageErrorsADocumentedCode() async throws {
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        let added = try broker.brokerctl(
+            ["add", "dot", "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"tok-dot","expires_in":600}"#
+        )
+        #expect(added.status == 0, "\(added.stderr)")
+
+        let command = try broker.brokerctl(["tokn", "dot"])
+        #expect(command.status == 64 && command.stderr.contains(#"did you mean "token"?"#), "\(command.stderr)")
+        let unrelated = try broker.brokerctl(["frobnicate"])
+        #expect(unrelated.status == 64 && !unrelated.stderr.contains("did you mean"), "\(unrelated.stderr)")
+        let help = try broker.brokerctl(["--help"])
+        #expect(help.stdout.contains("64 usage error"), "\(help.stdout)")
+
+        // On both paths of `token` (the short one, and ArgumentParser's for --json).
+        for arguments in [["token", "dto"], ["token", "dto", "--json"]] {
+            let account = try broker.brokerctl(arguments)
+            #expect(account.status == 4 && account.stderr.contains(#"did you mean "dot"?"#), "\(account.stderr)")
+        }
+        let far = try broker.brokerctl(["token", "elsewhere"])
+        #expect(far.status == 4 && !far.stderr.contains("did you mean"), "\(far.stderr)")
+
+        for program in ["brokerd", "brokerctl"] {
+            let (status, output) = try ChildProcess.run(
+                BrokerProcess.binary(program).path, ["--version"], environment: broker.environment)
+            #expect(status == 0 && output.trimmingCharacters(in: .whitespacesAndNewlines) == Release.version)
+        }
+    }
+
     @Test func tokenAnswersAlikeOnEitherPath() async throws {
         let broker = try BrokerProcess()
         try await broker.start()
