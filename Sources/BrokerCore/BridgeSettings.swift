@@ -26,37 +26,35 @@ public struct AccountBridges: Sendable, Equatable {
             let place = "\(path): accounts.\(name)"
             var bridges = AccountBridges()
             if let value = account["git"] {
-                let (hosts, username) = try names(value, list: "hosts", place: "\(place).git", check: BridgeNames.host)
-                bridges.git = GitBridge(hosts: hosts, username: username)
+                let (hosts, username, http) = try names(
+                    value, list: "hosts", place: "\(place).git", check: BridgeNames.host)
+                bridges.git = GitBridge(hosts: hosts, username: username, allowHTTP: http)
             }
             if let value = account["docker"] {
-                let (registries, username) = try names(
+                let (registries, username, http) = try names(
                     value, list: "registries", place: "\(place).docker", check: BridgeNames.registry)
-                bridges.docker = DockerBridge(registries: registries, username: username)
+                bridges.docker = DockerBridge(registries: registries, username: username, allowHTTP: http)
             }
             if bridges != AccountBridges() { result[name] = bridges }
         }
         return result
     }
 
-    /// A table of a list `list` of names, each normalised by `check`, and an optional `username`.
+    /// A table of a list `list` of names, each normalised by `check`, an optional `username`, and
+    /// an optional `allow_http`: those of the names also served over plain http (`nil` for none).
     private static func names(
         _ value: TOMLValue, list: String, place: String, check: (String) -> String?
-    ) throws -> (names: [String], username: String) {
+    ) throws -> (names: [String], username: String, allowHTTP: [String]?) {
         guard let table = value.table else { throw ConfigError(description: "\(place) must be a table") }
-        for key in table.keys where key != list && key != "username" {
-            throw ConfigError(description: "\(place): unknown key \(key) (known: \(list), username)")
+        for key in table.keys where ![list, "username", "allow_http"].contains(key) {
+            throw ConfigError(description: "\(place): unknown key \(key) (known: \(list), username, allow_http)")
         }
         let what = list == "hosts" ? "hosts (like \"github.com\" or \"git.example:8443\")" : "registries"
-        guard let array = table[list]?.array, (1...BridgeNames.maximumEntries).contains(array.count) else {
-            throw ConfigError(
-                description: "\(place).\(list) must be an array of 1 to \(BridgeNames.maximumEntries) \(what)")
-        }
-        let names = try array.map { item in
-            guard let name = item.string.flatMap(check) else {
-                throw ConfigError(description: "\(place).\(list) must be an array of \(what)")
-            }
-            return name
+        let names = try entries(table[list], place: "\(place).\(list)", what: what, least: 1, check: check)
+        let http = try table["allow_http"].map { value in
+            let listed = try entries(value, place: "\(place).allow_http", what: what, least: 0, check: check)
+            guard let stray = listed.first(where: { !names.contains($0) }) else { return listed }
+            throw ConfigError(description: "\(place).allow_http names \(stray), which is not one of its \(list)")
         }
         var username = BridgeNames.defaultUsername
         if let value = table["username"] {
@@ -66,7 +64,23 @@ public struct AccountBridges: Sendable, Equatable {
             }
             username = name
         }
-        return (names, username)
+        return (names, username, http?.isEmpty == false ? http : nil)
+    }
+
+    /// An array of `least` to `BridgeNames.maximumEntries` names, each normalised by `check`.
+    private static func entries(
+        _ value: TOMLValue?, place: String, what: String, least: Int, check: (String) -> String?
+    ) throws -> [String] {
+        guard let array = value?.array, (least...BridgeNames.maximumEntries).contains(array.count) else {
+            throw ConfigError(
+                description: "\(place) must be an array of \(least) to \(BridgeNames.maximumEntries) \(what)")
+        }
+        return try array.map { item in
+            guard let name = item.string.flatMap(check) else {
+                throw ConfigError(description: "\(place) must be an array of \(what)")
+            }
+            return name
+        }
     }
 }
 

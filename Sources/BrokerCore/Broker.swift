@@ -24,6 +24,8 @@ public actor Broker {
     /// The config file `reloadConfiguration()` reads, if any.
     private let configPath: String?
     let vault: Vault
+    /// The pace of unlock attempts kept beside the vault, so that it outlives a restart.
+    let unlockPace: UnlockPaceFile
     private let http: IdPClient
     let logger: Logger
     var planner: RefreshPlanner { RefreshPlanner(settings: settings) }
@@ -63,6 +65,8 @@ public actor Broker {
         self.clock = clock
         self.logger = logger
         self.events = EventHub(bufferLimit: Bounds.count(settings.eventBuffer, in: 1...ConfigFile.maximumEventBuffer))
+        unlockPace = UnlockPaceFile(vaultPath: vault.path)
+        Self.restoreUnlockPace(from: unlockPace, into: padlock, now: clock.now(), logger: logger)
         guard !vault.isLocked else {
             padlock.enter(.locked, newVault: try vault.sealing() == nil)
             return

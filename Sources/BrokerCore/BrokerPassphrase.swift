@@ -29,18 +29,55 @@ extension Broker {
         }
         guard padlock.beginDerivation() else { throw .keyDerivationRunning }
         defer { padlock.endDerivation() }
+        // What a restart cut short of the last wrong passphrase's delay is waited out first.
+        let left = padlock.takeRestoredWait(now: clock.now())
+        if left > .zero {
+            logger.notice(
+                "unlock waits out the delay of a wrong passphrase given before a restart",
+                metadata: ["wait": "\(left)"])
+            await Task { try? await Task.sleep(for: left) }.value
+        }
         let (derivation, isNew) = try await vaultDerivation()
         let key = try await Self.derive(bytes, with: derivation)
         do {
             let count = try await open(with: key)
             padlock.succeeded()
+            saveUnlockPace(UnlockPaceFile.Pace(failures: 0, until: clock.now()))
             return .unlocked(accounts: count, created: isNew)
         } catch .wrongPassphrase {
             let delay = padlock.failed()
+            // Saved before the wait: a broker killed meanwhile still makes the next unlock wait.
+            saveUnlockPace(
+                UnlockPaceFile.Pace(
+                    failures: padlock.failures, until: clock.now().addingTimeInterval(Double(delay.components.seconds)))
+            )
             logger.warning("unlock refused: wrong passphrase", metadata: ["delay_s": "\(delay.components.seconds)"])
             // Not cancelled with the request: a client that hangs up does not shorten the wait.
             await Task { try? await Task.sleep(for: delay) }.value
             throw .wrongPassphrase
+        }
+    }
+
+    /// Has `padlock` take up the pace of unlock attempts a previous run left in `file`. A file
+    /// that cannot be trusted or read counts as the longest delay, from `now`.
+    static func restoreUnlockPace(from file: UnlockPaceFile, into padlock: Padlock, now: Date, logger: Logger) {
+        let longest = Double(Padlock.longestDelay.components.seconds)
+        do {
+            if let pace = try file.read(now: now, longest: longest) { padlock.restore(pace) }
+        } catch {
+            logger.warning(
+                "unlock pace file unusable: the next unlock waits the longest delay", metadata: ["reason": "\(error)"])
+            padlock.restore(
+                UnlockPaceFile.Pace(failures: UnlockPaceFile.maximumFailures, until: now.addingTimeInterval(longest)))
+        }
+    }
+
+    /// Keeps `pace` beside the vault; a failure is logged (the pace in memory holds until a restart).
+    private nonisolated func saveUnlockPace(_ pace: UnlockPaceFile.Pace) {
+        do {
+            try unlockPace.save(pace)
+        } catch {
+            logger.error("cannot save the unlock pace", metadata: ["reason": "\(error)"])
         }
     }
 

@@ -51,7 +51,7 @@ public enum ConfigFile {
             throw ConfigError(
                 description: "\(path): unknown table or key \"\(key)\" (known: [broker], [accounts.NAME])")
         }
-        return BrokerConfiguration(
+        let configuration = BrokerConfiguration(
             settings: try settings(table["broker"], path: path, text: text),
             accounts: try accounts(table["accounts"], path: path),
             access: try AccessRules.parse(
@@ -60,6 +60,27 @@ public enum ConfigFile {
             exportFiles: try exportFiles(table["accounts"]?.table, path: path),
             wlcgAccount: try wlcgAccount(table["broker"]?.table?["wlcg_account"], path: path),
             bridges: try AccountBridges.parse(accounts: table["accounts"]?.table, path: path))
+        try checkNoTokenFileAroundRules(configuration, path: path)
+        return configuration
+    }
+
+    /// Refuses a token file (`export_file`, `wlcg_account`) of an account whose access rule names
+    /// programs: every process of the user can read the file, so the rule would hold only on
+    /// the socket (README, "Token files kept fresh").
+    private static func checkNoTokenFileAroundRules(_ configuration: BrokerConfiguration, path: String) throws {
+        let guarded = configuration.access.accounts.filter(\.value.namesPrograms).keys
+        let why =
+            "every process of yours can read the token file, so the rule's executables and units would not "
+            + "hold; remove one of the two"
+        if let name = guarded.sorted().first(where: { configuration.exportFiles[$0] != nil }) {
+            throw ConfigError(
+                description: "\(path): accounts.\(name).export_file is refused beside accounts.\(name).access: \(why)")
+        }
+        if let name = configuration.wlcgAccount, guarded.contains(name) {
+            throw ConfigError(
+                description:
+                    "\(path): broker.wlcg_account = \"\(name)\" is refused beside accounts.\(name).access: \(why)")
+        }
     }
 
     /// The longest `export_file` path accepted, in bytes (below `PATH_MAX`).

@@ -32,6 +32,8 @@ public final class Padlock: Sendable {
         var newVault = false
         /// Wrong passphrases in a row.
         var failures = 0
+        /// When the delay of a wrong passphrase given before a restart ends (`restore(_:)`).
+        var restoredUntil: Date?
         /// Whether an unlock or a rekey is deriving a key (or waiting out a wrong passphrase's delay).
         var deriving = false
     }
@@ -95,7 +97,32 @@ public final class Padlock: Sendable {
 
     /// An unlock succeeded: the next wrong passphrase waits 1 s again.
     func succeeded() {
-        state.withLock { $0.failures = 0 }
+        state.withLock {
+            $0.failures = 0
+            $0.restoredUntil = nil
+        }
+    }
+
+    /// Wrong passphrases in a row.
+    var failures: Int { state.withLock { $0.failures } }
+
+    /// Takes up the pace a previous run of brokerd left (`UnlockPaceFile`).
+    func restore(_ pace: UnlockPaceFile.Pace) {
+        state.withLock { state in
+            state.failures = pace.failures
+            state.restoredUntil = pace.until
+        }
+    }
+
+    /// How long the first unlock after `restore(_:)` waits before it tries its passphrase at
+    /// `now`: what is left of the delay that a restart cut short. Zero once taken.
+    func takeRestoredWait(now: Date) -> Duration {
+        state.withLock { state in
+            defer { state.restoredUntil = nil }
+            let left = state.restoredUntil.map { $0.timeIntervalSince(now) } ?? 0
+            let longest = Double(Self.longestDelay.components.seconds)
+            return left > 0 ? .milliseconds(Int64((min(left, longest) * 1000).rounded(.up))) : .zero
+        }
     }
 
     static func delay(afterFailures failures: Int) -> Duration {

@@ -6,10 +6,19 @@ public struct GitBridge: Codable, Sendable, Equatable {
     public var hosts: [String]
     /// The user name git is given beside the token.
     public var username: String
+    /// The hosts among `hosts` also served over plain http (`allow_http`); absent when none.
+    /// Other hosts get the token over https only, or http to a loopback host (README, "Bridges").
+    public var allowHTTP: [String]?
 
-    public init(hosts: [String], username: String = BridgeNames.defaultUsername) {
+    public init(hosts: [String], username: String = BridgeNames.defaultUsername, allowHTTP: [String]? = nil) {
         self.hosts = hosts
         self.username = username
+        self.allowHTTP = allowHTTP
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case hosts, username
+        case allowHTTP = "allow_http"
     }
 }
 
@@ -19,10 +28,19 @@ public struct DockerBridge: Codable, Sendable, Equatable {
     public var registries: [String]
     /// The user name docker is given beside the token.
     public var username: String
+    /// The registries among `registries` also served to an `http://` server URL (`allow_http`);
+    /// absent when none.
+    public var allowHTTP: [String]?
 
-    public init(registries: [String], username: String = BridgeNames.defaultUsername) {
+    public init(registries: [String], username: String = BridgeNames.defaultUsername, allowHTTP: [String]? = nil) {
         self.registries = registries
         self.username = username
+        self.allowHTTP = allowHTTP
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case registries, username
+        case allowHTTP = "allow_http"
     }
 }
 

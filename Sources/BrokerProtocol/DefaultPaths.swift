@@ -53,7 +53,12 @@ public struct DefaultPaths: Sendable {
     /// The WLCG bearer token discovery file, `$XDG_RUNTIME_DIR/bt_u$UID` (logind's
     /// `/run/user/UID` without a runtime dir); `nil` without either, never a name under /tmp.
     public var wlcgBearerTokenFile: String? {
-        (nonEmpty(.runtimeDirectory) ?? Self.loginRuntimeDirectory()).map { $0 + "/bt_u\(getuid())" }
+        runtimeDirectory.map { $0 + "/bt_u\(getuid())" }
+    }
+
+    /// `$XDG_RUNTIME_DIR`, else logind's `/run/user/UID` when it exists; `nil` without either.
+    public var runtimeDirectory: String? {
+        nonEmpty(.runtimeDirectory) ?? Self.loginRuntimeDirectory()
     }
 
     /// `$TOKENBROKER_CONFIG`, else `broker.toml` in systemd's `$CONFIGURATION_DIRECTORY` or

@@ -13,7 +13,8 @@ struct DockerCredential: ParsableCommand {
         abstract: "docker's credential helper: \"credHelpers\" or \"credsStore\": \"tokenbroker\".",
         discussion: """
             get reads a registry on stdin and answers {"ServerURL", "Username", "Secret"} (the
-            access token) for the account whose [accounts.NAME.docker] registries list it; list
+            access token) for the account whose [accounts.NAME.docker] registries list it (an
+            http:// URL only for a loopback registry or one listed in allow_http); list
             maps each served registry to its user name; store does nothing; erase of a served
             registry makes its next get refresh the token; version prints a line.
             """)
@@ -94,11 +95,25 @@ struct DockerCredential: ParsableCommand {
     }
 
     /// The account serving the registry `serverURL` names, and its docker settings;
-    /// `notFound` when no account does.
+    /// `notFound` when no account does. A bearer token crosses plain http only to a loopback
+    /// registry or one an account lists in `allow_http` (README, "Bridges"): `get` of an
+    /// `http://` URL of any other registry an account serves is `notFound`, with a warning on stderr.
     private func serving(_ serverURL: String) throws -> (account: AccountStatus, docker: DockerBridge) {
         guard let registry = BridgeNames.registry(serverURL) else { throw BridgeFailure(Self.notFound) }
+        let host = String(registry.prefix { $0 != "/" })
+        let plainHTTP =
+            operation == "get" && serverURL.lowercased().hasPrefix("http://")
+            && !LoopbackHost.contains(hostAndPort: host)
+        var refused: String?
         for account in try options.accounts() {
-            if let docker = account.docker, docker.registries.contains(registry) { return (account, docker) }
+            guard let docker = account.docker, docker.registries.contains(registry) else { continue }
+            if !plainHTTP || docker.allowHTTP?.contains(registry) == true { return (account, docker) }
+            refused = refused ?? account.account
+        }
+        if let refused {
+            StandardStream.error.write(
+                "brokerctl: not sending the token of \(refused) to http://\(registry): plain http shows it to the "
+                    + "network; use https, or list the registry in allow_http of [accounts.\(refused).docker]\n")
         }
         throw BridgeFailure(Self.notFound)
     }

@@ -22,8 +22,9 @@ struct Exec: ParsableCommand {
         abstract:
             "Run a command with the account's token in $BEARER_TOKEN and a file kept fresh in $BEARER_TOKEN_FILE.",
         discussion: """
-            The file (0600, under $XDG_RUNTIME_DIR/tokenbroker/) is rewritten before each expiry for as
-            long as the command runs, and removed when it ends; read it for each request in a long job
+            The file (0600, in a new 0700 directory under $XDG_RUNTIME_DIR, else /tmp; never in the
+            socket's directory) is rewritten before each expiry for as long as the command runs, and
+            removed with its directory when it ends; read it for each request in a long job
             ($BEARER_TOKEN keeps the first token). SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to
             the command. The exit code is the command's (128 + the signal when it was killed).
             """)
@@ -54,7 +55,7 @@ struct Exec: ParsableCommand {
 
     func run() throws {
         let first = try GlobalOptions.reportingFailures { try options.token(of: account, narrowing: narrowing) }
-        let file = try TokenFile(in: Self.tokenDirectory(), token: first.accessToken)
+        let file = try TokenFile(inNewDirectoryUnder: tokenDirectoryBase(), token: first.accessToken)
         defer { file.remove() }
         var signals = sigset_t()
         sigemptyset(&signals)
@@ -149,11 +150,34 @@ struct Exec: ParsableCommand {
         return signal == 0 ? (status >> 8) & 0xFF : 128 + signal
     }
 
-    /// `$XDG_RUNTIME_DIR/tokenbroker`: the directory of the broker's default socket (not of
-    /// `$TOKENBROKER_SOCKET`, which may be a path another user chose).
-    private static func tokenDirectory() -> String {
-        let socket = DefaultPaths().ignoringSocketVariable.socket
-        return String(socket[..<(socket.lastIndex(of: "/") ?? socket.endIndex)])
+    /// Where the token file's own directory is made: the user's runtime directory, else /tmp
+    /// (`mkdtemp` makes a name there no one could take first), whichever is neither the
+    /// socket's directory nor inside it: README says to bind-mount that directory into
+    /// containers, which must not see the token files of every job.
+    private func tokenDirectoryBase() throws -> String {
+        let paths = DefaultPaths()
+        let sockets = [options.socket ?? paths.socket, paths.ignoringSocketVariable.socket]
+        let socketDirectories = sockets.map { socket in
+            Self.resolved(socket.lastIndex(of: "/").map { String(socket[..<$0]) } ?? ".")
+        }
+        let candidates = [paths.runtimeDirectory, "/tmp"].compactMap { $0 }
+        let base = candidates.first { candidate in
+            let place = Self.resolved(candidate)
+            return !socketDirectories.contains { place == $0 || place.hasPrefix($0 == "/" ? "/" : $0 + "/") }
+        }
+        guard let base else {
+            throw BridgeFailure(
+                "no directory for the token file outside the socket's directory (\(candidates.joined(separator: ", ")) "
+                    + "are in it); set XDG_RUNTIME_DIR to another one")
+        }
+        return base
+    }
+
+    /// `path` with symbolic links, `.` and `..` resolved, when it exists; else as it is.
+    private static func resolved(_ path: String) -> String {
+        guard let real = realpath(path.isEmpty ? "/" : path, nil) else { return path }
+        defer { free(real) }
+        return String(cString: real)
     }
 
     /// `seconds` (at least a millisecond, at most a day) as a timespec.

@@ -13,7 +13,8 @@ struct GitCredential: ParsableCommand {
         discussion: """
             get answers username, password (the access token) and password_expiry_utc for the
             account whose [accounts.NAME.git] hosts list the host (authtype=Bearer and credential
-            when git offers capability[]=authtype); a host no account serves gets an empty answer.
+            when git offers capability[]=authtype); a host no account serves gets an empty answer,
+            as does plain http to a host that is not loopback or listed in allow_http.
             store does nothing; erase of the current token makes the next get refresh it.
             """)
 
@@ -50,17 +51,29 @@ struct GitCredential: ParsableCommand {
     }
 
     /// The account serving the host of `input`, and its user name; `nil` for a host (or a
-    /// protocol, or a user name) no account serves.
+    /// protocol, or a user name) no account serves. A bearer token crosses plain http only to a
+    /// loopback host or one an account lists in `allow_http` (README, "Bridges"): `get` for any
+    /// other host an account serves over https is refused with a warning on stderr.
     private func serving(_ input: GitCredentialInput) throws -> (account: String, username: String)? {
         guard let scheme = input.values["protocol"], scheme == "https" || scheme == "http",
             let host = input.values["host"].flatMap(BridgeNames.host)
         else { return nil }
-        let account = try options.accounts().first { account in
+        let candidates = try options.accounts().filter { account in
             guard let git = account.git, git.hosts.contains(host) else { return false }
             // A user name in the URL (https://me@host/) asks for that identity only.
             return input.values["username"].map { $0 == git.username } ?? true
         }
-        guard let account, let git = account.git else { return nil }
+        let plainHTTP = scheme == "http" && !LoopbackHost.contains(hostAndPort: host)
+        let account = candidates.first { !plainHTTP || $0.git?.allowHTTP?.contains(host) == true }
+        guard let account, let git = account.git else {
+            if let refused = candidates.first, operation == "get" {
+                StandardStream.error.write(
+                    "brokerctl: not sending the token of \(refused.account) to http://\(host): plain http shows it "
+                        + "to the network; use https, or list the host in allow_http of [accounts.\(refused.account).git]\n"
+                )
+            }
+            return nil
+        }
         return (account.account, git.username)
     }
 

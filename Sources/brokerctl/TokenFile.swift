@@ -5,37 +5,45 @@ import FoundationEssentials
 import Glibc
 #endif
 
-/// A file holding one access token and nothing else, mode 0600, under a directory that only its
-/// owner can write (`$XDG_RUNTIME_DIR/tokenbroker/`, the socket's). It is created under a
-/// random name with `O_CREAT | O_EXCL | O_NOFOLLOW` and replaced whole (a new file renamed
-/// over it), so a reader never sees half a token.
+/// A file holding one access token and nothing else, mode 0600, alone in a directory of its own
+/// that only its owner can use (made by `mkdtemp`: mode 0700, under a name no one could take
+/// first). It is created under a random name with `O_CREAT | O_EXCL | O_NOFOLLOW` and replaced
+/// whole (a new file renamed over it), so a reader never sees half a token.
 final class TokenFile {
     /// The file's path.
     let path: String
     private let name: String
-    /// The directory, held open so that renames and the removal act on the one that was checked.
+    /// The directory's path, and the directory held open so that renames and the removal act on
+    /// the one that was checked.
+    private let directoryPath: String
     private let directory: Int32
 
-    /// Writes `token` to a new file in `directoryPath`, creating the directory (0700) if it
-    /// does not exist; refuses a directory that is a symlink, another user's, or writable by others.
-    init(in directoryPath: String, token: String) throws {
-        if mkdir(directoryPath, 0o700) != 0, errno != EEXIST {
-            throw BridgeFailure("cannot create \(directoryPath): \(String(cString: strerror(errno)))")
+    /// Writes `token` to a file in a new directory `tokenbroker-exec-XXXXXX` under `base`.
+    init(inNewDirectoryUnder base: String, token: String) throws {
+        var template = Array((base + "/tokenbroker-exec-XXXXXX").utf8CString)
+        let made = template.withUnsafeMutableBufferPointer { buffer in
+            mkdtemp(buffer.baseAddress!).map { String(cString: $0) }
         }
+        guard let made else {
+            throw BridgeFailure("cannot create a directory in \(base): \(String(cString: strerror(errno)))")
+        }
+        directoryPath = made
         directory = open(directoryPath, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
         guard directory >= 0 else {
-            throw BridgeFailure("cannot open \(directoryPath): \(String(cString: strerror(errno)))")
-        }
-        var facts = stat()
-        guard fstat(directory, &facts) == 0, facts.st_uid == getuid(), facts.st_mode & 0o022 == 0 else {
-            close(directory)
-            throw BridgeFailure("\(directoryPath) must be a directory of yours that no one else can write")
+            let reason = String(cString: strerror(errno))
+            rmdir(directoryPath)
+            throw BridgeFailure("cannot open \(directoryPath): \(reason)")
         }
         name = Self.randomName()
         path = directoryPath + "/" + name
+        var facts = stat()
         do {
+            guard fstat(directory, &facts) == 0, facts.st_uid == getuid(), facts.st_mode & 0o077 == 0 else {
+                throw BridgeFailure("\(directoryPath) must be a directory of yours that no one else can use")
+            }
             try write(token, as: name)
         } catch {
+            rmdir(directoryPath)
             close(directory)
             throw error
         }
@@ -54,8 +62,11 @@ final class TokenFile {
         }
     }
 
-    /// Deletes the file.
-    func remove() { unlinkat(directory, name, 0) }
+    /// Deletes the file and its directory.
+    func remove() {
+        unlinkat(directory, name, 0)
+        rmdir(directoryPath)
+    }
 
     /// A new file `name` in the directory holding exactly `token`.
     private func write(_ token: String, as name: String) throws {

@@ -35,6 +35,65 @@ import Testing
                 == AccountBridges(git: GitBridge(hosts: ["gitlab.example"], username: "me")))
     }
 
+    /// `allow_http`: the listed hosts and registries also served over plain http.
+    @Test func allowHTTPNamesListedHostsAndRegistries() throws {
+        let text = """
+            [accounts.api.git]
+            hosts = ["github.com", "Intranet.example:8080"]
+            allow_http = ["intranet.example:8080"]
+            [accounts.api.docker]
+            registries = ["ghcr.io", "registry.example:5000"]
+            allow_http = ["http://Registry.example:5000/"]
+            [accounts.none.git]
+            hosts = ["gitlab.example"]
+            allow_http = []
+            """
+        let bridges = try ConfigFile.parse(text, path: "/cfg/broker.toml").bridges
+        #expect(bridges["api"]?.git?.allowHTTP == ["intranet.example:8080"])
+        #expect(bridges["api"]?.docker?.allowHTTP == ["registry.example:5000"])
+        #expect(bridges["none"]?.git == GitBridge(hosts: ["gitlab.example"]))
+        // status carries it as allow_http, and leaves it out when there is none.
+        let wire = String(decoding: try Wire.makeEncoder().encode(bridges["api"]?.git), as: UTF8.self)
+        #expect(wire.contains(#""allow_http":["intranet.example:8080"]"#))
+        let plain = String(decoding: try Wire.makeEncoder().encode(bridges["none"]?.git), as: UTF8.self)
+        #expect(!plain.contains("allow_http"))
+        #expect(try Wire.makeDecoder().decode(GitBridge.self, from: Data(wire.utf8)) == bridges["api"]?.git)
+    }
+
+    @Test(arguments: [
+        (
+            "[accounts.api.git]\nhosts = [\"github.com\"]\nallow_http = [\"gitlab.example\"]",
+            "accounts.api.git.allow_http names gitlab.example, which is not one of its hosts"
+        ),
+        (
+            "[accounts.api.git]\nhosts = [\"github.com\"]\nallow_http = true",
+            "accounts.api.git.allow_http must be an array of 0 to 64 hosts"
+        ),
+        (
+            "[accounts.api.docker]\nregistries = [\"ghcr.io\"]\nallow_http = [\"ghcr.io/x\"]",
+            "accounts.api.docker.allow_http names ghcr.io/x, which is not one of its registries"
+        ),
+    ])
+    func allowHTTPOfAnUnlistedHostIsRefused(text: String, message: String) {
+        #expect {
+            try ConfigFile.parse(text, path: "/cfg/broker.toml")
+        } throws: { error in
+            "\(error)".contains(message)
+        }
+    }
+
+    @Test func loopbackHostsAreTheCanonicalLiteralsAndLocalhost() {
+        for host in ["localhost", "localhost:8080", "127.0.0.1", "127.1.2.3:3000", "[::1]", "[::1]:8080"] {
+            #expect(LoopbackHost.contains(hostAndPort: host), "\(host)")
+        }
+        for host in [
+            "localhost.example", "127.0.0.01", "127.0.0.1.example", "128.0.0.1", "[::1]x", "[::2]:80", "0x7f.0.0.1",
+            "git.example:8080", "",
+        ] {
+            #expect(!LoopbackHost.contains(hostAndPort: host), "\(host)")
+        }
+    }
+
     @Test(arguments: [
         ("hosts = [\"https://github.com\"]", "accounts.api.git.hosts must be an array of hosts"),
         ("hosts = [\"github.com/org\"]", "accounts.api.git.hosts must be an array of hosts"),

@@ -125,6 +125,46 @@ import Testing
         }
     }
 
+    /// A token file every process of the user reads would hand out the token around a rule that
+    /// names programs.
+    @Test(arguments: [
+        (
+            "[accounts.api]\nexport_file = \"/run/user/1000/api.token\"\n[accounts.api.access]\n"
+                + "executables = [\"/usr/bin/git\"]\n",
+            "accounts.api.export_file"
+        ),
+        (
+            "[broker]\nwlcg_account = \"api\"\n[accounts.api]\nkind = \"static\"\n[accounts.api.access]\n"
+                + "units = [\"ci-runner.service\"]\n",
+            "broker.wlcg_account"
+        ),
+    ])
+    func aTokenFileBesideARuleIsRefusedSayingWhy(text: String, key: String) {
+        #expect {
+            try ConfigFile.parse(text, path: "/cfg/broker.toml")
+        } throws: { error in
+            "\(error)".contains("/cfg/broker.toml: \(key)") && "\(error)".contains("accounts.api.access")
+                && "\(error)".contains("every process of yours can read the token file")
+        }
+    }
+
+    /// A rule with only `uids` narrows nothing for the owner's processes, and the file is the owner's.
+    @Test func aTokenFileBesideARuleOfUIDsOnlyIsRead() throws {
+        let text = """
+            [broker]
+            wlcg_account = "api"
+
+            [accounts.api]
+            export_file = "/run/user/1000/api.token"
+
+            [accounts.api.access]
+            uids = [1001]
+            """
+        let configuration = try ConfigFile.parse(text, path: "/cfg/broker.toml")
+        #expect(configuration.exportFiles == ["api": "/run/user/1000/api.token"])
+        #expect(configuration.access.accounts["api"] == AccountAccess(uids: [1001]))
+    }
+
     @Test(arguments: ["wlcg_account = 5", #"wlcg_account = "no spaces""#, #"wlcg_account = """#])
     func aBadWLCGAccountIsRefusedNamingIt(line: String) {
         #expect {

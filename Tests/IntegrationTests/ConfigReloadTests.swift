@@ -83,4 +83,43 @@ import Glibc
         #expect(try await client.status().map(\.account) == ["declared", "second", "third"])
         await idp.shutdown()
     }
+
+    /// A token file (`export_file`, `wlcg_account`) of an account whose rule names programs would
+    /// hand its token to every process of the user: refused at start and at reload, saying why,
+    /// and the running broker keeps its configuration.
+    @Test func aTokenFileBesideAnAccessRuleIsRefusedAtStartAndAtReload() async throws {
+        let broker = try BrokerProcess()
+        let exportFile = broker.root.appendingPathComponent("run/api.token").path
+        let rule = "[accounts.api.access]\nexecutables = [\"/usr/bin/git\"]\n"
+        let guarded = "[accounts.api]\nkind = \"static\"\n" + rule
+        let refusals = [
+            ("[accounts.api]\nkind = \"static\"\nexport_file = \"\(exportFile)\"\n" + rule, "accounts.api.export_file"),
+            ("[broker]\nwlcg_account = \"api\"\n\n" + guarded, "broker.wlcg_account"),
+        ]
+        let why = "every process of yours can read the token file"
+        for (config, key) in refusals {
+            try broker.writeConfig(config)
+            #expect(try broker.runExpectingExit() != 0)
+            #expect(broker.log.contains(key) && broker.log.contains(why), "\(broker.log)")
+        }
+
+        try broker.writeConfig(guarded)
+        try await broker.start()
+        defer { broker.stop() }
+        let pushed = try broker.brokerctl(
+            ["set-tokens", "api"], stdin: #"{"access_token": "at-guarded", "expires_in": 3600}"#)
+        #expect(pushed.status == 0, "\(pushed.stderr)")
+        for (config, key) in refusals {
+            try broker.writeConfig(config)
+            let refused = try broker.brokerctl(["reload"])
+            #expect(refused.status != 0)
+            #expect(refused.stderr.contains(key) && refused.stderr.contains(why), "\(refused.stderr)")
+            // The rule stays in force (this test runs no listed executable), and no file is written.
+            #expect(try broker.brokerctl(["token", "api"]).status == 7)
+            #expect(try broker.brokerctl(["status"]).status == 0)
+            #expect(!FileManager.default.fileExists(atPath: exportFile))
+            #expect(
+                !FileManager.default.fileExists(atPath: broker.root.appendingPathComponent("run/bt_u\(getuid())").path))
+        }
+    }
 }

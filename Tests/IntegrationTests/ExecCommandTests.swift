@@ -34,7 +34,9 @@ import Glibc
         }
         let file = try #require(lines.first)
         #expect(file.count == 4)
-        #expect(file[1].hasPrefix(bridge.broker.root.appendingPathComponent("run/tokenbroker/bearer-").path))
+        // In a directory of its own under $XDG_RUNTIME_DIR, not in the socket's (run/tokenbroker).
+        #expect(file[1].hasPrefix(bridge.broker.root.appendingPathComponent("run/tokenbroker-exec-").path))
+        #expect(!file[1].hasPrefix(bridge.broker.root.appendingPathComponent("run/tokenbroker").path + "/"))
         #expect(file[2] == "600")
         #expect(file[3] == bridge.idp.issuedAccessTokens.first)
         #expect(!FileManager.default.fileExists(atPath: file[1]), "the file is removed when the command ends")
@@ -82,8 +84,29 @@ import Glibc
             "exec", "api", "--", "no-such-command-\(UInt32.random(in: 0...UInt32.max))",
         ])
         #expect(missing.status == 127 && missing.stderr.contains("cannot run"))
-        let directory = bridge.broker.root.appendingPathComponent("run/tokenbroker").path
-        #expect(try FileManager.default.contentsOfDirectory(atPath: directory).filter { $0.hasPrefix("bearer-") } == [])
+        let directory = bridge.broker.root.appendingPathComponent("run").path
+        #expect(
+            try FileManager.default.contentsOfDirectory(atPath: directory).filter { $0.hasPrefix("tokenbroker-exec-") }
+                == [])
+        // Never in the socket's directory nor under it (README says to bind-mount it into
+        // containers), even when the runtime directory is that directory: then under /tmp.
+        let socketDirectory = bridge.broker.root.appendingPathComponent("run/tokenbroker").path
+        for runtime in [socketDirectory, ""] {
+            let shown = try await bridge.run(
+                [
+                    "exec", "api", "--", "sh", "-c",
+                    #"echo "$BEARER_TOKEN_FILE $(stat -c '%a %U' "${BEARER_TOKEN_FILE%/*}")""#,
+                ],
+                environment: ["XDG_RUNTIME_DIR": runtime])
+            #expect(shown.status == 0, "\(shown.stderr)")
+            let parts = shown.stdout.split(separator: " ").map { $0.trimmingCharacters(in: .whitespacesAndNewlines) }
+            let path = try #require(parts.first)
+            #expect(!path.hasPrefix(socketDirectory + "/") && path.contains("/tokenbroker-exec-"), "\(path)")
+            #expect(Array(parts.dropFirst()) == ["700", String(cString: getpwuid(getuid()).pointee.pw_name)])
+            if runtime == socketDirectory { #expect(path.hasPrefix("/tmp/tokenbroker-exec-")) }
+            let parent = String(path[..<(path.lastIndex(of: "/") ?? path.endIndex)])
+            #expect(!FileManager.default.fileExists(atPath: parent), "the directory is removed with the file")
+        }
         // The broker down: nothing is run.
         await bridge.stop()
         let down = try await bridge.run(["exec", "api", "--", "true"])

@@ -140,6 +140,46 @@ import Testing
         bridge.expectNoSecretInOutputs()
     }
 
+    /// A bearer token crosses plain http only to a loopback host or one listed in `allow_http`:
+    /// real git asking for an `http://` URL of another host gets no password, and a warning.
+    @Test func plainHTTPGetsTheTokenOnlyOnLoopbackOrWhereAllowed() async throws {
+        let bridge = try await BridgeBroker.start { _ in
+            """
+            [accounts.api.git]
+            hosts = ["git.example", "intranet.example:8080", "localhost:8080", "127.0.0.1:3000", "[::1]:8080"]
+            allow_http = ["intranet.example:8080"]
+            """
+        }
+        let brokerctl = BrokerProcess.binary("brokerctl").path
+        let git = try gitEnvironment(bridge, helpers: ["!\(brokerctl) git-credential"])
+        let fill = { (input: String) in
+            try await bridge.run(["credential", "fill"], program: "git", stdin: input + "\n", environment: git)
+        }
+
+        let refused = try await fill("protocol=http\nhost=git.example")
+        #expect(!refused.stdout.contains("password="), "no token over plain http")
+        let warnings = refused.stderr.split(separator: "\n").filter { $0.hasPrefix("brokerctl:") }
+        #expect(warnings.count == 1 && warnings.first?.contains("http://git.example") == true, "\(refused.stderr)")
+        // The helper alone: an empty answer, exit 0 (git goes on to its next helper), one warning line.
+        let direct = try await bridge.run(["git-credential", "get"], stdin: "protocol=http\nhost=git.example\n\n")
+        #expect(direct.status == 0 && direct.stdout.isEmpty)
+        #expect(direct.stderr.hasPrefix("brokerctl: ") && direct.stderr.filter { $0 == "\n" }.count == 1)
+
+        let token = try #require(bridge.lastIssued)
+        for input in [
+            "protocol=https\nhost=git.example", "protocol=http\nhost=localhost:8080",
+            "protocol=http\nhost=127.0.0.1:3000",
+            "protocol=http\nhost=[::1]:8080", "protocol=http\nhost=intranet.example:8080",
+        ] {
+            let served = try await fill(input)
+            #expect(served.status == 0, "\(input): \(served.stderr)")
+            #expect(Dictionary(pairs(served.stdout), uniquingKeysWith: { $1 })["password"] == token, "\(input)")
+            #expect(!served.stderr.contains("brokerctl:"), "\(input): \(served.stderr)")
+        }
+        await bridge.stop()
+        bridge.expectNoSecretInOutputs()
+    }
+
     @Test func aRefusedTokenIsErasedAndTheNextCloneRefreshesOnce() async throws {
         let work = try TemporaryDirectory()
         defer { work.remove() }

@@ -84,6 +84,44 @@ import Glibc
         #expect(!passphraseLogged, "a passphrase in the broker's log")
     }
 
+    /// The wrong-passphrase delay is kept beside the vault: a restart neither resets the count
+    /// nor cuts a delay short, even one brokerd was killed in.
+    @Test func theWrongPassphraseDelaySurvivesARestart() async throws {
+        let broker = try BrokerProcess()
+        try await broker.start(arguments: ["--passphrase"])
+        defer { broker.stop() }
+        #expect(try await broker.brokerctlOnOwnThread(["unlock"], stdin: Self.passphrase + "\n").status == 0)
+        #expect(try await broker.brokerctlOnOwnThread(["lock"]).status == 0)
+        for (attempt, delay) in [(1, 1.0), (2, 2.0)] {
+            let start = Date()
+            let wrong = try await broker.brokerctlOnOwnThread(["unlock"], stdin: "not it \(attempt)\n")
+            #expect(wrong.status == 7 && Date().timeIntervalSince(start) >= delay)
+        }
+        let paceFile = broker.vaultPath + ".unlock-pace"
+        var info = stat()
+        #expect(lstat(paceFile, &info) == 0 && info.st_mode & 0o777 == 0o600)
+        let pace = { (try? String(contentsOfFile: paceFile, encoding: .utf8)) ?? "" }
+        #expect(pace().hasPrefix("failures=2\n"))
+
+        // Restarted, the third wrong one in a row waits 4 s; brokerd is killed in that wait.
+        broker.crash()
+        try await broker.start(arguments: ["--passphrase"])
+        let third = Task { try await broker.brokerctlOnOwnThread(["unlock"], stdin: "not it 3\n") }
+        #expect(await eventually { pace().hasPrefix("failures=3\n") })
+        let killedAt = Date()
+        broker.crash()
+        #expect(try await third.value.status != 0)
+
+        // Restarted again, even the right passphrase waits out the rest of that delay.
+        try await broker.start(arguments: ["--passphrase"])
+        let right = try await broker.brokerctlOnOwnThread(["unlock"], stdin: Self.passphrase + "\n")
+        #expect(right.status == 0, "\(right.stderr)")
+        #expect(Date().timeIntervalSince(killedAt) >= 3, "the 4 s delay ran on across the restart")
+        #expect(broker.log.contains("unlock waits out the delay of a wrong passphrase given before a restart"))
+        #expect(!FileManager.default.fileExists(atPath: paceFile), "a right passphrase clears the pace")
+        #expect(!broker.log.contains(Self.passphrase))
+    }
+
     @Test func aLockedBrokerIsReadyForSystemdAndSaysItIsLocked() async throws {
         let broker = try BrokerProcess()
         try broker.writeConfig("[broker]\nkey = \"passphrase\"\n")

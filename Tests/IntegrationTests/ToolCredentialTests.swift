@@ -65,7 +65,8 @@ import Testing
         let bridge = try await BridgeBroker.start { _ in
             """
             [accounts.api.docker]
-            registries = ["https://index.docker.io/v1/", "ghcr.io", "registry.example:5000"]
+            registries = ["https://index.docker.io/v1/", "ghcr.io", "registry.example:5000", "localhost:5000"]
+            allow_http = ["registry.example:5000"]
             username = "x-access-token"
             """
         }
@@ -93,12 +94,23 @@ import Testing
                     == (input.isEmpty ? "no server URL on stdin\n" : "credentials not found in native keychain\n"))
         }
 
+        // An http:// URL gets the token only for a loopback registry or one listed in allow_http;
+        // for another, docker hears "not found" and the user a warning on stderr.
+        let plain = try await bridge.run(["get"], program: helper, stdin: "http://ghcr.io")
+        #expect(plain.status == 1 && plain.stdout == "credentials not found in native keychain\n")
+        #expect(plain.stderr.hasPrefix("brokerctl: ") && plain.stderr.contains("http://ghcr.io"))
+        #expect(plain.stderr.filter { $0 == "\n" }.count == 1)
+        for input in ["http://localhost:5000", "http://registry.example:5000"] {
+            let served = try await bridge.run(["get"], program: helper, stdin: input)
+            #expect(object(served.stdout)?["Secret"] as? String == bridge.lastIssued, "\(input): \(served.stderr)")
+        }
+
         let list = try await bridge.run(["list"], program: helper)
         #expect(list.status == 0)
         #expect(
             object(list.stdout) as? [String: String] == [
                 "index.docker.io/v1": "x-access-token", "ghcr.io": "x-access-token",
-                "registry.example:5000": "x-access-token",
+                "registry.example:5000": "x-access-token", "localhost:5000": "x-access-token",
             ])
 
         let store = try await bridge.run(

@@ -1,3 +1,4 @@
+import BrokerProtocol
 import FoundationEssentials
 
 /// Which IdP URLs the broker will call: https everywhere, plain http only for canonical
@@ -5,7 +6,7 @@ import FoundationEssentials
 public enum EndpointPolicy {
     public static func isAllowed(_ url: URL) -> Bool {
         guard let origin = Origin(url) else { return false }
-        return origin.scheme == "https" || isLoopback(origin.host)
+        return origin.scheme == "https" || LoopbackHost.contains(origin.host)
     }
 
     /// The URL a `provider` object gives in `field`, or a `bad_request` naming the field when
@@ -22,18 +23,6 @@ public enum EndpointPolicy {
     public static func isAllowed(_ url: URL, handedOverBy base: URL) -> Bool {
         guard isAllowed(url) else { return false }
         return url.scheme?.lowercased() == "https" || base.scheme?.lowercased() != "https"
-    }
-
-    /// `localhost`, `::1`, or a dotted-quad IPv4 literal in 127.0.0.0/8 written the canonical
-    /// way (no leading zeros, each part 0-255), which no resolver reads differently.
-    static func isLoopback(_ host: String) -> Bool {
-        if host == "localhost" || host == "::1" || host == "[::1]" { return true }
-        let parts = host.split(separator: ".", omittingEmptySubsequences: false)
-        return parts.count == 4 && parts.first == "127"
-            && parts.allSatisfy { part in
-                part.count <= 3 && part.utf8.allSatisfy { $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }
-                    && !(part.count > 1 && part.first == "0") && (Int(part) ?? 256) <= 255
-            }
     }
 }
 
