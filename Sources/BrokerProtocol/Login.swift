@@ -32,7 +32,8 @@ public struct LoginProgress: Codable, Sendable, Equatable {
     public var expiresIn: Int?
     /// `device_code`, `slow_down`: seconds between two polls of the token endpoint.
     public var interval: Int?
-    /// `authorization_url`: the URL the user opens in a browser.
+    /// `authorization_url`: the URL the user opens in a browser: the broker's one-time start
+    /// link, which leads to the IdP (the authorization URL itself stays in the broker).
     public var url: String?
     /// `authorization_url`: the loopback URL the browser is sent back to.
     public var redirectURI: String?

@@ -30,7 +30,7 @@ struct Login: ParsableCommand {
             The code or URL goes to stderr (with a countdown on a terminal), the result to stdout.
 
             Exit codes: 0 signed in, 5 denied, expired or timed out, 6 IdP unavailable, 4 no such \
-            account (give its provider options), 130 cancelled with Ctrl-C.
+            account (give its provider options), 130 cancelled with Ctrl-C (129 SIGHUP, 143 SIGTERM).
             """)
 
     @OptionGroup var connection: ConnectionOptions
@@ -95,8 +95,8 @@ struct Login: ParsableCommand {
                 }
             }
             screen.succeed(result)
-        } catch is LoginCancelled {
-            throw ExitCode(130)
+        } catch let cancelled as LoginCancelled {
+            throw ExitCode(128 + cancelled.signal)
         }
     }
 
@@ -138,8 +138,12 @@ struct LoginSurroundings {
     var preferredFlow: LoginFlow { hasDisplay && !isRemote ? .browser : .device }
 }
 
-/// The user pressed Ctrl-C: the login was given up (closing the connection cancels it at the broker).
-struct LoginCancelled: Error {}
+/// The user pressed Ctrl-C, or brokerctl was told to end (SIGTERM, SIGHUP): the login was given
+/// up (closing the connection cancels it at the broker).
+struct LoginCancelled: Error {
+    /// The signal that ended it.
+    var signal: Int32
+}
 
 /// One login's progress as it comes: shows it, opens the browser, and bounds the wait.
 final class LoginSession {
@@ -152,6 +156,8 @@ final class LoginSession {
     /// When to stop waiting for the broker's final line.
     private var deadline = ContinuousClock.now + brokerAllowance
     private var browser: BrowserLauncher?
+    /// The page the browser was sent to, removed when the login ends.
+    private var page: LoginPage?
 
     init(screen: LoginScreen, opensBrowser: Bool) {
         self.screen = screen
@@ -161,7 +167,7 @@ final class LoginSession {
     /// Runs while no line arrives: stops on Ctrl-C or a broker silent past the login's time,
     /// reaps the browser opener, redraws the progress line.
     func idle() throws {
-        if Interruption.happened { throw LoginCancelled() }
+        if let signal = Interruption.caught { throw LoginCancelled(signal: signal) }
         if browser?.reap() == true { browser = nil }
         let now = ContinuousClock.now
         guard now < deadline else { throw ConnectionError(description: "the broker did not answer in time") }
@@ -170,7 +176,7 @@ final class LoginSession {
 
     /// Shows one progress line; the authorization URL is also opened in the browser.
     func progress(_ line: Data) throws {
-        if Interruption.happened { throw LoginCancelled() }
+        if let signal = Interruption.caught { throw LoginCancelled(signal: signal) }
         guard let progress = try? Wire.makeDecoder().decode(LoginProgress.self, from: line) else { return }
         let now = ContinuousClock.now
         if let expiresIn = progress.expiresIn, (1...3600).contains(expiresIn) {
@@ -181,25 +187,40 @@ final class LoginSession {
             screen.showDeviceCode(progress, now: now)
         case .authorizationURL:
             guard let url = progress.url else { return }
-            var opening = false
-            if opensBrowser {
-                switch BrowserLauncher.open(url) {
-                case .success(let launcher):
-                    browser = launcher
-                    opening = true
-                case .failure(let problem):
-                    screen.note("cannot start xdg-open (\(problem)); open the URL yourself")
-                }
-            }
+            let opening = opensBrowser && open(url)
             screen.showAuthorizationURL(progress, opening: opening, now: now)
         case .slowDown:
             break
         }
     }
 
-    /// Reaps the browser opener, waiting for it a second at most: xdg-open usually returns at
-    /// once, but with some browsers it stays until the browser closes.
+    /// Opens the broker's start link by way of a page file (`LoginPage`): `xdg-open` is given
+    /// the page's name, not the link. `false` when the browser could not be started.
+    private func open(_ link: String) -> Bool {
+        let written: LoginPage
+        switch LoginPage.write(leadingTo: link) {
+        case .success(let page): written = page
+        case .failure(let problem):
+            screen.note("cannot write the sign-in page (\(problem)); open the URL yourself")
+            return false
+        }
+        switch BrowserLauncher.open(written.url) {
+        case .success(let launcher):
+            browser = launcher
+            page = written
+            return true
+        case .failure(let problem):
+            written.remove()
+            screen.note("cannot start xdg-open (\(problem)); open the URL yourself")
+            return false
+        }
+    }
+
+    /// Reaps the browser opener, waiting for it a second at most (xdg-open usually returns at
+    /// once, but with some browsers it stays until the browser closes), and removes the page.
     func end() {
+        page?.remove()
+        page = nil
         guard let browser else { return }
         let limit = ContinuousClock.now + .seconds(1)
         while !browser.reap(), ContinuousClock.now < limit { usleep(10_000) }
@@ -207,17 +228,25 @@ final class LoginSession {
     }
 }
 
-/// Ctrl-C during a login, noted by a signal handler and acted on at the next idle tick, so
-/// the progress line is cleared and the connection closed before brokerctl exits.
+/// Ctrl-C (or SIGTERM, SIGHUP) during a login, noted by a signal handler and acted on at the
+/// next idle tick, so the progress line is cleared, the sign-in page removed and the connection
+/// closed before brokerctl exits.
 enum Interruption {
-    private static let received = Atomic<Bool>(false)
+    /// The signal received; 0 while none.
+    private static let received = Atomic<Int32>(0)
 
-    /// Installs the SIGINT handler.
+    /// Installs the handlers.
     static func trap() {
         // Initialised here, not lazily inside the handler.
         _ = received.load(ordering: .relaxed)
-        signal(SIGINT) { _ in Interruption.received.store(true, ordering: .relaxed) }
+        for number in [SIGINT, SIGTERM, SIGHUP] {
+            signal(number) { Interruption.received.store($0, ordering: .relaxed) }
+        }
     }
 
-    static var happened: Bool { received.load(ordering: .relaxed) }
+    /// The signal received, if any.
+    static var caught: Int32? {
+        let number = received.load(ordering: .relaxed)
+        return number == 0 ? nil : number
+    }
 }

@@ -3,6 +3,10 @@ import BrokerClient
 import BrokerProtocol
 import FoundationEssentials
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// What the user sees of a login. Humans: the code or URL on stderr, on a terminal a spinner
 /// and countdown redrawn in place on stderr, and only the result on stdout. `--json`: one
 /// object per line on stdout (`device_code` or `authorization_url`, then `done` or `error`).
@@ -96,9 +100,11 @@ final class LoginScreen {
     func fail(_ error: any Error) {
         clearLine()
         switch error {
-        case is LoginCancelled:
+        case let cancelled as LoginCancelled:
             StandardStream.error.write("brokerctl: cancelled\n")
-            if json { emit(LoginLine(event: "error", code: "cancelled", message: "cancelled with Ctrl-C")) }
+            let message =
+                cancelled.signal == SIGINT ? "cancelled with Ctrl-C" : "cancelled by signal \(cancelled.signal)"
+            if json { emit(LoginLine(event: "error", code: "cancelled", message: message)) }
         case let error as BrokerError where json:
             emit(LoginLine(event: "error", code: error.code.rawValue, message: error.message))
         default:

@@ -306,17 +306,18 @@ import Testing
     @Test func browserFlowExchangesTheCodeWithItsVerifierAndClosesTheListener() async throws {
         try await BrokerHarness.run { harness in
             let (login, offer) = try await Self.startBrowserLogin(harness)
-            let url = try #require(offer.url)
-            #expect(url.hasPrefix(harness.idp.authorizationEndpoint + "?response_type=code&"))
-            #expect(url.contains("code_challenge_method=S256") && url.contains("scope=openid%20offline_access"))
             #expect(offer.expiresIn == 180)
             let port = try Self.port(of: offer.redirectURI)
             #expect(offer.redirectURI == "http://127.0.0.1:\(port)/callback")
             #expect(TestBrowser.isListening(port))
 
+            let browser = TestBrowser()
+            let url = try await browser.start(try #require(offer.url))
+            #expect(url.hasPrefix(harness.idp.authorizationEndpoint + "?response_type=code&"))
+            #expect(url.contains("code_challenge_method=S256") && url.contains("scope=openid%20offline_access"))
             let location = try await TestBrowser.authorize(url)
             #expect(location.hasPrefix(try #require(offer.redirectURI) + "?code="))
-            let page = try await TestBrowser.get(location)
+            let page = try await browser.visit(location)
             #expect(page.status == 200 && page.body.contains("Signed in. You may close this tab."))
 
             #expect(try await login.value == LoginResult(account: "work", state: "valid", idToken: true))
@@ -330,16 +331,17 @@ import Testing
     @Test func aCallbackWithTheWrongStateGets400AndTheLoginKeepsWaiting() async throws {
         try await BrokerHarness.run { harness in
             let (login, offer) = try await Self.startBrowserLogin(harness)
-            let location = try await TestBrowser.authorize(try #require(offer.url))
+            let browser = TestBrowser()
+            let location = try await browser.authorize(try #require(offer.url))
             let redirect = try #require(offer.redirectURI)
             for forged in [
                 redirect + "?code=stolen&state=forged", redirect + "?code=stolen", redirect + "?error=access_denied",
             ] {
-                let page = try await TestBrowser.get(forged)
+                let page = try await browser.visit(forged)
                 #expect(page.status == 400)
             }
-            #expect(try await TestBrowser.get(redirect.replacing("/callback", with: "/other")).status == 404)
-            #expect(try await TestBrowser.get(location).status == 200)
+            #expect(try await browser.visit(redirect.replacing("/callback", with: "/other")).status == 404)
+            #expect(try await browser.visit(location).status == 200)
             #expect(try await login.value.state == "valid")
             #expect(harness.idp.rejectedCodeExchanges.isEmpty)
         }
@@ -349,9 +351,10 @@ import Testing
         try await BrokerHarness.run { harness in
             harness.idp.setAuthorizationDecision(.deny)
             let (login, offer) = try await Self.startBrowserLogin(harness)
-            let location = try await TestBrowser.authorize(try #require(offer.url))
+            let browser = TestBrowser()
+            let location = try await browser.authorize(try #require(offer.url))
             #expect(location.contains("error=access_denied"))
-            #expect(try await TestBrowser.get(location).status == 200)
+            #expect(try await browser.visit(location).status == 200)
             let error = try #require(await Self.failure(login))
             #expect(error.code == .needsLogin)
             #expect(error.message.contains("(access_denied)"))
@@ -392,7 +395,8 @@ import Testing
                 progress: progress)
             let offer = try await progress.first(.authorizationURL)
             #expect(offer.redirectURI == "http://127.0.0.1:\(port)/callback")
-            _ = try await TestBrowser.get(try await TestBrowser.authorize(try #require(offer.url)))
+            #expect(offer.url?.hasPrefix("http://127.0.0.1:\(port)/start?k=") == true)
+            _ = try await TestBrowser().signIn(try #require(offer.url))
             #expect(try await login.value.state == "valid")
         }
     }
@@ -400,7 +404,8 @@ import Testing
     @Test func aCallbackRepeatingAParameterIsRefusedAndTheLoginKeepsWaiting() async throws {
         try await BrokerHarness.run { harness in
             let (login, offer) = try await Self.startBrowserLogin(harness)
-            let location = try await TestBrowser.authorize(try #require(offer.url))
+            let browser = TestBrowser()
+            let location = try await browser.authorize(try #require(offer.url))
             let redirect = try #require(offer.redirectURI)
             let parts = try #require(URLComponents(string: location)?.queryItems)
             let code = try #require(parts.first { $0.name == "code" }?.value)
@@ -410,13 +415,100 @@ import Testing
                 "\(redirect)?state=\(state)&state=forged&code=stolen",
                 "\(redirect)?code=stolen&code=\(code)&state=\(state)", "\(redirect)?error=x&error=y&state=\(state)",
             ] {
-                #expect(try await TestBrowser.get(forged).status == 400, "\(forged)")
+                #expect(try await browser.visit(forged).status == 400, "\(forged)")
             }
             // Only GET is a callback.
             #expect(try await TestBrowser.post(location, form: "").status == 404)
-            #expect(try await TestBrowser.get(location).status == 200)
+            #expect(try await browser.visit(location).status == 200)
             #expect(try await login.value.state == "valid")
             #expect(harness.idp.rejectedCodeExchanges.isEmpty)
+        }
+    }
+
+    /// The client gets a one-time start link, not the authorization URL: the first browser to
+    /// open it gets a cookie and the redirect to the IdP; another client is refused; the same
+    /// browser may reload it.
+    @Test func theStartLinkSendsOneBrowserToTheIdPWithACookie() async throws {
+        try await BrokerHarness.run { harness in
+            let (login, offer) = try await Self.startBrowserLogin(harness)
+            let start = try #require(offer.url)
+            let port = try Self.port(of: offer.redirectURI)
+            let key = try #require(URLComponents(string: start)?.queryItems?.first { $0.name == "k" }?.value)
+            #expect(start == "http://127.0.0.1:\(port)/start?k=\(key)" && key.count == 43)
+            // A wrong, missing or repeated key is not found, and leaves the link unused.
+            for wrong in ["/start", "/start?k=", "/start?k=\(key)x", "/start?k=\(key)&k=\(key)", "/?k=\(key)"] {
+                let page = try await TestBrowser.get("http://127.0.0.1:\(port)" + wrong)
+                #expect(page.status == 404 && page.location == nil && page.setCookies.isEmpty, "\(wrong)")
+            }
+
+            let browser = TestBrowser()
+            let first = try await browser.visit(start)
+            #expect(first.status == 302)
+            let url = try #require(first.location)
+            #expect(url.hasPrefix(harness.idp.authorizationEndpoint + "?response_type=code&"))
+            let query = try #require(URLComponents(string: url)?.queryItems)
+            for name in ["state", "code_challenge"] {
+                let value = try #require(query.first { $0.name == name }?.value)
+                #expect(value.count == 43 && !start.contains(value), "\(name) is not in the start link")
+            }
+            #expect(first.setCookies.count == 1)
+            let attributes = try #require(first.setCookies.first).split(separator: ";").map {
+                $0.trimmingCharacters(in: .whitespaces)
+            }
+            let name = "tokenbroker_login_\(port)="
+            #expect(attributes[0].hasPrefix(name) && attributes[0].count == name.count + 43)
+            let maxAge = try #require(attributes.first { $0.hasPrefix("Max-Age=") }.flatMap { Int($0.dropFirst(8)) })
+            #expect((1...180).contains(maxAge))
+            #expect(Set(attributes.dropFirst()) == ["HttpOnly", "SameSite=Lax", "Path=/", "Max-Age=\(maxAge)"])
+
+            // Spent: another client gets no redirect and no cookie; the same browser, reloading, goes on.
+            let other = try await TestBrowser.get(start)
+            #expect(other.status == 403 && other.location == nil && other.setCookies.isEmpty)
+            let reload = try await browser.visit(start)
+            #expect(reload.status == 302 && reload.location == url && reload.setCookies.isEmpty)
+            #expect(try await browser.visit(try await TestBrowser.authorize(url)).status == 200)
+            #expect(try await login.value.state == "valid")
+        }
+    }
+
+    /// Another process that learned the authorization URL (its `state` and `code_challenge`)
+    /// gets a code of its own at the IdP and brings it to the callback: without the cookie of the
+    /// browser that opened the start link it completes nothing, the account keeps its tokens,
+    /// and the user's browser still finishes the login.
+    @Test func aCallbackWithTheRightStateFromAnotherClientCompletesNothing() async throws {
+        try await BrokerHarness.run { harness in
+            let (first, offer) = try await Self.startBrowserLogin(harness)
+            _ = try await TestBrowser().signIn(try #require(offer.url))
+            _ = try await first.value
+            let stored = {
+                try harness.vaultCopy()?.accounts.first { $0.name == "work" }?.secrets.refreshToken?.text
+            }
+            let before = try #require(try stored())
+            let exchanges = { harness.idp.calls.filter { $0.grantType == "authorization_code" }.compactMap(\.code) }
+
+            let progress = Progress()
+            let login = Self.start(harness, Self.request("browser"), progress: progress)
+            let again = try await progress.first(.authorizationURL)
+            let port = try Self.port(of: again.redirectURI)
+            let browser = TestBrowser()
+            let url = try await browser.start(try #require(again.url))
+            let forged = try await TestBrowser.authorize(url)
+            let state = try #require(URLComponents(string: url)?.queryItems?.first { $0.name == "state" }?.value)
+            #expect(forged.hasPrefix(try #require(again.redirectURI) + "?code=") && forged.hasSuffix("&state=\(state)"))
+            for cookie in [nil, "tokenbroker_login_\(port)=forged", "tokenbroker_login_\(port + 1)=forged"] {
+                let page = try await TestBrowser.get(forged, cookie: cookie)
+                #expect(page.status == 403, "\(cookie ?? "no cookie")")
+                #expect(page.body.contains("did not come from the browser that started the sign-in"))
+            }
+            #expect(exchanges().count == 1, "the forged code was not exchanged")
+            #expect(try stored() == before, "the account keeps its tokens")
+
+            let location = try await TestBrowser.authorize(url)
+            #expect(try await browser.visit(location).status == 200)
+            #expect(try await login.value.state == "valid")
+            let code = try #require(URLComponents(string: location)?.queryItems?.first { $0.name == "code" }?.value)
+            #expect(exchanges().count == 2 && exchanges().last == code, "the browser's code, not the forged one")
+            #expect(try stored() != before)
         }
     }
 
@@ -432,8 +524,7 @@ import Testing
             #expect(await eventually { held.filter { $0.isClosedByPeer }.count >= held.count - bound })
 
             // A fresh callback still gets through.
-            let location = try await TestBrowser.authorize(try #require(offer.url))
-            #expect(try await TestBrowser.get(location).status == 200)
+            #expect(try await TestBrowser().signIn(try #require(offer.url)).status == 200)
             #expect(try await login.value.state == "valid")
             // Every connection ended with the login, well before its own lifetime.
             #expect(await eventually(timeout: 5) { held.allSatisfy { $0.isClosedByPeer } })
@@ -466,7 +557,7 @@ import Testing
             #expect(await eventually(timeout: 3) { silent.isClosedByPeer })
             #expect(Date().timeIntervalSince(started) >= 5)
             #expect(TestBrowser.isListening(port))
-            #expect(try await TestBrowser.get(try await TestBrowser.authorize(try #require(offer.url))).status == 200)
+            #expect(try await TestBrowser().signIn(try #require(offer.url)).status == 200)
             #expect(try await login.value.state == "valid")
         }
     }
@@ -591,7 +682,7 @@ import Testing
                 harness, Self.request("browser", provider: Self.provider(harness.idp), account: "two"), progress: two)
             let offer = try await one.first(.deviceCode)
             let url = try #require(try await two.first(.authorizationURL).url)
-            _ = try await TestBrowser.get(try await TestBrowser.authorize(url))
+            _ = try await TestBrowser().signIn(url)
             _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
             #expect(try await first.value.account == "one")
             #expect(try await second.value.account == "two")
@@ -636,7 +727,7 @@ import Testing
     @Test func theIDTokenIsKeptAcrossARefreshWithoutOneAndReplacedByARotatedOne() async throws {
         try await BrokerHarness.run { harness in
             let (login, offer) = try await Self.startBrowserLogin(harness)
-            _ = try await TestBrowser.get(try await TestBrowser.authorize(try #require(offer.url)))
+            _ = try await TestBrowser().signIn(try #require(offer.url))
             _ = try await login.value
             let first = try #require(harness.idp.issuedIDTokens.first)
 
@@ -659,7 +750,7 @@ import Testing
             let now = harness.clock.now()
             harness.idp.setIDTokenExpiry(now.addingTimeInterval(30))
             let (login, offer) = try await Self.startBrowserLogin(harness)
-            _ = try await TestBrowser.get(try await TestBrowser.authorize(try #require(offer.url)))
+            _ = try await TestBrowser().signIn(try #require(offer.url))
             _ = try await login.value
 
             let answer = try await harness.broker.idToken(account: "work", minTTL: 10)

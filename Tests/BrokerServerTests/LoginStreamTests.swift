@@ -114,7 +114,7 @@ import Testing
                 #expect(progress["event"] as? String == "authorization_url")
                 let redirect = try #require(progress["redirect_uri"] as? String)
                 // The user got as far as the IdP; the browser never comes back.
-                _ = try await TestBrowser.authorize(try #require(progress["url"] as? String))
+                _ = try await TestBrowser().authorize(try #require(progress["url"] as? String))
                 connection = nil
                 let port = try #require(URLComponents(string: redirect)?.port)
                 #expect(await eventually { !TestBrowser.isListening(port) })

@@ -117,26 +117,29 @@ import Glibc
         }
     }
 
-    /// The browser flow with `--no-browser`: a redirect with a wrong `state` is refused (400) and
-    /// the login keeps waiting; the right one signs in; the listener is closed afterwards; the
-    /// same code replayed to another login is refused by the IdP.
+    /// The browser flow with `--no-browser`: the start link leads to the IdP; a redirect with a
+    /// wrong `state` is refused (400) and the login keeps waiting; the right one signs in; the
+    /// listener is closed afterwards; the same code replayed to another login is refused by the IdP.
     @Test func browserFlowChecksStateAndTheIdPRefusesAReusedCode() async throws {
         try await Self.withBrokerAndIdP { broker, idp in
             let login = try BackgroundBrokerctl(
                 broker, ["login", "web", "--flow", "browser", "--no-browser", "--json"] + Self.provider(idp))
             let event = try await login.jsonEvent("authorization_url")
             #expect(Set(event.keys) == ["event", "url"])
-            let url = try #require(event["url"] as? String)
+            let start = try #require(event["url"] as? String)
+            let browser = TestBrowser()
+            let url = try await browser.start(start)
             #expect(queryValue("code_challenge_method", in: url) == "S256")
             let location = try await TestBrowser.authorize(url)
             let code = try #require(queryValue("code", in: location))
             let state = try #require(queryValue("state", in: location))
             let port = try #require(URLComponents(string: location)?.port)
+            #expect(URLComponents(string: start)?.port == port)
 
             let forged = location.replacingOccurrences(of: "state=\(state)", with: "state=forged-\(state.prefix(8))")
-            #expect(try await TestBrowser.get(forged).status == 400)
+            #expect(try await browser.visit(forged).status == 400)
             #expect(!login.child.hasExited(), "a wrong state does not end the login")
-            let page = try await TestBrowser.get(location)
+            let page = try await browser.visit(location)
             #expect(page.status == 200)
             #expect(page.body.contains("You may close this tab"))
             #expect(await login.finish() == 0, "\(login.stderr)")
@@ -148,10 +151,12 @@ import Glibc
             // who saw the code would send it): the broker tries it and the IdP refuses it.
             let replay = try BackgroundBrokerctl(
                 broker, ["login", "replay", "--flow", "browser", "--no-browser", "--json"] + Self.provider(idp))
-            let replayURL = try #require(try await replay.jsonEvent("authorization_url")["url"] as? String)
+            let replayBrowser = TestBrowser()
+            let replayURL = try await replayBrowser.start(
+                try #require(try await replay.jsonEvent("authorization_url")["url"] as? String))
             let redirect = try #require(queryValue("redirect_uri", in: replayURL))
             let replayState = try #require(queryValue("state", in: replayURL))
-            _ = try await TestBrowser.get("\(redirect)?code=\(code)&state=\(replayState)")
+            _ = try await replayBrowser.visit("\(redirect)?code=\(code)&state=\(replayState)")
             #expect(await replay.finish() == 5)
             #expect(idp.rejectedCodeExchanges.last == "code already used")
             #expect(try Self.status(broker, "replay") == nil)
@@ -170,7 +175,7 @@ import Glibc
             let login = try BackgroundBrokerctl(
                 broker, ["login", "web", "--flow", "browser", "--no-browser", "--json"] + Self.provider(idp))
             let url = try #require(try await login.jsonEvent("authorization_url")["url"] as? String)
-            let port = try #require(URLComponents(string: queryValue("redirect_uri", in: url) ?? "")?.port)
+            let port = try #require(URLComponents(string: url)?.port)
             let before = descriptors()
             let held = try (0..<100).map { _ in try HeldConnection(port: port) }
             defer { held.forEach { $0.close() } }
@@ -178,15 +183,16 @@ import Glibc
             // The 16 held ones, and a few of brokerd's own (a connection to the IdP, the vault).
             #expect(descriptors() <= before + 16 + 4, "\(before) before the flood")
 
-            #expect(try await TestBrowser.get(try await TestBrowser.authorize(url)).status == 200)
+            #expect(try await TestBrowser().signIn(url).status == 200)
             #expect(await login.finish() == 0, "\(login.stderr)")
             #expect(await eventually(timeout: 5) { held.allSatisfy { $0.isClosedByPeer } })
             #expect(await eventually(timeout: 5) { descriptors() <= before + 4 }, "\(before) before the flood")
         }
     }
 
-    /// With a display and no `--flow`, the browser flow runs and `xdg-open URL` is started (a
-    /// stand-in on `PATH` records its argument); over SSH the device flow is the default.
+    /// With a display and no `--flow`, the browser flow runs and `xdg-open PAGE` is started (a
+    /// stand-in on `PATH` records its argument), the page leading to the start link and removed
+    /// with the login; over SSH the device flow is the default.
     @Test func defaultFlowFollowsTheSessionAndOpensTheBrowser() async throws {
         try await Self.withBrokerAndIdP { broker, idp in
             idp.setDeviceTiming(interval: 1)
@@ -200,10 +206,14 @@ import Glibc
             let desktop = try BackgroundBrokerctl(
                 broker, ["login", "desk", "--json"] + Self.provider(idp), environment: ["DISPLAY": ":9", "PATH": path])
             let url = try #require(try await desktop.jsonEvent("authorization_url")["url"] as? String)
-            #expect(await eventually { (try? String(contentsOfFile: bin.file("opened"), encoding: .utf8)) == url })
-            let location = try await TestBrowser.authorize(url)
-            #expect(try await TestBrowser.get(location).status == 200)
+            let opened = try await desktop.waitFor("xdg-open's argument") { _ in
+                (try? String(contentsOfFile: bin.file("opened"), encoding: .utf8)).flatMap { $0.isEmpty ? nil : $0 }
+            }
+            let browser = TestBrowser()
+            #expect(try browser.follow(pageAt: opened) == url)
+            #expect(try await browser.signIn(url).status == 200)
             #expect(await desktop.finish() == 0, "\(desktop.stderr)")
+            #expect(!FileManager.default.fileExists(atPath: try #require(URL(string: opened)).path), "page removed")
 
             let remote = try BackgroundBrokerctl(
                 broker, ["login", "ssh"] + Self.provider(idp),
@@ -211,6 +221,126 @@ import Glibc
             let link = try await remote.deviceLink()
             #expect(try await idp.decide(.approve, at: link) == 200)
             #expect(await remote.finish() == 0, "\(remote.stderr)")
+        }
+    }
+
+    /// With a display, brokerctl writes a 0600 page in a 0700 directory of its own and gives
+    /// xdg-open only that page's name. While the login waits, neither the authorization URL,
+    /// its `state` and `code_challenge`, nor the start link's key is in any process's arguments
+    /// or environment; a callback with the right `state` and a code of another process's own
+    /// completes nothing; the browser that followed the page finishes the login; the page and
+    /// its directory are gone afterwards.
+    @Test func theAuthorizationURLIsInNoProcessArgumentsOrEnvironment() async throws {
+        try await Self.withBrokerAndIdP { broker, idp in
+            let bin = try TemporaryDirectory()
+            defer { bin.remove() }
+            let runtime = try TemporaryDirectory()
+            defer { runtime.remove() }
+            // xdg-open stays (as it does with some browsers) until the test lets it go, so its
+            // arguments are in /proc while the test looks.
+            try """
+            #!/bin/sh
+            printf '%s\\n' "$#" "$@" > \(bin.file("argv.tmp")) && mv \(bin.file("argv.tmp")) \(bin.file("argv"))
+            while [ -d \(bin.path) ] && [ ! -e \(bin.file("release")) ]; do sleep 0.05; done
+
+            """.write(toFile: bin.file("xdg-open"), atomically: true, encoding: .utf8)
+            chmod(bin.file("xdg-open"), 0o755)
+            let path = bin.path + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
+            let login = try BackgroundBrokerctl(
+                broker, ["login", "web", "--json"] + Self.provider(idp),
+                environment: ["DISPLAY": ":9", "PATH": path, "XDG_RUNTIME_DIR": runtime.path])
+            defer { _ = FileManager.default.createFile(atPath: bin.file("release"), contents: nil) }
+            let start = try #require(try await login.jsonEvent("authorization_url")["url"] as? String)
+            let argv = try await login.waitFor("xdg-open's arguments") { _ in
+                (try? String(contentsOfFile: bin.file("argv"), encoding: .utf8)).map {
+                    $0.split(separator: "\n").map(String.init)
+                }
+            }
+            #expect(argv.count == 2 && argv.first == "1", "one argument: \(argv)")
+            let opened = try #require(argv.last)
+
+            // The page: a file URL under $XDG_RUNTIME_DIR, 0600 in a 0700 directory, both the user's.
+            let page = try #require(URL(string: opened))
+            #expect(page.isFileURL && opened.hasPrefix("file://\(runtime.path)/tokenbroker-login-"), "\(opened)")
+            var file = stat()
+            var directory = stat()
+            #expect(lstat(page.path, &file) == 0 && lstat(page.deletingLastPathComponent().path, &directory) == 0)
+            #expect(file.st_mode & S_IFMT == S_IFREG && file.st_mode & 0o7777 == 0o600 && file.st_uid == getuid())
+            #expect(directory.st_mode & S_IFMT == S_IFDIR && directory.st_mode & 0o7777 == 0o700)
+            #expect(directory.st_uid == getuid())
+
+            // The browser follows the page to the start link, and the start link to the IdP.
+            let browser = TestBrowser()
+            #expect(try browser.follow(pageAt: opened) == start)
+            let url = try await browser.start(start)
+            let key = try #require(queryValue("k", in: start))
+            let secrets = try [url, key] + ["state", "code_challenge"].map { try #require(queryValue($0, in: url)) }
+            #expect(!secrets.contains { opened.contains($0) }, "xdg-open's argument holds none of them")
+
+            // Every process's arguments, and the environments this user may read.
+            var scanned = (arguments: 0, environments: 0, opener: false)
+            var leaks: [String] = []
+            let pids = try FileManager.default.contentsOfDirectory(atPath: "/proc").filter { Int($0) != nil }
+            for pid in pids {
+                for part in ["cmdline", "environ"] {
+                    guard let data = try? Data(contentsOf: URL(fileURLWithPath: "/proc/\(pid)/\(part)")) else {
+                        continue
+                    }
+                    if part == "cmdline" {
+                        scanned.arguments += 1
+                        scanned.opener =
+                            scanned.opener || (data.contains(bin.file("xdg-open")) && data.contains(opened))
+                    } else {
+                        scanned.environments += 1
+                    }
+                    if secrets.contains(where: { data.contains($0) }) { leaks.append("/proc/\(pid)/\(part)") }
+                }
+            }
+            #expect(leaks.isEmpty, "\(leaks)")
+            #expect(scanned.opener, "the scan saw xdg-open with the page's URL")
+            #expect(scanned.arguments > 10 && scanned.environments > 3, "\(scanned)")
+
+            // Another process with the right state and a code of its own completes nothing.
+            let forged = try await TestBrowser.authorize(url)
+            let refused = try await TestBrowser.get(forged)
+            #expect(refused.status == 403)
+            try await Task.sleep(for: .milliseconds(300))
+            #expect(!login.child.hasExited(), "the forged callback does not end the login")
+            #expect(try Self.status(broker, "web") == nil)
+
+            _ = FileManager.default.createFile(atPath: bin.file("release"), contents: nil)
+            let location = try await TestBrowser.authorize(url)
+            #expect(try await browser.visit(location).status == 200)
+            #expect(await login.finish() == 0, "\(login.stderr)")
+            #expect(try Self.status(broker, "web")?["state"] as? String == "valid")
+            let exchanged = idp.calls.filter { $0.grantType == "authorization_code" }.map(\.code)
+            #expect(exchanged == [queryValue("code", in: location)], "the browser's code, not the forged one")
+            #expect(!FileManager.default.fileExists(atPath: page.deletingLastPathComponent().path), "page removed")
+        }
+    }
+
+    /// SIGTERM during a browser login: exit 143, the page and its directory removed, no account.
+    @Test func sigtermRemovesTheSignInPage() async throws {
+        try await Self.withBrokerAndIdP { broker, idp in
+            let bin = try TemporaryDirectory()
+            defer { bin.remove() }
+            try "#!/bin/sh\nprintf '%s' \"$1\" > \(bin.file("opened"))\n".write(
+                toFile: bin.file("xdg-open"), atomically: true, encoding: .utf8)
+            chmod(bin.file("xdg-open"), 0o755)
+            let path = bin.path + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
+            let login = try BackgroundBrokerctl(
+                broker, ["login", "gone", "--flow", "browser", "--json"] + Self.provider(idp),
+                environment: ["DISPLAY": ":9", "PATH": path])
+            let opened = try await login.waitFor("xdg-open's argument") { _ in
+                (try? String(contentsOfFile: bin.file("opened"), encoding: .utf8)).flatMap { $0.isEmpty ? nil : $0 }
+            }
+            let page = try #require(URL(string: opened))
+            #expect(FileManager.default.fileExists(atPath: page.path))
+            kill(login.child.pid, SIGTERM)
+            #expect(await login.finish() == 143)
+            #expect(login.jsonLines.last?["code"] as? String == "cancelled")
+            #expect(!FileManager.default.fileExists(atPath: page.deletingLastPathComponent().path))
+            #expect(try Self.status(broker, "gone") == nil)
         }
     }
 
@@ -277,8 +407,7 @@ import Glibc
                 lines.contains { $0.contains("waiting for you to sign in") } && lines.contains { $0.hasPrefix("http") }
             }
             let url = try #require(screen.first { $0.hasPrefix("http") })
-            let redirect = try #require(queryValue("redirect_uri", in: url))
-            let port = try #require(URLComponents(string: redirect)?.port)
+            let port = try #require(URLComponents(string: url)?.port)
             #expect(port == fixedPort, "--redirect-port")
             #expect(TestBrowser.isListening(port))
 
@@ -301,7 +430,7 @@ import Glibc
                 broker,
                 ["login", "late", "--flow", "browser", "--no-browser", "--timeout", "1", "--json"] + Self.provider(idp))
             let url = try #require(try await browser.jsonEvent("authorization_url")["url"] as? String)
-            let port = try #require(queryValue("redirect_uri", in: url).flatMap { URLComponents(string: $0)?.port })
+            let port = try #require(URLComponents(string: url)?.port)
             #expect(await browser.finish() == 5, "\(browser.stdout)")
             #expect(browser.jsonLines.last?["code"] as? String == "needs_login")
             #expect(!TestBrowser.isListening(port))

@@ -36,6 +36,8 @@ public final class OAuth2TestIdP: Sendable {
         public var scope: String? = nil
         /// The `resource` parameter (RFC 8707), as sent.
         public var resource: String? = nil
+        /// The `code` of an authorization-code grant, as sent.
+        public var code: String? = nil
         /// Whether the refresh token presented was the current one (a refresh that reused a
         /// dead one is refused).
         public var presentedCurrent = false
@@ -256,7 +258,7 @@ public final class OAuth2TestIdP: Sendable {
                 Call(
                     grantType: form["grant_type"], refreshToken: form["refresh_token"], clientID: presentedID,
                     clientSecret: presentedSecret, at: Date(), scope: form["scope"], resource: form["resource"],
-                    presentedCurrent: form["refresh_token"] == state.currentRefreshToken))
+                    code: form["code"], presentedCurrent: form["refresh_token"] == state.currentRefreshToken))
             let delay = state.delay
             switch state.behavior {
             case .hang:

@@ -2,21 +2,86 @@ import AsyncHTTPClient
 import Foundation
 import NIOCore
 import NIOHTTP1
+import Synchronization
 
-/// The test playing the user's browser: one request, redirects not followed, so the test sees
-/// where the IdP sends the browser and then goes there itself.
-public enum TestBrowser {
+/// The test playing the user's browser: one request at a time, redirects not followed, so the
+/// test sees where each page sends the browser and then goes there itself. An instance keeps the
+/// cookies its pages set for 127.0.0.1 and sends them to every port there, as browsers do; the
+/// static methods are a client without cookies (another process on the machine).
+public final class TestBrowser: Sendable {
     /// What a page answered.
     public struct Page: Sendable {
         public var status: Int
         /// The `Location` header of a redirect.
         public var location: String?
         public var body: String
+        /// The `Set-Cookie` headers, as sent.
+        public var setCookies: [String] = []
     }
 
-    /// GETs `url` without following a redirect.
-    public static func get(_ url: String) async throws -> Page {
-        try await send(HTTPClientRequest(url: url))
+    /// The cookies set for 127.0.0.1, by name.
+    private let cookies = Mutex<[String: String]>([:])
+
+    public init() {}
+
+    /// GETs `url` without following a redirect, sending this browser's cookies when `url` is on
+    /// 127.0.0.1, and keeping the cookies the answer sets.
+    public func visit(_ url: String) async throws -> Page {
+        var request = HTTPClientRequest(url: url)
+        let local = URLComponents(string: url)?.host == "127.0.0.1"
+        let jar = cookies.withLock { $0 }
+        if local, !jar.isEmpty {
+            request.headers.add(name: "Cookie", value: jar.map { "\($0.key)=\($0.value)" }.joined(separator: "; "))
+        }
+        let page = try await Self.send(request)
+        if local {
+            for line in page.setCookies {
+                let pair = line.split(separator: ";")[0].split(separator: "=", maxSplits: 1)
+                if pair.count == 2 { cookies.withLock { $0[String(pair[0])] = String(pair[1]) } }
+            }
+        }
+        return page
+    }
+
+    /// Opens the page file at `fileURL` (`file://...`) as a browser would: it must lead to one
+    /// URL by a meta refresh and by a link (no script); returns that URL.
+    public func follow(pageAt fileURL: String) throws -> String {
+        guard let url = URL(string: fileURL), url.isFileURL else { throw HarnessError("not a file URL: \(fileURL)") }
+        let html = try String(contentsOf: url, encoding: .utf8)
+        let refresh = Self.capture(#"http-equiv="refresh" content="0; url=([^"]*)""#, in: html)
+        let link = Self.capture(#"<a href="([^"]*)""#, in: html)
+        guard let refresh, refresh == link, !html.contains("<script") else {
+            throw HarnessError("the page does not lead to one URL by a meta refresh and a link: \(html)")
+        }
+        return refresh.replacingOccurrences(of: "&amp;", with: "&")
+    }
+
+    /// Opens the broker's start link: expects its redirect (with a cookie) and returns where it
+    /// points, the IdP's authorization URL.
+    public func start(_ startURL: String) async throws -> String {
+        let page = try await visit(startURL)
+        guard page.status == 302, let location = page.location else {
+            throw HarnessError("the start link answered \(page.status) without a redirect: \(page.body)")
+        }
+        return location
+    }
+
+    /// Opens the start link and the IdP's authorization URL it leads to; returns where the IdP
+    /// sends the browser back (the callback, not yet visited).
+    public func authorize(_ startURL: String) async throws -> String {
+        try await Self.authorize(try await start(startURL))
+    }
+
+    /// Goes the whole way: the start link, the IdP, and the callback; returns the callback's page.
+    public func signIn(_ startURL: String) async throws -> Page {
+        try await visit(try await authorize(startURL))
+    }
+
+    /// GETs `url` without following a redirect, with no cookies but `cookie` (`name=value`).
+    public static func get(_ url: String, cookie: String? = nil) async throws -> Page {
+        var request = HTTPClientRequest(url: url)
+        if let cookie { request.headers.add(name: "Cookie", value: cookie) }
+        return try await send(request)
     }
 
     /// POSTs an `application/x-www-form-urlencoded` body to `url`.
@@ -39,7 +104,7 @@ public enum TestBrowser {
             try await client.shutdown()
             return Page(
                 status: Int(response.status.code), location: response.headers.first(name: "Location"),
-                body: String(buffer: body))
+                body: String(buffer: body), setCookies: response.headers["Set-Cookie"])
         } catch {
             try? await client.shutdown()
             throw error
@@ -62,12 +127,21 @@ public enum TestBrowser {
         }
     }
 
-    /// GETs the authorization URL, expects the IdP's redirect, and returns where it points.
+    /// GETs the IdP's authorization URL, expects its redirect, and returns where it points.
     public static func authorize(_ url: String) async throws -> String {
         let page = try await get(url)
         guard page.status == 302, let location = page.location else {
             throw HarnessError("the authorization endpoint answered \(page.status) without a redirect: \(page.body)")
         }
         return location
+    }
+
+    /// The first group `pattern` captures in `text`.
+    private static func capture(_ pattern: String, in text: String) -> String? {
+        guard let expression = try? NSRegularExpression(pattern: pattern),
+            let match = expression.firstMatch(in: text, range: NSRange(text.startIndex..., in: text)),
+            let range = Range(match.range(at: 1), in: text)
+        else { return nil }
+        return String(text[range])
     }
 }

@@ -2,8 +2,9 @@ import BrokerProtocol
 import FoundationEssentials
 
 /// The authorization code grant with PKCE S256 (RFC 7636) and a loopback redirect (RFC 8252):
-/// the client opens the authorization URL in a browser, the IdP sends the browser back to the
-/// broker's listener with a code, and the broker exchanges the code with its verifier.
+/// the client opens the listener's start link in a browser, which the listener sends on to the
+/// authorization URL; the IdP sends the browser back to the listener with a code, and the
+/// broker exchanges the code with its verifier.
 enum AuthorizationCodeLogin {
     /// Runs the grant; waits at most `timeout` seconds for the browser to come back. The
     /// listener is closed on every path.
@@ -20,11 +21,14 @@ enum AuthorizationCodeLogin {
         let pkce = PKCE()
         let wait = timeout ?? LoginOptions.defaultTimeout
         let deadline = ContinuousClock.now + .seconds(wait)
-        let listener = try await LoopbackRedirect(port: redirectPort ?? 0, state: pkce.state, until: deadline)
-        let url = authorizationURL(endpoint, settings: context.settings, pkce: pkce, redirectURI: listener.redirectURI)
+        let listener = try await LoopbackRedirect(port: redirectPort ?? 0, state: pkce.state, until: deadline) {
+            authorizationURL(endpoint, settings: context.settings, pkce: pkce, redirectURI: $0)
+        }
+        // The client gets the start link, not the authorization URL: it carries neither `state`
+        // nor `code_challenge`, and only the browser that opens it can finish the login.
         await context.progress(
             LoginProgress(
-                event: .authorizationURL, expiresIn: Bounds.wholeSeconds(wait), url: url,
+                event: .authorizationURL, expiresIn: Bounds.wholeSeconds(wait), url: listener.startURL,
                 redirectURI: listener.redirectURI))
         let callback = await listener.callback(until: deadline)
         await listener.close()

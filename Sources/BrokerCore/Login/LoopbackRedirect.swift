@@ -5,11 +5,13 @@ import NIOPosix
 import Synchronization
 
 /// The loopback listener of a browser login (RFC 8252 section 7.3): HTTP/1 on
-/// `127.0.0.1:<port>`, answering only `GET /callback`. A callback with the wrong or no `state`
-/// gets a 400 page and changes nothing (anyone on the machine can reach the port); the first
-/// one with the right `state` ends the wait with its `code` or its `error`. Any process on the
-/// machine may connect, so connections are few (the oldest makes way for a new one), short-lived
-/// and small, and all of them end with the listener.
+/// `127.0.0.1:<port>`, answering only `GET /start` and `GET /callback`. `/start` with the key
+/// sends the one browser that opens it to the IdP (`BrowserBinding`). A callback with the
+/// wrong or no `state`, or without that browser's cookie, gets an error page and changes
+/// nothing (anyone on the machine can reach the port); the first one with the right `state`
+/// and the cookie ends the wait with its `code` or its `error`. Any process on the machine may
+/// connect, so connections are few (the oldest makes way for a new one), short-lived and small,
+/// and all of them end with the listener.
 final class LoopbackRedirect: Sendable {
     /// What the browser brought back with the right `state`.
     enum Callback: Sendable, Equatable {
@@ -27,6 +29,7 @@ final class LoopbackRedirect: Sendable {
     static let maximumRequestBytes = 16 * 1024
 
     let port: Int
+    private let binding: BrowserBinding
     private let channel: any Channel
     private let connections: LoopbackConnections
     /// Closes the listener at the login's deadline, should `close()` not come first.
@@ -34,14 +37,23 @@ final class LoopbackRedirect: Sendable {
     private let callbacks: AsyncStream<Callback>
 
     /// The URI the IdP redirects the browser to.
-    var redirectURI: String { "http://127.0.0.1:\(port)/callback" }
+    var redirectURI: String { Self.redirectURI(port: port) }
+    /// The one-time link the user's browser opens: it leads to the IdP.
+    var startURL: String { "http://127.0.0.1:\(port)/start?k=\(binding.key)" }
+
+    private static func redirectURI(port: Int) -> String { "http://127.0.0.1:\(port)/callback" }
 
     /// Listens on `127.0.0.1:port` (`0`: a free port) for the callback carrying `state`, until
     /// `close()` or `deadline`, whichever comes first (a login held up, e.g. by a client that
-    /// does not read its progress, does not keep the port open).
-    init(port: Int, state: String, until deadline: ContinuousClock.Instant) async throws(BrokerFailure) {
+    /// does not read its progress, does not keep the port open). `/start` sends the browser to
+    /// `authorizationURL(redirectURI)`.
+    init(
+        port: Int, state: String, until deadline: ContinuousClock.Instant,
+        authorizationURL: (_ redirectURI: String) -> String
+    ) async throws(BrokerFailure) {
         let (callbacks, continuation) = AsyncStream.makeStream(of: Callback.self, bufferingPolicy: .bufferingNewest(1))
         let connections = LoopbackConnections()
+        let binding = BrowserBinding(until: deadline)
         let channel: any Channel
         do {
             channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
@@ -54,7 +66,7 @@ final class LoopbackRedirect: Sendable {
                         try child.pipeline.syncOperations.addHandler(RequestSizeLimit())
                         try child.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
                         try child.pipeline.syncOperations.addHandler(
-                            CallbackHandler(state: state, continuation: continuation))
+                            CallbackHandler(state: state, binding: binding, continuation: continuation))
                     }
                 }
                 .bind(host: "127.0.0.1", port: port).get()
@@ -71,7 +83,9 @@ final class LoopbackRedirect: Sendable {
         self.channel = channel
         self.callbacks = callbacks
         self.connections = connections
+        self.binding = binding
         self.port = channel.localAddress?.port ?? port
+        binding.arm(port: self.port, authorizationURL: authorizationURL(Self.redirectURI(port: self.port)))
     }
 
     /// The callback with the right `state`, or `nil` when `deadline` passed or the task was cancelled first.
@@ -170,11 +184,13 @@ private final class CallbackHandler: ChannelInboundHandler {
     typealias OutboundOut = HTTPServerResponsePart
 
     private let state: String
+    private let binding: BrowserBinding
     private let continuation: AsyncStream<LoopbackRedirect.Callback>.Continuation
     private var head: HTTPRequestHead?
 
-    init(state: String, continuation: AsyncStream<LoopbackRedirect.Callback>.Continuation) {
+    init(state: String, binding: BrowserBinding, continuation: AsyncStream<LoopbackRedirect.Callback>.Continuation) {
         self.state = state
+        self.binding = binding
         self.continuation = continuation
     }
 
@@ -185,54 +201,79 @@ private final class CallbackHandler: ChannelInboundHandler {
         case .end:
             guard let head else { return }
             self.head = nil
-            let (status, page) = answer(head)
-            respond(status, page, context: context)
+            respond(answer(head), context: context)
         }
     }
 
-    /// The page for `head`, after passing on the callback it carries, if it is the one awaited.
-    private func answer(_ head: HTTPRequestHead) -> (HTTPResponseStatus, String) {
-        let components = URLComponents(string: head.uri)
-        guard head.method == .GET, let components, components.path == "/callback" else {
-            return (.notFound, "Not found.")
+    /// The answer to `head`, after passing on the callback it carries, if it is the one awaited.
+    private func answer(_ head: HTTPRequestHead) -> LoopbackReply {
+        guard head.method == .GET, let components = URLComponents(string: head.uri),
+            ["/start", "/callback"].contains(components.path)
+        else {
+            return .notFound
         }
         // RFC 6749 section 3.1: a parameter appears at most once; a repeated one makes the
-        // callback not the one awaited, whichever copy would have matched.
+        // request not the one awaited, whichever copy would have matched.
         var values: [String: String] = [:]
         var repeated = false
         for item in components.queryItems ?? [] {
             repeated = repeated || values[item.name] != nil
             values[item.name] = item.value ?? ""
         }
+        let cookies = head.headers["Cookie"]
+        if components.path == "/start" {
+            return binding.start(key: repeated ? nil : values["k"], cookies: cookies)
+        }
         guard !repeated, values["state"] == state else {
-            return (.badRequest, "This sign-in response is not the one the broker is waiting for.")
+            return LoopbackReply(.badRequest, "This sign-in response is not the one the broker is waiting for.")
+        }
+        guard binding.isFromTheStartingBrowser(cookies: cookies) else {
+            return LoopbackReply(
+                .forbidden,
+                "This sign-in response did not come from the browser that started the sign-in; finish it there.")
         }
         if let error = values["error"] {
             continuation.yield(.error(String(error.utf8.prefix(LoopbackRedirect.maximumValue)) ?? "?"))
             continuation.finish()
-            return (.ok, "The sign-in did not complete. You may close this tab.")
+            return LoopbackReply(.ok, "The sign-in did not complete. You may close this tab.")
         }
         guard let code = values["code"], !code.isEmpty, code.utf8.count <= LoopbackRedirect.maximumValue else {
-            return (.badRequest, "This sign-in response carries no usable code.")
+            return LoopbackReply(.badRequest, "This sign-in response carries no usable code.")
         }
         continuation.yield(.code(code))
         continuation.finish()
-        return (.ok, "Signed in. You may close this tab.")
+        return LoopbackReply(.ok, "Signed in. You may close this tab.")
     }
 
-    private func respond(_ status: HTTPResponseStatus, _ text: String, context: ChannelHandlerContext) {
-        let html = "<!doctype html><meta charset=utf-8><title>tokenbroker</title><p>\(text)</p>\n"
-        var headers = HTTPHeaders()
+    private func respond(_ reply: LoopbackReply, context: ChannelHandlerContext) {
+        let html = "<!doctype html><meta charset=utf-8><title>tokenbroker</title><p>\(reply.text)</p>\n"
+        var headers = HTTPHeaders(reply.headers)
         headers.add(name: "Content-Type", value: "text/html; charset=utf-8")
         headers.add(name: "Content-Length", value: "\(html.utf8.count)")
         headers.add(name: "Connection", value: "close")
         headers.add(name: "Cache-Control", value: "no-store")
         headers.add(name: "Referrer-Policy", value: "no-referrer")
         context.write(
-            wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: status, headers: headers))),
+            wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: reply.status, headers: headers))),
             promise: nil)
         context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: html)))), promise: nil)
         let channel = context.channel
         context.writeAndFlush(wrapOutboundOut(.end(nil))).whenComplete { _ in channel.close(promise: nil) }
     }
+}
+
+/// One answer of the loopback listener: a status, a short page, and headers of its own (a
+/// redirect's `Location`, a `Set-Cookie`).
+struct LoopbackReply {
+    var status: HTTPResponseStatus
+    var text: String
+    var headers: [(String, String)]
+
+    init(_ status: HTTPResponseStatus, _ text: String, headers: [(String, String)] = []) {
+        self.status = status
+        self.text = text
+        self.headers = headers
+    }
+
+    static let notFound = LoopbackReply(.notFound, "Not found.")
 }
