@@ -15,7 +15,9 @@ struct KubeCredential: ParsableCommand {
         abstract: "kubectl's exec credential plugin: prints an ExecCredential with the account's token.",
         discussion: """
             The apiVersion is the one kubectl asks in KUBERNETES_EXEC_INFO (client.authentication.k8s.io/v1
-            or v1beta1; v1 when it asks none). Use interactiveMode: Never in the kubeconfig.
+            or v1beta1; v1 when it asks none). Use interactiveMode: Never in the kubeconfig. With
+            provideClusterInfo: true, a cluster served over plain http (other than on this machine)
+            gets no token.
             """)
 
     /// The API group of exec credentials.
@@ -30,7 +32,9 @@ struct KubeCredential: ParsableCommand {
     @Argument(help: "Account name.") var account: String
 
     func run() throws {
-        let apiVersion = try Self.requestedVersion(getenv("KUBERNETES_EXEC_INFO").map { String(cString: $0) })
+        let info = getenv("KUBERNETES_EXEC_INFO").map { String(cString: $0) }
+        let apiVersion = try Self.requestedVersion(info)
+        try Self.refusePlainHTTP(info)
         let token = try GlobalOptions.reportingFailures { try options.token(of: account, narrowing: narrowing) }
         let credential = ExecCredential(
             apiVersion: apiVersion,
@@ -55,9 +59,32 @@ struct KubeCredential: ParsableCommand {
         return version
     }
 
+    /// Refuses a bearer token for a cluster whose server (given with `provideClusterInfo`) is
+    /// plain http to another machine, where anyone on the path would read it.
+    static func refusePlainHTTP(_ info: String?) throws {
+        guard let info, info.utf8.count <= maximumInfoSize,
+            let server = (try? JSONDecoder().decode(ExecInfo.self, from: Data(info.utf8)))?.spec?.cluster?.server,
+            let url = URL(string: server), url.scheme?.lowercased() == "http"
+        else { return }
+        guard let host = url.host, LoopbackHost.contains(host) else {
+            throw BridgeFailure(
+                "not sending a bearer token to the plain-http cluster server "
+                    + JSONText.quote(String(server.prefix(200))) + "; use https")
+        }
+    }
+
     /// What kubectl sends in KUBERNETES_EXEC_INFO, as far as it is read here.
     struct ExecInfo: Decodable {
         var apiVersion: String?
+        var spec: Spec?
+
+        struct Spec: Decodable {
+            var cluster: Cluster?
+        }
+
+        struct Cluster: Decodable {
+            var server: String?
+        }
     }
 }
 

@@ -44,11 +44,22 @@ import Testing
         }
         #expect(bridge.idp.callCount == 1)
 
+        // With provideClusterInfo: https and loopback http clusters get the token.
+        let cluster: (String) -> String = { server in
+            #"{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1","spec":{"cluster":{"server":"\#(server)"},"interactive":false}}"#
+        }
+        for server in ["https://k8s.example:6443", "http://127.0.0.1:8080"] {
+            let result = try await bridge.run(
+                ["kube-credential", "api"], environment: ["KUBERNETES_EXEC_INFO": cluster(server)])
+            #expect(result.status == 0 && result.stdout.contains(bridge.lastIssued ?? "-"), "\(result.stderr)")
+        }
+
         // A version this plugin does not speak, a broken KUBERNETES_EXEC_INFO, an unknown
-        // account: a message on stderr, nothing on stdout, a non-zero exit.
+        // account, a plain-http cluster elsewhere: a message on stderr, nothing on stdout, a
+        // non-zero exit.
         for (environment, account) in [
             (["KUBERNETES_EXEC_INFO": info("v1alpha1")], "api"), (["KUBERNETES_EXEC_INFO": "{not json"], "api"),
-            ([:], "nobody"),
+            ([:], "nobody"), (["KUBERNETES_EXEC_INFO": cluster("http://k8s.example:8080")], "api"),
         ] {
             let result = try await bridge.run(["kube-credential", account], environment: environment)
             #expect(result.status != 0 && result.stdout.isEmpty && !result.stderr.isEmpty)
