@@ -18,7 +18,7 @@ import Glibc
 /// out only after gigabytes of secrets. Only a secret over 2 MiB (larger than any the broker
 /// accepts from an IdP) gets a region of its own.
 ///
-/// Slabs are kept for reuse, never unmapped; a released slot is wiped at once. Many secrets
+/// Slabs are kept for reuse while the arena lives; a released slot is wiped at once. Many secrets
 /// stored at once (a vault being loaded) share one writable window per slab: see `storing(_:)`.
 /// A slab that cannot be locked is used unlocked, and the first such is logged (a warning) and
 /// shown by `allLocked`; a slab that cannot be mapped fails the store, and with it the request
@@ -52,6 +52,8 @@ final class SecretArena: Sendable {
             repeating: [], count: SecretArena.slotSizes.count)
         /// The size of each class's last slab (0 before its first).
         var lastSlab = [Int](repeating: 0, count: SecretArena.slotSizes.count)
+        /// Every slab, for an arena that goes (a test's).
+        var slabs: [GuardedPages.Region] = []
         /// Regions mapped: slabs and secrets' own regions.
         var regions = 0
         /// Whether a region could not be locked in RAM.
@@ -67,6 +69,9 @@ final class SecretArena: Sendable {
 
     /// An arena whose memory comes from `pages`.
     init(pages: GuardedPages = GuardedPages()) { self.pages = pages }
+
+    /// Wipes and unmaps the slabs (every secret holds its arena, so none is left in them).
+    deinit { state.withLock { for slab in $0.slabs { pages.unmap(slab) } } }
 
     /// Whether every region so far was locked in RAM (`status` shows it).
     var allLocked: Bool { state.withLock { !$0.lockRefused } }
@@ -95,6 +100,7 @@ final class SecretArena: Sendable {
                 guard let (slab, error) = pages.map(wanted) else { throw BrokerFailure.outOfGuardedMemory }
                 lockError = noteMapped(error, in: &state)
                 state.lastSlab[sizeClass] = slab.size
+                state.slabs.append(slab)
                 state.free[sizeClass] = stride(from: slab.size - slot, through: 0, by: -slot).map {
                     (slab, slab.start + $0)
                 }
