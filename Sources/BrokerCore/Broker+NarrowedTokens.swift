@@ -114,14 +114,16 @@ extension Broker {
             // The rotated credential is the account's: saved before the next turn starts.
             guard let effects = accounts[name]?.narrowedRefreshSucceeded(presented: started.secrets, grant: grant)
             else { return .failure(.changedDuringRefresh(account)) }
+            let prepared: PreparedToken
             do {
                 try run(effects, for: name)
+                prepared = try PreparedToken(account: name, token: grant.token)
             } catch {
                 return .failure(error)
             }
             narrowedBackoffs[refresh] = nil
             guard !padlock.isLocked else { return .failure(.locked) }
-            cache.publish(PreparedToken(account: name, token: grant.token), for: name, key: refresh.key, now: now)
+            cache.publish(prepared, for: name, key: refresh.key, now: now)
             logger.info(
                 "refreshed a narrowed token",
                 metadata: [

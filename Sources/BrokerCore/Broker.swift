@@ -86,7 +86,9 @@ public actor Broker {
                     record: stored.sanitized(), planner: RefreshPlanner(settings: settings), now: now)
                 machines[machine.record.name] = machine
                 if let token = machine.servableToken {
-                    cache.publish(PreparedToken(account: machine.record.name, token: token), for: machine.record.name)
+                    // Out of guarded memory, the token is not cached: a request for it refreshes.
+                    cache.publish(
+                        try? PreparedToken(account: machine.record.name, token: token), for: machine.record.name)
                 }
             }
         }
@@ -741,7 +743,15 @@ public actor Broker {
                 let token = padlock.isLocked ? nil : token
                 // The files first, so that no token is served before they hold it.
                 tokenFiles.update(name, token: token, logger: logger)
-                cache.publish(token.map { PreparedToken(account: name, token: $0) }, for: name)
+                do {
+                    cache.publish(
+                        try token.map { token throws(BrokerFailure) in try PreparedToken(account: name, token: token) },
+                        for: name)
+                } catch {
+                    // Not the token it replaces either: that one is superseded.
+                    cache.publish(nil, for: name)
+                    throw error
+                }
             case .emit(let kind, let message):
                 guard let machine = accounts[name] else { continue }
                 let now = clock.now()

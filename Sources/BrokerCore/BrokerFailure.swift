@@ -39,6 +39,8 @@ public enum BrokerFailure: Error, Sendable, Equatable {
     case revocationFailed(AccountName, reason: String, retryAfter: TimeInterval?)
     /// The vault could not be written; the log has the details.
     case vaultNotSaved
+    /// No guarded memory could be mapped for a secret the operation needed (`SecretArena`).
+    case outOfGuardedMemory
     /// The config file could not be read or parsed; nothing changed.
     case configUnreadable(reason: String)
     /// The config file's table for `account` cannot be applied; nothing changed.

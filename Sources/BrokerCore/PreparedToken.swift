@@ -11,7 +11,8 @@ public struct PreparedToken: Sendable {
     /// `"account":…,"access_token":…,…,"expires_at":"…"` without braces or `expires_in`.
     private let fields: SecretBytes
 
-    public init(account: String, token: AccessToken) {
+    /// Fails when no guarded memory can hold the answer.
+    public init(account: String, token: AccessToken) throws(BrokerFailure) {
         self.account = account
         self.token = token
         var bytes: [UInt8] = []
@@ -33,8 +34,11 @@ public struct PreparedToken: Sendable {
             bytes += #","scope":"#.utf8
             JSONText.appendQuoted(scope.utf8, to: &bytes)
         }
-        fields = bytes.withUnsafeBytes { SecretBytes(bytes: $0) }
-        Sodium.wipe(&bytes)
+        defer { Sodium.wipe(&bytes) }
+        let stored = bytes.withUnsafeBytes { bytes in
+            Result { () throws(BrokerFailure) in try SecretBytes(bytes: bytes) }
+        }
+        fields = try stored.get()
     }
 
     /// When the token expires.

@@ -1,97 +1,188 @@
+import Logging
 import Synchronization
 
-/// Guarded memory for many small secrets: slabs of `sodium_malloc` memory (guard pages on
-/// both sides, locked in RAM, read-only except while one of their slots is written or wiped)
-/// cut into slots of a few sizes, so that 1,000 accounts cost a few locked pages rather than
-/// two pages per secret. A secret longer than the largest slot gets an allocation of its own.
-/// Slabs are kept for reuse, never unmapped; a released slot is wiped at once. Many secrets
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Guarded memory for many secrets: slabs of `GuardedPages` (guard pages on both sides, left
+/// out of core dumps, locked in RAM while `RLIMIT_MEMLOCK` allows, read-only except while one
+/// of their slots is written or wiped) cut into slots of one power-of-two size each, 32 bytes
+/// to 2 MiB, so that 1,000 accounts cost a few locked pages rather than two pages per secret.
+///
+/// Large secrets share slabs too, so the number of mappings stays bounded (each slab is three:
+/// two guard mappings and its pages; the kernel allows `vm.max_map_count`, 65,530 by default):
+/// a class's first slab is 16 KiB (or one slot), each next one twice the last, up to 16 slots
+/// or 1 MiB, whichever is smaller (at least one slot). A broker with few secrets keeps its
+/// small slabs; one with thousands of 9 KB tokens maps a slab per 16 of them, and mappings run
+/// out only after gigabytes of secrets. Only a secret over 2 MiB (larger than any the broker
+/// accepts from an IdP) gets a region of its own.
+///
+/// Slabs are kept for reuse while the arena lives; a released slot is wiped at once. Many secrets
 /// stored at once (a vault being loaded) share one writable window per slab: see `storing(_:)`.
+/// A slab that cannot be locked is used unlocked, and the first such is logged (a warning) and
+/// shown by `allLocked`; a slab that cannot be mapped fails the store, and with it the request
+/// that needed the secret (`BrokerFailure.outOfGuardedMemory`), never the process.
 final class SecretArena: Sendable {
     /// The one arena of the process.
     static let shared = SecretArena()
 
-    /// Slot sizes in bytes; a 16 KiB slab holds 512 of the smallest or 2 of the largest (a
-    /// prepared answer holding a JWT access token and an id token often passes 2 KiB).
-    static let slotSizes = [32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
-    static let slabSize = 16 * 1024
+    /// The arena new secrets go to: `shared`, unless a test gives its task one whose pages run
+    /// out.
+    @TaskLocal static var current = shared
+
+    /// Slot sizes in bytes, 32 B to 2 MiB (an IdP's answer is at most 1 MiB; a prepared answer
+    /// holding a JWT access token and an id token often passes 2 KiB).
+    static let slotSizes = (5...21).map { 1 << $0 }
+    static let firstSlabSize = 16 * 1024
+    /// What a class's slabs grow to: 16 slots, or 1 MiB when that is smaller.
+    static func largestSlab(slot: Int) -> Int { max(firstSlabSize, slot, min(16 * slot, 1 << 20)) }
 
     /// Where a secret's bytes live, and what to give back when it goes.
     struct Place: @unchecked Sendable {
         let bytes: UnsafeMutableRawPointer
-        /// The slab holding the slot, `nil` for an allocation of its own.
-        fileprivate let slab: UnsafeMutableRawPointer?
+        /// The slab holding the slot, or the secret's own region (`sizeClass` -1).
+        fileprivate let slab: GuardedPages.Region
         fileprivate let sizeClass: Int
     }
 
-    /// Free slots by size class, each with its slab.
-    private struct FreeSlots: @unchecked Sendable {
-        var byClass = [[(slab: UnsafeMutableRawPointer, slot: UnsafeMutableRawPointer)]](
+    private struct State: @unchecked Sendable {
+        /// Free slots by size class, each with its slab.
+        var free = [[(slab: GuardedPages.Region, slot: UnsafeMutableRawPointer)]](
             repeating: [], count: SecretArena.slotSizes.count)
+        /// The size of each class's last slab (0 before its first).
+        var lastSlab = [Int](repeating: 0, count: SecretArena.slotSizes.count)
+        /// Every slab, for an arena that goes (a test's).
+        var slabs: [GuardedPages.Region] = []
+        /// Regions mapped: slabs and secrets' own regions.
+        var regions = 0
+        /// Whether a region could not be locked in RAM.
+        var lockRefused = false
         /// How many `storing(_:)` calls are under way; while any is, slabs written stay writable.
         var batches = 0
         /// The slabs left writable by the batches under way, made read-only when the last ends.
-        var writable: Set<UnsafeMutableRawPointer> = []
-
-        /// Runs `body`, which writes into `slab`, with the slab writable: for that call only, or
-        /// until the batches under way end.
-        mutating func writing(_ slab: UnsafeMutableRawPointer, _ body: () -> Void) {
-            guard batches > 0 else { return Sodium.whileWritable(slab, body) }
-            if writable.insert(slab).inserted { Sodium.makeWritable(slab) }
-            body()
-        }
+        var writable: Set<GuardedPages.Region> = []
     }
 
-    private let free = Mutex(FreeSlots())
+    private let pages: GuardedPages
+    private let state = Mutex(State())
+
+    /// An arena whose memory comes from `pages`.
+    init(pages: GuardedPages = GuardedPages()) { self.pages = pages }
+
+    /// Wipes and unmaps the slabs (every secret holds its arena, so none is left in them).
+    deinit { state.withLock { for slab in $0.slabs { pages.unmap(slab) } } }
+
+    /// Whether every region so far was locked in RAM (`status` shows it).
+    var allLocked: Bool { state.withLock { !$0.lockRefused } }
+
+    /// How many regions the arena has mapped (slabs and secrets of their own).
+    var regionCount: Int { state.withLock { $0.regions } }
 
     /// A copy of `bytes` in guarded memory.
-    func store(_ bytes: UnsafeRawBufferPointer) -> Place {
+    func store(_ bytes: UnsafeRawBufferPointer) throws(BrokerFailure) -> Place {
         let copy = { (target: UnsafeMutableRawPointer) in
             if let base = bytes.baseAddress { target.copyMemory(from: base, byteCount: bytes.count) }
         }
         guard let sizeClass = Self.slotSizes.firstIndex(where: { $0 >= bytes.count }) else {
-            return Place(bytes: Sodium.guardedAllocation(bytes.count, filling: copy), slab: nil, sizeClass: -1)
+            let region = try map(bytes.count)
+            pages.makeWritable(region)
+            copy(region.start)
+            pages.makeReadOnly(region)
+            return Place(bytes: region.start, slab: region, sizeClass: -1)
         }
-        return free.withLock { free in
-            if free.byClass[sizeClass].isEmpty {
-                let size = Self.slotSizes[sizeClass]
-                let slab = Sodium.guardedAllocation(Self.slabSize) { _ in }
-                free.byClass[sizeClass] = stride(from: Self.slabSize - size, through: 0, by: -size).map {
-                    (slab, slab + $0)
+        let (place, lockError) = try state.withLock { state throws(BrokerFailure) in
+            var lockError: Int32?
+            if state.free[sizeClass].isEmpty {
+                let slot = Self.slotSizes[sizeClass]
+                let wanted = min(
+                    Self.largestSlab(slot: slot), max(Self.firstSlabSize, slot, 2 * state.lastSlab[sizeClass]))
+                guard let (slab, error) = pages.map(wanted) else { throw BrokerFailure.outOfGuardedMemory }
+                lockError = noteMapped(error, in: &state)
+                state.lastSlab[sizeClass] = slab.size
+                state.slabs.append(slab)
+                state.free[sizeClass] = stride(from: slab.size - slot, through: 0, by: -slot).map {
+                    (slab, slab.start + $0)
                 }
             }
-            let (slab, slot) = free.byClass[sizeClass].removeLast()
-            free.writing(slab) { copy(slot) }
-            return Place(bytes: slot, slab: slab, sizeClass: sizeClass)
+            let (slab, slot) = state.free[sizeClass].removeLast()
+            writing(slab, in: &state) { copy(slot) }
+            return (Place(bytes: slot, slab: slab, sizeClass: sizeClass), lockError)
         }
+        if let lockError { Self.logLockRefused(lockError) }
+        return place
     }
 
     /// Wipes the secret at `place` and takes its memory back.
     func release(_ place: Place) {
-        guard let slab = place.slab else {
-            Sodium.guardedFree(place.bytes)
+        guard place.sizeClass >= 0 else {
+            pages.unmap(place.slab)
+            state.withLock { $0.regions -= 1 }
             return
         }
-        free.withLock { free in
-            free.writing(slab) {
+        state.withLock { state in
+            writing(place.slab, in: &state) {
                 Sodium.wipe(UnsafeMutableRawBufferPointer(start: place.bytes, count: Self.slotSizes[place.sizeClass]))
             }
-            free.byClass[place.sizeClass].append((slab, place.bytes))
+            state.free[place.sizeClass].append((place.slab, place.bytes))
         }
     }
 
     /// Runs `body`, which stores many secrets, with each slab it writes to made writable once
     /// (rather than twice per secret) and read-only again when it returns: two system calls per
-    /// slab instead of two per secret. The slabs stay guarded and locked throughout.
+    /// slab instead of two per secret. The slabs stay guarded throughout.
     func storing<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
-        free.withLock { $0.batches += 1 }
+        state.withLock { $0.batches += 1 }
         defer {
-            free.withLock { free in
-                free.batches -= 1
-                guard free.batches == 0 else { return }
-                for slab in free.writable { Sodium.makeReadOnly(slab) }
-                free.writable = []
+            state.withLock { state in
+                state.batches -= 1
+                guard state.batches == 0 else { return }
+                for slab in state.writable { pages.makeReadOnly(slab) }
+                state.writable = []
             }
         }
         return try body()
+    }
+
+    /// A region of its own for a secret of `count` bytes.
+    private func map(_ count: Int) throws(BrokerFailure) -> GuardedPages.Region {
+        guard let (region, error) = pages.map(count) else { throw BrokerFailure.outOfGuardedMemory }
+        if let lockError = state.withLock({ noteMapped(error, in: &$0) }) { Self.logLockRefused(lockError) }
+        return region
+    }
+
+    /// Counts a region mapped, with the errno of its failed `mlock`; returns that errno when it
+    /// is the first refusal, to be logged.
+    private func noteMapped(_ lockError: Int32?, in state: inout State) -> Int32? {
+        state.regions += 1
+        guard let lockError, !state.lockRefused else { return nil }
+        state.lockRefused = true
+        return lockError
+    }
+
+    /// Runs `body`, which writes into `slab`, with the slab writable: for that call only, or
+    /// until the batches under way end.
+    private func writing(_ slab: GuardedPages.Region, in state: inout State, _ body: () -> Void) {
+        guard state.batches > 0 else {
+            pages.makeWritable(slab)
+            body()
+            pages.makeReadOnly(slab)
+            return
+        }
+        if state.writable.insert(slab).inserted { pages.makeWritable(slab) }
+        body()
+    }
+
+    /// Logs, once per arena, that secrets are no longer all locked in RAM, and why.
+    private static func logLockRefused(_ error: Int32) {
+        var limit = rlimit()
+        let bytes =
+            getrlimit(__rlimit_resource_t(__RLIMIT_MEMLOCK.rawValue), &limit) == 0 ? "\(limit.rlim_cur)" : "unknown"
+        Logger(label: "brokerd").warning(
+            """
+            cannot lock secrets in memory (mlock: \(String(cString: strerror(error)))); they stay usable but may be \
+            swapped out; raise the locked-memory limit (RLIMIT_MEMLOCK, LimitMEMLOCK=)
+            """,
+            metadata: ["memlock_limit_bytes": "\(bytes)"])
     }
 }

@@ -26,7 +26,7 @@ public struct TokenPush: Sendable, Equatable {
         {
             guard !value.isEmpty else { throw .invalid("\"access_token\" is empty") }
             let type = type ?? "Bearer"
-            let (value, idToken) = (SecretBytes(value), idToken.map(SecretBytes.init))
+            let (value, idToken) = (try SecretBytes(value), try idToken.map(SecretBytes.init))
             if let field = AccessToken.unsafeField(value: value, type: type, idToken: idToken, scope: scope) {
                 throw .invalid("\"\(field)\" must be printable ASCII (it goes into HTTP headers)")
             }

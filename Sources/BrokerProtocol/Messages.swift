@@ -293,16 +293,21 @@ public struct StatusResult: Codable, Sendable, Equatable {
     public var locked: Bool?
     /// `true` while locked with no vault yet: the first unlock sets the passphrase.
     public var newVault: Bool?
+    /// `false` once the broker could not lock a secret in RAM (`RLIMIT_MEMLOCK` reached);
+    /// absent while every secret is locked.
+    public var memoryLocked: Bool?
 
-    public init(accounts: [AccountStatus], locked: Bool? = nil, newVault: Bool? = nil) {
+    public init(accounts: [AccountStatus], locked: Bool? = nil, newVault: Bool? = nil, memoryLocked: Bool? = nil) {
         self.accounts = accounts
         self.locked = locked
         self.newVault = newVault
+        self.memoryLocked = memoryLocked
     }
 
     enum CodingKeys: String, CodingKey {
         case accounts, locked
         case newVault = "new_vault"
+        case memoryLocked = "memory_locked"
     }
 }
 

@@ -104,6 +104,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     func handlerRemoved(context: ChannelHandlerContext) {
         state = .closed
+        framer.discard()
         timer?.task.cancel()
         timer = nil
         for ticket in tickets { dispatcher.waiters.cancel(ticket) }
@@ -205,9 +206,9 @@ final class ConnectionHandler: ChannelDuplexHandler {
     private func handle(_ line: ByteBuffer, now: Date, context: ChannelHandlerContext) {
         // Decoded, the line is wiped where it lies: the read buffer may outlive it, and a line
         // may carry tokens, a client secret or a passphrase.
+        defer { LineFramer.wipe(line) }
         let decision = line.withUnsafeReadableBytes { bytes in
-            defer { SecretBytes.wipe(UnsafeMutableRawBufferPointer(mutating: bytes)) }
-            return dispatcher.decide(line: bytes, access: &access, decoder: decoder, now: now)
+            dispatcher.decide(line: bytes, access: &access, decoder: decoder, now: now)
         }
         switch decision {
         case .immediate(let bytes):
@@ -401,7 +402,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
     /// if the peer does not read it. Received bytes are let go of at once.
     private func closeAfterFlush(context: ChannelHandlerContext) {
         state = .closing(deadline: context.eventLoop.now + limits.drainTimeout)
-        framer = LineFramer()
+        framer.discard()
         quota.giveBack(bytes: budgetDrawn)
         budgetDrawn = 0
         rearmTimer(context: context)

@@ -17,9 +17,10 @@ enum ConnectionSession {
         await withGracefulShutdownHandler {
             try? await connection.executeThenClose { inbound, outbound in
                 var work = inbound.makeAsyncIterator()
-                guard let first = try await work.next() else { return }
+                var first = try await work.next()
+                guard first != nil else { return }
                 await serve(
-                    first, then: &work, outbound: outbound, allocator: channel.allocator, caller: caller,
+                    &first, then: &work, outbound: outbound, allocator: channel.allocator, caller: caller,
                     dispatcher: dispatcher, retryAfterMs: retryAfterMs)
             }
         } onGracefulShutdown: {
@@ -30,9 +31,15 @@ enum ConnectionSession {
     /// Runs `first` and every later piece of work as child tasks until the connection closes.
     /// Kept out of `run` so a connection that only ever gets inline answers, as most do, never
     /// holds the task groups' frames.
+    ///
+    /// No piece of work outlives its child task here: `first` is taken from the caller, and
+    /// each piece is let go of before the next is awaited. A request holds the secrets it
+    /// carried (an `add`'s refresh token) as strings, freed (and so wiped) only when the last
+    /// reference goes, and a connection may stay open for hours after its first and its latest
+    /// request (README.md, "Secrets in memory").
     @inline(never)
     private static func serve(
-        _ first: ConnectionWork, then work: inout NIOAsyncChannelInboundStream<ConnectionWork>.AsyncIterator,
+        _ first: inout ConnectionWork?, then work: inout NIOAsyncChannelInboundStream<ConnectionWork>.AsyncIterator,
         outbound: NIOAsyncChannelOutboundWriter<ConnectionReply>, allocator: ByteBufferAllocator, caller: Caller,
         dispatcher: RequestDispatcher, retryAfterMs: Int
     ) async {
@@ -40,8 +47,8 @@ enum ConnectionSession {
         // subscriptions and logins (whose user is gone) end with the connection.
         await withDiscardingTaskGroup { requests in
             await withDiscardingTaskGroup { endingWithConnection in
-                var next: ConnectionWork? = first
-                while let item = next {
+                /// Starts `item` as a child task; the item goes with the call.
+                func start(_ item: ConnectionWork) {
                     switch item {
                     case .run(let request):
                         requests.addTask {
@@ -62,6 +69,10 @@ enum ConnectionSession {
                                 dispatcher: dispatcher, retryAfterMs: retryAfterMs)
                         }
                     }
+                }
+                var next = first.take()
+                while next != nil {
+                    start(next.take()!)
                     next = try? await work.next()
                 }
                 endingWithConnection.cancelAll()

@@ -1,3 +1,4 @@
+import BrokerCore
 import BrokerProtocol
 import NIOCore
 
@@ -9,6 +10,12 @@ struct LineTooLongError: Error {}
 ///
 /// A line that grows past the limit raises `LineTooLongError` as soon as it does, so an
 /// oversized line is never held whole. A trailing `\r` is dropped from each line.
+///
+/// Received bytes may carry secrets (a refresh token in `add` or `set_tokens`), and the read
+/// buffers they came in are SwiftNIO's, reused for the connection's next reads rather than
+/// freed (so brokerd's wipe-on-free allocator never sees them): every byte copied out of a
+/// buffer here is wiped where it was, and so is every byte let go of untaken (`discard`). The
+/// lines taken are wiped by their reader once decoded (README.md, "Secrets in memory").
 struct LineFramer {
     let limit: Int
     /// Received bytes not yet taken as lines.
@@ -24,13 +31,20 @@ struct LineFramer {
     /// The memory the waiting bytes keep alive.
     var heldBytes: Int { isEmpty ? 0 : pending.storageCapacity }
 
-    /// Adds bytes read from the peer.
+    /// Adds bytes read from the peer. Bytes joining a half-sent line are copied, with the line
+    /// so far, into a buffer of their own, and wiped in the buffers they came from.
     mutating func append(_ bytes: ByteBuffer) {
         if pending.readableBytes == 0 {
             pending = bytes
             scanned = 0
         } else {
-            pending.writeImmutableBuffer(bytes)
+            var joined = ByteBuffer()
+            joined.reserveCapacity(pending.readableBytes + bytes.readableBytes)
+            joined.writeImmutableBuffer(pending)
+            joined.writeImmutableBuffer(bytes)
+            Self.wipe(pending)
+            Self.wipe(bytes)
+            pending = joined
         }
     }
 
@@ -59,7 +73,21 @@ struct LineFramer {
         } else if pending.storageCapacity > 2 * pending.readableBytes {
             var copy = allocator.buffer(capacity: pending.readableBytes)
             copy.writeImmutableBuffer(pending)
+            Self.wipe(pending)
             pending = copy
         }
+    }
+
+    /// Wipes and lets go of the bytes waiting here (the connection is closing).
+    mutating func discard() {
+        Self.wipe(pending)
+        pending = ByteBuffer()
+        scanned = 0
+    }
+
+    /// Zeroes the readable bytes of `buffer` where they lie, in storage it may share with
+    /// the read buffer they arrived in (no copy-on-write: that would wipe a copy).
+    static func wipe(_ buffer: ByteBuffer) {
+        buffer.withUnsafeReadableBytes { SecretBytes.wipe(UnsafeMutableRawBufferPointer(mutating: $0)) }
     }
 }

@@ -7,7 +7,7 @@ extension Broker {
     /// `unlock`; the passphrase goes into guarded memory at once and is wiped when the call ends.
     public nonisolated func unlock(passphrase: String?) async throws(BrokerError) -> LockResult {
         do {
-            switch try await unlock(with: passphrase.map(SecretBytes.init)) {
+            switch try await unlock(with: try passphrase.map(SecretBytes.init)) {
             case .alreadyUnlocked:
                 return LockResult(state: "unlocked")
             case .unlocked(let accounts, let created):
@@ -35,7 +35,8 @@ extension Broker {
         }
         do {
             return RekeyResult(
-                key: mode.rawValue, keyFileLeft: try await rekey(to: mode, passphrase: passphrase.map(SecretBytes.init))
+                key: mode.rawValue,
+                keyFileLeft: try await rekey(to: mode, passphrase: try passphrase.map(SecretBytes.init))
             )
         } catch {
             throw BrokerError(error)

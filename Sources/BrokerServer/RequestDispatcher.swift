@@ -203,7 +203,8 @@ public struct RequestDispatcher: Sendable {
                     StatusResult(
                         accounts: accounts.filter { policy.mayUse($0.account, caller: caller, rules: rules) },
                         locked: locked ? true : nil,
-                        newVault: broker.padlock.newVault ? true : nil),
+                        newVault: broker.padlock.newVault ? true : nil,
+                        memoryLocked: SecretBytes.allLocked ? nil : false),
                     encoder)
             case .add:
                 let added = try await broker.add(

@@ -27,7 +27,7 @@ extension Broker {
         let name = try WireTranslation.existingAccountName(account)
         let key = try WireTranslation.tokenKey(scope: scope, resource: resource)
         return try await translating { () async throws(BrokerFailure) in
-            try await reject(SecretBytes(accessToken), of: name, key: key, minTTL: minTTL)
+            try await reject(try SecretBytes(accessToken), of: name, key: key, minTTL: minTTL)
         }
     }
 
@@ -116,7 +116,12 @@ extension Broker {
                 try await SecretsFile.clientSecret(at: path, peerPID: peerPID)
             }
         }
-        var clientSecret = fileSecret.map(SecretBytes.init)
+        var clientSecret: SecretBytes?
+        do {
+            clientSecret = try fileSecret.map(SecretBytes.init)
+        } catch {
+            throw BrokerError(error)
+        }
         var provider: ProviderConfig?
         if var spec = request.provider {
             if let fileSecret {

@@ -48,10 +48,10 @@ public enum WireTranslation {
                     idToken: tokens.idToken, scope: tokens.scope)
             }
             return TokenPush(
-                access: access, refreshToken: tokens.refreshToken.map(SecretBytes.init),
+                access: access, refreshToken: try tokens.refreshToken.map(SecretBytes.init),
                 refreshExpiry: try expiry(
                     at: tokens.refreshExpiresAt, after: tokens.refreshExpiresIn, "refresh_expires_in"),
-                refreshURL: tokens.refreshURL.map(SecretBytes.init))
+                refreshURL: try tokens.refreshURL.map(SecretBytes.init))
         } catch {
             throw BrokerError(error)
         }
@@ -207,6 +207,8 @@ extension BrokerError {
             self.init(.forbidden, "the IdP refused this scope or resource for \(name): \(reason)")
         case .vaultNotSaved:
             self.init(.internal, "the broker cannot save its vault; see its log")
+        case .outOfGuardedMemory:
+            self.init(.internal, "the broker is out of guarded memory for secrets")
         case .configUnreadable(let reason):
             self.init(.badRequest, "config not reloaded: \(reason)")
         case .configNotApplied(let account, let because):

@@ -178,6 +178,9 @@ struct Status: ParsableCommand {
     func run() throws {
         try options.run(.status(account: account)) { result in
             (result.locked == true ? "the broker is locked; run brokerctl unlock\n" : "")
+                + (result.memoryLocked == false
+                    ? "warning: secrets are not all locked in memory (RLIMIT_MEMLOCK reached); see brokerd's log\n"
+                    : "")
                 + ([StatusTable.render(result.accounts, now: Date())]
                 + StatusTable.hints(result.accounts, socket: options.socket))
                 .joined(separator: "\n")

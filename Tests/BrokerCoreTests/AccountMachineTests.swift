@@ -17,7 +17,8 @@ import Testing
 
     func token(_ value: String, at now: Date, lifetime: TimeInterval = 3600) -> AccessToken {
         AccessToken(
-            value: SecretBytes(value), type: "Bearer", expiresAt: now.addingTimeInterval(lifetime), obtainedAt: now)
+            value: try! SecretBytes(value), type: "Bearer", expiresAt: now.addingTimeInterval(lifetime), obtainedAt: now
+        )
     }
 
     func record(provider: ProviderConfig? = nil, token: AccessToken? = nil) -> AccountRecord {
@@ -34,7 +35,7 @@ import Testing
     }
 
     func grant(_ value: String, rotated: String?, at now: Date) -> Grant {
-        Grant(token: token(value, at: now), refreshToken: rotated.map { SecretBytes($0) })
+        Grant(token: token(value, at: now), refreshToken: rotated.map { try! SecretBytes($0) })
     }
 
     // MARK: Start

@@ -916,12 +916,12 @@ import Testing
 
     // MARK: Units
 
-    @Test func pkceChallengeIsRFC7636AppendixB() {
-        let pkce = PKCE(verifier: "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk", state: "s")
+    @Test func pkceChallengeIsRFC7636AppendixB() throws {
+        let pkce = try PKCE(verifier: "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk", state: "s")
         #expect(pkce.challenge == "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM")
-        let fresh = PKCE()
+        let fresh = try PKCE()
         #expect(fresh.verifier.count == 43 && fresh.state.count == 43)
-        #expect(fresh.verifier != PKCE().verifier && fresh.state != fresh.verifier.text)
+        #expect(try fresh.verifier != PKCE().verifier && fresh.state != fresh.verifier.text)
     }
 
     @Test func idTokenExpiryIsReadFromTheJWTPayloadOnly() {

@@ -110,10 +110,11 @@ import Testing
 extension PreparedToken {
     /// The prepared answer of the token `result` describes.
     init(_ result: TokenResult) {
-        self.init(
+        try! self.init(
             account: result.account,
             token: AccessToken(
-                value: SecretBytes(result.accessToken), type: result.tokenType, expiresAt: result.expiresAt,
-                obtainedAt: result.expiresAt, idToken: result.idToken.map(SecretBytes.init), scope: result.scope))
+                value: try! SecretBytes(result.accessToken), type: result.tokenType, expiresAt: result.expiresAt,
+                obtainedAt: result.expiresAt, idToken: result.idToken.map { try! SecretBytes($0) }, scope: result.scope)
+        )
     }
 }

@@ -76,7 +76,7 @@ import Testing
         let provider = RefreshURLProvider(settings: .init(method: .get), http: http, defaultLifetime: 600)
         var record = AccountRecord.sample("url")
         record.provider = ProviderConfig(RefreshURLSettings(method: .get))
-        record.secrets.refreshURL = SecretBytes(url)
+        record.secrets.refreshURL = try! SecretBytes(url)
         let failure = try #require(await provider.refresh(record, now: Self.now).failure)
         await http.shutdown()
         #expect(failure.kind == .denial)
@@ -90,7 +90,7 @@ import Testing
         let provider = RefreshURLProvider(settings: .init(method: .post), http: http, defaultLifetime: 600)
         var record = AccountRecord.sample("url")
         // Port 1 on loopback: connection refused at once.
-        record.secrets.refreshURL = SecretBytes("http://127.0.0.1:1/\(Self.secretPath)")
+        record.secrets.refreshURL = try! SecretBytes("http://127.0.0.1:1/\(Self.secretPath)")
         let failure = try #require(await provider.refresh(record, now: Self.now).failure)
         await http.shutdown()
         #expect(failure.kind == .transient)

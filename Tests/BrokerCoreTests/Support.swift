@@ -16,12 +16,12 @@ extension AccountRecord {
                     tokenEndpoint: URL(string: "https://idp.example/oauth/token")!, clientID: "client-\(name)",
                     clientAuth: .clientSecretBasic, scope: "read write")),
             secrets: AccountSecrets(
-                refreshToken: SecretBytes(refreshToken), refreshExpiresAt: obtained.addingTimeInterval(86_400),
-                clientSecret: SecretBytes("cs-\(UUID().uuidString)")),
+                refreshToken: try! SecretBytes(refreshToken), refreshExpiresAt: obtained.addingTimeInterval(86_400),
+                clientSecret: try! SecretBytes("cs-\(UUID().uuidString)")),
             token: AccessToken(
-                value: SecretBytes("at-\(UUID().uuidString)"), type: "Bearer",
+                value: try! SecretBytes("at-\(UUID().uuidString)"), type: "Bearer",
                 expiresAt: obtained.addingTimeInterval(3600),
-                obtainedAt: obtained, idToken: SecretBytes("id.token.\(name)"), scope: "read"),
+                obtainedAt: obtained, idToken: try! SecretBytes("id.token.\(name)"), scope: "read"),
             needsLogin: false,
             lastError: AccountError(code: "unavailable", message: "HTTP 503", at: obtained.addingTimeInterval(-60)),
             lastRefreshAt: obtained)

@@ -47,7 +47,7 @@ import Testing
             AccountRecord(
                 name: "kind-\(index)", provider: ProviderConfig(settings), secrets: AccountSecrets(),
                 token: AccessToken(
-                    value: SecretBytes(String(repeating: "x", count: 800)), type: "DPoP",
+                    value: try! SecretBytes(String(repeating: "x", count: 800)), type: "DPoP",
                     expiresAt: at.addingTimeInterval(Double(index)), obtainedAt: at, idToken: SecretBytes("id"),
                     scope: "s"),
                 needsLogin: false, lastError: nil, lastRefreshAt: at)

@@ -63,7 +63,7 @@ import Testing
     /// `record` with a new refresh token, as a refresh leaves it.
     static func rotated(_ record: AccountRecord) -> AccountRecord {
         var record = record
-        record.secrets.refreshToken = SecretBytes("rt-rotated-\(UUID().uuidString)")
+        record.secrets.refreshToken = try! SecretBytes("rt-rotated-\(UUID().uuidString)")
         return record
     }
 

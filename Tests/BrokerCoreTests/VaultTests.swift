@@ -140,7 +140,7 @@ import Testing
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         var newer = contents()
-        newer.accounts[0].secrets.refreshToken = SecretBytes("rt-rotated-\(UUID().uuidString)")
+        newer.accounts[0].secrets.refreshToken = try! SecretBytes("rt-rotated-\(UUID().uuidString)")
         let (path, staging) = try interruptedSave(in: directory, older: contents(), newer: newer)
 
         let reader = try Vault(path: path, key: VaultKey.load(path: directory.file("key"), create: false))

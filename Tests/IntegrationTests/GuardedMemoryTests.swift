@@ -10,7 +10,7 @@ import Glibc
 /// memory, read as root through `/proc/PID/mem`, is searched for every refresh and access token
 /// the test IdPs issued. A removed, rotated-away or logged-out token must be found nowhere, a
 /// live one only inside guarded pages (locked, between two inaccessible pages, as
-/// `sodium_malloc` makes them); after `lock`, no token and no passphrase anywhere. Tokens
+/// brokerd maps its `GuardedPages`); after `lock`, no token and no passphrase anywhere. Tokens
 /// carry 40 random hex digits, so a hit cannot be a coincidence. Serialized: the scans read
 /// hundreds of megabytes in blocking calls. Root only: brokerd is non-dumpable, so no other
 /// process of its uid may read its memory.
@@ -99,6 +99,77 @@ import Glibc
         Self.report("retired access tokens", retiredAccess, scan)
         Self.report("client secrets", clientSecrets, scan)
         for idp in idps.values { await idp.shutdown() }
+    }
+
+    /// A static account added over the socket with a refresh token, on a broker that served
+    /// other accounts and connections first, then given new tokens (`set_tokens`, its line sent
+    /// in two parts, as a slow peer's arrives) and removed: none of its tokens is anywhere in
+    /// brokerd's memory, not even in the read buffers of the connection that carried them,
+    /// which is still open.
+    @Test func aRemovedAccountsTokensAreNowhereNotEvenInTheRequestBytes() async throws {
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        let pid = try #require(broker.process?.pid)
+        let others = (0..<8).map { "at-other-\($0)-" + longRandomHex() }
+        let gone = [
+            "rt-gone-0-" + longRandomHex(), "at-gone-0-" + longRandomHex(), "rt-gone-1-" + longRandomHex(),
+            "at-gone-1-" + longRandomHex(),
+        ]
+        let socketPath = broker.socketPath
+        // Blocking socket calls and the scan, off the cooperative threads; the connections stay
+        // open through the scan.
+        let (refused, scan) = try await onOwnThread {
+            var refused: [String] = []
+            let ask = { (connection: RawConnection, op: String, line: String) in
+                if !Self.succeeds(connection, line) { refused.append(op) }
+            }
+            let first = try RawConnection(path: socketPath)
+            for (index, token) in others.enumerated() {
+                ask(
+                    first, "add o\(index)",
+                    #"{"id":1,"op":"add","account":"o\#(index)","provider":{"kind":"static"},"#
+                        + #""tokens":{"access_token":"\#(token)","expires_in":3600}}"#)
+            }
+            for round in 0..<4 {
+                let passing = try RawConnection(path: socketPath)
+                for index in others.indices {
+                    ask(passing, "token o\(index)", #"{"id":\#(round),"op":"token","account":"o\#(index)"}"#)
+                }
+                ask(passing, "status", #"{"id":2,"op":"status"}"#)
+            }
+            let carrier = try RawConnection(path: socketPath)
+            ask(
+                carrier, "add gone",
+                #"{"id":3,"op":"add","account":"gone","provider":{"kind":"static"},"tokens":{"#
+                    + #""refresh_token":"\#(gone[0])","access_token":"\#(gone[1])","expires_in":3600}}"#)
+            ask(carrier, "token gone", #"{"id":4,"op":"token","account":"gone"}"#)
+            let push =
+                #"{"id":5,"op":"set_tokens","account":"gone","tokens":{"refresh_token":"\#(gone[2])","#
+                + #""access_token":"\#(gone[3])","expires_in":3600}}"# + "\n"
+            let half = push.utf8.count / 2
+            _ = carrier.send(Array(push.utf8.prefix(half)))
+            usleep(100_000)
+            _ = carrier.send(Array(push.utf8.dropFirst(half)))
+            if carrier.readObject()?["ok"] as? Bool != true { refused.append("set_tokens gone") }
+            ask(carrier, "token gone", #"{"id":6,"op":"token","account":"gone"}"#)
+            ask(carrier, "remove gone", #"{"id":7,"op":"remove","account":"gone"}"#)
+            ask(first, "token o0", #"{"id":8,"op":"token","account":"o0"}"#)
+            usleep(300_000)
+            let scan = try MemoryScan(pid: pid, needles: gone + others)
+            withExtendedLifetime((first, carrier)) {}
+            return (refused, scan)
+        }
+        #expect(refused.isEmpty, "refused: \(refused)")
+        #expect(scan.scannedBytes > 1 << 20, "the scan read the broker's memory")
+        for token in gone {
+            #expect(scan.places(of: token).isEmpty, "a removed account's token in \(scan.places(of: token))")
+        }
+        for token in others {
+            #expect(!scan.places(of: token).isEmpty, "a live token is in memory somewhere")
+            #expect(scan.unguardedPlaces(of: token).isEmpty, "a live token in \(scan.unguardedPlaces(of: token))")
+        }
+        Self.report("removed account's tokens", gone, scan)
     }
 
     @Test func lockLeavesNoTokenAndNoPassphraseInMemory() async throws {

@@ -14,6 +14,9 @@ public final class BrokerProcess: @unchecked Sendable {
     public let brokerd: String
     /// The running brokerd, nil when it is not running.
     public private(set) var process: ChildProcess?
+    /// Commands that each exec the next, brokerd last, to start it under (`prlimit ... --`):
+    /// the PID stays brokerd's.
+    public var launcher: [String] = []
 
     /// A broker home for `brokerd` (default: the one built beside this program).
     public init(brokerd: String = BrokerProcess.binary("brokerd").path) throws {
@@ -154,8 +157,10 @@ public final class BrokerProcess: @unchecked Sendable {
         let log = open(logPath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
         guard log >= 0 else { throw HarnessError("cannot open \(logPath): errno \(errno)") }
         defer { close(log) }
+        let command = launcher + [binary] + arguments
         return try ChildProcess.spawn(
-            binary, arguments, environment: environment.merging(extraEnvironment) { $1 }, output: log)
+            command[0], Array(command.dropFirst()), environment: environment.merging(extraEnvironment) { $1 },
+            output: log)
     }
 
     /// A product built next to this test bundle (the same `.build/<config>` directory).

@@ -23,7 +23,7 @@ public struct MemoryMapping: Sendable, CustomStringConvertible {
 /// Every place where some needles occur in a live process's readable memory, read through
 /// `/proc/PID/mem` (root, or a process allowed to ptrace the target), with each place's mapping
 /// so that a test can tell guarded pages (locked, between two inaccessible mappings, as
-/// `sodium_malloc` makes them) from the rest.
+/// brokerd maps its `GuardedPages`) from the rest.
 public struct MemoryScan: Sendable {
     public let mappings: [MemoryMapping]
     /// For each needle, the index in `mappings` of each occurrence.

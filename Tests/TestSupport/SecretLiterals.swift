@@ -2,5 +2,5 @@ import BrokerCore
 
 /// Lets a test write a secret as a literal (`refreshToken: "rt-1"`) and compare with one.
 extension SecretBytes: ExpressibleByStringLiteral {
-    public convenience init(stringLiteral value: String) { self.init(value) }
+    public convenience init(stringLiteral value: String) { try! self.init(value) }
 }

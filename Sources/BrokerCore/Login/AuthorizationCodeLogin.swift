@@ -18,7 +18,7 @@ enum AuthorizationCodeLogin {
             throw .invalid(
                 "the IdP offers no authorization endpoint; give --authorization-endpoint or use --flow device")
         }
-        let pkce = PKCE()
+        let pkce = try PKCE()
         let wait = timeout ?? LoginOptions.defaultTimeout
         let deadline = ContinuousClock.now + .seconds(wait)
         let listener = try await LoopbackRedirect(port: redirectPort ?? 0, state: pkce.state, until: deadline) {

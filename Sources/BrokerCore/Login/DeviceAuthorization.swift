@@ -140,7 +140,7 @@ enum DeviceAuthorization {
             interval = given
         }
         return Offer(
-            deviceCode: SecretBytes(deviceCode), userCode: userCode, verificationURI: verificationURI,
+            deviceCode: try SecretBytes(deviceCode), userCode: userCode, verificationURI: verificationURI,
             verificationURIComplete: (object["verification_uri_complete"] as? String).flatMap(shownURL),
             expiresIn: expiresIn, interval: interval)
     }

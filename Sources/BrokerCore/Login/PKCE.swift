@@ -10,14 +10,14 @@ struct PKCE: Sendable {
     let state: String
 
     /// Fresh random values.
-    init() {
+    init() throws(BrokerFailure) {
         let verifier = Base64URL.encode(Sodium.randomBytes(32))
-        self.init(verifier: verifier, state: Base64URL.encode(Sodium.randomBytes(32)))
+        try self.init(verifier: verifier, state: Base64URL.encode(Sodium.randomBytes(32)))
     }
 
     /// The values for a known verifier (RFC 7636 appendix B checks the challenge).
-    init(verifier: String, state: String) {
-        self.verifier = SecretBytes(verifier)
+    init(verifier: String, state: String) throws(BrokerFailure) {
+        self.verifier = try SecretBytes(verifier)
         challenge = Base64URL.encode(Sodium.sha256(Array(verifier.utf8)))
         self.state = state
     }

@@ -249,10 +249,12 @@ struct OAuth2Provider: NarrowingTokenProvider {
             }
             return AccessToken.issued(accessToken, in: object, now: now, defaultLifetime: defaultLifetime)
                 .flatMap { token in
-                    LifetimeField.read(object, "refresh_expires_in").map { refreshLifetime in
-                        Grant(
-                            token: token, refreshToken: (object["refresh_token"] as? String).map(SecretBytes.init),
-                            refreshExpiresAt: refreshLifetime.map { now.addingTimeInterval($0) })
+                    LifetimeField.read(object, "refresh_expires_in").flatMap { refreshLifetime in
+                        SecretBytes.fromAnswer(object["refresh_token"] as? String).map { refreshToken in
+                            Grant(
+                                token: token, refreshToken: refreshToken,
+                                refreshExpiresAt: refreshLifetime.map { now.addingTimeInterval($0) })
+                        }
                     }
                 }
         case 400, 401:

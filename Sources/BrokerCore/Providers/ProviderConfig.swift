@@ -103,6 +103,6 @@ extension ProviderConfig {
         for field in ProviderKinds.fields { try fields.check(field) }
         let settings = try kind.init(checking: fields)
         let clientSecret = kind.fields.contains(.clientSecret) ? try fields.text(ProviderField.clientSecret.name) : nil
-        return (ProviderConfig(settings), clientSecret.map(SecretBytes.init))
+        return (ProviderConfig(settings), try clientSecret.map(SecretBytes.init))
     }
 }

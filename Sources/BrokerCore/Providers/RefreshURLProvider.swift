@@ -96,7 +96,9 @@ struct RefreshURLProvider: TokenProvider {
                 }
             }
             return AccessToken.issued(accessToken, in: object, now: now, defaultLifetime: defaultLifetime)
-                .map { Grant(token: $0, refreshURL: (rotated as? String).map(SecretBytes.init)) }
+                .flatMap { token in
+                    SecretBytes.fromAnswer(rotated as? String).map { Grant(token: token, refreshURL: $0) }
+                }
         case let status where denialStatuses.contains(status):
             return .failure(.denial("the refresh URL was refused: HTTP \(status); push a new one with set_tokens"))
         default:

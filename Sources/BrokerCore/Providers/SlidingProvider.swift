@@ -114,12 +114,16 @@ struct SlidingProvider: TokenProvider {
         case (.success(let access), .success(let refresh)): (expiresAt, refreshExpiresAt) = (access, refresh)
         case (.failure(let failure), _), (_, .failure(let failure)): return .failure(failure)
         }
-        let rotated = (data["refreshToken"] as? String).flatMap { $0.isEmpty ? nil : SecretBytes($0) }
-        let token = AccessToken(
-            value: SecretBytes(accessToken), type: data["tokenType"] as? String ?? "Bearer",
-            expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(defaultLifetime)), obtainedAt: now)
-        return token.checked().map {
-            Grant(token: $0, refreshToken: rotated, refreshExpiresAt: refreshExpiresAt.map { Bounds.date($0) })
+        let rotated = (data["refreshToken"] as? String).flatMap { $0.isEmpty ? nil : $0 }
+        return SecretBytes.fromAnswer(rotated).flatMap { rotated in
+            SecretBytes.fromAnswer(accessToken).flatMap { value in
+                AccessToken(
+                    value: value, type: data["tokenType"] as? String ?? "Bearer",
+                    expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(defaultLifetime)), obtainedAt: now
+                ).checked().map {
+                    Grant(token: $0, refreshToken: rotated, refreshExpiresAt: refreshExpiresAt.map { Bounds.date($0) })
+                }
+            }
         }
     }
 

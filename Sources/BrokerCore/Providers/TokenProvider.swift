@@ -57,12 +57,15 @@ extension AccessToken {
         _ value: String, in object: [String: Any], now: Date, expiresAt: Date? = nil, defaultLifetime: TimeInterval
     ) -> Result<AccessToken, RefreshFailure> {
         LifetimeField.read(object, "expires_in").flatMap { lifetime in
-            AccessToken(
-                value: SecretBytes(value), type: object["token_type"] as? String ?? "Bearer",
-                expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(lifetime ?? defaultLifetime)),
-                obtainedAt: now, idToken: (object["id_token"] as? String).map(SecretBytes.init),
-                scope: object["scope"] as? String
-            ).checked()
+            SecretBytes.fromAnswer(value).flatMap { value in
+                SecretBytes.fromAnswer(object["id_token"] as? String).flatMap { idToken in
+                    AccessToken(
+                        value: value, type: object["token_type"] as? String ?? "Bearer",
+                        expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(lifetime ?? defaultLifetime)),
+                        obtainedAt: now, idToken: idToken, scope: object["scope"] as? String
+                    ).checked()
+                }
+            }
         }
     }
 
@@ -148,4 +151,21 @@ extension TokenProvider {
 
     /// Providers that are not polled cannot tell; a refresh finds out.
     public func sourceChanged() -> Bool { true }
+}
+
+extension SecretBytes {
+    /// A secret of an IdP's answer in guarded memory, or, when none can be had, a transient
+    /// failure: the refresh is retried later and the broker goes on.
+    static func fromAnswer(_ text: String?) -> Result<SecretBytes?, RefreshFailure> {
+        do {
+            return .success(try text.map(SecretBytes.init))
+        } catch {
+            return .failure(.transient("the broker is out of guarded memory for secrets"))
+        }
+    }
+
+    /// `fromAnswer` of a secret the answer must have.
+    static func fromAnswer(_ text: String) -> Result<SecretBytes, RefreshFailure> {
+        fromAnswer(Optional(text)).map { $0! }
+    }
 }

@@ -2,7 +2,7 @@ import CSodium
 import FoundationEssentials
 
 /// The broker's only door to libsodium: guarded key memory, XChaCha20-Poly1305, Argon2id, random
-/// bytes and SHA-256.
+/// bytes and SHA-256. (Other secrets live in `SecretArena`'s own guarded pages.)
 enum Sodium {
     static let keyLength = Int(crypto_aead_xchacha20poly1305_ietf_KEYBYTES)
     static let nonceLength = Int(crypto_aead_xchacha20poly1305_ietf_NPUBBYTES)
@@ -54,34 +54,6 @@ enum Sodium {
             }
         }
     }
-
-    /// `count` bytes of guarded memory (guard pages, locked, canary) that `fill` writes, then
-    /// read-only; released with `guardedFree`. Out of memory is fatal.
-    static func guardedAllocation(_ count: Int, filling fill: (UnsafeMutableRawPointer) -> Void)
-        -> UnsafeMutableRawPointer
-    {
-        precondition(ready, "libsodium failed to initialise")
-        guard let memory = sodium_malloc(max(1, count)) else { fatalError("out of memory for a secret") }
-        fill(memory)
-        sodium_mprotect_readonly(memory)
-        return memory
-    }
-
-    /// Runs `body` while the guarded allocation `memory` is writable, then makes it read-only.
-    static func whileWritable<T>(_ memory: UnsafeMutableRawPointer, _ body: () -> T) -> T {
-        makeWritable(memory)
-        defer { makeReadOnly(memory) }
-        return body()
-    }
-
-    /// Makes memory from `guardedAllocation` writable, until `makeReadOnly`.
-    static func makeWritable(_ memory: UnsafeMutableRawPointer) { sodium_mprotect_readwrite(memory) }
-
-    /// Makes memory from `guardedAllocation` read-only again.
-    static func makeReadOnly(_ memory: UnsafeMutableRawPointer) { sodium_mprotect_readonly(memory) }
-
-    /// Wipes and releases memory from `guardedAllocation`.
-    static func guardedFree(_ memory: UnsafeMutableRawPointer) { sodium_free(memory) }
 
     /// Whether `count` bytes at `lhs` and `rhs` are equal, in time that does not depend on them.
     static func constantTimeEqual(_ lhs: UnsafeRawPointer, _ rhs: UnsafeRawPointer, count: Int) -> Bool {

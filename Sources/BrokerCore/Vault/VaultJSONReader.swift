@@ -223,8 +223,9 @@ final class VaultJSONReader {
         return UInt64(number.text)
     }
 
-    /// A string copied straight into guarded memory.
+    /// A string copied straight into guarded memory (`nil` too when none can be had: then
+    /// `JSONDecoder`, which needs it as well, refuses the vault).
     private static func secret(_ lexer: inout JSONLexer) -> SecretBytes? {
-        lexer.withString { SecretBytes(bytes: $0) }
+        lexer.withString { try? SecretBytes(bytes: $0) } ?? nil
     }
 }
