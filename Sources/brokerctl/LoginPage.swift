@@ -40,6 +40,12 @@ struct LoginPage {
             return .failure(BrowserFailure(reason: "cannot make a directory for the page: \(reason)"))
         }
         let page = LoginPage(directory: made, path: made + "/login.html")
+        // mkdtemp's 0700 is cut by the umask (one of 0177 would leave no way in); set it whole.
+        guard chmod(made, 0o700) == 0 else {
+            let reason = String(cString: strerror(errno))
+            page.remove()
+            return .failure(BrowserFailure(reason: "cannot make a directory for the page: \(reason)"))
+        }
         let fd = open(page.path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard fd >= 0 else {
             let reason = String(cString: strerror(errno))

@@ -111,8 +111,8 @@ import Glibc
     /// Connects, says hello (so the connection was accepted and attested), forks a helper that
     /// keeps the socket, and execs the program given (as `perl -e wait`, which reaps the
     /// helper). The helper sends the `before` line (if any) while its parent still runs the
-    /// program that connected, waits until the parent runs another one, sends `after`, and
-    /// prints both answers.
+    /// program that connected, waits until the parent has exec'ed (its command line changes),
+    /// sends `after`, and prints both answers.
     static let execAfterConnect = """
         use IO::Socket::UNIX; use IO::Handle;
         my ($path, $program, $before, $after) = @ARGV;
@@ -120,13 +120,14 @@ import Glibc
         $socket->autoflush(1); STDOUT->autoflush(1);
         print $socket qq({"id":0,"op":"hello"}\n); my $hello = <$socket>;
         pipe(my $reader, my $writer) or die "pipe: $!";
-        my $parent = $$; my $started = readlink("/proc/$parent/exe");
+        sub command_line { open(my $f, "<", "/proc/$_[0]/cmdline") or return ""; local $/; return <$f>; }
+        my $parent = $$; my $started = command_line($parent);
         my $pid = fork() // die "fork: $!";
         if ($pid == 0) {
             close $reader;
             if ($before ne "") { print $socket "$before\n"; print "before " . <$socket>; }
             close $writer;
-            for (1..1000) { last if readlink("/proc/$parent/exe") ne $started; select(undef, undef, undef, 0.01); }
+            for (1..1000) { last if command_line($parent) ne $started; select(undef, undef, undef, 0.01); }
             print $socket "$after\n"; print "after " . <$socket>;
             exit 0;
         }
@@ -137,10 +138,13 @@ import Glibc
     /// The helper's answers (`before ...`, `after ...`) when `connecting` connects and then execs `then`.
     func execAfterConnect(
         _ broker: BrokerProcess, connecting: String, then program: String, before: String = "", after: String
-    ) throws -> [String] {
-        let (status, output, errors) = try ChildProcess.capture(
-            connecting, ["-e", Self.execAfterConnect, broker.socketPath, program, before, after],
-            environment: broker.environment)
+    ) async throws -> [String] {
+        let environment = broker.environment
+        let arguments = ["-e", Self.execAfterConnect, broker.socketPath, program, before, after]
+        // On a thread of its own: the test process's two cooperative threads run other suites' brokers.
+        let (status, output, errors) = try await onOwnThread {
+            try ChildProcess.capture(connecting, arguments, environment: environment)
+        }
         #expect(status == 0, "\(errors)")
         return output.split(separator: "\n").map(String.init)
     }
@@ -161,23 +165,23 @@ import Glibc
         // Unlisted when it connected, listed when it asks: refused on both paths and for an
         // owner operation, since the connection's caller is what connected.
         for line in [Self.fastLine, Self.fullLine, #"{"id":3,"op":"reload"}"#] {
-            let answers = try execAfterConnect(broker, connecting: Self.perl, then: allowed, after: line)
+            let answers = try await execAfterConnect(broker, connecting: Self.perl, then: allowed, after: line)
             #expect(answers.count == 1 && answers[0].contains(#""code":"forbidden""#), "\(answers)")
             #expect(!answers.joined().contains("at-api"))
         }
         // Listed when it connected, then another program: served before, refused after.
-        let changed = try execAfterConnect(
+        let changed = try await execAfterConnect(
             broker, connecting: allowed, then: Self.perl, before: Self.fastLine, after: Self.fastLine)
         #expect(changed.count == 2, "\(changed)")
         #expect(changed.first?.contains(#""access_token":"at-api""#) == true, "\(changed)")
         #expect(changed.last?.contains(#""code":"forbidden""#) == true, "\(changed)")
-        let reload = try execAfterConnect(
+        let reload = try await execAfterConnect(
             broker, connecting: allowed, then: Self.perl, before: #"{"id":3,"op":"reload"}"#,
             after: #"{"id":4,"op":"reload"}"#)
         #expect(reload.first?.contains(#""ok":true"#) == true, "\(reload)")
         #expect(reload.last?.contains(#""code":"forbidden""#) == true, "\(reload)")
         // Control: a listed program that does not exec passes its connection on with its rights.
-        let kept = try execAfterConnect(
+        let kept = try await execAfterConnect(
             broker, connecting: allowed, then: allowed, before: Self.fastLine, after: Self.fastLine)
         #expect(kept.count == 2 && kept.allSatisfy { $0.contains(#""access_token":"at-api""#) }, "\(kept)")
         #expect(await eventually { broker.log.contains("no longer runs the program it connected with") })
