@@ -6,7 +6,8 @@ import Logging
 /// each `TokenKey` of an account has its own token, cached in memory only, refreshed once for
 /// all its concurrent callers. Every refresh of an account, its own or a narrowed one, presents
 /// the one refresh token the account holds, so they take turns (`takeChainTurn`): each saves
-/// the credential the IdP rotated before the next starts.
+/// the credential the IdP rotated before the next starts. The refreshes a caller starts draw on
+/// its budget on the account (`NarrowedRefreshBudget`).
 extension Broker {
     /// One account's token for one key.
     struct NarrowedRefresh: Hashable, Sendable {
