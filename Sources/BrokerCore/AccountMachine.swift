@@ -73,6 +73,12 @@ struct AccountMachine: Sendable {
     private var nextPollAt: Date?
     /// The phase and schedule a running logout replaced, restored if the logout is refused.
     private var beforeLogout: (phase: Phase, nextRefreshAt: Date?)?
+    /// The serial of the refresh under way when a client's request started it (a `reject`, a
+    /// token that fell short), not the schedule, new tokens or the owner.
+    private var clientRefresh: Int?
+    /// When the last refresh a client's request started ended with a token: another client's
+    /// request starts none within `minimumRefreshInterval` of it (README "Limits").
+    private var clientRefreshedAt: Date?
 
     /// The machine of a record loaded from the vault or just created.
     init(record: AccountRecord, planner: RefreshPlanner, now: Date) {
@@ -125,6 +131,19 @@ struct AccountMachine: Sendable {
         return until.timeIntervalSince(now)
     }
 
+    /// How long a refresh a client's request would start must still wait: until `interval`
+    /// seconds after the last one a client's request started; `nil` when it need not (or a
+    /// refresh is under way, which the request joins). Only kinds that refresh at an IdP or a
+    /// helper wait (a `file` account's refresh reads a local file). A wall clock set back lets
+    /// it through.
+    func clientRefreshWait(interval: TimeInterval, now: Date) -> TimeInterval? {
+        guard record.provider.renewal == .refreshes, refreshSerial == nil, let clientRefreshedAt,
+            now >= clientRefreshedAt
+        else { return nil }
+        let wait = interval - now.timeIntervalSince(clientRefreshedAt)
+        return wait > 0 ? wait : nil
+    }
+
     /// The state `status` shows.
     func state(now: Date) -> AccountState {
         if record.loggedOut == true { return .loggedOut }
@@ -150,11 +169,13 @@ struct AccountMachine: Sendable {
 
     // MARK: Refreshes
 
-    /// Starts refresh `serial`, from `idle` or `backingOff`; `false` in any other phase.
-    mutating func beginRefresh(serial: Int) -> Bool {
+    /// Starts refresh `serial`, from `idle` or `backingOff`, for a client's request when
+    /// `forClient`; `false` in any other phase.
+    mutating func beginRefresh(serial: Int, forClient: Bool = false) -> Bool {
         switch phase {
         case .idle, .backingOff:
             phase = .refreshing(serial: serial)
+            clientRefresh = forClient ? serial : nil
             nextRefreshAt = nil
             spreadOverdue = false
             return true
@@ -172,6 +193,7 @@ struct AccountMachine: Sendable {
         guard refreshSerial == serial else { return .overtaken(keepRotated(grant, presented: presented)) }
         if record.provider.renewal.watchesSource, failures == 0, record.token == grant.token {
             // A watched source still holds the token already served: nothing to save or announce.
+            if clientRefresh == serial { clientRefreshedAt = now }
             settle(.idle, nextRefreshAt: Self.next(after: record, planner, now: now))
             return .applied([])
         }
@@ -188,6 +210,7 @@ struct AccountMachine: Sendable {
         }
         if let refreshURL = grant.refreshURL { record.secrets.refreshURL = refreshURL }
         record.lastRefreshAt = now
+        if clientRefresh == serial { clientRefreshedAt = now }
         record.lastError = nil
         failures = 0
         settle(.idle, nextRefreshAt: Self.next(after: record, planner, now: now))
@@ -325,7 +348,8 @@ struct AccountMachine: Sendable {
     // MARK: Helpers
 
     /// Begins the lifecycle again in `phase` (`idle` with new tokens, `loggedOut` with none):
-    /// no denial, no error, no backoff, no logout under way, and any refresh abandoned.
+    /// no denial, no error, no backoff, no logout under way, any refresh abandoned, and a
+    /// client's request may refresh at once.
     private mutating func startOver(in phase: Phase) {
         record.needsLogin = false
         record.loggedOut = phase == .loggedOut ? true : nil
@@ -333,6 +357,7 @@ struct AccountMachine: Sendable {
         failures = 0
         spreadOverdue = false
         beforeLogout = nil
+        clientRefreshedAt = nil
         self.phase = phase
     }
 

@@ -6,7 +6,8 @@ import Logging
 /// each `TokenKey` of an account has its own token, cached in memory only, refreshed once for
 /// all its concurrent callers. Every refresh of an account, its own or a narrowed one, presents
 /// the one refresh token the account holds, so they take turns (`takeChainTurn`): each saves
-/// the credential the IdP rotated before the next starts.
+/// the credential the IdP rotated before the next starts. The refreshes a caller starts draw on
+/// its budget on the account (`NarrowedRefreshBudget`).
 extension Broker {
     /// One account's token for one key.
     struct NarrowedRefresh: Hashable, Sendable {
@@ -15,16 +16,17 @@ extension Broker {
     }
 
     /// A token of `account` for `key`, valid for `minTTL` seconds: the cached one, or one a
-    /// refresh narrowed to `key` brings (one refresh, shared by every caller of the key). The
+    /// refresh narrowed to `key` brings (one refresh, shared by every caller of the key), within
+    /// the budget of the caller of uid `caller` (`chargeNarrowedRefresh`). The
     /// account's own token, schedule and state are untouched; a refusal by the IdP is
     /// `targetRefused`.
-    public nonisolated func token(for account: AccountName, key: TokenKey, minTTL: TimeInterval)
+    public nonisolated func token(for account: AccountName, key: TokenKey, minTTL: TimeInterval, caller: UInt32)
         async throws(BrokerFailure) -> PreparedToken
     {
         guard !key.isAccount else { return try await token(for: account, minTTL: minTTL) }
         let name = account.rawValue
         if let token = cache.token(for: name, key: key, minTTL: minTTL, now: clock.now()) { return token }
-        switch try await narrowedRefreshForToken(name, key: key, minTTL: minTTL) {
+        switch try await narrowedRefreshForToken(name, key: key, minTTL: minTTL, caller: caller) {
         case .ready(let token):
             return token
         case .refreshing(let refresh, let source):
@@ -36,25 +38,29 @@ extension Broker {
     }
 
     /// Handles a token for `key` that a resource server refused: when the cache still holds
-    /// it, drops it and refreshes the key once; then answers the key's token.
-    public func reject(_ accessToken: SecretBytes, of account: AccountName, key: TokenKey, minTTL: TimeInterval)
-        async throws(BrokerFailure) -> PreparedToken
-    {
+    /// it, drops it and refreshes the key once (within the caller's budget); then answers the
+    /// key's token.
+    public func reject(
+        _ accessToken: SecretBytes, of account: AccountName, key: TokenKey, minTTL: TimeInterval, caller: UInt32
+    ) async throws(BrokerFailure) -> PreparedToken {
         guard !key.isAccount else { return try await reject(accessToken, of: account, minTTL: minTTL) }
         let name = account.rawValue
         let machine = try self.machine(name)
         try checkNarrowable(machine)
-        if cache.withdraw(accessToken, for: name, key: key) {
+        let refresh = NarrowedRefresh(account: name, key: key)
+        if narrowedRefreshes[refresh] == nil, cache.holds(accessToken, for: name, key: key) {
             try checkRefreshable(machine)
+            try chargeNarrowedRefresh(refresh, caller: caller)
+            _ = cache.withdraw(accessToken, for: name, key: key)
             if case .failure(let error) = await startNarrowedRefresh(name, key: key).value { throw error }
         }
-        return try await token(for: account, key: key, minTTL: minTTL)
+        return try await token(for: account, key: key, minTTL: minTTL, caller: caller)
     }
 
     /// The token, or the refresh a `token` call for `key` waits for. Looks at the cache again
     /// first, on the actor, so a call that missed it just before a refresh ended starts none.
-    private func narrowedRefreshForToken(_ name: String, key: TokenKey, minTTL: TimeInterval) throws(BrokerFailure)
-        -> TokenWait
+    private func narrowedRefreshForToken(_ name: String, key: TokenKey, minTTL: TimeInterval, caller: UInt32)
+        throws(BrokerFailure) -> TokenWait
     {
         if let token = cache.token(for: name, key: key, minTTL: minTTL, now: clock.now()) { return .ready(token) }
         let machine = try self.machine(name)
@@ -62,10 +68,20 @@ extension Broker {
         try checkRefreshable(machine)
         try checkLifetime(machine, covers: minTTL)
         let now = clock.now()
-        if let backoff = narrowedBackoffs[NarrowedRefresh(account: name, key: key)], backoff.until > now {
+        let refresh = NarrowedRefresh(account: name, key: key)
+        if let backoff = narrowedBackoffs[refresh], backoff.until > now {
             throw .refreshFailing(reason: backoff.reason, retryAfter: backoff.until.timeIntervalSince(now))
         }
+        if narrowedRefreshes[refresh] == nil { try chargeNarrowedRefresh(refresh, caller: caller) }
         return .refreshing(startNarrowedRefresh(name, key: key), .issued)
+    }
+
+    /// Takes the refresh a request of uid `caller` would start, narrowed to `key`, from that
+    /// caller's budget on the account (`NarrowedRefreshBudget`); refuses it when none is left.
+    private func chargeNarrowedRefresh(_ refresh: NarrowedRefresh, caller: UInt32) throws(BrokerFailure) {
+        if let wait = narrowedBudget.take(account: refresh.account, uid: caller, now: clock.now()) {
+            throw .narrowedRefreshesSpent(AccountName(known: refresh.account), retryAfter: wait)
+        }
     }
 
     /// Refuses accounts whose kind cannot narrow a token (only `oauth2` can).

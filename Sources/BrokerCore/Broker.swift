@@ -44,6 +44,8 @@ public actor Broker {
     var narrowedRefreshes: [NarrowedRefresh: Task<Result<Void, BrokerFailure>, Never>] = [:]
     /// Until when a narrowed token whose refresh failed transiently is not asked for again, and why.
     var narrowedBackoffs: [NarrowedRefresh: (until: Date, reason: String)] = [:]
+    /// The narrowed refreshes each caller may still start on each account.
+    var narrowedBudget = NarrowedRefreshBudget()
     /// The refreshes waiting for their turn on each account's refresh-token chain; an account
     /// is here while one of its refreshes runs (see `takeChainTurn`).
     var chainQueues: [String: [CheckedContinuation<Void, Never>]] = [:]
@@ -144,13 +146,15 @@ public actor Broker {
         let machine = try self.machine(name)
         try checkRefreshable(machine)
         try checkLifetime(machine, covers: minTTL)
+        if let held = try tokenInsteadOfRefresh(machine) { return .ready(held) }
         let source: BrokerFailure.TokenSource =
             machine.record.provider.renewal.watchesSource ? .watched(kind: machine.record.provider.kind) : .issued
-        return .refreshing(startRefresh(name), source)
+        return .refreshing(startRefresh(name, forClient: true), source)
     }
 
-    /// Handles a token a resource server refused: refreshes once if it is still current,
-    /// otherwise returns the newer token at once.
+    /// Handles a token a resource server refused: refreshes once if it is still current (unless
+    /// a client's request refreshed the account within `minimumRefreshInterval`), otherwise
+    /// returns the newer token at once.
     public func reject(_ accessToken: SecretBytes, of account: AccountName, minTTL: TimeInterval)
         async throws(BrokerFailure) -> PreparedToken
     {
@@ -160,7 +164,8 @@ public actor Broker {
             return try await token(for: account, minTTL: minTTL)
         }
         try checkRefreshable(machine)
-        let outcome = await refreshShared(name)
+        if let held = try tokenInsteadOfRefresh(machine) { return held }
+        let outcome = await refreshShared(name, forClient: true)
         if case .failure(let error) = outcome { throw error }
         return try await token(for: account, minTTL: minTTL)
     }
@@ -320,10 +325,10 @@ public actor Broker {
         var held = try await heldIDToken(account)
         var expiry = IDToken.expiry(of: held.text)
         if let shortExpiry = expiry, shortExpiry < clock.now().addingTimeInterval(minTTL) {
-            do {
-                _ = try await refreshNow(account)
-            } catch .neverRefreshes {
-                throw .idTokenExpired(account)
+            if let wait = try await refreshForIDToken(account) {
+                // Refreshed too recently to refresh again: the id token held, while it lasts.
+                guard shortExpiry > clock.now() else { throw .refreshTooSoon(account, retryAfter: wait) }
+                return (held, Bounds.date(shortExpiry))
             }
             held = try await heldIDToken(account)
             expiry = IDToken.expiry(of: held.text)
@@ -332,6 +337,20 @@ public actor Broker {
             }
         }
         return (held, expiry.map(Bounds.date))
+    }
+
+    /// Refreshes `account` because the id token it holds falls short, unless the last refresh a
+    /// client's request started was within `minimumRefreshInterval`: then returns how long
+    /// until one may.
+    private func refreshForIDToken(_ account: AccountName) async throws(BrokerFailure) -> TimeInterval? {
+        let machine = try self.machine(account.rawValue)
+        guard machine.refreshesOnItsOwn else { throw .idTokenExpired(account) }
+        try checkRefreshable(machine)
+        if let wait = machine.clientRefreshWait(interval: settings.minimumRefreshInterval, now: clock.now()) {
+            return wait
+        }
+        if case .failure(let error) = await refreshShared(account.rawValue, forClient: true) { throw error }
+        return nil
     }
 
     /// The id token `account` holds.
@@ -360,13 +379,14 @@ public actor Broker {
         events.publish(AccountEvent(kind: .removed, account: account, at: clock.now()))
     }
 
-    /// Refreshes now, ignoring the schedule (joins a refresh already under way).
+    /// Refreshes now, ignoring the schedule and the limit on clients' refreshes (joins a refresh
+    /// already under way): an owner operation, which only `admins` reach (README "Limits").
     public func refreshNow(_ account: AccountName) async throws(BrokerFailure) -> AccountSnapshot {
         let name = account.rawValue
         let machine = try self.machine(name)
         guard machine.refreshesOnItsOwn else { throw .neverRefreshes(account, kind: machine.record.provider.kind) }
         try checkCredentialUsable(machine)
-        if case .failure(let error) = await refreshShared(name) { throw error }
+        if case .failure(let error) = await refreshShared(name, forClient: false) { throw error }
         return describe(try self.machine(name), now: clock.now())
     }
 
@@ -527,7 +547,7 @@ public actor Broker {
             if let poll = pollSource(name, now: now) { next = min(next ?? poll, poll) }
             switch accounts[name]?.due(now: now, overdueThreshold: threshold, spread: Double.random(in: 0...spread))
             {
-            case .refreshNow: _ = startRefresh(name)
+            case .refreshNow: _ = startRefresh(name, forClient: false)
             case .at(let due): next = min(next ?? due, due)
             case .nothing, nil: break
             }
@@ -542,7 +562,7 @@ public actor Broker {
         if poll.askNow, let machine = accounts[name], machine.refreshSerial == nil,
             provider(for: machine.record).sourceChanged()
         {
-            _ = startRefresh(name)
+            _ = startRefresh(name, forClient: false)
         }
         return poll.next
     }
@@ -559,21 +579,24 @@ public actor Broker {
 
     // MARK: Refresh machinery
 
-    /// Refreshes `name`, or joins the refresh under way (single flight).
-    private func refreshShared(_ name: String) async -> Result<Void, BrokerFailure> {
+    /// Refreshes `name` (for a client's request when `forClient`), or joins the refresh under
+    /// way (single flight).
+    private func refreshShared(_ name: String, forClient: Bool) async -> Result<Void, BrokerFailure> {
         guard accounts[name] != nil else { return .failure(.noSuchAccount(AccountName(known: name))) }
-        return await startRefresh(name).value
+        return await startRefresh(name, forClient: forClient).value
     }
 
-    /// Starts a refresh of `name` and returns its task; joins the one under way, if any.
-    private func startRefresh(_ name: String) -> Task<Result<Void, BrokerFailure>, Never> {
+    /// Starts a refresh of `name` and returns its task; joins the one under way, if any. One
+    /// started `forClient` (a client's request, not the schedule, new tokens or the owner) holds
+    /// off the next client's request for `minimumRefreshInterval` (`tokenInsteadOfRefresh`).
+    private func startRefresh(_ name: String, forClient: Bool) -> Task<Result<Void, BrokerFailure>, Never> {
         guard !padlock.isLocked else { return Task { .failure(.locked) } }
         if let serial = accounts[name]?.refreshSerial, let running = refreshTasks[name], running.serial == serial {
             return running.task
         }
         refreshSerial += 1
         let serial = refreshSerial
-        guard accounts[name]?.beginRefresh(serial: serial) == true else {
+        guard accounts[name]?.beginRefresh(serial: serial, forClient: forClient) == true else {
             let refusal = BrokerFailure.refreshNotStarted(AccountName(known: name))
             return Task { .failure(refusal) }
         }
@@ -677,6 +700,19 @@ public actor Broker {
         }
     }
 
+    /// What a client's request that would refresh `machine` gets instead within
+    /// `minimumRefreshInterval` of the last refresh a client's request started (README
+    /// "Limits"): the token held while it has not expired, else `refreshTooSoon`. `nil`: the
+    /// refresh may start (or join the one under way).
+    private func tokenInsteadOfRefresh(_ machine: AccountMachine) throws(BrokerFailure) -> PreparedToken? {
+        let now = clock.now()
+        guard let wait = machine.clientRefreshWait(interval: settings.minimumRefreshInterval, now: now) else {
+            return nil
+        }
+        if let held = cache.token(for: machine.record.name, minTTL: 0, now: now), held.expiresAt > now { return held }
+        throw .refreshTooSoon(AccountName(known: machine.record.name), retryAfter: wait)
+    }
+
     /// Refuses accounts whose credential was denied, discarded, or is being revoked.
     private func checkCredentialUsable(_ machine: AccountMachine) throws(BrokerFailure) {
         let name = AccountName(known: machine.record.name)
@@ -760,7 +796,7 @@ public actor Broker {
                         kind: kind, account: AccountName(known: name), at: now, state: machine.state(now: now),
                         message: message, expiresAt: kind == .refreshed ? machine.record.token?.expiresAt : nil))
             case .refresh:
-                _ = startRefresh(name)
+                _ = startRefresh(name, forClient: false)
             }
         }
     }

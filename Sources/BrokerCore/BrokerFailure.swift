@@ -27,6 +27,13 @@ public enum BrokerFailure: Error, Sendable, Equatable {
     case refreshFailing(reason: String, retryAfter: TimeInterval)
     /// The account cannot start a refresh at this instant (another transition holds it).
     case refreshNotStarted(AccountName)
+    /// A client's request would refresh the account within `minimumRefreshInterval` of the
+    /// last refresh a client's request started, and the token held has expired; one may after
+    /// `retryAfter` seconds.
+    case refreshTooSoon(AccountName, retryAfter: TimeInterval)
+    /// The caller started as many narrowed refreshes of the account as `NarrowedRefreshBudget`
+    /// allows; one is back after `retryAfter` seconds.
+    case narrowedRefreshesSpent(AccountName, retryAfter: TimeInterval)
     /// New tokens, a removal or a logout overtook the refresh the caller waited for.
     case changedDuringRefresh(AccountName)
     /// After a refresh, the token still falls short of `minTTL` (issued by the IdP, or held by

@@ -37,6 +37,11 @@ public final class TokenCache: Sendable {
         return token
     }
 
+    /// Whether the token of `account` for `key` is `accessToken`.
+    func holds(_ accessToken: SecretBytes, for account: String, key: TokenKey) -> Bool {
+        entries.withLock { $0.narrowed[account]?[key]?.token.value == accessToken }
+    }
+
     /// Serves `token` as the account's own; `nil` withdraws it and every narrowed token of the account.
     func publish(_ token: PreparedToken?, for account: String) {
         entries.withLock {

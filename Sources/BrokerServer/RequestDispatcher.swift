@@ -183,7 +183,7 @@ public struct RequestDispatcher: Sendable {
             case .token:
                 let token = try await broker.token(
                     account: try AccountField.required(request.account), minTTL: minTTL(request.minTTL),
-                    scope: request.scope, resource: request.resource)
+                    scope: request.scope, resource: request.resource, caller: caller.peer.uid)
                 return token.line(id: request.id, now: broker.clock.now())
             case .reject:
                 guard let accessToken = request.accessToken else {
@@ -191,7 +191,8 @@ public struct RequestDispatcher: Sendable {
                 }
                 let token = try await broker.reject(
                     account: try AccountField.required(request.account), accessToken: accessToken,
-                    minTTL: minTTL(request.minTTL), scope: request.scope, resource: request.resource)
+                    minTTL: minTTL(request.minTTL), scope: request.scope, resource: request.resource,
+                    caller: caller.peer.uid)
                 return token.line(id: request.id, now: broker.clock.now())
             case .status:
                 let accounts = try await broker.status(account: request.account)

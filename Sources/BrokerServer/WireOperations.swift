@@ -2,32 +2,39 @@ import BrokerCore
 import BrokerProtocol
 import FoundationEssentials
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The broker's operations as the protocol states them: request fields in, wire results out,
 /// failures as protocol errors. Each one translates (`WireTranslation`) and calls the engine;
 /// none touches the actor's state, so none runs on it (a `token` call that waited for a refresh
 /// does not queue on the actor again to return its answer).
 extension Broker {
     /// `token`: a token of `account` valid for `minTTL` seconds, narrowed to `scope` and bound
-    /// to `resource` when they are given.
+    /// to `resource` when they are given, for a caller of uid `caller` (by default the broker's
+    /// own, the owner's), whose budget such narrowed refreshes draw on.
     public nonisolated func token(
-        account: String, minTTL: TimeInterval, scope: String? = nil, resource: String? = nil
+        account: String, minTTL: TimeInterval, scope: String? = nil, resource: String? = nil,
+        caller: UInt32 = getuid()
     ) async throws(BrokerError) -> PreparedToken {
         let name = try WireTranslation.existingAccountName(account)
         let key = try WireTranslation.tokenKey(scope: scope, resource: resource)
         return try await translating { () async throws(BrokerFailure) in
-            try await token(for: name, key: key, minTTL: minTTL)
+            try await token(for: name, key: key, minTTL: minTTL, caller: caller)
         }
     }
 
     /// `reject`: a token to use instead of `accessToken`, which a resource server refused;
-    /// `scope` and `resource` name the token as `token` did.
+    /// `scope` and `resource` name the token as `token` did, for a caller of uid `caller` as there.
     public nonisolated func reject(
-        account: String, accessToken: String, minTTL: TimeInterval, scope: String? = nil, resource: String? = nil
+        account: String, accessToken: String, minTTL: TimeInterval, scope: String? = nil, resource: String? = nil,
+        caller: UInt32 = getuid()
     ) async throws(BrokerError) -> PreparedToken {
         let name = try WireTranslation.existingAccountName(account)
         let key = try WireTranslation.tokenKey(scope: scope, resource: resource)
         return try await translating { () async throws(BrokerFailure) in
-            try await reject(try SecretBytes(accessToken), of: name, key: key, minTTL: minTTL)
+            try await reject(try SecretBytes(accessToken), of: name, key: key, minTTL: minTTL, caller: caller)
         }
     }
 

@@ -181,6 +181,17 @@ extension BrokerError {
             self.init(.unavailable, reason, retryAfterMs: Bounds.milliseconds(retryAfter))
         case .refreshNotStarted(let name):
             self.init(.unavailable, "\(name) cannot be refreshed now; try again", retryAfterMs: 0)
+        case .refreshTooSoon(let name, let retryAfter):
+            self.init(
+                .busy, "\(name) was refreshed less than minimum_refresh_interval ago; try again later",
+                retryAfterMs: max(1, Bounds.milliseconds(retryAfter)))
+        case .narrowedRefreshesSpent(let name, let retryAfter):
+            self.init(
+                .busy,
+                "this caller asked for more new scoped tokens of \(name) than the broker allows "
+                    + "(\(NarrowedRefreshBudget.burst) at once, then one every "
+                    + "\(Bounds.wholeSeconds(NarrowedRefreshBudget.refill)) s); try again later",
+                retryAfterMs: max(1, Bounds.milliseconds(retryAfter)))
         case .changedDuringRefresh(let name):
             self.init(.unavailable, "\(name) changed during the refresh; try again", retryAfterMs: 0)
         case .tokenTooShort(let source, let minTTL):

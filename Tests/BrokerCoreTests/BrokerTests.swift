@@ -230,7 +230,9 @@ import Testing
             #expect(unknown.result.accessToken == fresh.result.accessToken)
             #expect(h.idp.callCount == 1)
 
-            // Concurrent rejects of the current token share one refresh.
+            // Concurrent rejects of the current token share one refresh (once the minimum refresh
+            // interval since the reject before has passed: within it, a reject makes none).
+            h.clock.advance(by: h.settings.minimumRefreshInterval)
             h.idp.setDelay(.milliseconds(300))
             let broker = h.broker
             let rejectedValue = fresh.result.accessToken

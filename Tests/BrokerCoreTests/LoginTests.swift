@@ -765,10 +765,17 @@ import Testing
             }
             #expect(harness.idp.calls.filter { $0.grantType == "refresh_token" }.count == 1)
 
-            // An IdP that renews it on refresh: the forced refresh serves a fresh one.
+            // Within the minimum refresh interval of that refresh, no other: the id token held,
+            // while it has not expired.
             harness.idp.setIDTokenExpiry(now.addingTimeInterval(3600))
+            #expect(try await harness.broker.idToken(account: "work", minTTL: 60).expiresIn == 30)
+            #expect(harness.idp.calls.filter { $0.grantType == "refresh_token" }.count == 1)
+
+            // An IdP that renews it on refresh: the forced refresh, once the interval has passed,
+            // serves a fresh one.
+            harness.clock.advance(by: harness.settings.minimumRefreshInterval)
             let renewed = try await harness.broker.idToken(account: "work", minTTL: 60)
-            #expect(renewed.expiresIn == 3600)
+            #expect(renewed.expiresIn == 3600 - Int(harness.settings.minimumRefreshInterval))
             #expect(harness.idp.calls.filter { $0.grantType == "refresh_token" }.count == 2)
         }
     }
