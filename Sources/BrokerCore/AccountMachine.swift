@@ -73,6 +73,9 @@ struct AccountMachine: Sendable {
     private var nextPollAt: Date?
     /// The phase and schedule a running logout replaced, restored if the logout is refused.
     private var beforeLogout: (phase: Phase, nextRefreshAt: Date?)?
+    /// Set when new tokens restored an account that was down (`isDown`) but could not serve yet
+    /// (a refresh must come first): that refresh's success announces `valid`.
+    private var owesValid = false
 
     /// The machine of a record loaded from the vault or just created.
     init(record: AccountRecord, planner: RefreshPlanner, now: Date) {
@@ -138,14 +141,24 @@ struct AccountMachine: Sendable {
 
     // MARK: Tokens pushed by a person
 
-    /// New tokens (from `add` or `set_tokens`) start the lifecycle over: no denial, no error,
-    /// no backoff, and a refresh under way is abandoned. Not allowed while logging out.
+    /// Whether the account waits for its owner (`needs_login`, `logged_out`) or its refreshes
+    /// are failing: becoming usable again is announced (`valid`, protocol/PROTOCOL.md).
+    func isDown(now: Date) -> Bool {
+        failures > 0 || [.needsLogin, .loggedOut].contains(state(now: now))
+    }
+
+    /// New tokens (from `add`, `set_tokens` or a login) start the lifecycle over: no denial, no
+    /// error, no backoff, and a refresh under way is abandoned. Not allowed while logging out.
     mutating func tokensReplaced(by updated: AccountRecord, planner: RefreshPlanner, now: Date) -> [Effect] {
         precondition(!isLoggingOut, "tokens are not replaced while logging out")
+        let wasDown = isDown(now: now)
         record = updated
         startOver(in: .idle)
         nextRefreshAt = Self.schedule(record, planner, now: now)
-        return [.persist, .publish(servableToken)] + (nextRefreshAt.map { $0 <= now } == true ? [.refresh] : [])
+        let serves = state(now: now) == .valid
+        owesValid = wasDown && !serves
+        return [.persist, .publish(servableToken)] + (wasDown && serves ? [.emit(.valid)] : [])
+            + (nextRefreshAt.map { $0 <= now } == true ? [.refresh] : [])
     }
 
     // MARK: Refreshes
@@ -189,9 +202,11 @@ struct AccountMachine: Sendable {
         if let refreshURL = grant.refreshURL { record.secrets.refreshURL = refreshURL }
         record.lastRefreshAt = now
         record.lastError = nil
+        let recovered = failures > 0 || owesValid
         failures = 0
+        owesValid = false
         settle(.idle, nextRefreshAt: Self.next(after: record, planner, now: now))
-        return .applied([.persist, .publish(token), .emit(.refreshed)])
+        return .applied([.persist, .publish(token), .emit(.refreshed)] + (recovered ? [.emit(.valid)] : []))
     }
 
     /// A narrowed refresh (`TokenKey`), which presented `presented`, got `grant`: the account
