@@ -248,7 +248,7 @@ struct Watch: ParsableCommand {
                     (options.json ? EventText.json(account, at: Date()) : EventText.human(account, at: Date())) + "\n")
             }
         }
-        let show = { (event: BrokerEvent) in
+        let show: (BrokerEvent) -> Void = { event in
             StandardStream.output.write((options.json ? EventText.json(event) : EventText.human(event)) + "\n")
         }
         try options.reportingFailures {

@@ -43,7 +43,8 @@ struct EventFollower: Sendable {
                 outage.failed(lost(error.message))
             }
             var wait = timespec(tv_sec: Int(delay), tv_nsec: Int((delay - delay.rounded(.down)) * 1e9))
-            while nanosleep(&wait, &wait) != 0, errno == EINTR {}
+            var left = timespec()
+            while nanosleep(&wait, &left) != 0, errno == EINTR { wait = left }
             delay = min(delay * 2, Self.retryDelays.longest)
         }
     }
