@@ -92,6 +92,8 @@ import Glibc
     /// second; it says so once, and once when renewing works again.
     @Test func anOutageIsToldOnceAndItsEndOnce() async throws {
         let bridge = try await BridgeBroker.start(lifetime: 3) { _ in "[broker]\nbackoff_cap = 0.5\n" }
+        // The first token is in the broker before the IdP goes down.
+        #expect(try await bridge.run(["token", "api", "--min-ttl", "1"]).status == 0)
         bridge.idp.setBehavior(.status(503, retryAfter: nil))
         let started = Date()
         async let run = bridge.run(["exec", "api", "--min-ttl", "1", "--", "sleep", "9"])
