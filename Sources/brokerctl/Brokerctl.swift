@@ -224,10 +224,10 @@ struct Watch: ParsableCommand {
         abstract:
             "Show the state of the accounts, then their events live (refreshed, refresh_failed, needs_login, logged_out, added, removed, valid).",
         discussion: """
-            First comes one "state" line per watched account, as status shows it; then one line per
-            event. valid: an account that was down (needs_login, logged_out, failing refreshes) serves
-            a token again. With --reconnect (the default when standard output is a terminal), a broker
-            that stops or restarts does not end the watch: brokerctl says so on stderr, connects again
+            First comes one "state" line per watched account, as status shows it; then one line per \
+            event. valid: an account that was down (needs_login, logged_out, failing refreshes) serves \
+            a token again. With --reconnect (the default when standard output is a terminal), a broker \
+            that stops or restarts does not end the watch: brokerctl says so on stderr, connects again \
             (after 0.2 s, doubling up to 5 s), says when it is back, shows the state again and goes on.
             """)
 

@@ -27,13 +27,13 @@ struct Exec: ParsableCommand {
         abstract:
             "Run a command with the account's token in $BEARER_TOKEN and a file kept fresh in $BEARER_TOKEN_FILE.",
         discussion: """
-            The file (0600, in a new 0700 directory under $XDG_RUNTIME_DIR, else /tmp; never in the
-            socket's directory) is rewritten as soon as the broker refreshes the account (brokerctl
-            follows its events, and subscribes again when the broker restarts) and before each
-            expiry, for as long as the command runs, and removed with its directory when it ends;
-            read it for each request in a long job ($BEARER_TOKEN keeps the first token). A failure
-            to renew it is told once, and once more when renewing works again. SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to
-            the command. The exit code is the command's (128 + the signal when it was killed).
+            The file (0600, in a new 0700 directory under $XDG_RUNTIME_DIR, else /tmp; never in the \
+            socket's directory) is rewritten as soon as the broker refreshes the account (brokerctl \
+            follows its events, and subscribes again when the broker restarts) and before each \
+            expiry, for as long as the command runs, and removed with its directory when it ends; \
+            read it for each request in a long job ($BEARER_TOKEN keeps the first token). A failure \
+            to renew it is told once, and once more when renewing works again. SIGINT, SIGTERM, \
+            SIGHUP and SIGQUIT are passed on to the command. The exit code is the command's (128 + the signal when it was killed).
             """)
 
     /// The variable naming the token file.
