@@ -54,15 +54,19 @@ public struct BlockingBrokerClient: Sendable {
         return try answer.accessToken ?? BrokerCall<TokenResult>.result(of: answer.line).accessToken
     }
 
-    /// Subscribes to the events of `accounts` (all when `nil`) and hands each to `body`, until
-    /// the broker ends the subscription (thrown as its `BrokerError`), the connection breaks
-    /// (`ConnectionError`) or `body` throws.
-    public func watch(accounts: [String]? = nil, _ body: (BrokerEvent) throws -> Void) throws -> Never {
+    /// Subscribes to the events of `accounts` (all when `nil`), runs `subscribed` once the
+    /// broker accepted (events from then on are not missed: a caller reads the current state
+    /// there), and hands each event to `body`, until the broker ends the subscription (thrown
+    /// as its `BrokerError`), the connection breaks (`ConnectionError`) or a closure throws.
+    public func watch(
+        accounts: [String]? = nil, subscribed: () throws -> Void = {}, _ body: (BrokerEvent) throws -> Void
+    ) throws -> Never {
         let fd = try BrokerSocket.connect(socketPath)
         defer { close(fd) }
         var reader = LineReader(descriptor: fd)
         let line = try BrokerCall.subscribe(accounts: accounts).line(id: Self.requestID)
         _ = try BrokerCall<SubscribeResult>.result(of: exchange(fd, line, reader: &reader).line)
+        try subscribed()
         let decoder = Wire.makeDecoder()
         while let line = try reader.next() {
             let head = try? decoder.decode(ResponseHead.self, from: line)

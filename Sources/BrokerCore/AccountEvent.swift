@@ -5,6 +5,8 @@ public struct AccountEvent: Sendable, Equatable {
     /// What happened.
     public enum Kind: Sendable, Equatable {
         case refreshed, refreshFailed, needsLogin, loggedOut, added, removed
+        /// Usable again after `needsLogin`, `loggedOut` or `refreshFailed` (protocol/PROTOCOL.md, `subscribe`).
+        case valid
     }
 
     public var kind: Kind
@@ -14,6 +16,6 @@ public struct AccountEvent: Sendable, Equatable {
     public var state: AccountState?
     /// What went wrong (`refreshFailed`, `needsLogin`), for people; already cleaned.
     public var message: String?
-    /// When the new access token expires (`refreshed`).
+    /// When the new access token expires (`refreshed`, `valid`).
     public var expiresAt: Date?
 }

@@ -79,6 +79,9 @@ struct AccountMachine: Sendable {
     /// When the last refresh a client's request started ended with a token: another client's
     /// request starts none within `minimumRefreshInterval` of it (README "Limits").
     private var clientRefreshedAt: Date?
+    /// Set when new tokens restored an account that was down (`isDown`) but could not serve yet
+    /// (a refresh must come first): that refresh's success announces `valid`.
+    private var owesValid = false
 
     /// The machine of a record loaded from the vault or just created.
     init(record: AccountRecord, planner: RefreshPlanner, now: Date) {
@@ -157,14 +160,24 @@ struct AccountMachine: Sendable {
 
     // MARK: Tokens pushed by a person
 
-    /// New tokens (from `add` or `set_tokens`) start the lifecycle over: no denial, no error,
-    /// no backoff, and a refresh under way is abandoned. Not allowed while logging out.
+    /// Whether the account waits for its owner (`needs_login`, `logged_out`) or its refreshes
+    /// are failing: becoming usable again is announced (`valid`, protocol/PROTOCOL.md).
+    func isDown(now: Date) -> Bool {
+        failures > 0 || [.needsLogin, .loggedOut].contains(state(now: now))
+    }
+
+    /// New tokens (from `add`, `set_tokens` or a login) start the lifecycle over: no denial, no
+    /// error, no backoff, and a refresh under way is abandoned. Not allowed while logging out.
     mutating func tokensReplaced(by updated: AccountRecord, planner: RefreshPlanner, now: Date) -> [Effect] {
         precondition(!isLoggingOut, "tokens are not replaced while logging out")
+        let wasDown = isDown(now: now)
         record = updated
         startOver(in: .idle)
         nextRefreshAt = Self.schedule(record, planner, now: now)
-        return [.persist, .publish(servableToken)] + (nextRefreshAt.map { $0 <= now } == true ? [.refresh] : [])
+        let serves = state(now: now) == .valid
+        owesValid = wasDown && !serves
+        return [.persist, .publish(servableToken)] + (wasDown && serves ? [.emit(.valid)] : [])
+            + (nextRefreshAt.map { $0 <= now } == true ? [.refresh] : [])
     }
 
     // MARK: Refreshes
@@ -212,9 +225,11 @@ struct AccountMachine: Sendable {
         record.lastRefreshAt = now
         if clientRefresh == serial { clientRefreshedAt = now }
         record.lastError = nil
+        let recovered = failures > 0 || owesValid
         failures = 0
+        owesValid = false
         settle(.idle, nextRefreshAt: Self.next(after: record, planner, now: now))
-        return .applied([.persist, .publish(token), .emit(.refreshed)])
+        return .applied([.persist, .publish(token), .emit(.refreshed)] + (recovered ? [.emit(.valid)] : []))
     }
 
     /// A narrowed refresh (`TokenKey`), which presented `presented`, got `grant`: the account

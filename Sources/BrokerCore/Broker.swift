@@ -794,7 +794,8 @@ public actor Broker {
                 events.publish(
                     AccountEvent(
                         kind: kind, account: AccountName(known: name), at: now, state: machine.state(now: now),
-                        message: message, expiresAt: kind == .refreshed ? machine.record.token?.expiresAt : nil))
+                        message: message,
+                        expiresAt: [.refreshed, .valid].contains(kind) ? machine.record.token?.expiresAt : nil))
             case .refresh:
                 _ = startRefresh(name, forClient: false)
             }

@@ -9,6 +9,8 @@ public struct BrokerEvent: Codable, Sendable, Equatable {
         case needsLogin = "needs_login"
         case loggedOut = "logged_out"
         case added, removed
+        /// The account serves a token again after `needs_login`, `logged_out` or `refresh_failed`.
+        case valid
     }
 
     public var event: Kind
@@ -18,7 +20,7 @@ public struct BrokerEvent: Codable, Sendable, Equatable {
     public var state: String?
     /// What went wrong (`refresh_failed`, `needs_login`), for people.
     public var message: String?
-    /// When the new access token expires (`refreshed`).
+    /// When the new access token expires (`refreshed`, `valid`).
     public var expiresAt: Date?
 
     public init(

@@ -112,6 +112,7 @@ public enum WireTranslation {
         case .loggedOut: kind = .loggedOut
         case .added: kind = .added
         case .removed: kind = .removed
+        case .valid: kind = .valid
         }
         return BrokerEvent(
             event: kind, account: event.account.rawValue, at: event.at, state: event.state?.rawValue,

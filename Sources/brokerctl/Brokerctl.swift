@@ -224,22 +224,51 @@ struct Token: ParsableCommand {
 struct Watch: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "watch",
-        abstract: "Show account events live (refreshed, refresh_failed, needs_login, logged_out, added, removed).")
+        abstract:
+            "Show the state of the accounts, then their events live (refreshed, refresh_failed, needs_login, logged_out, added, removed, valid).",
+        discussion: """
+            First comes one "state" line per watched account, as status shows it; then one line per \
+            event. valid: an account that was down (needs_login, logged_out, failing refreshes) serves \
+            a token again. With --reconnect (the default when standard output is a terminal), a broker \
+            that stops or restarts does not end the watch: brokerctl says so on stderr, connects again \
+            (after 0.2 s, doubling up to 5 s), says when it is back, shows the state again and goes on.
+            """)
 
     @OptionGroup var options: GlobalOptions
+    @Flag(
+        inversion: .prefixedNo,
+        help: "Keep watching across broker restarts (default: on when standard output is a terminal).")
+    var reconnect: Bool?
     @Argument(help: "Accounts to watch (all when none are given).") var accounts: [String] = []
 
     func run() throws {
         let client = try options.client()
+        let watched = accounts.isEmpty ? nil : accounts
+        let showState = {
+            let status = try client.perform(.status())
+            for account in status.accounts where watched?.contains(account.account) ?? true {
+                StandardStream.output.write(
+                    (options.json ? EventText.json(account, at: Date()) : EventText.human(account, at: Date())) + "\n")
+            }
+        }
+        let show: (BrokerEvent) -> Void = { event in
+            StandardStream.output.write((options.json ? EventText.json(event) : EventText.human(event)) + "\n")
+        }
         try options.reportingFailures {
-            try client.watch(accounts: accounts.isEmpty ? nil : accounts) { event in
-                StandardStream.output.write((options.json ? EventText.json(event) : EventText.human(event)) + "\n")
+            if reconnect ?? (isatty(STDOUT_FILENO) == 1) {
+                let socket = client.socketPath
+                try EventFollower(
+                    client: client, accounts: watched, lost: { "lost the broker at \(socket) (\($0)); reconnecting" },
+                    back: "reconnected to the broker at \(socket)"
+                ).run(subscribed: showState, show)
+            } else {
+                try client.watch(accounts: watched, subscribed: showState, show)
             }
         }
     }
 }
 
-/// How `watch` prints an event.
+/// How `watch` prints an event, and an account's state before the events.
 enum EventText {
     static func human(_ event: BrokerEvent) -> String {
         var text = "\(Wire.rfc3339(event.at))  \(padded(event.event.rawValue, to: 14))  \(event.account)"
@@ -250,6 +279,35 @@ enum EventText {
 
     static func json(_ event: BrokerEvent) -> String {
         (try? Wire.makeEncoder().encode(event)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
+    }
+
+    /// `at  state  ACCOUNT  STATE  expires …  last error`.
+    static func human(_ account: AccountStatus, at now: Date) -> String {
+        var text = "\(Wire.rfc3339(now))  \(padded("state", to: 14))  \(account.account)  \(account.state)"
+        if let expiresAt = account.expiresAt { text += "  expires \(Wire.rfc3339(expiresAt))" }
+        if let message = account.lastError?.message { text += "  \(message)" }
+        return text
+    }
+
+    /// `{"state", "account", "at", "expires_at"?, "message"?}`: no `event`, so it reads apart from events.
+    static func json(_ account: AccountStatus, at now: Date) -> String {
+        let line = StateLine(
+            state: account.state, account: account.account, at: now, expiresAt: account.expiresAt,
+            message: account.lastError?.message)
+        return (try? Wire.makeEncoder().encode(line)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
+    }
+
+    private struct StateLine: Encodable {
+        var state: String
+        var account: String
+        var at: Date
+        var expiresAt: Date?
+        var message: String?
+
+        enum CodingKeys: String, CodingKey {
+            case state, account, at, message
+            case expiresAt = "expires_at"
+        }
     }
 }
 

@@ -16,17 +16,24 @@ import Glibc
 /// for it) and it is there to remove the file on every way out; it writes where CMD runs, which
 /// brokerd may not see (a container that has only the socket); and it asks for the token as
 /// any client does, so the account's access rules apply to it unchanged.
+///
+/// It follows the broker: a thread subscribes to the account's events and, at each `refreshed`
+/// or `valid`, has the file rewritten with the broker's new token, since an IdP may revoke the
+/// old one when it rotates the refresh token (README, "Any command"). Its own timer stays, for
+/// the time the events are lost.
 struct Exec: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "exec",
         abstract:
             "Run a command with the account's token in $BEARER_TOKEN and a file kept fresh in $BEARER_TOKEN_FILE.",
         discussion: """
-            The file (0600, in a new 0700 directory under $XDG_RUNTIME_DIR, else /tmp; never in the
-            socket's directory) is rewritten before each expiry for as long as the command runs, and
-            removed with its directory when it ends; read it for each request in a long job
-            ($BEARER_TOKEN keeps the first token). SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to
-            the command. The exit code is the command's (128 + the signal when it was killed).
+            The file (0600, in a new 0700 directory under $XDG_RUNTIME_DIR, else /tmp; never in the \
+            socket's directory) is rewritten as soon as the broker refreshes the account (brokerctl \
+            follows its events, and subscribes again when the broker restarts) and before each \
+            expiry, for as long as the command runs, and removed with its directory when it ends; \
+            read it for each request in a long job ($BEARER_TOKEN keeps the first token). A failure \
+            to renew it is told once, and once more when renewing works again. SIGINT, SIGTERM, \
+            SIGHUP and SIGQUIT are passed on to the command. The exit code is the command's (128 + the signal when it was killed).
             """)
 
     /// The variable naming the token file.
@@ -35,6 +42,8 @@ struct Exec: ParsableCommand {
     static let forwarded = [SIGINT, SIGTERM, SIGHUP, SIGQUIT]
     /// `si_code` of a signal the kernel sent (SI_KERNEL), e.g. for a key pressed on the terminal.
     static let sentByKernel: Int32 = 0x80
+    /// The signal the event thread sends the main thread when the broker has a new token.
+    static let followSignal = SIGUSR1
 
     @OptionGroup var options: BridgeOptions
     @OptionGroup var narrowing: Narrowing
@@ -59,9 +68,11 @@ struct Exec: ParsableCommand {
         defer { file.remove() }
         var signals = sigset_t()
         sigemptyset(&signals)
-        for signal in Self.forwarded + [SIGCHLD] { sigaddset(&signals, signal) }
-        // Blocked here and taken with sigtimedwait below; the command starts with none blocked.
+        for signal in Self.forwarded + [SIGCHLD, Self.followSignal] { sigaddset(&signals, signal) }
+        // Blocked here (and in the event thread, which inherits the mask) and taken with
+        // sigtimedwait below; the command starts with none blocked.
         pthread_sigmask(SIG_BLOCK, &signals, nil)
+        try followEvents()
         let child: pid_t
         do {
             child = try spawn(environment: [env: first.accessToken, Self.fileVariable: file.path])
@@ -70,36 +81,64 @@ struct Exec: ParsableCommand {
             throw ExitCode(failure.code == ENOENT ? 127 : 126)
         }
         var renewal = Renewal(token: first, minTTL: options.minTTL, now: Date())
+        var outage = OutageReport()
         while true {
             var info = siginfo_t()
             var wait = Self.waitTime(renewal.nextAt.timeIntervalSinceNow)
             let signal = sigtimedwait(&signals, &info, &wait)
             if signal == SIGCHLD || (signal < 0 && errno == EINTR) {
                 if let code = Self.exitCode(of: child) { throw ExitCode(code) }
+            } else if signal == Self.followSignal {
+                renew(&renewal, file: file, outage: &outage, following: true)
             } else if signal > 0 {
                 // A signal the terminal sent went to CMD's process group already.
                 if info.si_code != Self.sentByKernel { kill(child, signal) }
             } else {
-                renew(&renewal, file: file)
+                renew(&renewal, file: file, outage: &outage, following: false)
             }
         }
     }
 
-    /// Asks for a token that outlives the one in the file and writes it; a failure is reported
-    /// and tried again later (the file keeps the last token until then).
-    private func renew(_ renewal: inout Renewal, file: TokenFile) {
+    /// Starts the thread that follows the account's events: at each `refreshed` or `valid`, and
+    /// after each (re)subscription (a refresh may have come before it), it sends `followSignal`
+    /// to this thread.
+    private func followEvents() throws {
+        let main = pthread_self()
+        let account = account
+        let follower = EventFollower(
+            client: try options.client(), accounts: [account],
+            lost: {
+                "lost the broker's events for \(account) (\($0)); renewing the token file on a timer until they come back"
+            },
+            back: "following the broker's events for \(account) again")
+        try OwnThread.start {
+            do {
+                try follower.run(subscribed: { pthread_kill(main, Self.followSignal) }) { event in
+                    if [.refreshed, .valid].contains(event.event) { pthread_kill(main, Self.followSignal) }
+                }
+            } catch {
+                let reason = (error as? BrokerError)?.message ?? "\(error)"
+                StandardStream.error.write(
+                    "brokerctl: cannot follow the events of \(account): \(reason); renewing the token file on a timer\n"
+                )
+            }
+        }
+    }
+
+    /// Writes the broker's token when it differs from the one in the file: its current one when
+    /// `following` an event, else one that outlives the file's. A failure is told once per
+    /// outage (`OutageReport`) and tried again later (the file keeps the last token until then).
+    private func renew(_ renewal: inout Renewal, file: TokenFile, outage: inout OutageReport, following: Bool) {
         do {
+            let minTTL = following ? options.minTTL ?? 0 : renewal.minTTLForNext(now: Date())
             let token = try options.client().perform(
-                .token(
-                    account: account, minTTL: renewal.minTTLForNext(now: Date()), scope: narrowing.scope,
-                    resource: narrowing.resource))
+                .token(account: account, minTTL: minTTL, scope: narrowing.scope, resource: narrowing.resource))
             if token.accessToken != renewal.token.accessToken { try file.replace(with: token.accessToken) }
-            renewal.took(token, now: Date())
-        } catch let error as BrokerError {
-            StandardStream.error.write("brokerctl: cannot renew the token of \(account): \(error.message)\n")
-            renewal.failed(now: Date())
+            renewal.took(token, now: Date(), following: following)
+            outage.succeeded("renewed the token of \(account) again")
         } catch {
-            StandardStream.error.write("brokerctl: cannot renew the token of \(account): \(error)\n")
+            let reason = (error as? BrokerError)?.message ?? "\(error)"
+            outage.failed("cannot renew the token of \(account): \(reason); trying again until it works")
             renewal.failed(now: Date())
         }
     }
@@ -208,9 +247,10 @@ struct Renewal {
     }
 
     /// The broker answered `token` at `now`: the next one is due before it expires, or, when
-    /// it is the token already held (the broker could give none fresher), soon.
-    mutating func took(_ token: TokenResult, now: Date) {
-        guard token.accessToken != self.token.accessToken else { return failed(now: now) }
+    /// it is the token already held, as planned when `following` an event (the broker has none
+    /// newer) and else soon (it could give none fresher).
+    mutating func took(_ token: TokenResult, now: Date, following: Bool = false) {
+        guard token.accessToken != self.token.accessToken else { return following ? () : failed(now: now) }
         self.token = token
         nextAt = Self.due(token, minTTL: minTTL, now: now)
     }

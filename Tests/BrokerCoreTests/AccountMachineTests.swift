@@ -121,9 +121,11 @@ import Testing
         let began2 = machine.beginRefresh(serial: 3)
         #expect(began2)
         let now = start.addingTimeInterval(10)
-        _ = machine.refreshSucceeded(
+        let success = machine.refreshSucceeded(
             serial: 3, presented: machine.record.secrets, grant: grant("at-2", rotated: nil, at: now),
             planner: planner, now: now)
+        // The first success after failures says the account is usable again.
+        #expect(success == .applied([.persist, .publish(token("at-2", at: now)), .emit(.refreshed), .emit(.valid)]))
         #expect(machine.failures == 0)
         #expect(machine.record.lastError == nil)
         #expect(machine.state(now: now) == .valid)
@@ -149,7 +151,7 @@ import Testing
         var pushed = machine.record
         pushed.token = token("at-new", at: start)
         let effects = machine.tokensReplaced(by: pushed, planner: planner, now: start)
-        #expect(effects == [.persist, .publish(token("at-new", at: start))])
+        #expect(effects == [.persist, .publish(token("at-new", at: start)), .emit(.valid)])
         #expect(machine.phase == .idle)
         #expect(machine.refusal == nil)
         #expect(machine.failures == 0)
@@ -189,6 +191,33 @@ import Testing
         let failure = machine.refreshFailed(serial: 2, message: "late", delay: 1, now: start)
         #expect(failure == .overtaken([]))
         #expect(machine.phase == .idle)
+    }
+
+    @Test func validIsAnnouncedOnceWhenADeniedAccountServesAgain() {
+        var machine = machine()
+        _ = machine.beginRefresh(serial: 1)
+        _ = machine.refreshDenied(serial: 1, message: "invalid_grant", now: start)
+        // A refresh token alone, the old access token expired: usable only after the refresh.
+        let later = start.addingTimeInterval(7200)
+        var pushed = machine.record
+        pushed.secrets.refreshToken = SecretBytes("rt-new")
+        let effects = machine.tokensReplaced(by: pushed, planner: planner, now: later)
+        #expect(!effects.contains(.emit(.valid)) && effects.contains(.refresh))
+        _ = machine.beginRefresh(serial: 2)
+        let success = machine.refreshSucceeded(
+            serial: 2, presented: machine.record.secrets, grant: grant("at-2", rotated: "rt-2", at: later),
+            planner: planner, now: later)
+        #expect(success == .applied([.persist, .publish(token("at-2", at: later)), .emit(.refreshed), .emit(.valid)]))
+        _ = machine.beginRefresh(serial: 3)
+        let next = machine.refreshSucceeded(
+            serial: 3, presented: machine.record.secrets, grant: grant("at-3", rotated: "rt-3", at: later),
+            planner: planner, now: later)
+        #expect(next == .applied([.persist, .publish(token("at-3", at: later)), .emit(.refreshed)]))
+
+        // New tokens for a usable account announce nothing.
+        var again = machine.record
+        again.token = token("at-pushed", at: later)
+        #expect(!machine.tokensReplaced(by: again, planner: planner, now: later).contains(.emit(.valid)))
     }
 
     @Test func newTokensThatAreAlreadyDueAskForARefresh() {

@@ -4,6 +4,10 @@ import FoundationEssentials
 import TestSupport
 import Testing
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// `subscribe`: each change once, never a token; a subscriber that stops reading is dropped.
 @Suite struct EventTests {
     @Test func eventsArriveOncePerChangeWithoutTokens() async throws {
@@ -40,7 +44,8 @@ import Testing
             seen.append(event.event)
             if event.event == .removed { break }
         }
-        #expect(seen == [.added, .refreshed, .refreshFailed, .needsLogin, .removed])
+        // New tokens while refreshes failed make the account usable again (`valid`).
+        #expect(seen == [.added, .refreshed, .refreshFailed, .valid, .needsLogin, .removed])
 
         var rawLines: [String] = []
         while rawLines.count < seen.count, let line = raw.readLine() {
@@ -51,6 +56,56 @@ import Testing
         for secret in ["rt-ev", "rt-burned", idp.clientSecret] + idp.issuedAccessTokens + idp.issuedRefreshTokens {
             #expect(!rawLines.contains { $0.contains(secret) }, "an event line carries a secret")
         }
+        await idp.shutdown()
+    }
+
+    /// `brokerctl watch --reconnect` shows the accounts' state first, keeps going when the
+    /// broker stops and starts again on the same socket, and shows `valid` when `set-tokens`
+    /// restores an account the IdP had refused (needs_login).
+    @Test func watchOutlivesABrokerRestartAndShowsAnAccountBecomingValid() async throws {
+        let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-live", lifetime: 3600)
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        let owner = try broker.client()
+        _ = try await owner.add(
+            account: "api",
+            provider: ProviderSpec(
+                kind: "oauth2", ["token_endpoint": .string(idp.tokenEndpoint), "client_id": .string(idp.clientID)]),
+            tokens: TokenSet(refreshToken: "rt-refused"))
+        owner.close()
+        #expect(
+            await eventually { (try? broker.brokerctl(["status", "api"]))?.stdout.contains("needs login") == true })
+
+        let outputPath = broker.root.appendingPathComponent("watch.out").path
+        let output = open(outputPath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+        defer { close(output) }
+        let watch = try ChildProcess.spawn(
+            BrokerProcess.binary("brokerctl").path, ["watch", "--reconnect", "api"],
+            environment: broker.environment.merging(["TOKENBROKER_SOCKET": broker.socketPath]) { $1 }, output: output)
+        defer {
+            kill(watch.pid, SIGTERM)
+            watch.wait()
+        }
+        let lines = { ((try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? "").split(separator: "\n") }
+        #expect(await eventually { lines().contains { $0.contains("  state ") && $0.contains("api  needs_login") } })
+
+        broker.stop()
+        try await broker.start()
+        #expect(await eventually { lines().contains { $0.contains("reconnected to the broker") } })
+        #expect(!watch.hasExited())
+        let pushed = try broker.brokerctl(
+            ["set-tokens", "api"], stdin: #"{"access_token":"at-pushed","expires_in":3600}"#)
+        #expect(pushed.status == 0, "\(pushed.stderr)")
+        #expect(
+            await eventually {
+                lines().drop { !$0.contains("reconnected to the broker") }.contains {
+                    $0.split(separator: " ").map(String.init).filter { !$0.isEmpty }.dropFirst().prefix(2) == [
+                        "valid", "api",
+                    ]
+                }
+            }, "\(lines())")
+        #expect(!lines().contains { $0.contains("at-pushed") || $0.contains("rt-refused") || $0.contains("rt-live") })
         await idp.shutdown()
     }
 

@@ -56,6 +56,60 @@ import Glibc
         bridge.expectNoSecretInOutputs()
     }
 
+    /// A job reading the file every 0.1 s for three lifetimes never reads a token the IdP has
+    /// revoked, though the IdP revokes the old access token at each rotation and the broker
+    /// refreshes on its own schedule (at half the lifetime, before brokerctl's timer, at a third):
+    /// the file follows the broker's `refreshed` events. Only the events' delivery is allowed.
+    @Test func theFileFollowsTheBrokerWhenTheIdPRevokesTheOldTokenAtEachRotation() async throws {
+        let lifetime = 6
+        let bridge = try await BridgeBroker.start(lifetime: lifetime) { _ in "" }
+        bridge.idp.revokeOnRotation()
+        let log = bridge.broker.root.appendingPathComponent("reads.log").path
+        let script = """
+            end=$(($(date +%s) + \(3 * lifetime)))
+            while [ "$(date +%s)" -lt "$end" ]; do
+                echo "read $(date +%s.%N) $(cat "$BEARER_TOKEN_FILE")" >> "$1"
+                sleep 0.1
+            done
+            """
+        let result = try await bridge.run(["exec", "api", "--min-ttl", "1", "--", "sh", "-c", script, "job", log])
+        #expect(result.status == 0, "\(result.stderr)")
+        let reads = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n").map {
+            $0.split(separator: " ").map(String.init)
+        }
+        #expect(reads.count > 100)
+        let refused = reads.filter { read in
+            read.count != 3
+                || !bridge.idp.accepted(read[2], at: Date(timeIntervalSince1970: Double(read[1]) ?? 0), grace: 0.3)
+        }
+        #expect(refused.isEmpty, "\(refused.count) reads of a token the IdP refused, first \(refused.first ?? [])")
+        #expect(Set(reads.map { $0.last ?? "" }).count >= 4, "the broker rotated at least three times")
+        await bridge.stop()
+        bridge.expectNoSecretInOutputs()
+    }
+
+    /// While the IdP is down, brokerctl cannot renew the file for seconds, trying every half
+    /// second; it says so once, and once when renewing works again.
+    @Test func anOutageIsToldOnceAndItsEndOnce() async throws {
+        let bridge = try await BridgeBroker.start(lifetime: 3) { _ in "[broker]\nbackoff_cap = 0.5\n" }
+        // The first token is in the broker before the IdP goes down.
+        #expect(try await bridge.run(["token", "api", "--min-ttl", "1"]).status == 0)
+        bridge.idp.setBehavior(.status(503, retryAfter: nil))
+        let started = Date()
+        async let run = bridge.run(["exec", "api", "--min-ttl", "1", "--", "sleep", "9"])
+        // The token (3 s) runs out during the outage; brokerctl retries every 0.5 s from then.
+        try await Task.sleep(for: .seconds(6))
+        bridge.idp.setBehavior(.normal)
+        let result = try await run
+        #expect(result.status == 0)
+        #expect(Date().timeIntervalSince(started) >= 9)
+        let lines = result.stderr.split(separator: "\n")
+        #expect(lines.filter { $0.contains("cannot renew the token of api") }.count == 1, "\(result.stderr)")
+        #expect(lines.filter { $0.contains("renewed the token of api again") }.count == 1, "\(result.stderr)")
+        await bridge.stop()
+        bridge.expectNoSecretInOutputs()
+    }
+
     @Test func signalsPassToTheCommandAndTheFileIsRemoved() async throws {
         let bridge = try await BridgeBroker.start { _ in "" }
         let log = bridge.broker.root.appendingPathComponent("signal.log").path

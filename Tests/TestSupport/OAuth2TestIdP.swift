@@ -68,6 +68,11 @@ public final class OAuth2TestIdP: Sendable {
         /// Issue tokens with 40 random hex digits, long enough that finding one in a memory
         /// scan cannot be a coincidence.
         var longTokens = false
+        /// Whether a new grant revokes every access token issued before it (django-oauth-toolkit
+        /// does when it rotates the refresh token).
+        var revokesOnRotation = false
+        /// When each access token was issued, until when it lives, and when a rotation revoked it.
+        var accessTokenTimes: [String: (issued: Date, expires: Date, revoked: Date?)] = [:]
     }
 
     /// One request the revocation endpoint received.
@@ -163,6 +168,16 @@ public final class OAuth2TestIdP: Sendable {
     public func setResources(_ resources: Set<String>) { state.withLock { $0.resources = resources } }
     /// The refresh-token grants received, in order.
     public var refreshCalls: [Call] { state.withLock { $0.calls.filter { $0.grantType == "refresh_token" } } }
+    /// From now on, each new grant revokes the access tokens issued before it, as
+    /// django-oauth-toolkit does when it rotates the refresh token.
+    public func revokeOnRotation() { state.withLock { $0.revokesOnRotation = true } }
+    /// Whether a resource server asking this IdP would have accepted `token` at `date`: issued
+    /// by it, not expired and not revoked by a rotation, allowing `grace` seconds at both ends.
+    public func accepted(_ token: String, at date: Date, grace: TimeInterval) -> Bool {
+        guard let times = state.withLock({ $0.accessTokenTimes[token] }) else { return false }
+        let end = min(times.expires, times.revoked ?? .distantFuture)
+        return date >= times.issued.addingTimeInterval(-grace) && date < end.addingTimeInterval(grace)
+    }
     /// From now on, tokens carry 40 random hex digits instead of a short number.
     public func issueLongTokens() { state.withLock { $0.longTokens = true } }
     /// Makes `refreshToken` the one valid refresh token, as if the user had logged in elsewhere.
@@ -327,6 +342,13 @@ public final class OAuth2TestIdP: Sendable {
         let access = "at-\(state.serial)-\(suffix())"
         let refresh = "rt-\(state.serial)-\(suffix())"
         state.currentRefreshToken = refresh
+        let now = Date()
+        if state.revokesOnRotation {
+            for (token, times) in state.accessTokenTimes where times.revoked == nil {
+                state.accessTokenTimes[token]?.revoked = now
+            }
+        }
+        state.accessTokenTimes[access] = (now, now.addingTimeInterval(Double(state.lifetime)), nil)
         state.issuedAccessTokens.append(access)
         state.issuedRefreshTokens.append(refresh)
         var body =
