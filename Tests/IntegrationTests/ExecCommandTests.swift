@@ -92,17 +92,19 @@ import Glibc
     /// second; it says so once, and once when renewing works again.
     @Test func anOutageIsToldOnceAndItsEndOnce() async throws {
         let bridge = try await BridgeBroker.start(lifetime: 3) { _ in "[broker]\nbackoff_cap = 0.5\n" }
-        // The first token is in the broker before the IdP goes down.
-        #expect(try await bridge.run(["token", "api", "--min-ttl", "1"]).status == 0)
+        // The job has started, with its first token, before the IdP goes down.
+        let started = bridge.broker.root.appendingPathComponent("started").path
+        async let run = bridge.run(
+            ["exec", "api", "--min-ttl", "1", "--", "sh", "-c", "touch '\(started)'; exec sleep 9"])
+        #expect(await eventually(timeout: 30) { FileManager.default.fileExists(atPath: started) })
         bridge.idp.setBehavior(.status(503, retryAfter: nil))
-        let started = Date()
-        async let run = bridge.run(["exec", "api", "--min-ttl", "1", "--", "sleep", "9"])
+        let outage = Date()
         // The token (3 s) runs out during the outage; brokerctl retries every 0.5 s from then.
         try await Task.sleep(for: .seconds(6))
         bridge.idp.setBehavior(.normal)
         let result = try await run
         #expect(result.status == 0)
-        #expect(Date().timeIntervalSince(started) >= 9)
+        #expect(Date().timeIntervalSince(outage) >= 8)
         let lines = result.stderr.split(separator: "\n")
         #expect(lines.filter { $0.contains("cannot renew the token of api") }.count == 1, "\(result.stderr)")
         #expect(lines.filter { $0.contains("renewed the token of api again") }.count == 1, "\(result.stderr)")
