@@ -833,7 +833,9 @@ import Testing
             do {
                 _ = try await harness.broker.idToken(account: "work", minTTL: 0)
             } catch let error as BrokerError {
-                #expect(error.message == "work holds no id token: its IdP returned none")
+                #expect(
+                    error.message
+                        == "work holds no id token: its IdP returned none (ask for the openid scope with --scope)")
             }
             await #expect(throws: BrokerError(.notFound, "")) {
                 try await harness.broker.idToken(account: "nobody", minTTL: 0)

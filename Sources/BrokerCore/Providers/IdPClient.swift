@@ -68,8 +68,7 @@ public final class IdPClient: Sendable {
                     status: Int(response.status.code), body: Data(bytes.readableBytesView),
                     retryAfter: response.headers.first(name: "Retry-After").flatMap(Self.retryAfter)))
         } catch {
-            let port = url.port ?? (url.scheme == "http" ? 80 : 443)
-            let name = target ?? "the IdP at \(url.host ?? "?"):\(port)"
+            let name = target ?? "the IdP at \(Self.hostAndPort(url))"
             return .failure(.transient("cannot reach \(name): \(Self.describe(error))"))
         }
     }
@@ -100,6 +99,11 @@ public final class IdPClient: Sendable {
     /// A form POST to a token endpoint.
     func post(_ url: URL, headers: HTTPHeaders, body: String) async -> Result<IdPReply, RefreshFailure> {
         await send(method: .POST, url: url, headers: headers, body: body)
+    }
+
+    /// `host:port` of `url`, the port given or the scheme's, for messages about reaching it.
+    static func hostAndPort(_ url: URL) -> String {
+        "\(url.host ?? "?"):\(url.port ?? (url.scheme == "http" ? 80 : 443))"
     }
 
     /// Why a request failed, for people: "connection refused", "timed out", "TLS handshake
