@@ -28,7 +28,10 @@ enum BrokerSocket {
                 throw error
             }
         case .failure(let error):
-            throw ConnectionError(description: "the broker is not running at \(path) (\(error)); start it with brokerd")
+            let paths = DefaultPaths()
+            let fallback = path == paths.socket ? paths.socketFallback.map { "; \($0)" } ?? "" : ""
+            throw ConnectionError(
+                description: "the broker is not running at \(path) (\(error))\(fallback); start it with brokerd")
         }
     }
 

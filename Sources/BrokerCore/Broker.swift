@@ -660,7 +660,7 @@ public actor Broker {
             try? run(effects, for: name)
             logger.warning(
                 "refresh denied; needs login", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
-            return .failure(.denied(AccountName(known: name), signsIn: started.provider.signsIn))
+            return .failure(Self.denial(of: started, reason: failure.message))
         case (.applied(let effects), .failure(let failure)):
             try? run(effects, for: name)
             logger.warning(
@@ -719,10 +719,22 @@ public actor Broker {
         let signsIn = machine.record.provider.signsIn
         switch machine.refusal {
         case .loggedOut: throw .loggedOut(name, signsIn: signsIn)
-        case .denied: throw .denied(name, signsIn: signsIn)
+        case .denied: throw Self.denial(of: machine.record, reason: machine.record.lastError?.message)
         case .loggingOut: throw .loggingOut(name)
         case nil: break
         }
+    }
+
+    /// Why an account held as denied serves no token: a credential it never held (no IdP was
+    /// asked), a client the IdP does not accept, or a credential the IdP refused. `reason` is
+    /// the denial's message.
+    static func denial(of record: AccountRecord, reason: String?) -> BrokerFailure {
+        let name = AccountName(known: record.name)
+        if let credential = record.provider.missingCredential(in: record.secrets) {
+            return .noCredential(name, credential: credential, signsIn: record.provider.signsIn)
+        }
+        if let reason, OAuth2Provider.rejectsClient(reason) { return .clientRejected(name, reason: reason) }
+        return .denied(name, signsIn: record.provider.signsIn)
     }
 
     private func checkNotLoggingOut(_ machine: AccountMachine) throws(BrokerFailure) {

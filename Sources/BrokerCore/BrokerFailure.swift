@@ -1,9 +1,11 @@
+import BrokerProtocol
 import FoundationEssentials
 
 /// Why the broker refused or could not complete an operation: facts about the accounts, the
-/// IdP and the vault. Turning them into protocol errors, with advice on what to do next, is
-/// the server's job.
-public enum BrokerFailure: Error, Sendable, Equatable {
+/// IdP and the vault. Its `description` is the sentence people read, in the log and in the
+/// protocol error's message, saying what to do next in brokerctl terms; choosing the protocol
+/// error's code is the server's job.
+public enum BrokerFailure: Error, Sendable, Equatable, CustomStringConvertible {
     /// A value from outside breaks a rule; `reason` says which, for people.
     case invalid(String)
     /// No account has this name.
@@ -17,6 +19,12 @@ public enum BrokerFailure: Error, Sendable, Equatable {
     /// The IdP refused the account's credential; only new tokens bring it back (a sign-in when
     /// `signsIn`).
     case denied(AccountName, signsIn: Bool)
+    /// The account never held the credential its kind refreshes with (`credential`, e.g.
+    /// "refresh token"): no IdP was asked. A sign-in (when `signsIn`) or a push supplies one.
+    case noCredential(AccountName, credential: String, signsIn: Bool)
+    /// The IdP does not accept the account's client (`invalid_client`, `unauthorized_client`):
+    /// its client settings are at fault, not its tokens; `reason` is what the IdP said, cleaned.
+    case clientRejected(AccountName, reason: String)
     /// A logout of the account is under way.
     case loggingOut(AccountName)
     /// A refresh was asked of an account whose tokens only a person supplies (kind `kind`).
@@ -89,5 +97,127 @@ public enum BrokerFailure: Error, Sendable, Equatable {
         case issued
         /// The source of a kind that watches one (named `kind`) holds it.
         case watched(kind: String)
+    }
+}
+
+extension BrokerFailure {
+    /// The sentence for people: what happened and what to do, naming brokerctl commands (and
+    /// the protocol op in brackets where a program would send one), never Swift values.
+    public var description: String {
+        switch self {
+        case .invalid(let reason):
+            return reason
+        case .noSuchAccount(let name):
+            return Self.noSuchAccount(name.rawValue)
+        case .accountExists(let name):
+            return "an account named \(name) exists; remove it first (brokerctl remove \(name)) or push new tokens "
+                + "to it with \(Self.setTokens(name))"
+        case .nothingToPush:
+            return "the tokens pushed need an access_token, a refresh_token or a refresh_url "
+                + "(brokerctl set-tokens NAME reads them as JSON)"
+        case .loggedOut(let name, let signsIn):
+            return "\(name) is logged out; \(Self.restoration(of: name, signsIn: signsIn))"
+        case .denied(let name, let signsIn):
+            return "the IdP denied the refresh for \(name); \(Self.restoration(of: name, signsIn: signsIn))"
+        case .noCredential(let name, let credential, let signsIn):
+            let push = "push one with \(Self.setTokens(name))"
+            return "\(name) has no \(credential) yet (no IdP was asked); "
+                + (signsIn ? "sign in with brokerctl login \(name), or \(push)" : push)
+        case .clientRejected(let name, let reason):
+            return "\(reason): the IdP does not accept the client of \(name), so signing in again cannot help. "
+                + "Check the client secret (the --secrets file), --client-id and --client-auth given to brokerctl "
+                + "login \(name) (or client_id and client_auth in its broker.toml table, then brokerctl reload)"
+        case .loggingOut(let name):
+            return "\(name) is being logged out; wait for brokerctl logout \(name) to finish"
+        case .neverRefreshes(let name, let kind):
+            return "\(name) is a \(kind) account, which the broker does not refresh; push new tokens with "
+                + Self.setTokens(name)
+        case .noTokenLongEnough(let name, let kind):
+            return "\(name) is a \(kind) account with no token valid long enough; push one with \(Self.setTokens(name))"
+        case .refreshFailing(let reason, _):
+            return "\(reason); the broker retries on its own (brokerctl status shows how it goes)"
+        case .refreshNotStarted(let name):
+            return "\(name) cannot be refreshed now; try again"
+        case .changedDuringRefresh(let name):
+            return "\(name) changed during the refresh; try again"
+        case .refreshTooSoon(let name, _):
+            return "\(name) was refreshed less than minimum_refresh_interval ago (broker.toml); try again later"
+        case .narrowedRefreshesSpent(let name, _):
+            return "this caller asked for more new scoped tokens of \(name) than the broker allows "
+                + "(\(NarrowedRefreshBudget.burst) at once, then one every "
+                + "\(Bounds.wholeSeconds(NarrowedRefreshBudget.refill)) s); try again later, or ask for a --scope "
+                + "or --resource it already holds"
+        case .outOfGuardedMemory:
+            return "the broker is out of guarded memory for secrets; see its log (journalctl --user -u tokenbroker)"
+        case .tokenTooShort(let source, let minTTL):
+            let holder: String
+            switch source {
+            case .issued: holder = "the IdP issued"
+            case .watched(let kind): holder = "the \(kind) holds"
+            }
+            return "\(holder) a token valid for less than min_ttl (\(Bounds.wholeSeconds(minTTL)) s); "
+                + "ask for less with --min-ttl"
+        case .lifetimeTooShort(let lifetime, let minTTL):
+            return "the IdP issues tokens valid for \(Bounds.wholeSeconds(lifetime)) s, less than min_ttl "
+                + "\(Bounds.wholeSeconds(minTTL)) s; ask for less with --min-ttl"
+        case .revocationFailed(let name, let reason, let retryAfter):
+            return "cannot revoke \(name) at the IdP (\(reason)); nothing was discarded. "
+                + (retryAfter == nil ? "Check the account's settings, " : "Try again later, ")
+                + "or brokerctl logout \(name) --force to discard it without revoking"
+        case .targetRefused(let name, let reason):
+            return "the IdP refused this scope or resource for \(name): \(reason); ask for another --scope or "
+                + "--resource, or none"
+        case .vaultNotSaved:
+            return "the broker cannot save its vault; see its log (journalctl --user -u tokenbroker)"
+        case .configUnreadable(let reason):
+            return "config not reloaded: \(reason); fix broker.toml and run brokerctl reload"
+        case .configNotApplied(let account, let because):
+            return "config not applied: accounts.\(account): \(because)"
+        case .credentialWouldMove(let name, let move):
+            return "the account holds credentials and this \(move); log it out first (brokerctl logout \(name)) or "
+                + "remove it (brokerctl remove \(name))"
+        case .loginFailed(let name, let reason):
+            return "\(reason); run brokerctl login \(name) again"
+        case .loginUnavailable(let reason):
+            return "\(reason); check the IdP's address (--issuer, --token-endpoint, or the account's issuer or "
+                + "token_endpoint in broker.toml) or run brokerctl login again once the IdP is back"
+        case .loginRunning(let name):
+            return "a login of \(name) is already running; finish or cancel it first"
+        case .loginNeedsProvider(let name):
+            return "no account \(name); give its provider: --issuer URL (or --token-endpoint ...) and --client-id"
+        case .loginSettingsDiffer(let name):
+            return "\(name) exists with other settings; brokerctl login \(name) without provider options signs in "
+                + "with its own. To change them, edit its table in broker.toml and run brokerctl reload, or "
+                + "brokerctl remove \(name) first"
+        case .noIDToken(let name):
+            return "\(name) holds no id token: its IdP returned none (ask for the openid scope with --scope)"
+        case .idTokenExpired(let name):
+            return
+                "the id token of \(name) expired and its IdP does not renew it on refresh; run brokerctl login \(name)"
+        case .locked:
+            return "the broker is locked; run brokerctl unlock"
+        case .wrongPassphrase:
+            return "wrong passphrase"
+        case .keyDerivationRunning:
+            return "another unlock or rekey is running; try again"
+        case .vaultUnusable(let reason):
+            return reason
+        }
+    }
+
+    /// The message for an account named `name` that does not exist (nor may exist).
+    public static func noSuchAccount(_ name: String) -> String {
+        "no account named \(name); list them with brokerctl status"
+    }
+
+    /// What brings back account `name` whose tokens are gone: signing in again for an account
+    /// that signs in, pushing tokens for the others.
+    private static func restoration(of name: AccountName, signsIn: Bool) -> String {
+        signsIn ? "sign in again with brokerctl login \(name)" : "push new tokens with \(setTokens(name))"
+    }
+
+    /// The command that pushes tokens to `name`, with the op a program sends instead.
+    private static func setTokens(_ name: AccountName) -> String {
+        "brokerctl set-tokens \(name) (op set_tokens)"
     }
 }

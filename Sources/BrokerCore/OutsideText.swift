@@ -5,15 +5,18 @@ import FoundationEssentials
 /// other control and formatting characters (escape sequences, bidi overrides) dropped, runs of
 /// spaces collapsed, and the result cut to `limit` characters.
 struct OutsideText {
-    /// Longest text kept, in characters (an ellipsis marks a cut).
+    /// Longest text kept by default, in characters (an ellipsis marks a cut).
     static let limit = 300
     static let placeholder = "[redacted]"
 
     /// The secrets to hide, longest first, each also in its form-encoded spelling (as an IdP
     /// echoing a request body would write it).
     private let secrets: [String]
+    /// Longest text kept, in characters.
+    private let limit: Int
 
-    init(secrets: [String?]) {
+    init(secrets: [String?], limit: Int = Self.limit) {
+        self.limit = limit
         let given = secrets.compactMap { $0 }.filter { !$0.isEmpty }
         self.secrets = Set(given + given.map(FormEncoding.escape)).filter { !$0.isEmpty }
             .sorted { $0.count > $1.count }
@@ -35,7 +38,7 @@ struct OutsideText {
         let line = redact(String(flattened)).split(separator: " ", omittingEmptySubsequences: true).joined(
             separator: " ")
         guard !line.isEmpty else { return nil }
-        return line.count > Self.limit ? String(line.prefix(Self.limit)) + "…" : line
+        return line.count > limit ? String(line.prefix(limit)) + "…" : line
     }
 
     /// `text` cleaned, or `fallback` when nothing printable is left.

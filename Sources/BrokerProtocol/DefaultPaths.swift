@@ -50,6 +50,17 @@ public struct DefaultPaths: Sendable {
         return runtime + "/tokenbroker/broker.sock"
     }
 
+    /// Why `socket` is a fallback, for a message about it: `XDG_RUNTIME_DIR` is unset and no
+    /// `TOKENBROKER_SOCKET` names it; `nil` when a variable gave the path.
+    public var socketFallback: String? {
+        guard nonEmpty(.socket) == nil, nonEmpty(.runtimeDirectory) == nil else { return nil }
+        let place =
+            Self.loginRuntimeDirectory() != nil
+            ? "logind's runtime directory" : "the state directory ($XDG_STATE_HOME, else ~/.local/state)"
+        return "XDG_RUNTIME_DIR is unset, so that path is the fallback in \(place); if the broker listens "
+            + "elsewhere, set XDG_RUNTIME_DIR or TOKENBROKER_SOCKET, or give --socket"
+    }
+
     /// The WLCG bearer token discovery file, `$XDG_RUNTIME_DIR/bt_u$UID` (logind's
     /// `/run/user/UID` without a runtime dir); `nil` without either, never a name under /tmp.
     public var wlcgBearerTokenFile: String? {

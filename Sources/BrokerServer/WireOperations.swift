@@ -138,7 +138,14 @@ extension Broker {
                 }
                 spec["client_secret"] = .string(fileSecret)
             }
-            (provider, clientSecret) = try WireTranslation.provider(spec)
+            do {
+                (provider, clientSecret) = try WireTranslation.provider(spec)
+            } catch {
+                // Options that are no whole provider (`login NAME --client-id X`) cannot be an
+                // existing account's settings: say that, not which field a new one would need.
+                if (try? await snapshot(of: name)) != nil { throw BrokerError(.loginSettingsDiffer(name)) }
+                throw error
+            }
         }
         let outcome = try await translating { [clientSecret, provider] () async throws(BrokerFailure) in
             try await login(name, provider: provider, clientSecret: clientSecret, options: options, progress: progress)

@@ -128,13 +128,7 @@ public enum WireTranslation {
 
     /// The answer for an account named `name` that does not exist.
     static func noSuchAccount(_ name: String) -> BrokerError {
-        BrokerError(.notFound, "no account named \(name); list them with brokerctl status")
-    }
-
-    /// What brings back account `name` whose tokens are gone: signing in again for an account
-    /// that signs in, pushing tokens for the others.
-    static func restoration(of name: AccountName, signsIn: Bool) -> String {
-        signsIn ? "sign in again with brokerctl login \(name)" : "push new tokens with brokerctl set-tokens \(name)"
+        BrokerError(.notFound, BrokerFailure.noSuchAccount(name))
     }
 
     /// A pushed token's expiry: the date if given, else the lifetime `seconds` (named `field`)
@@ -154,111 +148,42 @@ public enum WireTranslation {
 }
 
 extension BrokerError {
-    /// The protocol error for `failure`, with what to do about it.
+    /// The protocol error for `failure`: its code and retry hint, with the failure's sentence
+    /// (which says what to do about it) as the message.
     public init(_ failure: BrokerFailure) {
+        let message = failure.description
         switch failure {
-        case .invalid(let reason):
-            self.init(.badRequest, reason)
-        case .noSuchAccount(let name):
-            self = WireTranslation.noSuchAccount(name.rawValue)
-        case .accountExists(let name):
-            self.init(.badRequest, "an account named \(name) exists; remove it first or use set_tokens")
-        case .nothingToPush:
-            self.init(.badRequest, "\"tokens\" needs an access_token, a refresh_token or a refresh_url")
-        case .loggedOut(let name, let signsIn):
-            self.init(.needsLogin, "\(name) is logged out; \(WireTranslation.restoration(of: name, signsIn: signsIn))")
-        case .denied(let name, let signsIn):
-            self.init(
-                .needsLogin,
-                "the IdP denied the refresh for \(name); \(WireTranslation.restoration(of: name, signsIn: signsIn))")
-        case .loggingOut(let name):
-            self.init(.unavailable, "\(name) is being logged out", retryAfterMs: 1000)
-        case .neverRefreshes(let name, let kind):
-            self.init(.badRequest, "\(name) is a \(kind) account; push new tokens with set_tokens")
-        case .noTokenLongEnough(let name, let kind):
-            self.init(
-                .needsLogin, "\(name) is a \(kind) account with no token valid long enough; push one with set_tokens")
-        case .refreshFailing(let reason, let retryAfter):
-            self.init(.unavailable, reason, retryAfterMs: Bounds.milliseconds(retryAfter))
-        case .refreshNotStarted(let name):
-            self.init(.unavailable, "\(name) cannot be refreshed now; try again", retryAfterMs: 0)
-        case .refreshTooSoon(let name, let retryAfter):
-            self.init(
-                .busy, "\(name) was refreshed less than minimum_refresh_interval ago; try again later",
-                retryAfterMs: max(1, Bounds.milliseconds(retryAfter)))
-        case .narrowedRefreshesSpent(let name, let retryAfter):
-            self.init(
-                .busy,
-                "this caller asked for more new scoped tokens of \(name) than the broker allows "
-                    + "(\(NarrowedRefreshBudget.burst) at once, then one every "
-                    + "\(Bounds.wholeSeconds(NarrowedRefreshBudget.refill)) s); try again later",
-                retryAfterMs: max(1, Bounds.milliseconds(retryAfter)))
-        case .changedDuringRefresh(let name):
-            self.init(.unavailable, "\(name) changed during the refresh; try again", retryAfterMs: 0)
-        case .tokenTooShort(let source, let minTTL):
-            let holder: String
-            switch source {
-            case .issued: holder = "the IdP issued"
-            case .watched(let kind): holder = "the \(kind) holds"
-            }
-            self.init(
-                .unavailable, "\(holder) a token valid for less than min_ttl (\(Bounds.wholeSeconds(minTTL)) s)")
-        case .lifetimeTooShort(let lifetime, let minTTL):
-            self.init(
-                .unavailable,
-                "the IdP issues tokens valid for \(Bounds.wholeSeconds(lifetime)) s, less than min_ttl "
-                    + "\(Bounds.wholeSeconds(minTTL)) s")
-        case .revocationFailed(let name, let reason, let retryAfter):
-            self.init(
-                .unavailable,
-                "cannot revoke \(name) at the IdP (\(reason)); nothing was discarded. "
-                    + (retryAfter == nil ? "Check the account's settings, " : "Try again later, ")
-                    + "or brokerctl logout \(name) --force to discard it without revoking",
-                retryAfterMs: retryAfter.map(Bounds.milliseconds))
-        case .targetRefused(let name, let reason):
-            self.init(.forbidden, "the IdP refused this scope or resource for \(name): \(reason)")
-        case .vaultNotSaved:
-            self.init(.internal, "the broker cannot save its vault; see its log")
+        case .invalid, .accountExists, .nothingToPush, .neverRefreshes, .configUnreadable, .configNotApplied,
+            .loginSettingsDiffer, .credentialWouldMove:
+            self.init(.badRequest, message)
+        case .noSuchAccount, .loginNeedsProvider, .noIDToken:
+            self.init(.notFound, message)
+        case .loggedOut, .denied, .noCredential, .clientRejected, .noTokenLongEnough, .loginFailed, .idTokenExpired:
+            self.init(.needsLogin, message)
+        case .loggingOut:
+            self.init(.unavailable, message, retryAfterMs: 1000)
+        case .refreshTooSoon(_, let retryAfter), .narrowedRefreshesSpent(_, let retryAfter):
+            self.init(.busy, message, retryAfterMs: max(1, Bounds.milliseconds(retryAfter)))
         case .outOfGuardedMemory:
-            self.init(.internal, "the broker is out of guarded memory for secrets")
-        case .configUnreadable(let reason):
-            self.init(.badRequest, "config not reloaded: \(reason)")
-        case .configNotApplied(let account, let because):
-            self.init(.badRequest, "config not applied: accounts.\(account): \(BrokerError(because).message)")
-        case .loginFailed(let name, let reason):
-            self.init(.needsLogin, "\(reason); run brokerctl login \(name) again")
-        case .loginUnavailable(let reason):
-            self.init(.unavailable, reason)
-        case .loginRunning(let name):
-            self.init(.busy, "a login of \(name) is already running; finish or cancel it first")
-        case .loginNeedsProvider(let name):
-            self.init(
-                .notFound,
-                "no account \(name); give its provider: --issuer URL (or --token-endpoint ...) and --client-id")
-        case .loginSettingsDiffer(let name):
-            self.init(
-                .badRequest,
-                "\(name) exists with other settings; brokerctl login restores it with its own settings "
-                    + "(remove it first to change them)")
-        case .noIDToken(let name):
-            self.init(.notFound, "\(name) holds no id token: its IdP returned none")
-        case .idTokenExpired(let name):
-            self.init(
-                .needsLogin,
-                "the id token of \(name) expired and its IdP does not renew it on refresh; run brokerctl login \(name)")
-        case .credentialWouldMove(let name, let move):
-            self.init(
-                .badRequest,
-                "the account holds credentials and this \(move); log it out first (brokerctl logout \(name)) or "
-                    + "remove it (brokerctl remove \(name))")
-        case .locked:
-            self.init(.locked, "the broker is locked; run brokerctl unlock")
-        case .wrongPassphrase:
-            self.init(.forbidden, "wrong passphrase")
+            self.init(.internal, message)
         case .keyDerivationRunning:
-            self.init(.busy, "another unlock or rekey is running; try again", retryAfterMs: 1000)
-        case .vaultUnusable(let reason):
-            self.init(.internal, reason)
+            self.init(.busy, message, retryAfterMs: 1000)
+        case .refreshFailing(_, let retryAfter):
+            self.init(.unavailable, message, retryAfterMs: Bounds.milliseconds(retryAfter))
+        case .refreshNotStarted, .changedDuringRefresh:
+            self.init(.unavailable, message, retryAfterMs: 0)
+        case .tokenTooShort, .lifetimeTooShort, .loginUnavailable:
+            self.init(.unavailable, message)
+        case .revocationFailed(_, _, let retryAfter):
+            self.init(.unavailable, message, retryAfterMs: retryAfter.map(Bounds.milliseconds))
+        case .targetRefused, .wrongPassphrase:
+            self.init(.forbidden, message)
+        case .vaultNotSaved, .vaultUnusable:
+            self.init(.internal, message)
+        case .loginRunning:
+            self.init(.busy, message)
+        case .locked:
+            self.init(.locked, message)
         }
     }
 }

@@ -319,12 +319,54 @@ import Testing
             #expect(location.hasPrefix(try #require(offer.redirectURI) + "?code="))
             let page = try await browser.visit(location)
             #expect(page.status == 200 && page.body.contains("Signed in. You may close this tab."))
+            #expect(!page.body.contains(harness.idp.clientSecret))
 
             #expect(try await login.value == LoginResult(account: "work", state: "valid", idToken: true))
             #expect(harness.idp.rejectedCodeExchanges.isEmpty)
             #expect(!TestBrowser.isListening(port))
             let token = try await harness.broker.token(account: "work", minTTL: 60)
             #expect(harness.idp.issuedAccessTokens == [token.result.accessToken])
+        }
+    }
+
+    /// The callback's page waits for the code exchange: refused (a wrong client secret, so the
+    /// IdP answers `invalid_client`), it says why and what to check, never "signed in" nor the secret.
+    @Test func aRefusedCodeExchangeShowsWhyOnTheCallbackPage() async throws {
+        try await BrokerHarness.run { harness in
+            let wrongSecret = "wrong-secret-7f3a"
+            var provider = Self.provider(harness.idp)
+            provider["client_secret"] = .string(wrongSecret)
+            let progress = Progress()
+            let login = Self.start(harness, Self.request("browser", provider: provider), progress: progress)
+            let offer = try await progress.first(.authorizationURL)
+            let page = try await TestBrowser().signIn(try #require(offer.url))
+            #expect(!(200..<300).contains(page.status))
+            let body = page.body.lowercased()
+            #expect(!body.contains("signed in") && !body.contains("success"))
+            #expect(body.contains("the sign-in failed") && body.contains("(invalid_client)"))
+            #expect(body.contains("--client-id") && body.contains("--client-auth") && body.contains("client secret"))
+            #expect(!page.body.contains(wrongSecret))
+            let error = try #require(await Self.failure(login))
+            #expect(error.code == .needsLogin)
+            #expect(error.message.contains("--client-id") && !error.message.contains("run brokerctl login work again"))
+            #expect(!TestBrowser.isListening(try Self.port(of: offer.redirectURI)))
+            #expect(!(await Self.accountExists(harness)))
+        }
+    }
+
+    /// The page's text is escaped: markup in the IdP's `error` shows as text.
+    @Test func theCallbackPageEscapesWhatTheIdPSaid() async throws {
+        try await BrokerHarness.run { harness in
+            let (login, offer) = try await Self.startBrowserLogin(harness)
+            let browser = TestBrowser()
+            let location = try await browser.authorize(try #require(offer.url))
+            let state = try #require(URLComponents(string: location)?.queryItems?.first { $0.name == "state" }?.value)
+            let redirect = try #require(offer.redirectURI)
+            let page = try await browser.visit("\(redirect)?error=%3Cscript%3Ex%3C%2Fscript%3E%1B&state=\(state)")
+            #expect(page.status == 403)
+            #expect(page.body.contains("&lt;script&gt;x&lt;/script&gt;") && !page.body.contains("<script"))
+            #expect(!page.body.contains("\u{1B}") && !page.body.lowercased().contains("signed in"))
+            #expect(try #require(await Self.failure(login)).code == .needsLogin)
         }
     }
 
@@ -354,7 +396,9 @@ import Testing
             let browser = TestBrowser()
             let location = try await browser.authorize(try #require(offer.url))
             #expect(location.contains("error=access_denied"))
-            #expect(try await browser.visit(location).status == 200)
+            let page = try await browser.visit(location)
+            #expect(page.status == 403 && page.body.contains("access_denied"))
+            #expect(!page.body.lowercased().contains("signed in"))
             let error = try #require(await Self.failure(login))
             #expect(error.code == .needsLogin)
             #expect(error.message.contains("(access_denied)"))
@@ -796,7 +840,9 @@ import Testing
             do {
                 _ = try await harness.broker.idToken(account: "work", minTTL: 0)
             } catch let error as BrokerError {
-                #expect(error.message == "work holds no id token: its IdP returned none")
+                #expect(
+                    error.message
+                        == "work holds no id token: its IdP returned none (ask for the openid scope with --scope)")
             }
             await #expect(throws: BrokerError(.notFound, "")) {
                 try await harness.broker.idToken(account: "nobody", minTTL: 0)

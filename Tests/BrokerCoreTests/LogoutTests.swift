@@ -142,7 +142,7 @@ import Testing
         // Each says what restores it: a sign-in for oauth2, pushed tokens for the others.
         for (account, advice) in [
             ("api", "sign in again with brokerctl login api"),
-            ("pushed", "push new tokens with brokerctl set-tokens pushed"),
+            ("pushed", "push new tokens with brokerctl set-tokens pushed (op set_tokens)"),
         ] {
             let refused = await #expect(throws: BrokerError.self) {
                 try await rig.broker.token(account: account, minTTL: 0)

@@ -33,7 +33,7 @@ import Testing
                 try JSONSerialization.jsonObject(with: Data(refused)) as? [String: Any], "not JSON")
             let error = try #require(answer["error"] as? [String: Any], "not an error: \(answer)")
             #expect(error["code"] as? String == "internal")
-            #expect(error["message"] as? String == "the broker is out of guarded memory for secrets")
+            #expect((error["message"] as? String)?.hasPrefix("the broker is out of guarded memory for secrets") == true)
             #expect(answer["id"] as? Int == 7)
             #expect(try await harness.broker.status(account: nil).map(\.account) == ["api"], "nothing was added")
 

@@ -100,15 +100,41 @@ import Testing
         arguments: [
             (BrokerFailure.invalid("\"path\" must be a string"), "bad_request", "\"path\" must be a string", nil),
             (.noSuchAccount(api), "not_found", "no account named api; list them with brokerctl status", nil),
-            (.accountExists(api), "bad_request", "an account named api exists; remove it first or use set_tokens", nil),
-            (.nothingToPush, "bad_request", "\"tokens\" needs an access_token, a refresh_token or a refresh_url", nil),
+            (
+                .accountExists(api), "bad_request",
+                "an account named api exists; remove it first (brokerctl remove api) or push new tokens to it with "
+                    + "brokerctl set-tokens api (op set_tokens)", nil
+            ),
+            (
+                .nothingToPush, "bad_request",
+                "the tokens pushed need an access_token, a refresh_token or a refresh_url (brokerctl set-tokens NAME "
+                    + "reads them as JSON)", nil
+            ),
             (
                 .loggedOut(api, signsIn: false), "needs_login",
-                "api is logged out; push new tokens with brokerctl set-tokens api", nil
+                "api is logged out; push new tokens with brokerctl set-tokens api (op set_tokens)", nil
             ),
             (
                 .denied(api, signsIn: false), "needs_login",
-                "the IdP denied the refresh for api; push new tokens with brokerctl set-tokens api", nil
+                "the IdP denied the refresh for api; push new tokens with brokerctl set-tokens api (op set_tokens)", nil
+            ),
+            (
+                .noCredential(api, credential: "refresh token", signsIn: true), "needs_login",
+                "api has no refresh token yet (no IdP was asked); sign in with brokerctl login api, or push one with "
+                    + "brokerctl set-tokens api (op set_tokens)", nil
+            ),
+            (
+                .noCredential(api, credential: "refresh URL", signsIn: false), "needs_login",
+                "api has no refresh URL yet (no IdP was asked); push one with brokerctl set-tokens api (op set_tokens)",
+                nil
+            ),
+            (
+                .clientRejected(api, reason: "the IdP refused the code exchange: HTTP 401 (invalid_client)"),
+                "needs_login",
+                "the IdP refused the code exchange: HTTP 401 (invalid_client): the IdP does not accept the client of "
+                    + "api, so signing in again cannot help. Check the client secret (the --secrets file), --client-id "
+                    + "and --client-auth given to brokerctl login api (or client_id and client_auth in its broker.toml "
+                    + "table, then brokerctl reload)", nil
             ),
             (
                 .loggedOut(api, signsIn: true), "needs_login",
@@ -118,29 +144,37 @@ import Testing
                 .denied(api, signsIn: true), "needs_login",
                 "the IdP denied the refresh for api; sign in again with brokerctl login api", nil
             ),
-            (.loggingOut(api), "unavailable", "api is being logged out", 1000),
+            (
+                .loggingOut(api), "unavailable", "api is being logged out; wait for brokerctl logout api to finish",
+                1000
+            ),
             (
                 .neverRefreshes(api, kind: "static"), "bad_request",
-                "api is a static account; push new tokens with set_tokens", nil
+                "api is a static account, which the broker does not refresh; push new tokens with brokerctl set-tokens "
+                    + "api (op set_tokens)", nil
             ),
             (
                 .noTokenLongEnough(api, kind: "static"), "needs_login",
-                "api is a static account with no token valid long enough; push one with set_tokens", nil
+                "api is a static account with no token valid long enough; push one with brokerctl set-tokens api "
+                    + "(op set_tokens)", nil
             ),
-            (.refreshFailing(reason: "HTTP 503", retryAfter: 1.5), "unavailable", "HTTP 503", 1500),
+            (
+                .refreshFailing(reason: "HTTP 503", retryAfter: 1.5), "unavailable",
+                "HTTP 503; the broker retries on its own (brokerctl status shows how it goes)", 1500
+            ),
             (.refreshNotStarted(api), "unavailable", "api cannot be refreshed now; try again", 0),
             (.changedDuringRefresh(api), "unavailable", "api changed during the refresh; try again", 0),
             (
                 .tokenTooShort(heldBy: .issued, minTTL: 600.9), "unavailable",
-                "the IdP issued a token valid for less than min_ttl (600 s)", nil
+                "the IdP issued a token valid for less than min_ttl (600 s); ask for less with --min-ttl", nil
             ),
             (
                 .tokenTooShort(heldBy: .watched(kind: "file"), minTTL: 60), "unavailable",
-                "the file holds a token valid for less than min_ttl (60 s)", nil
+                "the file holds a token valid for less than min_ttl (60 s); ask for less with --min-ttl", nil
             ),
             (
                 .lifetimeTooShort(lifetime: 300, minTTL: 7200), "unavailable",
-                "the IdP issues tokens valid for 300 s, less than min_ttl 7200 s", nil
+                "the IdP issues tokens valid for 300 s, less than min_ttl 7200 s; ask for less with --min-ttl", nil
             ),
             (
                 .revocationFailed(api, reason: "HTTP 503", retryAfter: 2), "unavailable",
@@ -152,10 +186,13 @@ import Testing
                 "cannot revoke api at the IdP (HTTP 400); nothing was discarded. Check the account's settings, or brokerctl "
                     + "logout api --force to discard it without revoking", nil
             ),
-            (.vaultNotSaved, "internal", "the broker cannot save its vault; see its log", nil),
+            (
+                .vaultNotSaved, "internal",
+                "the broker cannot save its vault; see its log (journalctl --user -u tokenbroker)", nil
+            ),
             (
                 .configUnreadable(reason: "line 3: expected ="), "bad_request",
-                "config not reloaded: line 3: expected =", nil
+                "config not reloaded: line 3: expected =; fix broker.toml and run brokerctl reload", nil
             ),
             (
                 .configNotApplied(account: "a b", because: .invalid("account names are 1-128 characters")),
@@ -175,6 +212,8 @@ import Testing
         #expect(error.code.rawValue == code)
         #expect(error.message == message)
         #expect(error.retryAfterMs == retry)
+        // The log shows the same sentence, never the Swift value (`credentialWouldMove(api, ...)`).
+        #expect("\(failure)" == message)
     }
 
     // MARK: Results

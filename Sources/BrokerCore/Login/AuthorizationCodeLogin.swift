@@ -7,7 +7,8 @@ import FoundationEssentials
 /// broker exchanges the code with its verifier.
 enum AuthorizationCodeLogin {
     /// Runs the grant; waits at most `timeout` seconds for the browser to come back. The
-    /// listener is closed on every path.
+    /// listener is closed on every path, after the browser that brought a code was told how
+    /// its exchange went.
     static func run(_ context: LoginContext, redirectPort: Int?, timeout: TimeInterval?) async throws(BrokerFailure)
         -> Grant
     {
@@ -31,7 +32,28 @@ enum AuthorizationCodeLogin {
                 event: .authorizationURL, expiresIn: Bounds.wholeSeconds(wait), url: listener.startURL,
                 redirectURI: listener.redirectURI))
         let callback = await listener.callback(until: deadline)
+        // No more connections; the page of the browser that brought a code waits for the
+        // outcome, and says why the login failed, or that it did not.
         await listener.close()
+        let outcome: Result<Grant, BrokerFailure>
+        do throws(BrokerFailure) {
+            outcome = .success(try await grant(callback, listener: listener, pkce: pkce, context: context))
+        } catch {
+            outcome = .failure(error)
+        }
+        var reason: String?
+        if case .failure(let failure) = outcome {
+            let page = OutsideText(secrets: [context.clientSecret?.text], limit: LoopbackRedirect.maximumReason)
+            reason = page.clean(failure.description, or: "no reason given")
+        }
+        await listener.finish(failure: reason)
+        return try outcome.get()
+    }
+
+    /// The tokens the code of `callback` is exchanged for.
+    private static func grant(
+        _ callback: LoopbackRedirect.Callback?, listener: LoopbackRedirect, pkce: PKCE, context: LoginContext
+    ) async throws(BrokerFailure) -> Grant {
         if Task.isCancelled { throw context.cancelled }
         switch callback {
         case nil:

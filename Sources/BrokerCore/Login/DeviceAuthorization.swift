@@ -109,12 +109,8 @@ enum DeviceAuthorization {
     /// user is bounded and printable, the verification URI is https (or http on loopback).
     static func read(_ reply: IdPReply, context: LoginContext) throws(BrokerFailure) -> Offer {
         guard (200..<300).contains(reply.status) else {
+            if reply.status == 400 || reply.status == 401 { throw context.refused("the device authorization", reply) }
             let code = LoginContext.errorCode(reply).map { " (\(context.clean($0)))" } ?? ""
-            if reply.status == 400 || reply.status == 401 {
-                throw .loginFailed(
-                    context.account,
-                    reason: "the IdP refused the device authorization: HTTP \(reply.status)\(code)")
-            }
             throw .loginUnavailable(reason: "the device authorization endpoint answered HTTP \(reply.status)\(code)")
         }
         let malformed = { (field: String) -> BrokerFailure in

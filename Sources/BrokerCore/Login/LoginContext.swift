@@ -79,17 +79,27 @@ struct LoginContext: Sendable {
     }
 
     /// The tokens of a token endpoint's answer (RFC 6749 section 5); a refusal (400, 401) ends
-    /// the login (`needs_login`), anything else is `unavailable`.
+    /// the login (`needs_login`; `clientRejected` for the client's own errors), anything else
+    /// is `unavailable`.
     func grant(from reply: IdPReply, refusal: String) throws(BrokerFailure) -> Grant {
         switch OAuth2Provider.interpret(reply, now: clock.now(), defaultLifetime: defaultLifetime) {
         case .success(let grant):
             return grant
         case .failure(let failure) where failure.kind == .denial:
-            let code = Self.errorCode(reply).map { " (\(clean($0)))" } ?? ""
-            throw .loginFailed(account, reason: "the IdP refused \(refusal): HTTP \(reply.status)\(code)")
+            throw refused(refusal, reply)
         case .failure(let failure):
             throw .loginUnavailable(reason: clean(failure.message))
         }
+    }
+
+    /// The failure of a request (`what`: "the code exchange") the IdP refused with `reply`:
+    /// `clientRejected` when it refused the client itself, whose settings are at fault (signing
+    /// in again cannot help), else `loginFailed`.
+    func refused(_ what: String, _ reply: IdPReply) -> BrokerFailure {
+        let code = Self.errorCode(reply).map { " (\(clean($0)))" } ?? ""
+        let reason = "the IdP refused \(what): HTTP \(reply.status)\(code)"
+        return OAuth2Provider.rejectsClient(reason)
+            ? .clientRejected(account, reason: reason) : .loginFailed(account, reason: reason)
     }
 
     /// The `error` of an OAuth error answer (RFC 6749 section 5.2), as the IdP wrote it.

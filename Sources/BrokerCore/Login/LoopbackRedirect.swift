@@ -9,7 +9,9 @@ import Synchronization
 /// sends the one browser that opens it to the IdP (`BrowserBinding`). A callback with the
 /// wrong or no `state`, or without that browser's cookie, gets an error page and changes
 /// nothing (anyone on the machine can reach the port); the first one with the right `state`
-/// and the cookie ends the wait with its `code` or its `error`. Any process on the machine may
+/// and the cookie ends the wait with its `code` or its `error`. A code's page waits for the
+/// exchange (`finish`): it says "signed in" only when the broker got the tokens, else why not.
+/// Any process on the machine may
 /// connect, so connections are few (the oldest makes way for a new one), short-lived and small,
 /// and all of them end with the listener.
 final class LoopbackRedirect: Sendable {
@@ -27,11 +29,15 @@ final class LoopbackRedirect: Sendable {
     static let connectionLifetime = TimeAmount.seconds(10)
     /// Most bytes read from one connection (its request head and any body).
     static let maximumRequestBytes = 16 * 1024
+    /// Longest reason a page shows, in characters.
+    static let maximumReason = 1000
 
     let port: Int
     private let binding: BrowserBinding
     private let channel: any Channel
     private let connections: LoopbackConnections
+    /// The page of the callback that brought the code, answered by `finish`.
+    private let codePage: CodePage
     /// Closes the listener at the login's deadline, should `close()` not come first.
     private let expiry: Scheduled<Void>
     private let callbacks: AsyncStream<Callback>
@@ -53,6 +59,7 @@ final class LoopbackRedirect: Sendable {
     ) async throws(BrokerFailure) {
         let (callbacks, continuation) = AsyncStream.makeStream(of: Callback.self, bufferingPolicy: .bufferingNewest(1))
         let connections = LoopbackConnections()
+        let codePage = CodePage()
         let binding = BrowserBinding(until: deadline)
         let channel: any Channel
         do {
@@ -66,7 +73,9 @@ final class LoopbackRedirect: Sendable {
                         try child.pipeline.syncOperations.addHandler(RequestSizeLimit())
                         try child.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
                         try child.pipeline.syncOperations.addHandler(
-                            CallbackHandler(state: state, binding: binding, continuation: continuation))
+                            CallbackHandler(
+                                state: state, binding: binding, connections: connections, codePage: codePage,
+                                continuation: continuation))
                     }
                 }
                 .bind(host: "127.0.0.1", port: port).get()
@@ -83,6 +92,7 @@ final class LoopbackRedirect: Sendable {
         self.channel = channel
         self.callbacks = callbacks
         self.connections = connections
+        self.codePage = codePage
         self.binding = binding
         self.port = channel.localAddress?.port ?? port
         binding.arm(port: self.port, authorizationURL: authorizationURL(Self.redirectURI(port: self.port)))
@@ -105,21 +115,70 @@ final class LoopbackRedirect: Sendable {
         }
     }
 
-    /// Stops listening and closes every connection still open: the port refuses connections
-    /// from here on.
+    /// Stops listening and closes every connection still open but the one awaiting `finish`:
+    /// the port refuses connections from here on.
     func close() async {
         expiry.cancel()
         try? await channel.close()
         connections.closeAll()
+    }
+
+    /// Answers the browser that brought the code with how its exchange went (`failure`'s
+    /// `reason`, already cleaned of secrets, or success), then closes the listener and that
+    /// connection. Without such a browser, only closes.
+    func finish(failure reason: String?) async {
+        await close()
+        let reply =
+            reason.map { LoopbackReply(.badGateway, "The sign-in failed: \($0)") }
+            ?? LoopbackReply(.ok, "Signed in. You may close this tab.")
+        await codePage.answer(reply)
+        connections.closeHeld()
+    }
+}
+
+/// The page of the callback that brought the code: its connection waits for the answer
+/// `LoopbackRedirect.finish` gives once the code was exchanged.
+private final class CodePage: Sendable {
+    /// The answer the waiting connection writes, and what completes once it was written; `taken`
+    /// once a callback brought the code (later ones are told so).
+    private let waiting = Mutex<(reply: EventLoopPromise<LoopbackReply>, written: EventLoopFuture<Void>)?>(nil)
+    private let taken = Mutex(false)
+
+    /// Claims the page for the first callback with the code; `false` when one already did.
+    func claim() -> Bool {
+        taken.withLock { taken in
+            defer { taken = true }
+            return !taken
+        }
+    }
+
+    /// Makes the connection writing `reply`'s answer (done when `written` completes) wait.
+    func wait(reply: EventLoopPromise<LoopbackReply>, written: EventLoopFuture<Void>) {
+        waiting.withLock { $0 = (reply, written) }
+    }
+
+    /// Hands `reply` to the waiting connection and returns once it was written (or the
+    /// connection closed); at once when none waits.
+    func answer(_ reply: LoopbackReply) async {
+        guard
+            let waiting = waiting.withLock({ state in
+                defer { state = nil }; return state
+            })
+        else { return }
+        waiting.reply.succeed(reply)
+        try? await waiting.written.get()
     }
 }
 
 /// The connections a listener accepted and has not closed yet, oldest first.
 private final class LoopbackConnections: Sendable {
     private let open = Mutex<
-        (channels: [ObjectIdentifier: (order: Int, channel: any Channel)], next: Int, closed: Bool)
+        (
+            channels: [ObjectIdentifier: (order: Int, channel: any Channel, expiry: Scheduled<Void>?)], next: Int,
+            closed: Bool, held: (any Channel)?
+        )
     >(
-        ([:], 0, false))
+        ([:], 0, false, nil))
 
     /// Keeps `child` for at most `LoopbackRedirect.connectionLifetime`, closing the oldest
     /// connection when `child` is one too many; `false` when the listener is closed.
@@ -133,7 +192,7 @@ private final class LoopbackConnections: Sendable {
             {
                 evicted = state.channels.removeValue(forKey: oldest.key)?.channel
             }
-            state.channels[key] = (state.next, child)
+            state.channels[key] = (state.next, child, nil)
             state.next += 1
             return (true, evicted)
         }
@@ -142,14 +201,37 @@ private final class LoopbackConnections: Sendable {
         let expiry = child.eventLoop.scheduleTask(in: LoopbackRedirect.connectionLifetime) {
             child.close(promise: nil)
         }
+        open.withLock { $0.channels[key]?.expiry = expiry }
         child.closeFuture.whenComplete { [self] _ in
             expiry.cancel()
-            _ = open.withLock { $0.channels.removeValue(forKey: key) }
+            open.withLock { state in
+                state.channels.removeValue(forKey: key)
+                if let held = state.held, held === child { state.held = nil }
+            }
         }
         return true
     }
 
-    /// Closes every connection, and any accepted from here on.
+    /// Keeps `child`, the connection that brought the code, open past its lifetime and beyond
+    /// the reach of newer connections and `closeAll`, until `closeHeld`: its page waits for
+    /// the exchange.
+    func hold(_ child: any Channel) {
+        let entry = open.withLock { state in
+            defer { state.held = child }
+            return state.channels.removeValue(forKey: ObjectIdentifier(child))
+        }
+        entry?.expiry?.cancel()
+    }
+
+    /// Closes the connection `hold` kept.
+    func closeHeld() {
+        open.withLock { state in
+            defer { state.held = nil }
+            return state.held
+        }?.close(promise: nil)
+    }
+
+    /// Closes every connection but the held one, and any accepted from here on.
     func closeAll() {
         let channels = open.withLock { state in
             state.closed = true
@@ -185,12 +267,19 @@ private final class CallbackHandler: ChannelInboundHandler {
 
     private let state: String
     private let binding: BrowserBinding
+    private let connections: LoopbackConnections
+    private let codePage: CodePage
     private let continuation: AsyncStream<LoopbackRedirect.Callback>.Continuation
     private var head: HTTPRequestHead?
 
-    init(state: String, binding: BrowserBinding, continuation: AsyncStream<LoopbackRedirect.Callback>.Continuation) {
+    init(
+        state: String, binding: BrowserBinding, connections: LoopbackConnections, codePage: CodePage,
+        continuation: AsyncStream<LoopbackRedirect.Callback>.Continuation
+    ) {
         self.state = state
         self.binding = binding
+        self.connections = connections
+        self.codePage = codePage
         self.continuation = continuation
     }
 
@@ -201,12 +290,15 @@ private final class CallbackHandler: ChannelInboundHandler {
         case .end:
             guard let head else { return }
             self.head = nil
-            respond(answer(head), context: context)
+            if let reply = answer(head, context: context) {
+                respond(reply, context: context)
+            }
         }
     }
 
-    /// The answer to `head`, after passing on the callback it carries, if it is the one awaited.
-    private func answer(_ head: HTTPRequestHead) -> LoopbackReply {
+    /// The answer to `head`, after passing on the callback it carries, if it is the one awaited;
+    /// `nil` for the callback with the code, whose page waits for the exchange.
+    private func answer(_ head: HTTPRequestHead, context: ChannelHandlerContext) -> LoopbackReply? {
         guard head.method == .GET, let components = URLComponents(string: head.uri),
             ["/start", "/callback"].contains(components.path)
         else {
@@ -232,21 +324,39 @@ private final class CallbackHandler: ChannelInboundHandler {
                 .forbidden,
                 "This sign-in response did not come from the browser that started the sign-in; finish it there.")
         }
-        if let error = values["error"] {
-            continuation.yield(.error(String(error.utf8.prefix(LoopbackRedirect.maximumValue)) ?? "?"))
-            continuation.finish()
-            return LoopbackReply(.ok, "The sign-in did not complete. You may close this tab.")
-        }
-        guard let code = values["code"], !code.isEmpty, code.utf8.count <= LoopbackRedirect.maximumValue else {
+        let error = values["error"]
+        let code = values["code"].flatMap { $0.isEmpty || $0.utf8.count > LoopbackRedirect.maximumValue ? nil : $0 }
+        guard error != nil || code != nil else {
             return LoopbackReply(.badRequest, "This sign-in response carries no usable code.")
         }
-        continuation.yield(.code(code))
+        guard codePage.claim() else {
+            return LoopbackReply(
+                .conflict, "This sign-in already received its answer; the first page shows how it went.")
+        }
+        if let error {
+            let text = String(error.utf8.prefix(LoopbackRedirect.maximumValue)) ?? "?"
+            continuation.yield(.error(text))
+            continuation.finish()
+            let reason = OutsideText(secrets: []).clean(text, or: "no reason given")
+            return LoopbackReply(
+                .forbidden, "The sign-in failed: the IdP answered \(reason). Run brokerctl login to try again.")
+        }
+        // The page is written once `finish` gives it; the connection closes after it (or
+        // before, when the browser goes away), which is what `finish` waits for.
+        let reply = context.eventLoop.makePromise(of: LoopbackReply.self)
+        codePage.wait(reply: reply, written: context.channel.closeFuture)
+        connections.hold(context.channel)
+        reply.futureResult.assumeIsolated().whenSuccess { [self] reply in respond(reply, context: context) }
+        context.channel.closeFuture.whenComplete { _ in reply.fail(ChannelError.ioOnClosedChannel) }
+        continuation.yield(.code(code ?? ""))
         continuation.finish()
-        return LoopbackReply(.ok, "Signed in. You may close this tab.")
+        return nil
     }
 
+    /// Writes `reply` and closes the connection.
     private func respond(_ reply: LoopbackReply, context: ChannelHandlerContext) {
-        let html = "<!doctype html><meta charset=utf-8><title>tokenbroker</title><p>\(reply.text)</p>\n"
+        let html =
+            "<!doctype html><meta charset=utf-8><title>tokenbroker</title><p>\(Self.escaped(reply.text))</p>\n"
         var headers = HTTPHeaders(reply.headers)
         headers.add(name: "Content-Type", value: "text/html; charset=utf-8")
         headers.add(name: "Content-Length", value: "\(html.utf8.count)")
@@ -259,6 +369,22 @@ private final class CallbackHandler: ChannelInboundHandler {
         context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: html)))), promise: nil)
         let channel = context.channel
         context.writeAndFlush(wrapOutboundOut(.end(nil))).whenComplete { _ in channel.close(promise: nil) }
+    }
+
+    /// `text` fit for an HTML page: `&`, `<`, `>`, `"` and `'` as character references.
+    static func escaped(_ text: String) -> String {
+        var html = ""
+        for character in text {
+            switch character {
+            case "&": html += "&amp;"
+            case "<": html += "&lt;"
+            case ">": html += "&gt;"
+            case "\"": html += "&quot;"
+            case "'": html += "&#39;"
+            default: html.append(character)
+            }
+        }
+        return html
     }
 }
 

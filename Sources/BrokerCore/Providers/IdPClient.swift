@@ -3,6 +3,11 @@ import BrokerProtocol
 import FoundationEssentials
 import NIOCore
 import NIOHTTP1
+import NIOPosix
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// An identity provider's answer, read whole (bounded).
 struct IdPReply: Sendable {
@@ -63,7 +68,7 @@ public final class IdPClient: Sendable {
                     status: Int(response.status.code), body: Data(bytes.readableBytesView),
                     retryAfter: response.headers.first(name: "Retry-After").flatMap(Self.retryAfter)))
         } catch {
-            let name = target ?? "the IdP at \(url.host ?? "?")"
+            let name = target ?? "the IdP at \(Self.hostAndPort(url))"
             return .failure(.transient("cannot reach \(name): \(Self.describe(error))"))
         }
     }
@@ -96,19 +101,42 @@ public final class IdPClient: Sendable {
         await send(method: .POST, url: url, headers: headers, body: body)
     }
 
-    private static func describe(_ error: any Error) -> String {
-        if let error = error as? HTTPClientError {
+    /// `host:port` of `url`, the port given or the scheme's, for messages about reaching it.
+    static func hostAndPort(_ url: URL) -> String {
+        "\(url.host ?? "?"):\(url.port ?? (url.scheme == "http" ? 80 : 443))"
+    }
+
+    /// Why a request failed, for people: "connection refused", "timed out", "TLS handshake
+    /// failed"; never a Swift type's name or value.
+    static func describe(_ error: any Error) -> String {
+        switch error {
+        case let error as HTTPClientError:
             switch error {
             // The read timeout and the deadline are both the total timeout; which fires first is chance.
             case .deadlineExceeded, .readTimeout, .writeTimeout: return "timed out"
             case .connectTimeout: return "connect timed out"
+            case .tlsHandshakeTimeout: return "TLS handshake timed out"
+            case .remoteConnectionClosed: return "the connection was closed before the answer"
+            // invalidHeaderFieldNames/Values carry the offending header, which may hold a secret.
             default:
-                let text = String(describing: error)
-                // invalidHeaderFieldNames/Values carry the offending header, which may hold a secret.
-                return text.contains("invalidHeaderField") ? "a request header is not valid HTTP" : text
+                return String(describing: error).contains("invalidHeaderField")
+                    ? "a request header is not valid HTTP" : "the HTTP exchange failed"
             }
+        case let error as IOError:
+            let reason = String(cString: strerror(error.errnoCode))
+            return reason.prefix(1).lowercased() + reason.dropFirst()
+        case let error as NIOConnectionError:
+            if error.dnsAError != nil || error.dnsAAAAError != nil { return "its host name does not resolve" }
+            return error.connectionErrors.first.map { describe($0.error) } ?? "no address to connect to"
+        case ChannelError.connectTimeout:
+            return "connect timed out"
+        case is BodyTooLarge:
+            return "the answer is longer than 1 MiB"
+        default:
+            // NIOSSLError, BoringSSLError: the certificate or the handshake was refused.
+            return String(reflecting: type(of: error)).contains("SSL")
+                ? "TLS handshake failed" : "the connection failed"
         }
-        return String(describing: type(of: error))
     }
 
     /// `Retry-After` in seconds (RFC 9110 section 10.2.3: delay-seconds, or an HTTP-date), at

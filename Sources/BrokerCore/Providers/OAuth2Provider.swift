@@ -40,6 +40,9 @@ extension OAuth2Settings: ProviderSettings {
         ProviderField(name: "device_authorization_endpoint", type: .text),
     ]
     static let renewal = Renewal.refreshes
+    static var refreshCredential: (name: String, secret: KeyPath<AccountSecrets, SecretBytes?>)? {
+        ("refresh token", \.refreshToken)
+    }
 
     /// A token endpoint, or an OIDC issuer to discover it from; a client id; client
     /// authentication that has the secret it needs.
@@ -153,7 +156,7 @@ struct OAuth2Provider: NarrowingTokenProvider {
         IdPReply, RefreshFailure
     > {
         guard let refreshToken = record.secrets.refreshToken else {
-            return .failure(.denial("no refresh token; push one with set_tokens"))
+            return .failure(.denial("no refresh token; push one with brokerctl set-tokens (op set_tokens)"))
         }
         var form = [("grant_type", "refresh_token"), ("refresh_token", refreshToken.text)]
         if let scope { form.append(("scope", scope)) }
@@ -236,6 +239,15 @@ struct OAuth2Provider: NarrowingTokenProvider {
             let detail = code.map { " (\($0))" } ?? ""
             return .failure(.denial("the revocation endpoint refused: HTTP \(reply.status)\(detail)"))
         }
+    }
+
+    /// The error codes of a token endpoint that fault the client's settings (its id, secret or
+    /// authentication), not the grant (RFC 6749 section 5.2).
+    static let clientErrors = ["invalid_client", "unauthorized_client"]
+
+    /// Whether a refusal, as `interpret` or a login words it, names one of `clientErrors`.
+    static func rejectsClient(_ message: String) -> Bool {
+        clientErrors.contains { message.contains("(\($0))") }
     }
 
     /// Classifies a token endpoint's answer (RFC 6749 sections 5.1 and 5.2).

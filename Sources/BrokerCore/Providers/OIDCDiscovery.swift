@@ -39,7 +39,7 @@ actor DiscoveryCache {
     private static func fetch(issuer: URL, http: IdPClient) async -> Result<DiscoveredEndpoints, RefreshFailure> {
         var headers = HTTPHeaders()
         headers.add(name: "Accept", value: "application/json")
-        let target = "the discovery document of \(issuer.host ?? "?")"
+        let target = "the discovery document of \(IdPClient.hostAndPort(issuer))"
         switch await http.send(
             method: .GET, url: documentURL(issuer: issuer), headers: headers, target: target, public: true)
         {

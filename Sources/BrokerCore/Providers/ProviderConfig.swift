@@ -18,6 +18,14 @@ public struct ProviderConfig: Codable, Sendable, Equatable {
     /// pushing tokens (`set_tokens`).
     public var signsIn: Bool { settings is OAuth2Settings }
 
+    /// The name of the credential its kind refreshes with ("refresh token") when `secrets`
+    /// lack it, else `nil`.
+    func missingCredential(in secrets: AccountSecrets) -> String? {
+        guard let credential = type(of: settings).refreshCredential, secrets[keyPath: credential.secret] == nil
+        else { return nil }
+        return credential.name
+    }
+
     /// How the engine keeps the account supplied with tokens.
     var renewal: Renewal { type(of: settings).renewal }
 

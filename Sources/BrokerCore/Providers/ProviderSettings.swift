@@ -16,6 +16,9 @@ protocol ProviderSettings: Codable, Sendable, Equatable {
     static var fields: [ProviderField] { get }
     /// How the engine keeps its accounts supplied with tokens.
     static var renewal: Renewal { get }
+    /// The secret a refresh presents, named for people ("refresh token"); `nil` for kinds
+    /// whose refresh presents none the broker holds.
+    static var refreshCredential: (name: String, secret: KeyPath<AccountSecrets, SecretBytes?>)? { get }
 
     /// Checked settings from a `provider` object; a bad field is a `bad_request` naming it.
     init(checking fields: ProviderFields) throws(BrokerFailure)
@@ -33,6 +36,8 @@ protocol ProviderSettings: Codable, Sendable, Equatable {
 
 extension ProviderSettings {
     static var storedName: String { kind }
+
+    static var refreshCredential: (name: String, secret: KeyPath<AccountSecrets, SecretBytes?>)? { nil }
 
     var credentialURLs: [URL?] { [] }
 

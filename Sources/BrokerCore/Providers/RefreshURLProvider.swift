@@ -18,6 +18,9 @@ extension RefreshURLSettings: ProviderSettings {
     static let storedName = "refreshURL"
     static let fields = [ProviderField(name: "method", type: .text)]
     static let renewal = Renewal.refreshes
+    static var refreshCredential: (name: String, secret: KeyPath<AccountSecrets, SecretBytes?>)? {
+        ("refresh URL", \.refreshURL)
+    }
 
     /// `GET` (the default) or `POST`, in any case.
     init(checking fields: ProviderFields) throws(BrokerFailure) {
@@ -47,13 +50,13 @@ struct RefreshURLProvider: TokenProvider {
 
     func refresh(_ record: AccountRecord, now: Date) async -> Result<Grant, RefreshFailure> {
         guard let text = record.secrets.refreshURL?.text, !text.isEmpty else {
-            return .failure(.denial("no refresh URL; push one with set_tokens"))
+            return .failure(.denial("no refresh URL; push one with brokerctl set-tokens (op set_tokens)"))
         }
         guard let url = URL(string: text), EndpointPolicy.isAllowed(url) else {
             return .failure(
                 .denial(
                     "the refresh URL is not an https URL (plain http is allowed for loopback only); "
-                        + "push a new one with set_tokens"))
+                        + "push a new one with brokerctl set-tokens (op set_tokens)"))
         }
         var headers = HTTPHeaders()
         headers.add(name: "Accept", value: "application/json")
@@ -92,7 +95,8 @@ struct RefreshURLProvider: TokenProvider {
                     return .failure(
                         .denial(
                             "the refresh URL handed over a next refresh URL on another origin (scheme, host or port) "
-                                + "or not https; it was not followed. Push a new refresh URL with set_tokens"))
+                                + "or not https; it was not followed. Push a new refresh URL with brokerctl set-tokens "
+                                + "(op set_tokens)"))
                 }
             }
             return AccessToken.issued(accessToken, in: object, now: now, defaultLifetime: defaultLifetime)
@@ -100,7 +104,10 @@ struct RefreshURLProvider: TokenProvider {
                     SecretBytes.fromAnswer(rotated as? String).map { Grant(token: token, refreshURL: $0) }
                 }
         case let status where denialStatuses.contains(status):
-            return .failure(.denial("the refresh URL was refused: HTTP \(status); push a new one with set_tokens"))
+            return .failure(
+                .denial(
+                    "the refresh URL was refused: HTTP \(status); push a new one with brokerctl set-tokens "
+                        + "(op set_tokens)"))
         default:
             return .failure(.transient("the refresh URL answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
         }

@@ -14,6 +14,9 @@ extension SlidingSettings: ProviderSettings {
     static let kind = "sliding"
     static let fields = [ProviderField(name: "endpoint", type: .text), ProviderField(name: "timezone", type: .text)]
     static let renewal = Renewal.refreshes
+    static var refreshCredential: (name: String, secret: KeyPath<AccountSecrets, SecretBytes?>)? {
+        ("refresh token", \.refreshToken)
+    }
 
     /// An endpoint the broker will call, and an IANA zone (`UTC` by default).
     init(checking fields: ProviderFields) throws(BrokerFailure) {
@@ -58,12 +61,14 @@ struct SlidingProvider: TokenProvider {
 
     func refresh(_ record: AccountRecord, now: Date) async -> Result<Grant, RefreshFailure> {
         guard let refreshToken = record.secrets.refreshToken?.text, !refreshToken.isEmpty else {
-            return .failure(.denial("no refresh token; push one with set_tokens"))
+            return .failure(.denial("no refresh token; push one with brokerctl set-tokens (op set_tokens)"))
         }
         // Checked here so the HTTP layer never reports the header (and the token in it) as invalid.
         guard refreshToken.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7F }) else {
             return .failure(
-                .denial("the refresh token cannot be sent in an HTTP header; push a new one with set_tokens"))
+                .denial(
+                    "the refresh token cannot be sent in an HTTP header; push a new one with brokerctl set-tokens "
+                        + "(op set_tokens)"))
         }
         var headers = HTTPHeaders()
         headers.add(name: "Authorization", value: "Bearer \(refreshToken)")
