@@ -25,12 +25,30 @@ struct TokenFiles {
     }
 
     /// Takes `newPaths`; removes each file no longer asked for. Returns the accounts whose
-    /// files to write now.
+    /// files to write now. Logs each file whose directory is read-only to this process, at start
+    /// and reload, before any token is there to write.
     mutating func replace(with newPaths: [String: [String]], logger: Logger) -> [String] {
         let kept = Set(newPaths.values.joined())
         for path in paths.values.joined() where !kept.contains(path) { Self.remove(path, logger: logger) }
         paths = newPaths
+        for path in kept.sorted() {
+            let directory = FileSystem.parent(of: path)
+            var info = statvfs()
+            if statvfs(directory, &info) == 0, info.f_flag & UInt(ST_RDONLY) != 0 {
+                logger.error(
+                    "token file cannot be written",
+                    metadata: ["reason": "refusing the token file \(path): \(Self.readOnly(directory))"])
+            }
+        }
         return Array(newPaths.keys)
+    }
+
+    /// Why a file in `directory` cannot be written when its file system is read-only, and what to
+    /// do: the systemd unit's ProtectSystem=strict leaves writable only what its ReadWritePaths=
+    /// lists (README, "Token files kept fresh").
+    private static func readOnly(_ directory: String) -> String {
+        "its directory \(directory) is read-only to brokerd; under the systemd unit, add ReadWritePaths=\(directory) "
+            + "under [Service] in a drop-in (systemctl --user edit tokenbroker.service) and restart the service"
     }
 
     /// Writes `token` into each file of `account`, or removes them when it holds none.
@@ -60,7 +78,10 @@ struct TokenFiles {
             try directory.checkReplaceable()
             let staging = ".\(directory.name).tokenbroker-\(UInt32.random(in: 0...UInt32.max))"
             let fd = openat(directory.fd, staging, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
-            guard fd >= 0 else { throw directory.refusal("cannot create a file beside it: \(FileSystem.errnoText())") }
+            guard fd >= 0 else {
+                if errno == EROFS { throw directory.refusal(Self.readOnly(FileSystem.parent(of: path))) }
+                throw directory.refusal("cannot create a file beside it: \(FileSystem.errnoText())")
+            }
             var written = false
             defer {
                 close(fd)

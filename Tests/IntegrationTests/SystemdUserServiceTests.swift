@@ -1,3 +1,5 @@
+import BrokerClient
+import BrokerProtocol
 import Foundation
 import TestSupport
 import Testing
@@ -15,15 +17,19 @@ struct SystemdUserServiceTests {
     static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent()
 
+    /// Also checks that the man pages the units' `Documentation=` lines name exist: the
+    /// repository's, then the system's (systemd-analyze runs `man` for each).
     @Test func unitsVerifyWithoutWarnings() throws {
         let manager = try UserManager(start: false)
         defer { manager.shutdown() }
-        let result = try manager.run(
+        var environment = manager.environment
+        environment["MANPATH"] = Self.repository.appendingPathComponent("man").path + ":"
+        let result = try ChildProcess.run(
             "/usr/bin/systemd-analyze",
             ["--user", "verify"]
                 + ["tokenbroker.socket", "tokenbroker.service"].map {
                     manager.unitDirectory.appendingPathComponent($0).path
-                })
+                }, environment: environment)
         #expect(result.status == 0, "\(result.output)")
         #expect(result.output.trimmingCharacters(in: .whitespacesAndNewlines).isEmpty, "\(result.output)")
     }
@@ -176,6 +182,71 @@ struct SystemdUserServiceTests {
         #expect(outside.status == 7, "\(outside.output)")
     }
 
+    /// The shipped unit lets the broker write its token files where README says they go, with no
+    /// drop-in of the user's: an `export_file` in ~/.cache and the WLCG file in the runtime
+    /// directory are written and follow a refresh. A token file elsewhere in the home is refused
+    /// (ProtectSystem=strict), and the log says which `ReadWritePaths=` to add.
+    @Test func tokenFilesAreWrittenUnderTheUnit() async throws {
+        let refreshToken = "rt-\(UInt32.random(in: 0...UInt32.max))"
+        let idp = try await OAuth2TestIdP(initialRefreshToken: refreshToken)
+        let manager = try UserManager(start: false)
+        defer { manager.shutdown() }
+        let cacheDirectory = manager.cacheHome.appendingPathComponent("tokens")
+        let elsewhere = manager.home.appendingPathComponent("tokens")
+        for directory in [cacheDirectory, elsewhere, manager.configHome.appendingPathComponent("tokenbroker")] {
+            try FileManager.default.createDirectory(
+                at: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        }
+        let exportFile = cacheDirectory.appendingPathComponent("api").path
+        let wlcgFile = manager.runtime.appendingPathComponent("bt_u\(getuid())").path
+        let refusedFile = elsewhere.appendingPathComponent("other").path
+        try """
+        [broker]
+        wlcg_account = "api"
+
+        [accounts.api]
+        export_file = "\(exportFile)"
+
+        [accounts.other]
+        kind = "static"
+        export_file = "\(refusedFile)"
+
+        """.write(
+            to: manager.configHome.appendingPathComponent("tokenbroker/broker.toml"), atomically: true,
+            encoding: .utf8)
+        // Only to read the broker's log here (no journald): its stderr into a file.
+        let log = manager.root.appendingPathComponent("brokerd.log").path
+        try "[Service]\nStandardError=append:\(log)\n".write(
+            to: manager.unitDirectory.appendingPathComponent("tokenbroker.service.d/log.conf"), atomically: true,
+            encoding: .utf8)
+        try manager.launch()
+        #expect(try manager.systemctl(["start", "tokenbroker.socket"]).status == 0)
+
+        let client = try BrokerClient(
+            socketPath: manager.runtime.appendingPathComponent("tokenbroker/broker.sock").path)
+        _ = try await client.add(account: "api", provider: idp.provider(), tokens: TokenSet(refreshToken: refreshToken))
+        let first = try await client.token(account: "api", minTTL: 1).accessToken
+        #expect(await eventually { Self.content(exportFile) == first && Self.content(wlcgFile) == first })
+        _ = try await client.refresh(account: "api")
+        let second = try await client.token(account: "api", minTTL: 1).accessToken
+        #expect(second != first)
+        #expect(await eventually { Self.content(exportFile) == second && Self.content(wlcgFile) == second })
+
+        let pushed = try manager.brokerctl(
+            ["set-tokens", "other"], stdin: #"{"access_token":"other-token","expires_in":3600}"#)
+        #expect(pushed.status == 0, "\(pushed.output)")
+        #expect(!FileManager.default.fileExists(atPath: refusedFile))
+        #expect(
+            await eventually {
+                Self.content(log)?.contains("ReadWritePaths=\(elsewhere.path) under [Service] in a drop-in") == true
+            })
+        #expect(Self.content(log)?.contains("other-token") == false)
+    }
+
+    private static func content(_ path: String) -> String? {
+        FileManager.default.contents(atPath: path).map { String(decoding: $0, as: UTF8.self) }
+    }
+
     private func randomKey() -> Data { Data((0..<32).map { _ in UInt8.random(in: 0...255) }) }
 }
 
@@ -211,6 +282,7 @@ final class UserManager: @unchecked Sendable {
     var home: URL { root.appendingPathComponent("home") }
     var runtime: URL { root.appendingPathComponent("run") }
     var configHome: URL { home.appendingPathComponent(".config") }
+    var cacheHome: URL { home.appendingPathComponent(".cache") }
     var unitDirectory: URL { configHome.appendingPathComponent("systemd/user") }
     /// Where the unit's `ExecStart=%h/.local/bin/brokerd` finds the binary under test.
     var brokerd: String { home.appendingPathComponent(".local/bin/brokerd").path }
@@ -219,7 +291,10 @@ final class UserManager: @unchecked Sendable {
     private var createdBootPaths: [String] = []
     private var mountedRuntime = false
 
-    init(start: Bool) throws {
+    /// With `installedUnits`, the manager runs the units a package installed in
+    /// /usr/lib/systemd/user, as they are; else the repository's, with the brokerd under test
+    /// and a shorter watchdog.
+    init(start: Bool, installedUnits: Bool = false) throws {
         let fileManager = FileManager.default
         for directory in [
             runtime, unitDirectory.appendingPathComponent("tokenbroker.service.d"),
@@ -228,6 +303,10 @@ final class UserManager: @unchecked Sendable {
             try fileManager.createDirectory(at: directory, withIntermediateDirectories: true)
         }
         chmod(runtime.path, 0o700)
+        if installedUnits {
+            if start { try launchOrShutDown() }
+            return
+        }
         for unit in ["tokenbroker.service", "tokenbroker.socket"] {
             try fileManager.copyItem(
                 at: SystemdUserServiceTests.repository.appendingPathComponent("systemd/\(unit)"),
@@ -237,7 +316,10 @@ final class UserManager: @unchecked Sendable {
             to: unitDirectory.appendingPathComponent("tokenbroker.service.d/test.conf"), atomically: true,
             encoding: .utf8)
         try fileManager.copyItem(at: BrokerProcess.binary("brokerd"), to: URL(fileURLWithPath: brokerd))
-        guard start else { return }
+        if start { try launchOrShutDown() }
+    }
+
+    private func launchOrShutDown() throws {
         do {
             try launch()
         } catch {
@@ -247,7 +329,7 @@ final class UserManager: @unchecked Sendable {
     }
 
     /// Starts the manager with this home's environment and waits until it runs.
-    private func launch() throws {
+    func launch() throws {
         // systemd mounts a unit's credentials in a namespace of its own and moves them into
         // $XDG_RUNTIME_DIR/credentials; they show here only through a shared mount, as on a host
         // booted with systemd (a container's mounts are often private).
@@ -280,6 +362,7 @@ final class UserManager: @unchecked Sendable {
         environment["HOME"] = home.path
         environment["XDG_RUNTIME_DIR"] = runtime.path
         environment["XDG_CONFIG_HOME"] = configHome.path
+        environment["XDG_CACHE_HOME"] = cacheHome.path
         environment["XDG_STATE_HOME"] = home.appendingPathComponent(".local/state").path
         environment["TOKENBROKER_SOCKET"] = runtime.appendingPathComponent("tokenbroker/broker.sock").path
         // The host key that `systemd-creds` and the manager seal and open credentials with.
