@@ -38,8 +38,11 @@ import Testing
             }
         }
         let narrowed = idp.refreshCalls.count - 1
+        let elapsed = ContinuousClock.now - started
         #expect(narrowed <= 64, "no more than the account's cache of scoped tokens")
-        #expect(narrowed == 10, "the burst of one caller's budget")
+        // The burst of one caller's budget, and one more for every 6 s the loop took.
+        let refilled = Int(elapsed / .seconds(6))
+        #expect(narrowed >= 10 && narrowed <= 10 + refilled, "\(narrowed) refreshes in \(elapsed)")
         #expect(refusals.count == 200 - narrowed)
         #expect(refusals.allSatisfy { $0.code == .busy && ($0.retryAfterMs ?? 0) > 0 })
         #expect(ContinuousClock.now - started < .seconds(30), "every refusal was answered at once")
