@@ -1,3 +1,4 @@
+import BrokerProtocol
 import FoundationEssentials
 
 #if canImport(Glibc)
@@ -85,17 +86,7 @@ struct LoginPage {
 
     /// The page: a meta refresh and a link to `link`, sending no referrer.
     private static func html(leadingTo link: String) -> String {
-        var escaped = ""
-        for character in link {
-            switch character {
-            case "&": escaped += "&amp;"
-            case "\"": escaped += "&quot;"
-            case "'": escaped += "&#39;"
-            case "<": escaped += "&lt;"
-            case ">": escaped += "&gt;"
-            default: escaped.append(character)
-            }
-        }
+        let escaped = HTMLText.escaped(link)
         return """
             <!doctype html>
             <html><head><meta charset="utf-8"><meta name="referrer" content="no-referrer">

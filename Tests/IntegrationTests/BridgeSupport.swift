@@ -102,3 +102,27 @@ final class BridgeBroker: Sendable {
         return date >= issuedAt && date < issuedAt.addingTimeInterval(lifetime)
     }
 }
+
+/// A bare repository `repo.git` under `work/srv` holding one commit with a README that says
+/// `content`, ready for `GitHTTPServer` (dumb HTTP); returns the directory to serve.
+func servedRepository(in work: TemporaryDirectory, content: String) throws -> String {
+    let repositories = work.file("srv")
+    try FileManager.default.createDirectory(atPath: repositories, withIntermediateDirectories: true)
+    let plain = ["GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": work.path]
+    let environment = ProcessInfo.processInfo.environment.merging(plain) { $1 }
+    try content.write(toFile: work.path + "/README", atomically: true, encoding: .utf8)
+    for command in [
+        ["git", "init", "-q", "--bare", repositories + "/repo.git"],
+        ["git", "init", "-q", work.path + "/src"],
+        ["mv", work.path + "/README", work.path + "/src/README"],
+        ["git", "-C", work.path + "/src", "add", "README"],
+        ["git", "-C", work.path + "/src", "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "one"],
+        ["git", "-C", work.path + "/src", "push", "-q", repositories + "/repo.git", "HEAD:refs/heads/main"],
+        ["git", "-C", repositories + "/repo.git", "symbolic-ref", "HEAD", "refs/heads/main"],
+        ["git", "-C", repositories + "/repo.git", "update-server-info"],
+    ] {
+        let result = try ChildProcess.run("/usr/bin/env", command, environment: environment)
+        guard result.status == 0 else { throw HarnessError("\(command): \(result.output)") }
+    }
+    return repositories
+}

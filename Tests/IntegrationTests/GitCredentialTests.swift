@@ -183,23 +183,7 @@ import Testing
     @Test func aRefusedTokenIsErasedAndTheNextCloneRefreshesOnce() async throws {
         let work = try TemporaryDirectory()
         defer { work.remove() }
-        let repositories = work.file("srv")
-        try FileManager.default.createDirectory(atPath: repositories, withIntermediateDirectories: true)
-        let plain = ["GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": work.path]
-        let environment = ProcessInfo.processInfo.environment.merging(plain) { $1 }
-        for command in [
-            ["git", "init", "-q", "--bare", repositories + "/repo.git"],
-            ["git", "init", "-q", work.path + "/src"],
-            ["sh", "-c", "echo served-by-test > \(work.path)/src/README"],
-            ["git", "-C", work.path + "/src", "add", "README"],
-            ["git", "-C", work.path + "/src", "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "one"],
-            ["git", "-C", work.path + "/src", "push", "-q", repositories + "/repo.git", "HEAD:refs/heads/main"],
-            ["git", "-C", repositories + "/repo.git", "symbolic-ref", "HEAD", "refs/heads/main"],
-            ["git", "-C", repositories + "/repo.git", "update-server-info"],
-        ] {
-            let result = try ChildProcess.run("/usr/bin/env", command, environment: environment)
-            #expect(result.status == 0, "\(command): \(result.output)")
-        }
+        let repositories = try servedRepository(in: work, content: "served-by-test\n")
 
         let issued = SharedValue<OAuth2TestIdP?>(nil)
         let server = try await GitHTTPServer(root: repositories) { password in

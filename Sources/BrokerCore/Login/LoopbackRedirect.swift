@@ -1,3 +1,4 @@
+import BrokerProtocol
 import FoundationEssentials
 import NIOCore
 import NIOHTTP1
@@ -356,7 +357,7 @@ private final class CallbackHandler: ChannelInboundHandler {
     /// Writes `reply` and closes the connection.
     private func respond(_ reply: LoopbackReply, context: ChannelHandlerContext) {
         let html =
-            "<!doctype html><meta charset=utf-8><title>tokenbroker</title><p>\(Self.escaped(reply.text))</p>\n"
+            "<!doctype html><meta charset=utf-8><title>tokenbroker</title><p>\(HTMLText.escaped(reply.text))</p>\n"
         var headers = HTTPHeaders(reply.headers)
         headers.add(name: "Content-Type", value: "text/html; charset=utf-8")
         headers.add(name: "Content-Length", value: "\(html.utf8.count)")
@@ -371,21 +372,6 @@ private final class CallbackHandler: ChannelInboundHandler {
         context.writeAndFlush(wrapOutboundOut(.end(nil))).whenComplete { _ in channel.close(promise: nil) }
     }
 
-    /// `text` fit for an HTML page: `&`, `<`, `>`, `"` and `'` as character references.
-    static func escaped(_ text: String) -> String {
-        var html = ""
-        for character in text {
-            switch character {
-            case "&": html += "&amp;"
-            case "<": html += "&lt;"
-            case ">": html += "&gt;"
-            case "\"": html += "&quot;"
-            case "'": html += "&#39;"
-            default: html.append(character)
-            }
-        }
-        return html
-    }
 }
 
 /// One answer of the loopback listener: a status, a short page, and headers of its own (a
