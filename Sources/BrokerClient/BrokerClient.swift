@@ -211,22 +211,13 @@ private final class Connection: Sendable {
         }
     }
 
-    /// Runs `readLoop` on a thread of its own (a detached pthread); on failure the socket is closed.
+    /// Runs `readLoop` on a thread of its own (`OwnThread`); on failure the socket is closed.
     private func startReaderThread() throws {
-        let context = Unmanaged.passRetained(self).toOpaque()
-        var thread = pthread_t()
-        let result = pthread_create(
-            &thread, nil,
-            { context in
-                Unmanaged<Connection>.fromOpaque(context!).takeRetainedValue().readLoop()
-                return nil
-            }, context)
+        let result = OwnThread.start { self.readLoop() }
         guard result == 0 else {
-            Unmanaged<Connection>.fromOpaque(context).release()
             Glibc.close(descriptor)
             throw ConnectionError(description: "cannot start the reader thread: \(String(cString: strerror(result)))")
         }
-        pthread_detach(thread)
     }
 
     private func readLoop() {

@@ -35,7 +35,9 @@ struct CallerAccess {
     mutating func mayUse(_ account: String) -> Bool {
         takeNewRules()
         var reason: String?
-        switch decisions[account] ?? decide(account) {
+        switch decisions[account] {
+        // A fresh decision asked `/proc` already (`AccessPolicy.mayUse`).
+        case nil: if decide(account) != .refused { return true }
         case .allowed: return true
         case .allowedUnchanged:
             if caller.isUnchanged() { return true }

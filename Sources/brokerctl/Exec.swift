@@ -111,7 +111,7 @@ struct Exec: ParsableCommand {
                 "lost the broker's events for \(account) (\($0)); renewing the token file on a timer until they come back"
             },
             back: "following the broker's events for \(account) again")
-        try OwnThread.start {
+        let started = OwnThread.start {
             do {
                 try follower.run(subscribed: { pthread_kill(main, Self.followSignal) }) { event in
                     if [.refreshed, .valid].contains(event.event) { pthread_kill(main, Self.followSignal) }
@@ -123,6 +123,7 @@ struct Exec: ParsableCommand {
                 )
             }
         }
+        guard started == 0 else { throw BridgeFailure("cannot start a thread: \(String(cString: strerror(started)))") }
     }
 
     /// Writes the broker's token when it differs from the one in the file: its current one when

@@ -190,6 +190,15 @@ import Glibc
         }
     }
 
+    /// An `xdg-open` in `bin` that writes its argument to `bin/opened`; returns a PATH that
+    /// finds it first.
+    static func recordingXDGOpen(in bin: TemporaryDirectory) throws -> String {
+        try "#!/bin/sh\nprintf '%s' \"$1\" > \(bin.file("opened"))\n".write(
+            toFile: bin.file("xdg-open"), atomically: true, encoding: .utf8)
+        chmod(bin.file("xdg-open"), 0o755)
+        return bin.path + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
+    }
+
     /// With a display and no `--flow`, the browser flow runs and `xdg-open PAGE` is started (a
     /// stand-in on `PATH` records its argument), the page leading to the start link and removed
     /// with the login; over SSH the device flow is the default.
@@ -198,10 +207,7 @@ import Glibc
             idp.setDeviceTiming(interval: 1)
             let bin = try TemporaryDirectory()
             defer { bin.remove() }
-            try "#!/bin/sh\nprintf '%s' \"$1\" > \(bin.file("opened"))\n".write(
-                toFile: bin.file("xdg-open"), atomically: true, encoding: .utf8)
-            chmod(bin.file("xdg-open"), 0o755)
-            let path = bin.path + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
+            let path = try Self.recordingXDGOpen(in: bin)
 
             let desktop = try BackgroundBrokerctl(
                 broker, ["login", "desk", "--json"] + Self.provider(idp), environment: ["DISPLAY": ":9", "PATH": path])
@@ -324,10 +330,7 @@ import Glibc
         try await Self.withBrokerAndIdP { broker, idp in
             let bin = try TemporaryDirectory()
             defer { bin.remove() }
-            try "#!/bin/sh\nprintf '%s' \"$1\" > \(bin.file("opened"))\n".write(
-                toFile: bin.file("xdg-open"), atomically: true, encoding: .utf8)
-            chmod(bin.file("xdg-open"), 0o755)
-            let path = bin.path + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
+            let path = try Self.recordingXDGOpen(in: bin)
             let login = try BackgroundBrokerctl(
                 broker, ["login", "gone", "--flow", "browser", "--json"] + Self.provider(idp),
                 environment: ["DISPLAY": ":9", "PATH": path])

@@ -2,17 +2,19 @@
 import Glibc
 #endif
 
-/// A detached POSIX thread: brokerctl starts no task runtime, and a thread blocked in a read
-/// (a subscription) must not hold up the main thread's waits.
-enum OwnThread {
+/// A detached POSIX thread: the blocking client and brokerctl start no task runtime, and a
+/// thread blocked in a read (a connection's reader, a subscription) must not hold up the
+/// caller's waits.
+public enum OwnThread {
     /// Holds the body across `pthread_create`.
     private final class Body {
         let run: @Sendable () -> Void
         init(_ run: @escaping @Sendable () -> Void) { self.run = run }
     }
 
-    /// Runs `body` on a new thread, which inherits the caller's signal mask.
-    static func start(_ body: @escaping @Sendable () -> Void) throws {
+    /// Runs `body` on a new thread, which inherits the caller's signal mask; returns 0, or the
+    /// error number when no thread could be started.
+    public static func start(_ body: @escaping @Sendable () -> Void) -> Int32 {
         let context = Unmanaged.passRetained(Body(body)).toOpaque()
         var thread = pthread_t()
         let result = pthread_create(
@@ -23,8 +25,9 @@ enum OwnThread {
             }, context)
         guard result == 0 else {
             Unmanaged<Body>.fromOpaque(context).release()
-            throw BridgeFailure("cannot start a thread: \(String(cString: strerror(result)))")
+            return result
         }
         pthread_detach(thread)
+        return 0
     }
 }
