@@ -16,8 +16,9 @@ struct AccountMachine: Sendable {
         case idle
         /// A refresh is under way.
         case refreshing(serial: Int)
-        /// Transient failures: until `until`, a token request fails fast instead of calling the IdP.
-        case backingOff(until: Date)
+        /// Transient failures: the schedule tries again at `until`; a client's request fails
+        /// fast until `probeAt`, and after it starts the refresh itself (README "Limits").
+        case backingOff(until: Date, probeAt: Date)
         /// The IdP refused the credential; only new tokens bring the account back.
         case denied
         /// `logout` is revoking the credential; nothing else may change it meanwhile.
@@ -128,10 +129,11 @@ struct AccountMachine: Sendable {
         return isLoggingOut ? .loggingOut : nil
     }
 
-    /// How long a token request must wait for the backoff to end, or `nil` when it need not.
-    func backoffWait(now: Date) -> TimeInterval? {
-        guard case .backingOff(let until) = phase, until > now else { return nil }
-        return until.timeIntervalSince(now)
+    /// How long a client's request must wait before it may try the IdP during a backoff, or
+    /// `nil` when it need not.
+    func probeWait(now: Date) -> TimeInterval? {
+        guard case .backingOff(_, let probeAt) = phase, probeAt > now else { return nil }
+        return probeAt.timeIntervalSince(now)
     }
 
     /// How long a refresh a client's request would start must still wait: until `interval`
@@ -260,13 +262,16 @@ struct AccountMachine: Sendable {
         return .applied([.publish(nil), .emit(.needsLogin, message: message), .persist])
     }
 
-    /// Refresh `serial` failed for a reason that may pass: back off for `delay` seconds.
-    mutating func refreshFailed(serial: Int, message: String, delay: TimeInterval, now: Date) -> RefreshResult {
+    /// Refresh `serial` failed for a reason that may pass: the schedule backs off for `delay`
+    /// seconds, clients' requests for `probeDelay` (`RefreshPlanner.probeDelay`).
+    mutating func refreshFailed(
+        serial: Int, message: String, delay: TimeInterval, probeDelay: TimeInterval, now: Date
+    ) -> RefreshResult {
         guard refreshSerial == serial else { return .overtaken([]) }
         failures += 1
         record.lastError = AccountError(code: "unavailable", message: message, at: now)
         let until = now.addingTimeInterval(delay)
-        settle(.backingOff(until: until), nextRefreshAt: until)
+        settle(.backingOff(until: until, probeAt: now.addingTimeInterval(min(probeDelay, delay))), nextRefreshAt: until)
         return .applied(failures == 1 ? [.emit(.refreshFailed, message: message)] : [])
     }
 

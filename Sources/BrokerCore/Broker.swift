@@ -623,6 +623,7 @@ public actor Broker {
         guard accounts[name] != nil else { return .failure(.changedDuringRefresh(AccountName(known: name))) }
         let result: AccountMachine.RefreshResult
         var delay: TimeInterval = 0
+        var probeDelay: TimeInterval = 0
         switch outcome {
         case .success(let grant):
             result = accounts[name]!.refreshSucceeded(
@@ -631,7 +632,9 @@ public actor Broker {
             result = accounts[name]!.refreshDenied(serial: serial, message: failure.message, now: now)
         case .failure(let failure):
             delay = planner.backoff(failures: accounts[name]!.failures + 1, retryAfter: failure.retryAfter)
-            result = accounts[name]!.refreshFailed(serial: serial, message: failure.message, delay: delay, now: now)
+            probeDelay = planner.probeDelay(backoff: delay, retryAfter: failure.retryAfter)
+            result = accounts[name]!.refreshFailed(
+                serial: serial, message: failure.message, delay: delay, probeDelay: probeDelay, now: now)
         }
         switch (result, outcome) {
         case (.overtaken(let effects), _):
@@ -669,7 +672,7 @@ public actor Broker {
                     "account": "\(name)", "reason": "\(failure.message)",
                     "retry_in_s": "\(Bounds.wholeSeconds(delay.rounded(.up)))",
                 ])
-            return .failure(.refreshFailing(reason: failure.message, retryAfter: delay))
+            return .failure(.refreshFailing(reason: failure.message, retryAfter: probeDelay))
         }
     }
 
@@ -694,7 +697,7 @@ public actor Broker {
         guard machine.refreshesOnItsOwn else {
             throw .noTokenLongEnough(AccountName(known: machine.record.name), kind: machine.record.provider.kind)
         }
-        if let wait = machine.backoffWait(now: clock.now()) {
+        if let wait = machine.probeWait(now: clock.now()) {
             throw .refreshFailing(
                 reason: machine.record.lastError?.message ?? "the IdP is failing; retrying", retryAfter: wait)
         }

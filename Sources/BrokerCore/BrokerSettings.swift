@@ -18,6 +18,10 @@ public struct BrokerSettings: Sendable, Equatable {
     public var backoffBase: TimeInterval = 1
     /// Longest retry delay after transient failures, in seconds.
     public var backoffCap: TimeInterval = 300
+    /// While an account backs off, a client's request may try the IdP again once per this many
+    /// seconds (one call for all such requests), so a recovered IdP is noticed without waiting
+    /// out the backoff.
+    public var outageProbeInterval: TimeInterval = 2
     /// Connect timeout for IdP calls, in seconds.
     public var connectTimeout: TimeInterval = 5
     /// Total timeout for one IdP call, in seconds.

@@ -21,6 +21,7 @@ public enum ConfigFile {
             ("minimum_refresh_interval", \.minimumRefreshInterval, 0.1...day),
             ("overdue_threshold", \.overdueThreshold, 0...day), ("overdue_spread", \.overdueSpread, 0...day),
             ("backoff_base", \.backoffBase, 0.1...day), ("backoff_cap", \.backoffCap, 0.1...7 * day),
+            ("outage_probe_interval", \.outageProbeInterval, 0.1...day),
             ("connect_timeout", \.connectTimeout, 0.001...3600), ("request_timeout", \.requestTimeout, 0.001...3600),
             ("default_lifetime", \.defaultLifetime, 1...Bounds.maximumLifetime),
             ("event_buffer", \.eventBuffer, 1...Double(maximumEventBuffer)),

@@ -33,4 +33,11 @@ struct RefreshPlanner: Sendable {
         let jittered = Double.random(in: 0...ceiling)
         return max(jittered, min(retryAfter ?? 0, settings.backoffCap))
     }
+
+    /// How soon, within a backoff of `backoff` seconds, a client's request may try the IdP
+    /// again: after `outageProbeInterval`, or the IdP's `Retry-After` when that is longer
+    /// (cut to `backoffCap`); never later than the backoff's end.
+    func probeDelay(backoff: TimeInterval, retryAfter: TimeInterval?) -> TimeInterval {
+        min(backoff, max(settings.outageProbeInterval, min(retryAfter ?? 0, settings.backoffCap)))
+    }
 }

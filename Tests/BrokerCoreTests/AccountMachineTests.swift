@@ -103,18 +103,19 @@ import Testing
     @Test func transientFailuresBackOffAndOnlyTheFirstIsAnnounced() {
         var machine = machine()
         _ = machine.beginRefresh(serial: 1)
-        let first = machine.refreshFailed(serial: 1, message: "timed out", delay: 4, now: start)
+        let first = machine.refreshFailed(serial: 1, message: "timed out", delay: 4, probeDelay: 2, now: start)
         #expect(first == .applied([.emit(.refreshFailed, message: "timed out")]))
-        #expect(machine.phase == .backingOff(until: start.addingTimeInterval(4)))
+        #expect(machine.phase == .backingOff(until: start.addingTimeInterval(4), probeAt: start.addingTimeInterval(2)))
         #expect(machine.nextRefreshAt == start.addingTimeInterval(4))
-        #expect(machine.backoffWait(now: start.addingTimeInterval(1)) == 3)
-        #expect(machine.backoffWait(now: start.addingTimeInterval(5)) == nil)
+        #expect(machine.probeWait(now: start.addingTimeInterval(0.5)) == 1.5)
+        #expect(machine.probeWait(now: start.addingTimeInterval(2)) == nil, "a client may try the IdP again")
+        #expect(machine.probeWait(now: start.addingTimeInterval(5)) == nil)
         #expect(machine.state(now: start) == .stale)
         #expect(machine.state(now: start.addingTimeInterval(4000)) == .unavailable)
 
         let began = machine.beginRefresh(serial: 2)
         #expect(began)
-        let failure = machine.refreshFailed(serial: 2, message: "timed out", delay: 8, now: start)
+        let failure = machine.refreshFailed(serial: 2, message: "timed out", delay: 8, probeDelay: 2, now: start)
         #expect(failure == .applied([]))
         #expect(machine.failures == 2)
 
@@ -134,7 +135,7 @@ import Testing
     @Test func aDenialDuringBackoffStopsEveryRefreshUntilNewTokens() {
         var machine = machine()
         _ = machine.beginRefresh(serial: 1)
-        _ = machine.refreshFailed(serial: 1, message: "503", delay: 2, now: start)
+        _ = machine.refreshFailed(serial: 1, message: "503", delay: 2, probeDelay: 2, now: start)
         _ = machine.beginRefresh(serial: 2)
         let denial = machine.refreshDenied(serial: 2, message: "invalid_grant", now: start)
         #expect(denial == .applied([.publish(nil), .emit(.needsLogin, message: "invalid_grant"), .persist]))
@@ -188,7 +189,7 @@ import Testing
         #expect(machine.record.secrets.refreshToken == "rt-pushed")
         let denial = machine.refreshDenied(serial: 2, message: "late", now: start)
         #expect(denial == .overtaken([]))
-        let failure = machine.refreshFailed(serial: 2, message: "late", delay: 1, now: start)
+        let failure = machine.refreshFailed(serial: 2, message: "late", delay: 1, probeDelay: 2, now: start)
         #expect(failure == .overtaken([]))
         #expect(machine.phase == .idle)
     }
@@ -311,7 +312,7 @@ import Testing
     @Test func aRefusedLogoutLeavesTheAccountAsItWas() {
         var machine = machine()
         _ = machine.beginRefresh(serial: 1)
-        _ = machine.refreshFailed(serial: 1, message: "503", delay: 30, now: start)
+        _ = machine.refreshFailed(serial: 1, message: "503", delay: 30, probeDelay: 2, now: start)
         let phase = machine.phase
         let next = machine.nextRefreshAt
         let loggingOut = machine.beginLogout()

@@ -203,6 +203,52 @@ import Testing
         }
     }
 
+    /// README "Limits": when an outage ends, clients' requests do not wait out the backoff.
+    /// During it they fail fast, and once per `outage_probe_interval` one of them tries the IdP
+    /// again; a crowd arriving then makes one call and is served by it.
+    @Test func aRecoveredIdPIsFoundByTheNextRequestsNotAfterTheBackoff() async throws {
+        var settings = BrokerSettings()
+        settings.backoffBase = 600
+        settings.backoffCap = 600
+        try await BrokerHarness.run(settings: settings) { h in
+            try await h.addWithValidToken()
+            h.clock.advance(by: 3700)
+            // Retry-After: 2 keeps the jittered backoff (2 s to 600 s) from ending before the probe.
+            h.idp.setBehavior(.status(503, retryAfter: 2))
+            let first = await #expect(throws: BrokerError.self) { try await h.broker.token(account: "api", minTTL: 30) }
+            #expect(first?.code == .unavailable)
+            #expect(h.idp.callCount == 1)
+            #expect(first?.retryAfterMs == 2000, "a client may try again in 2 s")
+            let probe = settings.outageProbeInterval
+
+            h.clock.advance(by: probe / 2)
+            let fast = await #expect(throws: BrokerError.self) { try await h.broker.token(account: "api", minTTL: 30) }
+            #expect(fast?.code == .unavailable)
+            #expect(h.idp.callCount == 1, "no IdP call before the probe interval has passed")
+
+            h.clock.advance(by: probe / 2)
+            let probed = await #expect(throws: BrokerError.self) {
+                try await h.broker.token(account: "api", minTTL: 30)
+            }
+            #expect(probed?.code == .unavailable)
+            #expect(h.idp.callCount == 2, "one probe, which found the IdP still down")
+
+            h.idp.setBehavior(.normal)
+            h.idp.setDelay(.milliseconds(100))
+            h.clock.advance(by: settings.outageProbeInterval)
+            let broker = h.broker
+            let tokens = try await withThrowingTaskGroup(of: String.self) { group in
+                for _ in 0..<20 {
+                    group.addTask { try await broker.token(account: "api", minTTL: 30).result.accessToken }
+                }
+                return try await group.reduce(into: [String]()) { $0.append($1) }
+            }
+            #expect(h.idp.callCount == 3, "the crowd shared one call")
+            #expect(Set(tokens) == Set(h.idp.issuedAccessTokens) && tokens.count == 20)
+            #expect(try await h.state().state == "valid")
+        }
+    }
+
     @Test func aGarbageAnswerIsTransientAndKeepsTheRefreshToken() async throws {
         try await BrokerHarness.run { h in
             try await h.addWithValidToken()

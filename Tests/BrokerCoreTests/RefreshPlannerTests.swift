@@ -126,4 +126,15 @@ import Testing
             #expect(planner.backoff(failures: 1, retryAfter: 1_000_000) == 300)
         }
     }
+
+    /// README "Limits": during a backoff a client's request may try again after
+    /// `outage_probe_interval`, or the IdP's longer `Retry-After`, and never after the backoff.
+    @Test func aClientMayProbeSoonerThanTheBackoffButNotBeforeRetryAfter() {
+        let planner = RefreshPlanner(settings: BrokerSettings())  // probe interval 2 s, cap 300 s
+        #expect(planner.probeDelay(backoff: 60, retryAfter: nil) == 2)
+        #expect(planner.probeDelay(backoff: 60, retryAfter: 1) == 2)
+        #expect(planner.probeDelay(backoff: 60, retryAfter: 15) == 15)
+        #expect(planner.probeDelay(backoff: 0.5, retryAfter: nil) == 0.5)
+        #expect(planner.probeDelay(backoff: 300, retryAfter: 1_000_000) == 300)
+    }
 }

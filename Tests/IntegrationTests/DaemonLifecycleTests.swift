@@ -86,6 +86,39 @@ import Glibc
         await idp.shutdown()
     }
 
+    /// README "Limits": after an outage, `brokerctl token` works again within seconds of the
+    /// IdP's return, though the broker's own retry is a minute off and nobody ran `refresh`.
+    @Test func aTokenIsServedSecondsAfterTheIdPRecovers() async throws {
+        let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-back", lifetime: 3600)
+        idp.setBehavior(.status(503, retryAfter: nil))
+        let broker = try BrokerProcess()
+        try FileManager.default.createDirectory(at: broker.configDirectory, withIntermediateDirectories: true)
+        // Retry-After-less 503s: the schedule backs off 1 to 60 s (jittered), then 60 s at most.
+        try "[broker]\nbackoff_base = 60\nbackoff_cap = 60\n".write(
+            to: broker.configDirectory.appendingPathComponent("broker.toml"), atomically: true, encoding: .utf8)
+        try await broker.start()
+        defer { broker.stop() }
+        let add = try broker.brokerctl(
+            ["add", "back", "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id", idp.clientID,
+             "--secrets", "-"], stdin: #"{"refresh_token":"rt-back"}"#)
+        #expect(add.status == 0, "\(add.stderr)")
+        let down = try broker.brokerctl(["token", "back"])
+        #expect(down.status == 6, "unavailable while the IdP is down: \(down.stderr)")
+
+        idp.setBehavior(.normal)
+        let back = ContinuousClock.now
+        var served = try broker.brokerctl(["token", "back"])
+        while served.status != 0, ContinuousClock.now - back < .seconds(20) {
+            try await Task.sleep(for: .milliseconds(200))
+            served = try broker.brokerctl(["token", "back"])
+        }
+        let waited = ContinuousClock.now - back
+        #expect(served.status == 0, "\(served.stderr)")
+        #expect(idp.issuedAccessTokens.contains(String(served.stdout.dropLast())))
+        #expect(waited < .seconds(5), "served \(waited) after the IdP came back")
+        await idp.shutdown()
+    }
+
     /// `--log-level` wins over `TOKENBROKER_LOG_LEVEL`, `info` is the default (no debug line for
     /// a failed request), and a level that is none stops brokerd without repeating it.
     @Test func theLogLevelComesFromTheOptionOrTheEnvironment() async throws {
