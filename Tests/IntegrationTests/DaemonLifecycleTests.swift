@@ -99,8 +99,10 @@ import Glibc
         try await broker.start()
         defer { broker.stop() }
         let add = try broker.brokerctl(
-            ["add", "back", "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id", idp.clientID,
-             "--secrets", "-"], stdin: #"{"refresh_token":"rt-back"}"#)
+            [
+                "add", "back", "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id", idp.clientID,
+                "--secrets", "-",
+            ], stdin: #"{"refresh_token":"rt-back"}"#)
         #expect(add.status == 0, "\(add.stderr)")
         let down = try broker.brokerctl(["token", "back"])
         #expect(down.status == 6, "unavailable while the IdP is down: \(down.stderr)")
