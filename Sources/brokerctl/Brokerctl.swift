@@ -96,8 +96,7 @@ struct GlobalOptions: ParsableArguments {
 
     /// The account name nearest to `name` among those the broker shows this caller, if close.
     private static func nearestAccount(to name: String, socket: String?) -> String? {
-        let status = try? client(socket: socket, timeout: 2).perform(.status())
-        return Suggestion.nearest(to: name, among: status?.accounts.map(\.account) ?? [])
+        Suggestion.nearest(to: name, among: AccountNames.visible(socket: socket, timeout: 2))
     }
 
     static func exitCode(_ code: BrokerError.Code) -> Int32 {
@@ -173,7 +172,7 @@ struct Status: ParsableCommand {
         commandName: "status", abstract: "Show the state of every account, or of one.")
 
     @OptionGroup var options: GlobalOptions
-    @Argument(help: "Account name.") var account: String?
+    @Argument(help: "Account name.", completion: AccountNames.completion) var account: String?
 
     func run() throws {
         try options.run(.status(account: account)) { result in
@@ -196,7 +195,7 @@ struct Token: ParsableCommand {
     )
 
     @OptionGroup var options: GlobalOptions
-    @Argument(help: "Account name.") var account: String
+    @Argument(help: "Account name.", completion: AccountNames.completion) var account: String
     @Option(help: "Seconds the token must stay valid.") var minTTL: Double?
     @Flag(help: "Print the account's OpenID Connect id token instead (exit 4 when its IdP issued none).")
     var idToken = false
@@ -239,7 +238,8 @@ struct Watch: ParsableCommand {
         inversion: .prefixedNo,
         help: "Keep watching across broker restarts (default: on when standard output is a terminal).")
     var reconnect: Bool?
-    @Argument(help: "Accounts to watch (all when none are given).") var accounts: [String] = []
+    @Argument(help: "Accounts to watch (all when none are given).", completion: AccountNames.completion) var accounts:
+        [String] = []
 
     func run() throws {
         let client = try options.client()
@@ -367,7 +367,7 @@ struct SetTokens: ParsableCommand {
         discussion: "Reads a JSON tokens object from --from (a file, or - for stdin, the default).")
 
     @OptionGroup var options: GlobalOptions
-    @Argument(help: "Account name.") var account: String
+    @Argument(help: "Account name.", completion: AccountNames.completion) var account: String
     @Option(help: "File with the tokens as JSON, or - for stdin.") var from = "-"
 
     func run() throws {
@@ -383,7 +383,7 @@ struct Remove: ParsableCommand {
         commandName: "remove", abstract: "Delete an account and its secrets.")
 
     @OptionGroup var options: GlobalOptions
-    @Argument(help: "Account name.") var account: String
+    @Argument(help: "Account name.", completion: AccountNames.completion) var account: String
 
     func run() throws {
         try options.run(.remove(account: account)) { "removed \($0.account)" }
@@ -395,7 +395,7 @@ struct Refresh: ParsableCommand {
         commandName: "refresh", abstract: "Refresh an account now, ignoring its schedule.")
 
     @OptionGroup var options: GlobalOptions
-    @Argument(help: "Account name.") var account: String
+    @Argument(help: "Account name.", completion: AccountNames.completion) var account: String
 
     func run() throws {
         try options.run(.refresh(account: account)) { "refreshed \($0.account) (\($0.state))" }
@@ -413,7 +413,7 @@ struct Logout: ParsableCommand {
             """)
 
     @OptionGroup var options: GlobalOptions
-    @Argument(help: "Account name.") var account: String
+    @Argument(help: "Account name.", completion: AccountNames.completion) var account: String
     @Flag(help: "Discard the credential even if the IdP cannot be reached to revoke it.") var force = false
 
     func run() throws {

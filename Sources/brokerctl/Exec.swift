@@ -48,7 +48,7 @@ struct Exec: ParsableCommand {
     @OptionGroup var options: BridgeOptions
     @OptionGroup var narrowing: Narrowing
     @Option(help: "The environment variable that holds the token.") var env = "BEARER_TOKEN"
-    @Argument(help: "Account name.") var account: String
+    @Argument(help: "Account name.", completion: AccountNames.completion) var account: String
     @Argument(parsing: .postTerminator, help: "The command and its arguments, after --.") var command: [String] = []
 
     func validate() throws {

@@ -10,7 +10,7 @@ struct Header: ParsableCommand {
 
     @OptionGroup var options: BridgeOptions
     @OptionGroup var narrowing: Narrowing
-    @Argument(help: "Account name.") var account: String
+    @Argument(help: "Account name.", completion: AccountNames.completion) var account: String
 
     func run() throws {
         let token = try GlobalOptions.reportingFailures { try options.token(of: account, narrowing: narrowing) }

@@ -29,7 +29,7 @@ struct KubeCredential: ParsableCommand {
 
     @OptionGroup var options: BridgeOptions
     @OptionGroup var narrowing: Narrowing
-    @Argument(help: "Account name.") var account: String
+    @Argument(help: "Account name.", completion: AccountNames.completion) var account: String
 
     func run() throws {
         let info = getenv("KUBERNETES_EXEC_INFO").map { String(cString: $0) }

@@ -34,7 +34,7 @@ struct Login: ParsableCommand {
             """)
 
     @OptionGroup var connection: ConnectionOptions
-    @Argument(help: "Account name.") var account: String
+    @Argument(help: "Account name.", completion: AccountNames.completion) var account: String
     @Option(help: "Provider kind (only oauth2 accounts sign in).") var kind = "oauth2"
     @OptionGroup var provider: ProviderOptions
     @Option(help: "File holding {\"client_secret\": ...}, or - for stdin; the broker reads it, brokerctl does not.")
