@@ -275,28 +275,31 @@ public actor Broker {
         let context = LoginContext(
             account: account, settings: settings, clientSecret: secret, http: http, clock: clock,
             defaultLifetime: self.settings.defaultLifetime, progress: progress)
-        let grant: Grant
-        switch options.flow {
-        case .device: grant = try await DeviceAuthorization.run(context, timeout: options.timeout)
-        case .browser:
-            grant = try await AuthorizationCodeLogin.run(
-                context, redirectPort: options.redirectPort, timeout: options.timeout)
-        }
-        if Task.isCancelled { throw context.cancelled }
-        // The account may have been added, removed or reconfigured while the user signed in; a
-        // removed one stays removed.
-        if restoring && accounts[name] == nil { throw .noSuchAccount(account) }
-        _ = try loginSettings(account, provider: config, clientSecret: secret)
-        let snapshot: AccountSnapshot
-        if accounts[name] == nil {
-            snapshot = try create(account, provider: config, clientSecret: secret) { record, _ in
-                apply(grant, to: &record)
+        /// Stores what the IdP granted (saved to the vault before it returns).
+        func keep(_ grant: Grant) throws(BrokerFailure) -> (snapshot: AccountSnapshot, hasIDToken: Bool) {
+            if Task.isCancelled { throw context.cancelled }
+            // The account may have been added, removed or reconfigured while the user signed in; a
+            // removed one stays removed.
+            if restoring && accounts[name] == nil { throw .noSuchAccount(account) }
+            _ = try loginSettings(account, provider: config, clientSecret: secret)
+            let snapshot: AccountSnapshot
+            if accounts[name] == nil {
+                snapshot = try create(account, provider: config, clientSecret: secret) { record, _ in
+                    apply(grant, to: &record)
+                }
+            } else {
+                snapshot = try replaceTokens(of: account) { record, _ in apply(grant, to: &record) }
             }
-        } else {
-            snapshot = try replaceTokens(of: account) { record, _ in apply(grant, to: &record) }
+            logger.info("logged in", metadata: ["account": "\(name)", "flow": "\(options.flow.rawValue)"])
+            return (snapshot, grant.token.idToken != nil)
         }
-        logger.info("logged in", metadata: ["account": "\(name)", "flow": "\(options.flow.rawValue)"])
-        return (snapshot, grant.token.idToken != nil)
+        switch options.flow {
+        case .device: return try keep(try await DeviceAuthorization.run(context, timeout: options.timeout))
+        case .browser:
+            // The browser's page answers after the tokens are saved, with how that went.
+            return try await AuthorizationCodeLogin.run(
+                context, redirectPort: options.redirectPort, timeout: options.timeout, keep: keep)
+        }
     }
 
     /// The settings and client secret a login of `account` uses: an existing account's own

@@ -354,6 +354,25 @@ import Testing
         }
     }
 
+    /// The callback's page answers after the tokens are saved: when the vault cannot be written
+    /// (a directory where its log goes), the page says the sign-in failed, not that it worked.
+    @Test func aLoginWhoseTokensCannotBeSavedShowsAFailurePage() async throws {
+        try await BrokerHarness.run { harness in
+            _ = try await harness.broker.add(
+                account: "other", provider: ProviderSpec(kind: "static"),
+                tokens: TokenSet(accessToken: "t", expiresIn: 3600))
+            try FileManager.default.createDirectory(
+                atPath: harness.vaultPath + ".log/in-the-way", withIntermediateDirectories: true)
+            let (login, offer) = try await Self.startBrowserLogin(harness)
+            let page = try await TestBrowser().signIn(try #require(offer.url))
+            #expect(!(200..<300).contains(page.status))
+            let body = page.body.lowercased()
+            #expect(!body.contains("signed in") && body.contains("the sign-in failed"), "\(page.body)")
+            #expect(!page.body.contains(harness.idp.clientSecret))
+            #expect(await Self.failure(login)?.code == .internal)
+        }
+    }
+
     /// The page's text is escaped: markup in the IdP's `error` shows as text.
     @Test func theCallbackPageEscapesWhatTheIdPSaid() async throws {
         try await BrokerHarness.run { harness in

@@ -6,12 +6,14 @@ import FoundationEssentials
 /// authorization URL; the IdP sends the browser back to the listener with a code, and the
 /// broker exchanges the code with its verifier.
 enum AuthorizationCodeLogin {
-    /// Runs the grant; waits at most `timeout` seconds for the browser to come back. The
-    /// listener is closed on every path, after the browser that brought a code was told how
-    /// its exchange went.
-    static func run(_ context: LoginContext, redirectPort: Int?, timeout: TimeInterval?) async throws(BrokerFailure)
-        -> Grant
-    {
+    /// Runs the grant and hands the tokens to `keep` (which stores them); waits at most
+    /// `timeout` seconds for the browser to come back. The listener is closed on every path,
+    /// after the browser that brought a code was told how its exchange and `keep` went. Runs
+    /// on the caller's actor, as `keep` does.
+    static func run<Kept>(
+        _ context: LoginContext, redirectPort: Int?, timeout: TimeInterval?,
+        isolation: isolated (any Actor)? = #isolation, keep: (Grant) throws(BrokerFailure) -> Kept
+    ) async throws(BrokerFailure) -> Kept {
         guard
             let endpoint = try await context.endpoint(
                 context.settings.authorizationEndpoint, discovered: \.authorization)
@@ -33,11 +35,11 @@ enum AuthorizationCodeLogin {
                 redirectURI: listener.redirectURI))
         let callback = await listener.callback(until: deadline)
         // No more connections; the page of the browser that brought a code waits for the
-        // outcome, and says why the login failed, or that it did not.
+        // outcome (the exchange, then the save), and says why the login failed, or that it did not.
         await listener.close()
-        let outcome: Result<Grant, BrokerFailure>
+        let outcome: Result<Kept, BrokerFailure>
         do throws(BrokerFailure) {
-            outcome = .success(try await grant(callback, listener: listener, pkce: pkce, context: context))
+            outcome = .success(try keep(try await grant(callback, listener: listener, pkce: pkce, context: context)))
         } catch {
             outcome = .failure(error)
         }
