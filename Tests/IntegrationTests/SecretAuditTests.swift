@@ -32,7 +32,7 @@ import Glibc
         defer { broker.stop() }
         let events = try audit.subscribe(broker)
         let watch = try BackgroundBrokerctl(broker, ["watch", "--json"])
-        let connection = try RawConnection(path: broker.socketPath)
+        let connection = try RawConnection(path: broker.socketPath, readTimeout: 30)
         let provider =
             #"{"kind":"oauth2","token_endpoint":"\#(idp.tokenEndpoint)","client_id":"\#(idp.clientID)","#
             + #""client_secret":"\#(idp.clientSecret)","revocation_endpoint":"\#(idp.revocationEndpoint)"}"#
@@ -134,7 +134,7 @@ import Glibc
         try await broker.start(environment: Self.environment)
         defer { broker.stop() }
         let events = try audit.subscribe(broker)
-        let connection = try RawConnection(path: broker.socketPath)
+        let connection = try RawConnection(path: broker.socketPath, readTimeout: 30)
         audit.addSecrets([Self.marker(of: urlIdP.initialURL)])
 
         let urlAccount = AuditedAccount(
@@ -293,7 +293,7 @@ import Glibc
         try broker.writeConfig(Self.config)
         try await broker.start(arguments: ["--passphrase"], environment: Self.environment)
         defer { broker.stop() }
-        let connection = try RawConnection(path: broker.socketPath)
+        let connection = try RawConnection(path: broker.socketPath, readTimeout: 30)
         audit.ask(connection, #"{"id":1,"op":"status"}"#)
         #expect(try audit.brokerctl(broker, ["unlock"], stdin: first + "\n").status == 0)
         let events = try audit.subscribe(broker)
@@ -447,7 +447,7 @@ final class SecretAudit {
 
     /// A `subscribe` connection to `broker` (all accounts), its acknowledgement recorded.
     func subscribe(_ broker: BrokerProcess) throws -> RawConnection {
-        let connection = try RawConnection(path: broker.socketPath)
+        let connection = try RawConnection(path: broker.socketPath, readTimeout: 30)
         ask(connection, #"{"id":"events","op":"subscribe"}"#)
         return connection
     }

@@ -11,8 +11,9 @@ public final class RawConnection {
     public let descriptor: Int32
     private var buffer = [UInt8]()
 
-    public init(path: String) throws {
-        descriptor = try Self.connect(path)
+    /// Connects to `path`; each read waits `readTimeout` seconds at most.
+    public init(path: String, readTimeout: Int = 10) throws {
+        descriptor = try Self.connect(path, readTimeout: readTimeout)
     }
 
     /// Connects once something listens at `path`, trying for up to `seconds`.
@@ -35,11 +36,11 @@ public final class RawConnection {
         Self.limitReads(descriptor, seconds: readTimeout)
     }
 
-    private static func connect(_ path: String) throws -> Int32 {
+    private static func connect(_ path: String, readTimeout: Int = 10) throws -> Int32 {
         guard case .success(let descriptor) = UnixSocketAddress.connect(path) else {
             throw HarnessError("cannot connect to \(path)")
         }
-        limitReads(descriptor)
+        limitReads(descriptor, seconds: readTimeout)
         return descriptor
     }
 

@@ -62,7 +62,7 @@ class DefaultSocketTests(unittest.TestCase):
 
 class ErrorClassTests(unittest.TestCase):
     def test_every_code_of_the_swift_error_code_list_has_its_own_subclass(self):
-        source = (REPOSITORY / "Sources/BrokerProtocol/ErrorCode.swift").read_text()
+        source = (REPOSITORY / "Sources/BrokerProtocol/BrokerError.swift").read_text()
         codes = re.findall(r'public static let \S+ = Code\("([a-z_]+)"\)', source)
         self.assertEqual(len(codes), 11)
         self.assertEqual(sorted(codes), sorted(ERRORS_BY_CODE))

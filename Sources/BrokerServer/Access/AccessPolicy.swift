@@ -5,21 +5,6 @@ import Logging
 import Glibc
 #endif
 
-/// Who is on the other end of a connection, from `SO_PEERCRED` (kernel-attested).
-public struct PeerIdentity: Sendable, Equatable, CustomStringConvertible {
-    public var pid: Int32
-    public var uid: UInt32
-    public var gid: UInt32
-
-    public init(pid: Int32, uid: UInt32, gid: UInt32) {
-        self.pid = pid
-        self.uid = uid
-        self.gid = gid
-    }
-
-    public var description: String { "pid \(pid) uid \(uid)" }
-}
-
 /// Who may connect, which accounts a caller may use and who may run the owner operations
 /// under the rules in force (`[accounts.NAME.access]`, `[broker] admins`).
 public struct AccessPolicy: Sendable {

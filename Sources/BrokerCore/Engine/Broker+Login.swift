@@ -1,0 +1,68 @@
+import BrokerProtocol
+import FoundationEssentials
+import Logging
+
+/// Login coordination: signing a user in at an IdP, then storing what it grants.
+extension Broker {
+    /// Signs the user in at the IdP of `account` and stores the tokens it issues: creates the
+    /// account with `provider` (and `clientSecret`) when it does not exist, otherwise restores it
+    /// in place with its own settings, as `setTokens` would. Waits for the user off the actor;
+    /// `progress` receives what to show them. A cancelled login stores nothing.
+    public func login(
+        _ account: AccountName, provider: ProviderConfig?, clientSecret: SecretBytes?, options: LoginOptions,
+        progress: @escaping @Sendable (LoginProgress) async -> Void
+    ) async throws(BrokerFailure) -> (snapshot: AccountSnapshot, hasIDToken: Bool) {
+        let name = account.rawValue
+        let (config, secret) = try loginSettings(account, provider: provider, clientSecret: clientSecret)
+        guard let settings = config.settings as? OAuth2Settings else {
+            throw .invalid("\(name) is a \(config.kind) account; only oauth2 accounts can log in")
+        }
+        guard loginsRunning.insert(name).inserted else { throw .loginRunning(account) }
+        let restoring = accounts[name] != nil
+        defer { loginsRunning.remove(name) }
+        let context = LoginContext(
+            account: account, settings: settings, clientSecret: secret, http: http, clock: clock,
+            defaultLifetime: self.settings.defaultLifetime, progress: progress)
+        /// Stores what the IdP granted (saved to the vault before it returns).
+        func keep(_ grant: Grant) throws(BrokerFailure) -> (snapshot: AccountSnapshot, hasIDToken: Bool) {
+            if Task.isCancelled { throw context.cancelled }
+            // The account may have been added, removed or reconfigured while the user signed in; a
+            // removed one stays removed.
+            if restoring && accounts[name] == nil { throw .noSuchAccount(account) }
+            _ = try loginSettings(account, provider: config, clientSecret: secret)
+            let snapshot: AccountSnapshot
+            if accounts[name] == nil {
+                snapshot = try create(account, provider: config, clientSecret: secret) { record, _ in
+                    apply(grant, to: &record)
+                }
+            } else {
+                snapshot = try replaceTokens(of: account) { record, _ in apply(grant, to: &record) }
+            }
+            logger.info("logged in", metadata: ["account": "\(name)", "flow": "\(options.flow.rawValue)"])
+            return (snapshot, grant.token.idToken != nil)
+        }
+        switch options.flow {
+        case .device: return try keep(try await DeviceAuthorization.run(context, timeout: options.timeout))
+        case .browser:
+            // The browser's page answers after the tokens are saved, with how that went.
+            return try await AuthorizationCodeLogin.run(
+                context, redirectPort: options.redirectPort, timeout: options.timeout, keep: keep)
+        }
+    }
+
+    /// The settings and client secret a login of `account` uses: an existing account's own
+    /// (a provider or secret given must be the same), else the ones given.
+    func loginSettings(_ account: AccountName, provider: ProviderConfig?, clientSecret: SecretBytes?)
+        throws(BrokerFailure) -> (ProviderConfig, SecretBytes?)
+    {
+        guard let machine = accounts[account.rawValue] else {
+            guard let provider else { throw .loginNeedsProvider(account) }
+            return (provider, clientSecret)
+        }
+        try checkNotLoggingOut(machine)
+        let record = machine.record
+        if let provider, provider != record.provider { throw .loginSettingsDiffer(account) }
+        if let clientSecret, clientSecret != record.secrets.clientSecret { throw .loginSettingsDiffer(account) }
+        return (record.provider, record.secrets.clientSecret)
+    }
+}

@@ -1,0 +1,163 @@
+import BrokerProtocol
+import FoundationEssentials
+import Logging
+
+/// Owner operations: accounts added, given tokens, refreshed at once, logged out and removed.
+extension Broker {
+    /// Creates an account with `provider` (and the client secret given with it); an `oauth2`
+    /// account given only a refresh token refreshes at once.
+    public func add(
+        _ account: AccountName, provider: ProviderConfig, clientSecret: SecretBytes?, tokens: TokenPush?
+    ) throws(BrokerFailure) -> AccountSnapshot {
+        try create(account, provider: provider, clientSecret: clientSecret) { record, now in
+            if let tokens { apply(tokens, to: &record, now: now) }
+        }
+    }
+
+    /// Creates an account with `provider` and the tokens `fill` puts into its record.
+    func create(
+        _ account: AccountName, provider: ProviderConfig, clientSecret: SecretBytes?,
+        filling fill: (inout AccountRecord, Date) -> Void
+    ) throws(BrokerFailure) -> AccountSnapshot {
+        let name = account.rawValue
+        guard !padlock.isLocked else { throw .locked }
+        guard accounts[name] == nil else { throw .accountExists(account) }
+        let now = clock.now()
+        var record = AccountRecord(
+            name: name, provider: provider, secrets: AccountSecrets(clientSecret: clientSecret), token: nil,
+            needsLogin: false, lastError: nil, lastRefreshAt: nil)
+        fill(&record, now)
+        var machine = AccountMachine(record: record, planner: planner, now: now)
+        let effects = machine.tokensReplaced(by: record, planner: planner, now: now)
+        accounts[name] = machine
+        try run(effects, for: name)
+        logger.info("account added", metadata: ["account": "\(name)", "provider": "\(provider.kind)"])
+        let added = describe(try self.machine(name), now: clock.now())
+        events.publish(AccountEvent(kind: .added, account: account, at: now, state: added.state))
+        return added
+    }
+
+    /// Replaces an account's tokens; clears a denial, a logout and any backoff.
+    public func setTokens(of account: AccountName, to tokens: TokenPush) throws(BrokerFailure) -> AccountSnapshot {
+        _ = try machine(account.rawValue)
+        guard !tokens.isEmpty else { throw .nothingToPush }
+        return try replaceTokens(of: account) { record, now in apply(tokens, to: &record, now: now) }
+    }
+
+    /// Replaces an account's tokens with those `fill` puts into its record; clears a denial, a
+    /// logout and any backoff.
+    func replaceTokens(of account: AccountName, filling fill: (inout AccountRecord, Date) -> Void)
+        throws(BrokerFailure) -> AccountSnapshot
+    {
+        let name = account.rawValue
+        var machine = try self.machine(name)
+        try checkNotLoggingOut(machine)
+        let now = clock.now()
+        var record = machine.record
+        fill(&record, now)
+        let effects = machine.tokensReplaced(by: record, planner: planner, now: now)
+        accounts[name] = machine
+        try run(effects, for: name)
+        cache.withdrawNarrowed(for: name)
+        logger.info("tokens replaced", metadata: ["account": "\(name)"])
+        return describe(try self.machine(name), now: clock.now())
+    }
+
+    /// Deletes an account and its secrets.
+    public func remove(_ account: AccountName) throws(BrokerFailure) {
+        let name = account.rawValue
+        try checkNotLoggingOut(try machine(name))
+        guard let removed = accounts.removeValue(forKey: name) else { throw .noSuchAccount(account) }
+        tokenProviders[name] = nil
+        do {
+            try persist(changing: [name])
+        } catch {
+            accounts[name] = removed
+            throw error
+        }
+        cache.publish(nil, for: name)
+        tokenFiles.update(name, token: nil, logger: logger)
+        logger.info("account removed", metadata: ["account": "\(name)"])
+        events.publish(AccountEvent(kind: .removed, account: account, at: clock.now()))
+    }
+
+    /// Refreshes now, ignoring the schedule and the limit on clients' refreshes (joins a refresh
+    /// already under way): an owner operation, which only `admins` reach (README "Limits").
+    public func refreshNow(_ account: AccountName) async throws(BrokerFailure) -> AccountSnapshot {
+        let name = account.rawValue
+        let machine = try self.machine(name)
+        guard machine.refreshesOnItsOwn else { throw .neverRefreshes(account, kind: machine.record.provider.kind) }
+        try checkCredentialUsable(machine)
+        if case .failure(let error) = await refreshShared(name, forClient: false) { throw error }
+        return describe(try self.machine(name), now: clock.now())
+    }
+
+    /// Logs an account out: revokes its credential at the IdP where the provider can, then
+    /// discards every token and refresh credential; the account keeps its settings (and client
+    /// secret) in state `logged_out` until new tokens are pushed. Refused while the IdP cannot
+    /// be reached, unless `force`, so a credential is never left alive at the IdP by accident.
+    public func logout(_ account: AccountName, force: Bool) async throws(BrokerFailure) -> LogoutOutcome {
+        let name = account.rawValue
+        var machine = try self.machine(name)
+        try checkNotLoggingOut(machine)
+        // From here, nothing else may change or refresh the account: `set_tokens` and `remove`
+        // are refused, and no refresh starts, so the record after each await is this one.
+        guard machine.beginLogout() else { return .alreadyLoggedOut }
+        accounts[name] = machine
+        // A refresh under way may rotate the credential: revoke the one it leaves behind.
+        _ = await refreshTasks[name]?.task.value
+        await takeChainTurn(name)
+        defer { endChainTurn(name) }
+        let current = try self.machine(name).record
+
+        var revoked = false
+        let answer = await provider(for: current).revoke(current)
+        switch answer.mapError(current.outsideText().clean) {
+        case .success(let revocation):
+            revoked = revocation == .revoked
+        case .failure(let failure) where !force:
+            accounts[name]?.logoutRefused()
+            logger.warning(
+                "logout refused: cannot revoke", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
+            let wait =
+                failure.kind == .transient ? min(failure.retryAfter ?? settings.backoffBase, settings.backoffCap) : nil
+            throw .revocationFailed(account, reason: failure.message, retryAfter: wait)
+        case .failure(let failure):
+            logger.warning(
+                "forced logout without revocation", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
+        }
+
+        // Discarded in memory even if the vault cannot be saved: a revoked token must not be served.
+        guard let effects = accounts[name]?.loggedOut() else { throw .noSuchAccount(account) }
+        try run(effects, for: name)
+        logger.info("logged out", metadata: ["account": "\(name)", "revoked": "\(revoked)"])
+        return revoked ? .revoked : .discarded
+    }
+
+    /// Puts pushed tokens into `record`: an access token without an expiry lives the default
+    /// lifetime; a refresh token replaces the old one and its expiry.
+    func apply(_ tokens: TokenPush, to record: inout AccountRecord, now: Date) {
+        if let access = tokens.access {
+            let expiry = access.expiry ?? .after(settings.defaultLifetime)
+            record.token = AccessToken(
+                value: access.value, type: access.type, expiresAt: Bounds.date(expiry.date(receivedAt: now)),
+                obtainedAt: now, idToken: access.idToken, scope: access.scope, pushed: true)
+            record.grantedScope = access.scope
+        }
+        if let refreshToken = tokens.refreshToken {
+            record.secrets.refreshToken = refreshToken
+            record.secrets.refreshExpiresAt = tokens.refreshExpiry?.date(receivedAt: now)
+        }
+        if let refreshURL = tokens.refreshURL { record.secrets.refreshURL = refreshURL }
+    }
+
+    /// Puts the tokens a login obtained into `record`: they replace every token and refresh
+    /// credential it held (a login without an id token leaves none).
+    func apply(_ grant: Grant, to record: inout AccountRecord) {
+        record.token = grant.token
+        record.grantedScope = grant.token.scope
+        record.secrets.refreshToken = grant.refreshToken
+        record.secrets.refreshExpiresAt = grant.refreshExpiresAt
+        record.secrets.refreshURL = nil
+    }
+}

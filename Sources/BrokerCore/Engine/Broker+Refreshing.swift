@@ -1,0 +1,201 @@
+import BrokerProtocol
+import FoundationEssentials
+import Logging
+
+/// The refresh runner: the schedule, single-flight refreshes one at a time per account, and
+/// the checks that fail a request fast instead of calling the IdP.
+extension Broker {
+    /// Starts every refresh that is due and returns when the next one will be. Refreshes found
+    /// long overdue (the machine slept, or the wall clock jumped) are spread over the next
+    /// `overdueSpread` seconds instead of all hitting the IdPs in the same instant; a client
+    /// that needs such an account's token meanwhile gets an on-demand refresh.
+    public func runDueRefreshes() -> Date? {
+        let now = clock.now()
+        let (threshold, spread) = (settings.overdueThreshold, settings.overdueSpread)
+        var next: Date?
+        for name in accounts.keys {
+            if let poll = pollSource(name, now: now) { next = min(next ?? poll, poll) }
+            switch accounts[name]?.due(now: now, overdueThreshold: threshold, spread: Double.random(in: 0...spread))
+            {
+            case .refreshNow: _ = startRefresh(name, forClient: false)
+            case .at(let due): next = min(next ?? due, due)
+            case .nothing, nil: break
+            }
+        }
+        return next
+    }
+
+    /// Asks the provider of an account that watches its source whether the source changed, once
+    /// every poll interval, and starts a refresh when it did. Returns when to ask next.
+    func pollSource(_ name: String, now: Date) -> Date? {
+        guard let poll = accounts[name]?.poll(now: now) else { return nil }
+        if poll.askNow, let machine = accounts[name], machine.refreshSerial == nil,
+            provider(for: machine.record).sourceChanged()
+        {
+            _ = startRefresh(name, forClient: false)
+        }
+        return poll.next
+    }
+
+    /// Waits for refreshes under way, so their vault writes complete before exit.
+    public func drain() async {
+        for running in refreshTasks.values {
+            _ = await running.task.value
+        }
+        for running in narrowedRefreshes.values {
+            _ = await running.value
+        }
+    }
+
+    /// Refreshes `name` (for a client's request when `forClient`), or joins the refresh under
+    /// way (single flight).
+    func refreshShared(_ name: String, forClient: Bool) async -> Result<Void, BrokerFailure> {
+        guard accounts[name] != nil else { return .failure(.noSuchAccount(AccountName(known: name))) }
+        return await startRefresh(name, forClient: forClient).value
+    }
+
+    /// Starts a refresh of `name` and returns its task; joins the one under way, if any. One
+    /// started `forClient` (a client's request, not the schedule, new tokens or the owner) holds
+    /// off the next client's request for `minimumRefreshInterval` (`tokenInsteadOfRefresh`).
+    func startRefresh(_ name: String, forClient: Bool) -> Task<Result<Void, BrokerFailure>, Never> {
+        guard !padlock.isLocked else { return Task { .failure(.locked) } }
+        if let serial = accounts[name]?.refreshSerial, let running = refreshTasks[name], running.serial == serial {
+            return running.task
+        }
+        refreshSerial += 1
+        let serial = refreshSerial
+        guard accounts[name]?.beginRefresh(serial: serial, forClient: forClient) == true else {
+            let refusal = BrokerFailure.refreshNotStarted(AccountName(known: name))
+            return Task { .failure(refusal) }
+        }
+        let task = Task { await self.performRefresh(name, serial: serial) }
+        refreshTasks[name] = (serial, task)
+        return task
+    }
+
+    func performRefresh(_ name: String, serial: Int) async -> Result<Void, BrokerFailure> {
+        defer { if refreshTasks[name]?.serial == serial { refreshTasks[name] = nil } }
+        await takeChainTurn(name)
+        defer { endChainTurn(name) }
+        guard let started = accounts[name]?.record else { return .failure(.noSuchAccount(AccountName(known: name))) }
+        // New tokens or a removal came while it waited for its turn: nothing to present.
+        guard accounts[name]?.refreshSerial == serial else {
+            return .failure(.changedDuringRefresh(AccountName(known: name)))
+        }
+        let provider = provider(for: started)
+        let asked = ContinuousClock.now
+        // Whatever the IdP or helper wrote is cleaned here, once, before it is stored, logged or sent.
+        let outcome = await provider.refresh(started, now: clock.now()).mapError(started.outsideText().clean)
+        let answered = ContinuousClock.now
+        let now = clock.now()
+        guard accounts[name] != nil else { return .failure(.changedDuringRefresh(AccountName(known: name))) }
+        let result: AccountMachine.RefreshResult
+        var delay: TimeInterval = 0
+        var probeDelay: TimeInterval = 0
+        switch outcome {
+        case .success(let grant):
+            result = accounts[name]!.refreshSucceeded(
+                serial: serial, presented: started.secrets, grant: grant, planner: planner, now: now)
+        case .failure(let failure) where failure.kind == .denial:
+            result = accounts[name]!.refreshDenied(serial: serial, message: failure.message, now: now)
+        case .failure(let failure):
+            delay = planner.backoff(failures: accounts[name]!.failures + 1, retryAfter: failure.retryAfter)
+            probeDelay = planner.probeDelay(backoff: delay, retryAfter: failure.retryAfter)
+            result = accounts[name]!.refreshFailed(
+                serial: serial, message: failure.message, delay: delay, probeDelay: probeDelay, now: now)
+        }
+        switch (result, outcome) {
+        case (.overtaken(let effects), _):
+            try? run(effects, for: name)
+            return .failure(.changedDuringRefresh(AccountName(known: name)))
+        case (.applied([]), .success):
+            return .success(())
+        case (.applied(let effects), .success(let grant)):
+            do {
+                try run(effects, for: name)
+            } catch {
+                accounts[name]?.saveFailed(planner: planner, now: now)
+                return .failure(error)
+            }
+            // How long the IdP took, and how long a rotated credential then existed only in
+            // memory (the IdP's answer to the fsync).
+            logger.info(
+                "refreshed",
+                metadata: [
+                    "account": "\(name)", "expires_in": "\(Bounds.wholeSeconds(grant.token.remaining(at: now)))",
+                    "idp_us": "\(Self.microseconds(asked.duration(to: answered)))",
+                    "saved_after_us": "\(Self.microseconds(answered.duration(to: .now)))",
+                ])
+            return .success(())
+        case (.applied(let effects), .failure(let failure)) where failure.kind == .denial:
+            try? run(effects, for: name)
+            logger.warning(
+                "refresh denied; needs login", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
+            return .failure(Self.denial(of: started, reason: failure.message))
+        case (.applied(let effects), .failure(let failure)):
+            try? run(effects, for: name)
+            logger.warning(
+                "refresh failed; will retry",
+                metadata: [
+                    "account": "\(name)", "reason": "\(failure.message)",
+                    "retry_in_s": "\(Bounds.wholeSeconds(delay.rounded(.up)))",
+                ])
+            return .failure(.refreshFailing(reason: failure.message, retryAfter: probeDelay))
+        }
+    }
+
+    /// Fails fast for accounts that cannot be refreshed now, instead of calling the IdP.
+    func checkRefreshable(_ machine: AccountMachine) throws(BrokerFailure) {
+        try checkCredentialUsable(machine)
+        guard machine.refreshesOnItsOwn else {
+            throw .noTokenLongEnough(AccountName(known: machine.record.name), kind: machine.record.provider.kind)
+        }
+        if let wait = machine.probeWait(now: clock.now()) {
+            throw .refreshFailing(
+                reason: machine.record.lastError?.message ?? "the IdP is failing; retrying", retryAfter: wait)
+        }
+    }
+
+    /// Refuses accounts whose credential was denied, discarded, or is being revoked.
+    func checkCredentialUsable(_ machine: AccountMachine) throws(BrokerFailure) {
+        let name = AccountName(known: machine.record.name)
+        let signsIn = machine.record.provider.signsIn
+        switch machine.refusal {
+        case .loggedOut: throw .loggedOut(name, signsIn: signsIn)
+        case .denied: throw Self.denial(of: machine.record, reason: machine.record.lastError?.message)
+        case .loggingOut: throw .loggingOut(name)
+        case nil: break
+        }
+    }
+
+    /// Why an account held as denied serves no token: a credential it never held (no IdP was
+    /// asked), a client the IdP does not accept, or a credential the IdP refused. `reason` is
+    /// the denial's message.
+    static func denial(of record: AccountRecord, reason: String?) -> BrokerFailure {
+        let name = AccountName(known: record.name)
+        if let credential = record.provider.missingCredential(in: record.secrets) {
+            return .noCredential(name, credential: credential, signsIn: record.provider.signsIn)
+        }
+        if let reason, OAuth2Provider.rejectsClient(reason) { return .clientRejected(name, reason: reason) }
+        return .denied(name, signsIn: record.provider.signsIn)
+    }
+
+    func checkNotLoggingOut(_ machine: AccountMachine) throws(BrokerFailure) {
+        if machine.isLoggingOut { throw .loggingOut(AccountName(known: machine.record.name)) }
+    }
+
+    /// Refuses, without calling the IdP, a `minTTL` longer than the lifetime the IdP grants,
+    /// while the current token is not yet due for refresh (a refresh could not help).
+    func checkLifetime(_ machine: AccountMachine, covers minTTL: TimeInterval) throws(BrokerFailure) {
+        guard machine.record.provider.renewal == .refreshes, let token = machine.record.token, token.pushed != true,
+            token.expiresAt > clock.now(),
+            let due = machine.nextRefreshAt, due > clock.now(),
+            token.expiresAt.timeIntervalSince(token.obtainedAt) < minTTL
+        else { return }
+        throw .lifetimeTooShort(lifetime: token.expiresAt.timeIntervalSince(token.obtainedAt), minTTL: minTTL)
+    }
+
+    static func microseconds(_ duration: Duration) -> Int64 {
+        duration.components.seconds * 1_000_000 + duration.components.attoseconds / 1_000_000_000_000
+    }
+}

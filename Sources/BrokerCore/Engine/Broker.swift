@@ -1,0 +1,185 @@
+import BrokerProtocol
+import FoundationEssentials
+import Logging
+import Synchronization
+
+/// The broker engine: owns every account, decides and runs refreshes (one at a time per
+/// account), keeps the vault in step, and publishes servable tokens to `cache`.
+public actor Broker {
+    /// Tokens ready to serve, readable without entering the actor.
+    public nonisolated let cache = TokenCache()
+    /// Account events for `subscribe` connections.
+    public nonisolated let events: EventHub
+    /// Wall-clock time; expiry is always judged by it.
+    public nonisolated let clock: any WallClock
+    /// Who may use which account; replaced by a config reload.
+    public nonisolated let accessRules = AccessRulesStore()
+    /// Where accounts are offered to git and docker; replaced by a config reload.
+    public nonisolated let bridges = BridgeSettingsStore()
+    /// Whether the vault key is held (passphrase mode); see `unlock(with:)` and `lock()`.
+    public nonisolated let padlock = Padlock()
+    /// The engine's settings; replaced by a config reload.
+    public nonisolated var settings: BrokerSettings { settingsBox.withLock { $0 } }
+    nonisolated let settingsBox: Mutex<BrokerSettings>
+    /// The config file `reloadConfiguration()` reads, if any.
+    let configPath: String?
+    let vault: Vault
+    /// The pace of unlock attempts kept beside the vault, so that it outlives a restart.
+    let unlockPace: UnlockPaceFile
+    let http: IdPClient
+    let logger: Logger
+    var planner: RefreshPlanner { RefreshPlanner(settings: settings) }
+    /// Every account's lifecycle; the actor runs the effects its transitions return.
+    var accounts: [String: AccountMachine] = [:]
+    /// The task of each refresh under way, by account, with the serial its machine knows it by.
+    var refreshTasks: [String: (serial: Int, task: Task<Result<Void, BrokerFailure>, Never>)] = [:]
+    /// Each account's provider, built when first needed (see `provider(for:)`).
+    var tokenProviders: [String: any TokenProvider] = [:]
+    /// Accounts changed in memory whose last save failed: the next save writes them too.
+    var unsaved: Set<String> = []
+    /// The configuration to apply at unlock: the one given while the broker was locked.
+    var pendingConfiguration: BrokerConfiguration?
+    /// The serial the last refresh started was given (see `AccountMachine`).
+    var refreshSerial = 0
+    /// The narrowed refresh under way for each account and key (see `token(for:key:minTTL:)`).
+    var narrowedRefreshes: [NarrowedRefresh: Task<Result<Void, BrokerFailure>, Never>] = [:]
+    /// Until when a narrowed token whose refresh failed transiently is not asked for again, and why.
+    var narrowedBackoffs: [NarrowedRefresh: (until: Date, reason: String)] = [:]
+    /// The narrowed refreshes each caller may still start on each account.
+    var narrowedBudget = NarrowedRefreshBudget()
+    /// The refreshes waiting for their turn on each account's refresh-token chain; an account
+    /// is here while one of its refreshes runs (see `takeChainTurn`).
+    var chainQueues: [String: [CheckedContinuation<Void, Never>]] = [:]
+    /// Accounts a login is running for.
+    var loginsRunning: Set<String> = []
+    /// The token files kept fresh (`export_file`, `wlcg_account`), from the configuration.
+    var tokenFiles = TokenFiles()
+
+    /// Loads every account from `vault` (refusing a wrong key or tampered file) and schedules it;
+    /// a vault that holds no key yet (passphrase mode) leaves the broker locked.
+    public init(
+        vault: Vault, settings: BrokerSettings, http: IdPClient, clock: any WallClock = SystemClock(),
+        logger: Logger, configPath: String? = nil
+    ) throws {
+        self.vault = vault
+        self.settingsBox = Mutex(settings)
+        self.configPath = configPath
+        self.http = http
+        self.clock = clock
+        self.logger = logger
+        self.events = EventHub(bufferLimit: Bounds.count(settings.eventBuffer, in: 1...ConfigFile.maximumEventBuffer))
+        unlockPace = UnlockPaceFile(vaultPath: vault.path)
+        Self.restoreUnlockPace(from: unlockPace, into: padlock, now: clock.now(), logger: logger)
+        guard !vault.isLocked else {
+            padlock.enter(.locked, newVault: try vault.sealing() == nil)
+            return
+        }
+        accounts = Self.machines(for: try vault.load(), settings: settings, cache: cache, now: clock.now())
+        Self.reportLoad(of: vault, logger: logger)
+    }
+
+    /// The machines of the accounts `contents` holds; their servable tokens go to `cache`.
+    static func machines(for contents: VaultContents?, settings: BrokerSettings, cache: TokenCache, now: Date)
+        -> [String: AccountMachine]
+    {
+        var machines: [String: AccountMachine] = [:]
+        SecretArena.shared.storing {
+            for stored in contents?.accounts ?? [] {
+                let machine = AccountMachine(
+                    record: stored.sanitized(), planner: RefreshPlanner(settings: settings), now: now)
+                machines[machine.record.name] = machine
+                if let token = machine.servableToken {
+                    // Out of guarded memory, the token is not cached: a request for it refreshes.
+                    cache.publish(
+                        try? PreparedToken(account: machine.record.name, token: token), for: machine.record.name)
+                }
+            }
+        }
+        return machines
+    }
+
+    /// Logs what `vault.load()` settled: a save a crash interrupted, a format converted.
+    static func reportLoad(of vault: Vault, logger: Logger) {
+        if vault.recoveredInterruptedSave {
+            logger.notice("completed a vault save that a crash interrupted; no rotated credential was lost")
+        }
+        if let version = vault.convertedFormatVersion {
+            logger.notice("converted the vault from format \(version); brokerd versions before it cannot read it")
+        }
+    }
+
+    /// Obtains an account's tokens; built once per account from its settings and the engine's
+    /// (again after a reload), so a provider that watches a source keeps what it saw.
+    func provider(for record: AccountRecord) -> any TokenProvider {
+        if let provider = tokenProviders[record.name] { return provider }
+        let provider = record.provider.makeProvider(ProviderContext(http: http, settings: settings, logger: logger))
+        tokenProviders[record.name] = provider
+        return provider
+    }
+
+    func machine(_ name: String) throws(BrokerFailure) -> AccountMachine {
+        guard !padlock.isLocked else { throw .locked }
+        guard let machine = accounts[name] else { throw .noSuchAccount(AccountName(known: name)) }
+        return machine
+    }
+
+    /// Runs a transition's effects in order; a failed save stops the rest and is thrown.
+    func run(_ effects: [AccountMachine.Effect], for name: String) throws(BrokerFailure) {
+        for effect in effects {
+            switch effect {
+            case .persist:
+                try persist(changing: [name])
+            case .publish(let token):
+                // A broker that is locking (a refresh that ends while `lock` waits for it) keeps
+                // no token: it serves none and writes none.
+                let token = padlock.isLocked ? nil : token
+                // The files first, so that no token is served before they hold it.
+                tokenFiles.update(name, token: token, logger: logger)
+                do {
+                    cache.publish(
+                        try token.map { token throws(BrokerFailure) in try PreparedToken(account: name, token: token) },
+                        for: name)
+                } catch {
+                    // Not the token it replaces either: that one is superseded.
+                    cache.publish(nil, for: name)
+                    throw error
+                }
+            case .emit(let kind, let message):
+                guard let machine = accounts[name] else { continue }
+                let now = clock.now()
+                events.publish(
+                    AccountEvent(
+                        kind: kind, account: AccountName(known: name), at: now, state: machine.state(now: now),
+                        message: message,
+                        expiresAt: [.refreshed, .valid].contains(kind) ? machine.record.token?.expiresAt : nil))
+            case .refresh:
+                _ = startRefresh(name, forClient: false)
+            }
+        }
+    }
+
+    /// Saves the accounts `names` as they are now (a name no longer here is removed), with any
+    /// whose earlier save failed.
+    func persist(changing names: some Collection<String>) throws(BrokerFailure) {
+        unsaved.formUnion(names)
+        let changed = unsaved.sorted().compactMap { accounts[$0]?.record }
+        let removed = unsaved.sorted().filter { accounts[$0] == nil }
+        do {
+            try vault.save(changed: changed, removed: removed)
+            unsaved = []
+        } catch {
+            let accounts = names.count == 1 ? "\(names.first!)" : "\(names.count) accounts"
+            logger.error("cannot save the vault", metadata: ["account": "\(accounts)", "reason": "\(error)"])
+            throw .vaultNotSaved
+        }
+    }
+
+    func describe(_ machine: AccountMachine, now: Date) -> AccountSnapshot {
+        AccountSnapshot(
+            name: AccountName(known: machine.record.name), kind: machine.record.provider.kind,
+            state: machine.state(now: now), expiresAt: machine.record.token?.expiresAt,
+            refreshExpiresAt: machine.record.secrets.refreshExpiresAt, nextRefreshAt: machine.nextRefreshAt,
+            lastRefreshAt: machine.record.lastRefreshAt, lastError: machine.record.lastError,
+            lostScope: machine.record.lostScope)
+    }
+}
