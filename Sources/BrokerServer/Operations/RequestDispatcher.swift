@@ -8,6 +8,8 @@ public struct RequestDispatcher: Sendable {
     public static let serverName = "tokenbroker/0.1.0"
 
     let broker: Broker
+    /// The broker's operations as the protocol states them.
+    let operations: WireOperations
     let policy: AccessPolicy
     /// Gets a debug line for each request that runs on the broker and fails.
     let logger: Logger
@@ -17,6 +19,7 @@ public struct RequestDispatcher: Sendable {
 
     public init(broker: Broker, policy: AccessPolicy, logger: Logger = Logger(label: "brokerd")) {
         self.broker = broker
+        self.operations = WireOperations(broker)
         self.policy = policy
         self.logger = logger
     }
@@ -177,11 +180,11 @@ public struct RequestDispatcher: Sendable {
                 if request.scope != nil || request.resource != nil {
                     throw BrokerError(.badRequest, "\"id_token\" takes no \"scope\" or \"resource\"")
                 }
-                let idToken = try await broker.idToken(
+                let idToken = try await operations.idToken(
                     account: try AccountField.required(request.account), minTTL: minTTL(request.minTTL))
                 return try success(request, idToken, encoder)
             case .token:
-                let token = try await broker.token(
+                let token = try await operations.token(
                     account: try AccountField.required(request.account), minTTL: minTTL(request.minTTL),
                     scope: request.scope, resource: request.resource, caller: caller.peer.uid)
                 return token.line(id: request.id, now: broker.clock.now())
@@ -189,13 +192,13 @@ public struct RequestDispatcher: Sendable {
                 guard let accessToken = request.accessToken else {
                     throw BrokerError(.badRequest, "the field \"access_token\" is required")
                 }
-                let token = try await broker.reject(
+                let token = try await operations.reject(
                     account: try AccountField.required(request.account), accessToken: accessToken,
                     minTTL: minTTL(request.minTTL), scope: request.scope, resource: request.resource,
                     caller: caller.peer.uid)
                 return token.line(id: request.id, now: broker.clock.now())
             case .status:
-                let accounts = try await broker.status(account: request.account)
+                let accounts = try await operations.status(account: request.account)
                 let locked = broker.padlock.isLocked
                 // One copy of the rules for the whole list, not one per account.
                 let rules = policy.rules.current
@@ -208,28 +211,29 @@ public struct RequestDispatcher: Sendable {
                         memoryLocked: SecretBytes.allLocked ? nil : false),
                     encoder)
             case .add:
-                let added = try await broker.add(
+                let added = try await operations.add(
                     account: request.account, provider: request.provider, tokens: request.tokens)
                 return try success(request, added, encoder)
             case .setTokens:
                 return try success(
-                    request, try await broker.setTokens(account: request.account, tokens: request.tokens), encoder)
+                    request, try await operations.setTokens(account: request.account, tokens: request.tokens), encoder)
             case .remove:
-                return try success(request, try await broker.remove(account: request.account), encoder)
+                return try success(request, try await operations.remove(account: request.account), encoder)
             case .refresh:
-                return try success(request, try await broker.refreshNow(account: request.account), encoder)
+                return try success(request, try await operations.refreshNow(account: request.account), encoder)
             case .logout:
                 return try success(
-                    request, try await broker.logout(account: request.account, force: request.force ?? false), encoder)
+                    request, try await operations.logout(account: request.account, force: request.force ?? false),
+                    encoder)
             case .reload:
-                return try success(request, try await broker.reload(), encoder)
+                return try success(request, try await operations.reload(), encoder)
             case .unlock:
-                return try success(request, try await broker.unlock(passphrase: request.passphrase), encoder)
+                return try success(request, try await operations.unlock(passphrase: request.passphrase), encoder)
             case .lock:
-                return try success(request, try await broker.lockVault(), encoder)
+                return try success(request, try await operations.lockVault(), encoder)
             case .rekey:
                 return try success(
-                    request, try await broker.rekey(to: request.to, passphrase: request.passphrase), encoder)
+                    request, try await operations.rekey(to: request.to, passphrase: request.passphrase), encoder)
             case .subscribe, .login, nil:
                 throw BrokerError(.unknownOp, "unknown op")
             }
@@ -245,10 +249,10 @@ public struct RequestDispatcher: Sendable {
     func fetchToken(_ key: RefreshWaiters.Key) async -> RefreshWaiters.Outcome {
         do {
             if let rejected = key.rejected {
-                let token = try await broker.reject(account: key.account, accessToken: rejected, minTTL: key.minTTL)
+                let token = try await operations.reject(account: key.account, accessToken: rejected, minTTL: key.minTTL)
                 return .success(token)
             }
-            return .success(try await broker.token(account: key.account, minTTL: key.minTTL))
+            return .success(try await operations.token(account: key.account, minTTL: key.minTTL))
         } catch {
             let op = key.rejected == nil ? Operation.token : Operation.reject
             note(error, op: op.rawValue, account: key.account)
@@ -280,7 +284,7 @@ public struct RequestDispatcher: Sendable {
     {
         let id = request.id ?? .null
         do {
-            let result = try await broker.login(request, peerPID: peerPID) { progress in
+            let result = try await operations.login(request, peerPID: peerPID) { progress in
                 var line = (try? Wire.makeEncoder().encode(LoginProgressLine(id: id, progress: progress))) ?? Data()
                 line.append(0x0A)
                 await write(Array(line))

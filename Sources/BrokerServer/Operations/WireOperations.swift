@@ -9,51 +9,59 @@ import Glibc
 /// The broker's operations as the protocol states them: request fields in, wire results out,
 /// failures as protocol errors. Each one translates (`WireTranslation`) and calls the engine;
 /// none touches the actor's state, so none runs on it (a `token` call that waited for a refresh
-/// does not queue on the actor again to return its answer).
-extension Broker {
+/// does not queue on the actor again to return its answer). The engine knows nothing of the
+/// wire: its operations take and return domain values, and this is where requests meet them.
+public struct WireOperations: Sendable {
+    /// The engine the operations run on.
+    public let broker: Broker
+
+    public init(_ broker: Broker) { self.broker = broker }
+
     /// `token`: a token of `account` valid for `minTTL` seconds, narrowed to `scope` and bound
     /// to `resource` when they are given, for a caller of uid `caller` (by default the broker's
     /// own, the owner's), whose budget such narrowed refreshes draw on.
-    public nonisolated func token(
+    public func token(
         account: String, minTTL: TimeInterval, scope: String? = nil, resource: String? = nil,
         caller: UInt32 = getuid()
     ) async throws(BrokerError) -> PreparedToken {
         let name = try WireTranslation.existingAccountName(account)
         let key = try WireTranslation.tokenKey(scope: scope, resource: resource)
         return try await translating { () async throws(BrokerFailure) in
-            try await token(for: name, key: key, minTTL: minTTL, caller: caller)
+            try await broker.token(for: name, key: key, minTTL: minTTL, caller: caller)
         }
     }
 
     /// `reject`: a token to use instead of `accessToken`, which a resource server refused;
     /// `scope` and `resource` name the token as `token` did, for a caller of uid `caller` as there.
-    public nonisolated func reject(
+    public func reject(
         account: String, accessToken: String, minTTL: TimeInterval, scope: String? = nil, resource: String? = nil,
         caller: UInt32 = getuid()
     ) async throws(BrokerError) -> PreparedToken {
         let name = try WireTranslation.existingAccountName(account)
         let key = try WireTranslation.tokenKey(scope: scope, resource: resource)
         return try await translating { () async throws(BrokerFailure) in
-            try await reject(try SecretBytes(accessToken), of: name, key: key, minTTL: minTTL, caller: caller)
+            try await broker.reject(try SecretBytes(accessToken), of: name, key: key, minTTL: minTTL, caller: caller)
         }
     }
 
     /// `status`: one account, or every account when `account` is `nil`.
-    public nonisolated func status(account: String?) async throws(BrokerError) -> [AccountStatus] {
-        if padlock.isLocked { return try lockedStatus(account: account) }
+    public func status(account: String?) async throws(BrokerError) -> [AccountStatus] {
+        if broker.padlock.isLocked { return try lockedStatus(account: account) }
         guard let account else {
-            return await snapshots().map { WireTranslation.status($0, bridges: bridges.of($0.name.rawValue)) }
+            return await broker.snapshots().map {
+                WireTranslation.status($0, bridges: broker.bridges.of($0.name.rawValue))
+            }
         }
         let name = try WireTranslation.existingAccountName(account)
         return [
             WireTranslation.status(
-                try await translating { () async throws(BrokerFailure) in try await snapshot(of: name) },
-                bridges: bridges.of(account))
+                try await translating { () async throws(BrokerFailure) in try await broker.snapshot(of: name) },
+                bridges: broker.bridges.of(account))
         ]
     }
 
     /// `add`.
-    public nonisolated func add(account: String?, provider: ProviderSpec?, tokens: TokenSet?) async throws(BrokerError)
+    public func add(account: String?, provider: ProviderSpec?, tokens: TokenSet?) async throws(BrokerError)
         -> AccountResult
     {
         let name = try WireTranslation.accountName(account)
@@ -61,49 +69,51 @@ extension Broker {
         let push = try tokens.map { tokens throws(BrokerError) in try WireTranslation.tokenPush(tokens) }
         return WireTranslation.result(
             try await translating { () async throws(BrokerFailure) in
-                try await add(name, provider: config, clientSecret: clientSecret, tokens: push)
+                try await broker.add(name, provider: config, clientSecret: clientSecret, tokens: push)
             })
     }
 
     /// `set_tokens`.
-    public nonisolated func setTokens(account: String?, tokens: TokenSet?) async throws(BrokerError) -> AccountResult {
+    public func setTokens(account: String?, tokens: TokenSet?) async throws(BrokerError) -> AccountResult {
         let name = try WireTranslation.accountName(account)
         let push = try tokens.map { tokens throws(BrokerError) in try WireTranslation.tokenPush(tokens) }
         return WireTranslation.result(
             try await translating { () async throws(BrokerFailure) in
-                try await setTokens(of: name, to: push ?? TokenPush())
+                try await broker.setTokens(of: name, to: push ?? TokenPush())
             }
         )
     }
 
     /// `remove`.
-    public nonisolated func remove(account: String?) async throws(BrokerError) -> AccountResult {
+    public func remove(account: String?) async throws(BrokerError) -> AccountResult {
         let name = try WireTranslation.accountName(account)
-        try await translating { () async throws(BrokerFailure) in try await remove(name) }
+        try await translating { () async throws(BrokerFailure) in try await broker.remove(name) }
         return AccountResult(account: name.rawValue, state: "removed")
     }
 
     /// `refresh`.
-    public nonisolated func refreshNow(account: String?) async throws(BrokerError) -> AccountResult {
+    public func refreshNow(account: String?) async throws(BrokerError) -> AccountResult {
         let name = try WireTranslation.accountName(account)
         return WireTranslation.result(
-            try await translating { () async throws(BrokerFailure) in try await refreshNow(name) })
+            try await translating { () async throws(BrokerFailure) in try await broker.refreshNow(name) })
     }
 
     /// `logout`.
-    public nonisolated func logout(account: String?, force: Bool) async throws(BrokerError) -> LogoutResult {
+    public func logout(account: String?, force: Bool) async throws(BrokerError) -> LogoutResult {
         let name = try WireTranslation.accountName(account)
-        let outcome = try await translating { () async throws(BrokerFailure) in try await logout(name, force: force) }
+        let outcome = try await translating { () async throws(BrokerFailure) in
+            try await broker.logout(name, force: force)
+        }
         return LogoutResult(account: name.rawValue, state: "logged_out", revoked: outcome == .revoked)
     }
 
     /// `token` with `"id_token": true`: the id token of `account`, with the expiry its payload states.
-    public nonisolated func idToken(account: String, minTTL: TimeInterval) async throws(BrokerError) -> IDTokenResult {
+    public func idToken(account: String, minTTL: TimeInterval) async throws(BrokerError) -> IDTokenResult {
         let name = try WireTranslation.existingAccountName(account)
         let held = try await translating { () async throws(BrokerFailure) in
-            try await idToken(for: name, minTTL: minTTL)
+            try await broker.idToken(for: name, minTTL: minTTL)
         }
-        let now = clock.now()
+        let now = broker.clock.now()
         return IDTokenResult(
             account: name.rawValue, idToken: held.idToken.text, expiresAt: held.expiresAt,
             expiresIn: held.expiresAt.map { Bounds.wholeSeconds(max(0, $0.timeIntervalSince(now))) })
@@ -112,7 +122,7 @@ extension Broker {
     /// `login`: signs the user in at the account's IdP with the request's flow; `progress`
     /// receives what to show them. `peerPID` is the connecting process, whose descriptors
     /// alone a `secrets_file` under /proc may name.
-    public nonisolated func login(
+    public func login(
         _ request: Request, peerPID: Int32, progress: @escaping @Sendable (LoginProgress) async -> Void
     ) async throws(BrokerError) -> LoginResult {
         let name = try WireTranslation.accountName(request.account)
@@ -143,25 +153,26 @@ extension Broker {
             } catch {
                 // Options that are no whole provider (`login NAME --client-id X`) cannot be an
                 // existing account's settings: say that, not which field a new one would need.
-                if (try? await snapshot(of: name)) != nil { throw BrokerError(.loginSettingsDiffer(name)) }
+                if (try? await broker.snapshot(of: name)) != nil { throw BrokerError(.loginSettingsDiffer(name)) }
                 throw error
             }
         }
         let outcome = try await translating { [clientSecret, provider] () async throws(BrokerFailure) in
-            try await login(name, provider: provider, clientSecret: clientSecret, options: options, progress: progress)
+            try await broker.login(
+                name, provider: provider, clientSecret: clientSecret, options: options, progress: progress)
         }
         return LoginResult(
             account: name.rawValue, state: outcome.snapshot.state.rawValue, idToken: outcome.hasIDToken)
     }
 
     /// `reload`.
-    public nonisolated func reload() async throws(BrokerError) -> ReloadResult {
-        let count = try await translating { () async throws(BrokerFailure) in try await reloadConfiguration() }
+    public func reload() async throws(BrokerError) -> ReloadResult {
+        let count = try await translating { () async throws(BrokerFailure) in try await broker.reloadConfiguration() }
         return ReloadResult(reloaded: true, accounts: count)
     }
 
     /// The result of `body`, or the protocol error for its failure.
-    private nonisolated func translating<Result>(_ body: () async throws(BrokerFailure) -> Result)
+    private func translating<Result>(_ body: () async throws(BrokerFailure) -> Result)
         async throws(BrokerError)
         -> Result
     {

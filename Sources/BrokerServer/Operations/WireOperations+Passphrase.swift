@@ -3,11 +3,11 @@ import BrokerProtocol
 import FoundationEssentials
 
 /// The passphrase-mode operations as the protocol states them (see `WireOperations`).
-extension Broker {
+extension WireOperations {
     /// `unlock`; the passphrase goes into guarded memory at once and is wiped when the call ends.
-    public nonisolated func unlock(passphrase: String?) async throws(BrokerError) -> LockResult {
+    public func unlock(passphrase: String?) async throws(BrokerError) -> LockResult {
         do {
-            switch try await unlock(with: try passphrase.map(SecretBytes.init)) {
+            switch try await broker.unlock(with: try passphrase.map(SecretBytes.init)) {
             case .alreadyUnlocked:
                 return LockResult(state: "unlocked")
             case .unlocked(let accounts, let created):
@@ -19,9 +19,9 @@ extension Broker {
     }
 
     /// `lock`.
-    public nonisolated func lockVault() async throws(BrokerError) -> LockResult {
+    public func lockVault() async throws(BrokerError) -> LockResult {
         do {
-            _ = try await lock()
+            _ = try await broker.lock()
         } catch {
             throw BrokerError(error)
         }
@@ -29,14 +29,14 @@ extension Broker {
     }
 
     /// `rekey`: `to` is `passphrase` (with `passphrase`, into guarded memory at once) or `keyfile`.
-    public nonisolated func rekey(to: String?, passphrase: String?) async throws(BrokerError) -> RekeyResult {
+    public func rekey(to: String?, passphrase: String?) async throws(BrokerError) -> RekeyResult {
         guard let to, let mode = VaultKeyMode(rawValue: to) else {
             throw BrokerError(.badRequest, "\"to\" must be \"passphrase\" or \"keyfile\"")
         }
         do {
             return RekeyResult(
                 key: mode.rawValue,
-                keyFileLeft: try await rekey(to: mode, passphrase: try passphrase.map(SecretBytes.init))
+                keyFileLeft: try await broker.rekey(to: mode, passphrase: try passphrase.map(SecretBytes.init))
             )
         } catch {
             throw BrokerError(error)
@@ -45,8 +45,8 @@ extension Broker {
 
     /// `status` while locked: the accounts the broker held when it locked and those broker.toml
     /// declares, each in state `locked` with its provider kind (no secret is needed for them).
-    nonisolated func lockedStatus(account: String?) throws(BrokerError) -> [AccountStatus] {
-        let statuses = padlock.lockedAccounts.map {
+    func lockedStatus(account: String?) throws(BrokerError) -> [AccountStatus] {
+        let statuses = broker.padlock.lockedAccounts.map {
             AccountStatus(account: $0.name, provider: $0.kind, state: "locked")
         }
         guard let account else { return statuses }
