@@ -383,7 +383,7 @@ public actor Broker {
     }
 
     /// Refreshes now, ignoring the schedule and the limit on clients' refreshes (joins a refresh
-    /// already under way): an owner operation, which only `admins` reach (README "Limits").
+    /// already under way): an owner operation, which only `admins` reach (docs/limits.md).
     public func refreshNow(_ account: AccountName) async throws(BrokerFailure) -> AccountSnapshot {
         let name = account.rawValue
         let machine = try self.machine(name)
@@ -707,8 +707,8 @@ public actor Broker {
     }
 
     /// What a client's request that would refresh `machine` gets instead within
-    /// `minimumRefreshInterval` of the last refresh a client's request started (README
-    /// "Limits"): the token held while it has not expired, else `refreshTooSoon`. `nil`: the
+    /// `minimumRefreshInterval` of the last refresh a client's request started
+    /// (docs/limits.md): the token held while it has not expired, else `refreshTooSoon`. `nil`: the
     /// refresh may start (or join the one under way).
     private func tokenInsteadOfRefresh(_ machine: AccountMachine) throws(BrokerFailure) -> PreparedToken? {
         let now = clock.now()

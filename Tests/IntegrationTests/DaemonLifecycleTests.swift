@@ -86,7 +86,7 @@ import Glibc
         await idp.shutdown()
     }
 
-    /// README "Limits": after an outage, `brokerctl token` works again within seconds of the
+    /// docs/limits.md: after an outage, `brokerctl token` works again within seconds of the
     /// IdP's return, though the broker's own retry is a minute off and nobody ran `refresh`.
     @Test func aTokenIsServedSecondsAfterTheIdPRecovers() async throws {
         let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-back", lifetime: 3600)
