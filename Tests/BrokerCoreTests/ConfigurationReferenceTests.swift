@@ -46,7 +46,8 @@ import Testing
             #expect(text.contains("`\(key)`"), "docs/configuration.md does not name \(key)")
         }
         for table in AccountBridges.tableKeys.sorted() + ["access"] {
-            #expect(text.contains("`[accounts.NAME.\(table)]`"), "docs/configuration.md has no [accounts.NAME.\(table)]")
+            #expect(
+                text.contains("`[accounts.NAME.\(table)]`"), "docs/configuration.md has no [accounts.NAME.\(table)]")
         }
     }
 }
