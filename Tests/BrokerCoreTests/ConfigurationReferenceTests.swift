@@ -22,7 +22,7 @@ import Testing
     /// The cells of the table row that starts with `` `key` ``, trimmed.
     static func row(of key: String, in text: String) -> [String]? {
         text.split(separator: "\n").first { $0.hasPrefix("| `\(key)` |") }.map { line in
-            line.split(separator: "|").map { $0.trimmingCharacters(in: .whitespaces) }
+            line.split(separator: "|").map { $0.trimmingSpaces() }
         }
     }
 
