@@ -7,7 +7,7 @@ public struct GitBridge: Codable, Sendable, Equatable {
     /// The user name git is given beside the token.
     public var username: String
     /// The hosts among `hosts` also served over plain http (`allow_http`); absent when none.
-    /// Other hosts get the token over https only, or http to a loopback host (README, "Bridges").
+    /// Other hosts get the token over https only, or http to a loopback host (docs/bridges.md).
     public var allowHTTP: [String]?
 
     public init(hosts: [String], username: String = BridgeNames.defaultUsername, allowHTTP: [String]? = nil) {

@@ -2,7 +2,7 @@
 ///
 /// Equal by code, like `HTTPClientError`, so callers branch on `code` and show `message`.
 public struct BrokerError: Error, Sendable, Equatable, CustomStringConvertible {
-    /// The closed set of error codes of protocol v1 (CONTRACT section 3).
+    /// The closed set of error codes of protocol v1 (protocol/PROTOCOL.md section 10).
     public struct Code: Hashable, Sendable, CustomStringConvertible {
         public let rawValue: String
 

@@ -4,7 +4,7 @@ import FoundationEssentials
 import Glibc
 #endif
 
-/// The default locations of CONTRACT section 2, each overridable by an environment variable.
+/// The default locations of docs/install.md ("Files"), each overridable by an environment variable.
 public struct DefaultPaths: Sendable {
     /// The value of each `Variable`, in `Variable.allCases` order. An array, not a dictionary:
     /// a dictionary's first use looks up `String: Hashable` among every conformance of the

@@ -1,6 +1,6 @@
 /// Host names that reach this machine only, whatever the resolver says: plain http is allowed
-/// to them (IdP URLs, README "What brokerd does not trust"; the git and docker bridges, README
-/// "Bridges").
+/// to them (IdP URLs, docs/security.md, "What brokerd does not trust"; the git and docker
+/// bridges, docs/bridges.md).
 public enum LoopbackHost {
     /// `localhost`, `::1` (bracketed or not), or a dotted-quad IPv4 literal in 127.0.0.0/8
     /// written the canonical way (no leading zeros, each part 0-255), which no resolver reads

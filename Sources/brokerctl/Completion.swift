@@ -1,7 +1,7 @@
 import ArgumentParser
 
 /// `brokerctl completion bash|zsh|fish`: the completion script of a shell, which the Debian
-/// package installs where each shell looks (README, "Install").
+/// package installs where each shell looks (docs/install.md).
 struct Completion: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Print the shell completion script for bash, zsh or fish.",

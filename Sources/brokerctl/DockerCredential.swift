@@ -96,7 +96,7 @@ struct DockerCredential: ParsableCommand {
 
     /// The account serving the registry `serverURL` names, and its docker settings;
     /// `notFound` when no account does. A bearer token crosses plain http only to a loopback
-    /// registry or one an account lists in `allow_http` (README, "Bridges"): `get` of an
+    /// registry or one an account lists in `allow_http` (docs/bridges.md): `get` of an
     /// `http://` URL of any other registry an account serves is `notFound`, with a warning on stderr.
     private func serving(_ serverURL: String) throws -> (account: AccountStatus, docker: DockerBridge) {
         guard let registry = BridgeNames.registry(serverURL) else { throw BridgeFailure(Self.notFound) }

@@ -19,7 +19,7 @@ import Glibc
 ///
 /// It follows the broker: a thread subscribes to the account's events and, at each `refreshed`
 /// or `valid`, has the file rewritten with the broker's new token, since an IdP may revoke the
-/// old one when it rotates the refresh token (README, "Any command"). Its own timer stays, for
+/// old one when it rotates the refresh token (docs/bridges.md, "Any command"). Its own timer stays, for
 /// the time the events are lost.
 struct Exec: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -192,7 +192,7 @@ struct Exec: ParsableCommand {
 
     /// Where the token file's own directory is made: the user's runtime directory, else /tmp
     /// (`mkdtemp` makes a name there no one could take first), whichever is neither the
-    /// socket's directory nor inside it: README says to bind-mount that directory into
+    /// socket's directory nor inside it: docs/bridges.md says to bind-mount that directory into
     /// containers, which must not see the token files of every job.
     private func tokenDirectoryBase() throws -> String {
         let paths = DefaultPaths()

@@ -52,7 +52,7 @@ struct GitCredential: ParsableCommand {
 
     /// The account serving the host of `input`, and its user name; `nil` for a host (or a
     /// protocol, or a user name) no account serves. A bearer token crosses plain http only to a
-    /// loopback host or one an account lists in `allow_http` (README, "Bridges"): `get` for any
+    /// loopback host or one an account lists in `allow_http` (docs/bridges.md): `get` for any
     /// other host an account serves over https is refused with a warning on stderr.
     private func serving(_ input: GitCredentialInput) throws -> (account: String, username: String)? {
         guard let scheme = input.values["protocol"], scheme == "https" || scheme == "http",

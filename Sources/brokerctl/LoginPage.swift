@@ -7,7 +7,7 @@ import Glibc
 
 /// The page brokerctl opens for a browser login: a file that leads to the broker's one-time
 /// start link by a meta refresh and a plain link (no script), so the link is never in a
-/// process's arguments or environment (README, "brokerctl login in detail"): xdg-open and the browser are
+/// process's arguments or environment (docs/login.md, "The browser flow"): xdg-open and the browser are
 /// given only the file's name. The file is 0600 in a 0700 directory of its own under
 /// `$XDG_RUNTIME_DIR` (else `$TMPDIR` or `/tmp`); both are removed when the login ends.
 struct LoginPage {

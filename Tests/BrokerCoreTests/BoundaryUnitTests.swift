@@ -10,7 +10,8 @@ import Testing
 import Glibc
 #endif
 
-/// Numbers, URLs, texts and descriptors at the broker's boundary (issue 8, classes 1, 2, 4, 7).
+/// Numbers, URLs, texts and descriptors at the broker's boundary (docs/security.md, "What brokerd
+/// does not trust").
 @Suite struct BoundaryUnitTests {
     @Test func lifetimesAreCheckedThenCut() {
         #expect(Bounds.lifetime(60) == 60)

@@ -203,7 +203,7 @@ import Testing
         }
     }
 
-    /// README "Limits": when an outage ends, clients' requests do not wait out the backoff.
+    /// docs/limits.md: when an outage ends, clients' requests do not wait out the backoff.
     /// During it they fail fast, and once per `outage_probe_interval` one of them tries the IdP
     /// again; a crowd arriving then makes one call and is served by it.
     @Test func aRecoveredIdPIsFoundByTheNextRequestsNotAfterTheBackoff() async throws {

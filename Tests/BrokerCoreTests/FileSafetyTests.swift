@@ -8,9 +8,10 @@ import Testing
 import Glibc
 #endif
 
-/// Issue 8, class 6: the files beside the vault. A planted link is never followed (its target
-/// stays untouched); a key file or vault that others can read or write, or that another uid
-/// owns, is refused with the `chmod` that fixes it; the vault's directory must be private.
+/// The files beside the vault (docs/security.md, "Files and the vault at rest"). A planted link is
+/// never followed (its target stays untouched); a key file or vault that others can read or write,
+/// or that another uid owns, is refused with the `chmod` that fixes it; the vault's directory must
+/// be private.
 @Suite struct FileSafetyTests {
     /// Who owns the "other user's" files below; changing owners needs root.
     static let otherUID: uid_t = 65534

@@ -8,7 +8,7 @@ import Testing
 @testable import BrokerCore
 
 /// A broker on a real vault whose IdP answers with hostile numbers and texts: nothing traps,
-/// the vault stays loadable, and nothing secret is reflected (issue 8, classes 1, 4 and 7).
+/// the vault stays loadable, and nothing secret is reflected (docs/security.md, "What brokerd does not trust").
 @Suite struct HostileAnswerTests {
     static let refreshToken = "rt-hostile-6a0f1c2e-5d9b-4b1e-9a51-0c1d2e3f4a5b"
     static let clientSecret = "cs-hostile-secret-77f1"

@@ -4,7 +4,7 @@ import Testing
 
 @testable import BrokerCore
 
-/// How token endpoint answers are classified (CONTRACT section 4): good, transient, or denial.
+/// How token endpoint answers are classified (protocol/PROTOCOL.md section 11): good, transient, or denial.
 @Suite struct OAuth2ProviderTests {
     static let now = Date(timeIntervalSince1970: 1_795_422_600)
 
@@ -112,7 +112,7 @@ import Testing
     }
 }
 
-/// CONTRACT section 4: HTTPS for every IdP URL except loopback addresses.
+/// HTTPS for every IdP URL except loopback addresses (docs/security.md, "What brokerd does not trust").
 @Suite struct EndpointPolicyTests {
     @Test(arguments: [
         "https://idp.example/oauth/token", "HTTPS://IDP.EXAMPLE/token", "https://10.0.0.1:8443/token",

@@ -6,7 +6,7 @@ import Testing
 
 @testable import BrokerCore
 
-/// What clients can make the broker refresh (README "Limits"): one refresh of an account per
+/// What clients can make the broker refresh (docs/limits.md): one refresh of an account per
 /// `minimum_refresh_interval` for all their requests together, narrowed refreshes within a
 /// budget per caller uid, and the owner's `refresh` beyond both.
 @Suite struct RefreshBudgetTests {

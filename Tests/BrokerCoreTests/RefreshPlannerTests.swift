@@ -4,7 +4,7 @@ import Testing
 
 @testable import BrokerCore
 
-/// CONTRACT section 4: refresh when about 25% of the lifetime remains (± jitter), never later
+/// docs/configuration.md, `[broker]`: refresh when about 25% of the lifetime remains (± jitter), never later
 /// than a floor before expiry, before a refresh token lapses; capped, jittered backoff.
 @Suite struct RefreshPlannerTests {
     static let now = Date(timeIntervalSince1970: 1_795_422_600)
@@ -127,7 +127,7 @@ import Testing
         }
     }
 
-    /// README "Limits": during a backoff a client's request may try again after
+    /// docs/limits.md: during a backoff a client's request may try again after
     /// `outage_probe_interval`, or the IdP's longer `Retry-After`, and never after the backoff.
     @Test func aClientMayProbeSoonerThanTheBackoffButNotBeforeRetryAfter() {
         let planner = RefreshPlanner(settings: BrokerSettings())  // probe interval 2 s, cap 300 s

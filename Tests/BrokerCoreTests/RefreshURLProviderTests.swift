@@ -4,7 +4,7 @@ import Testing
 
 @testable import BrokerCore
 
-/// How a refresh URL's answers are classified (seed 000, CONTRACT section 4), and that the URL,
+/// How a refresh URL's answers are classified (seed 000, protocol/PROTOCOL.md section 11), and that the URL,
 /// a secret, never shows up in a message.
 @Suite struct RefreshURLProviderTests {
     static let now = Date(timeIntervalSince1970: 1_795_422_600)

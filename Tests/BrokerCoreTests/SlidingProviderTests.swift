@@ -4,7 +4,7 @@ import Testing
 
 @testable import BrokerCore
 
-/// How a sliding endpoint's envelopes are classified (seed 004, CONTRACT section 4).
+/// How a sliding endpoint's envelopes are classified (seed 004, protocol/PROTOCOL.md section 11).
 @Suite struct SlidingProviderTests {
     static let now = Date(timeIntervalSince1970: 1_795_422_600)
     static let utc = IANATimeZone(identifier: "UTC")!

@@ -4,7 +4,7 @@ import Testing
 
 @testable import BrokerCore
 
-/// Issue 9: a save writes what changed (one sealed record appended to the log beside the
+/// protocol/VAULT.md: a save writes what changed (one sealed record appended to the log beside the
 /// snapshot), and every guarantee of the single-file vault stays: a torn end is the only thing
 /// dropped, a changed, moved or repeated record is refused with every file left untouched, a
 /// crash at any point of a compaction loads the latest saved state, and a vault in format 1

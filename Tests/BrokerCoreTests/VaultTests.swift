@@ -4,7 +4,7 @@ import Testing
 
 @testable import BrokerCore
 
-/// CONTRACT section 5: one encrypted file, refused (and left alone) when the key is wrong or a
+/// protocol/VAULT.md: one encrypted vault, refused (and left alone) when the key is wrong or a
 /// byte was changed; one broker per vault; a private key file.
 @Suite struct VaultTests {
     private func contents() -> VaultContents {

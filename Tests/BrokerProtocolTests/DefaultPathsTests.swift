@@ -2,7 +2,7 @@ import BrokerProtocol
 import Foundation
 import Testing
 
-/// CONTRACT section 2: each default path, and the variable that overrides it.
+/// docs/install.md, "Files": each default path, and the variable that overrides it.
 @Suite struct DefaultPathsTests {
     static let base = [
         "HOME": "/home/u", "XDG_RUNTIME_DIR": "/run/user/1000", "XDG_CONFIG_HOME": "/cfg", "XDG_STATE_HOME": "/state",
@@ -20,7 +20,7 @@ import Testing
         #expect(paths(["TOKENBROKER_SOCKET": ""]).socket == "/run/user/1000/tokenbroker/broker.sock")
     }
 
-    /// Issue 8, class 5: without a runtime dir the socket is never under /tmp, where another user
+    /// Without a runtime dir the socket is never under /tmp, where another user
     /// could create the directory first; it goes to logind's /run/user/UID or the user's own
     /// state directory.
     @Test func socketWithoutARuntimeDirectory() {

@@ -1,7 +1,7 @@
 import BrokerProtocol
 import Testing
 
-/// The closed set of error codes of CONTRACT section 3, mapped one to one.
+/// The closed set of error codes of protocol/PROTOCOL.md section 10, mapped one to one.
 @Suite struct ErrorCodeTests {
     @Test(arguments: [
         ("bad_request", BrokerError.Code.badRequest),

@@ -51,7 +51,7 @@ import Testing
         #expect(Self.parse(line) == nil)
     }
 
-    /// The examples of issue 8, class 9: a repeated key was read last-wins here and first-wins
+    /// Lines the two readers once read differently: a repeated key was read last-wins here and first-wins
     /// by the decoder.
     @Test(arguments: [
         #"{"op":"status","op":"token","account":"api"}"#,

@@ -2,7 +2,7 @@ import BrokerProtocol
 import Foundation
 import Testing
 
-/// The wire shapes of `login` and of the id-token answer of `token` (issue 10's shared design).
+/// The wire shapes of `login` and of the id-token answer of `token` (protocol/PROTOCOL.md section 6, `login`).
 @Suite struct LoginWireTests {
     static func object(_ data: Data) throws -> [String: Any] {
         try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])

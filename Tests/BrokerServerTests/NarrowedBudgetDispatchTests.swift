@@ -7,7 +7,7 @@ import Testing
 
 @testable import BrokerServer
 
-/// The dispatcher charges a scoped `token` request to its caller's uid (README "Limits"): once
+/// The dispatcher charges a scoped `token` request to its caller's uid (docs/limits.md): once
 /// one uid has spent its budget on an account, another uid listed for it still gets its own.
 @Suite struct NarrowedBudgetDispatchTests {
     @Test func eachUIDSpendsItsOwnBudget() async throws {

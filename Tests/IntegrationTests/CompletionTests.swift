@@ -2,7 +2,7 @@ import Foundation
 import TestSupport
 import Testing
 
-/// `brokerctl completion bash|zsh|fish`: the scripts the Debian package installs (README, "Install").
+/// `brokerctl completion bash|zsh|fish`: the scripts the Debian package installs (docs/install.md).
 @Suite struct CompletionTests {
     @Test(arguments: [
         ("bash", "-F _brokerctl brokerctl"), ("zsh", "#compdef brokerctl"), ("fish", "complete -c 'brokerctl'"),

@@ -7,7 +7,7 @@ import Testing
 import Glibc
 #endif
 
-/// Issue 8, class 8: nothing a crash leaves behind may hold a secret. brokerd can never write a
+/// Nothing a crash leaves behind may hold a secret. brokerd can never write a
 /// core file and is not dumpable; the unit turns the Swift backtracer off.
 @Suite struct CrashOutputTests {
     static let otherUID: uid_t = 65534

@@ -86,7 +86,7 @@ import Glibc
         await idp.shutdown()
     }
 
-    /// README "Limits": after an outage, `brokerctl token` works again within seconds of the
+    /// docs/limits.md: after an outage, `brokerctl token` works again within seconds of the
     /// IdP's return, before the broker's own retry (up to 10 minutes off) and without `refresh`.
     @Test func aTokenIsServedSecondsAfterTheIdPRecovers() async throws {
         let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-back", lifetime: 3600)

@@ -2,9 +2,9 @@ import Foundation
 import TestSupport
 import Testing
 
-/// Every error a user meets through brokerctl (README.md, "Exit codes") says what happened and
-/// what to do in brokerctl's terms: a command, an option, a broker.toml key or an environment
-/// variable, never a Swift type or value. So does every line of brokerd's log.
+/// Every error a user meets through brokerctl (docs/commands.md, "Common options and exit codes")
+/// says what happened and what to do in brokerctl's terms: a command, an option, a broker.toml key
+/// or an environment variable, never a Swift type or value. So does every line of brokerd's log.
 @Suite struct ErrorMessageTests {
     /// What a message must name: one of these.
     static let remedies = [

@@ -15,7 +15,7 @@ import Testing
         #expect(try eventLoopThreads(of: broker) == count)
     }
 
-    /// The default chosen by bench/run's figures on 2 cores (README, "Benchmarks").
+    /// The default chosen by bench/run's figures on 2 cores (docs/performance.md, "Event loops").
     @Test func runsOneEventLoopByDefault() async throws {
         let broker = try BrokerProcess()
         try await broker.start()

@@ -151,7 +151,7 @@ import Glibc
         #expect(
             try FileManager.default.contentsOfDirectory(atPath: directory).filter { $0.hasPrefix("tokenbroker-exec-") }
                 == [])
-        // Never in the socket's directory nor under it (README says to bind-mount it into
+        // Never in the socket's directory nor under it (docs/bridges.md says to bind-mount it into
         // containers), even when the runtime directory is that directory: then under /tmp.
         let socketDirectory = bridge.broker.root.appendingPathComponent("run/tokenbroker").path
         for runtime in [socketDirectory, ""] {

@@ -5,7 +5,7 @@ import TestSupport
 import Testing
 
 /// Refreshes a client would force, against the real brokerd and a test IdP that counts them
-/// (README "Limits"): with `minimum_refresh_interval = 60`, 30 rejects in a row of the token
+/// (docs/limits.md): with `minimum_refresh_interval = 60`, 30 rejects in a row of the token
 /// just served make one refresh, and 200 new scopes from one caller make only the refreshes
 /// its budget holds (10), every other request answered `busy` with `retry_after_ms` at once.
 @Suite struct ForcedRefreshTests {

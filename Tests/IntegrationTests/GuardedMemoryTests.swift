@@ -6,7 +6,7 @@ import Testing
 import Glibc
 #endif
 
-/// Where secrets live in a running brokerd (issue 11, floor items 2 and 3): its whole readable
+/// Where secrets live in a running brokerd (docs/security.md, "Secrets in memory"): its whole readable
 /// memory, read as root through `/proc/PID/mem`, is searched for every refresh and access token
 /// the test IdPs issued. A removed, rotated-away or logged-out token must be found nowhere, a
 /// live one only inside guarded pages (locked, between two inaccessible pages, as

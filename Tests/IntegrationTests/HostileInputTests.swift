@@ -5,7 +5,7 @@ import TestSupport
 import Testing
 
 /// The real brokerd against hostile numbers on its socket and a helper looking for its
-/// descriptors (issue 8, classes 1 and 2).
+/// descriptors (docs/security.md, "What brokerd does not trust").
 @Suite struct HostileInputTests {
     @Test func outOfRangeMinTTLIsABadRequestAndTheBrokerStaysUp() async throws {
         let broker = try BrokerProcess()

@@ -86,7 +86,7 @@ import Glibc
         }
     }
 
-    /// `--json` prints exactly the objects of issue 10, and `slow_down` makes the broker poll
+    /// `--json` prints exactly the objects docs/login.md lists, and `slow_down` makes the broker poll
     /// 5 s less often.
     @Test func deviceFlowJSONLinesAndSlowDown() async throws {
         try await Self.withBrokerAndIdP { broker, idp in

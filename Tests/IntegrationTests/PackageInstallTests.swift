@@ -3,7 +3,7 @@ import TestSupport
 import Testing
 
 /// The installed Debian package under a real `systemd --user` manager: its socket unit, enabled
-/// as README's install section says, starts its service, /usr/bin/brokerd, which serves
+/// as docs/install.md says, starts its service, /usr/bin/brokerd, which serves
 /// /usr/bin/brokerctl. Runs only from scripts/test-package, which installs the package first and
 /// sets `TOKENBROKER_INSTALLED_PACKAGE`.
 @Suite(

@@ -4,7 +4,7 @@ import Foundation
 import TestSupport
 import Testing
 
-/// A line gets one answer, whichever of the broker's two readers takes it (issue 8, class 9):
+/// A line gets one answer, whichever of the broker's two readers takes it (ARCHITECTURE.md, "Twin paths"):
 /// lines the fast path once answered with a token although the full decoder reads them
 /// otherwise (or not at all) are refused, and an id comes back as the decoder reads it.
 @Suite struct RequestGrammarTests {

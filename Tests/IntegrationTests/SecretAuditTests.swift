@@ -6,7 +6,8 @@ import Testing
 import Glibc
 #endif
 
-/// The secret-leak audit (issue 11): real brokerd processes logging at `debug`, driven through
+/// The secret-leak audit (docs/security.md, "What never leaks"): real brokerd processes
+/// logging at `debug`, driven through
 /// every op, every provider kind and every error path the test IdPs can provoke; then every
 /// byte the broker and brokerctl said (the broker's log, every answer line, every event,
 /// brokerctl's stdout and stderr) is searched for every refresh token, refresh URL and client

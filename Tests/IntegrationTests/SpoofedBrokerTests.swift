@@ -8,8 +8,9 @@ import Testing
 import Glibc
 #endif
 
-/// Issue 8, class 5: a spoofed broker. The client refuses a socket that another user serves
-/// before it sends a byte; brokerd refuses a socket directory that another user could change.
+/// A spoofed broker (docs/security.md, "Files and the vault at rest"). The client refuses a socket
+/// that another user serves before it sends a byte; brokerd refuses a socket directory that another
+/// user could change.
 @Suite struct SpoofedBrokerTests {
     static let otherUID: uid_t = 65534
     static let canActAsAnotherUser =

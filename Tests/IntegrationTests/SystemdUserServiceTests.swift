@@ -182,7 +182,7 @@ struct SystemdUserServiceTests {
         #expect(outside.status == 7, "\(outside.output)")
     }
 
-    /// The shipped unit lets the broker write its token files where README says they go, with no
+    /// The shipped unit lets the broker write its token files where docs/bridges.md says they go, with no
     /// drop-in of the user's: an `export_file` in ~/.cache and the WLCG file in the runtime
     /// directory are written and follow a refresh. A token file elsewhere in the home is refused
     /// (ProtectSystem=strict), and the log says which `ReadWritePaths=` to add.

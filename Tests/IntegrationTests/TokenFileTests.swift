@@ -8,7 +8,7 @@ import Testing
 import Glibc
 #endif
 
-/// Issue 12: token files kept fresh by the broker (`export_file`, `wlcg_account`), on the real
+/// Token files kept fresh by the broker (`export_file`, `wlcg_account`), on the real
 /// brokerd with a rotating IdP whose tokens live seconds.
 @Suite struct TokenFileTests {
     /// A broker whose config keeps `api`'s token in `export/api.token` and in the WLCG file.

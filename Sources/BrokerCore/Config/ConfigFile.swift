@@ -67,7 +67,7 @@ public enum ConfigFile {
 
     /// Refuses a token file (`export_file`, `wlcg_account`) of an account whose access rule names
     /// programs: every process of the user can read the file, so the rule would hold only on
-    /// the socket (README, "Token files kept fresh").
+    /// the socket (docs/bridges.md, "Token files kept fresh").
     private static func checkNoTokenFileAroundRules(_ configuration: BrokerConfiguration, path: String) throws {
         let guarded = configuration.access.accounts.filter(\.value.namesPrograms).keys
         let why =

@@ -17,7 +17,7 @@ struct AccountMachine: Sendable {
         /// A refresh is under way.
         case refreshing(serial: Int)
         /// Transient failures: the schedule tries again at `until`; a client's request fails
-        /// fast until `probeAt`, and after it starts the refresh itself (README "Limits").
+        /// fast until `probeAt`, and after it starts the refresh itself (docs/limits.md).
         case backingOff(until: Date, probeAt: Date)
         /// The IdP refused the credential; only new tokens bring the account back.
         case denied
@@ -78,7 +78,7 @@ struct AccountMachine: Sendable {
     /// token that fell short), not the schedule, new tokens or the owner.
     private var clientRefresh: Int?
     /// When the last refresh a client's request started ended with a token: another client's
-    /// request starts none within `minimumRefreshInterval` of it (README "Limits").
+    /// request starts none within `minimumRefreshInterval` of it (docs/limits.md).
     private var clientRefreshedAt: Date?
     /// Set when new tokens restored an account that was down (`isDown`) but could not serve yet
     /// (a refresh must come first): that refresh's success announces `valid`.

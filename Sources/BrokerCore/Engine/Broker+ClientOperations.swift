@@ -137,8 +137,8 @@ extension Broker {
     }
 
     /// What a client's request that would refresh `machine` gets instead within
-    /// `minimumRefreshInterval` of the last refresh a client's request started (README
-    /// "Limits"): the token held while it has not expired, else `refreshTooSoon`. `nil`: the
+    /// `minimumRefreshInterval` of the last refresh a client's request started
+    /// (docs/limits.md): the token held while it has not expired, else `refreshTooSoon`. `nil`: the
     /// refresh may start (or join the one under way).
     func tokenInsteadOfRefresh(_ machine: AccountMachine) throws(BrokerFailure) -> PreparedToken? {
         let now = clock.now()

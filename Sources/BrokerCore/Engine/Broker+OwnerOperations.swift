@@ -82,7 +82,7 @@ extension Broker {
     }
 
     /// Refreshes now, ignoring the schedule and the limit on clients' refreshes (joins a refresh
-    /// already under way): an owner operation, which only `admins` reach (README "Limits").
+    /// already under way): an owner operation, which only `admins` reach (docs/limits.md).
     public func refreshNow(_ account: AccountName) async throws(BrokerFailure) -> AccountSnapshot {
         let name = account.rawValue
         let machine = try self.machine(name)

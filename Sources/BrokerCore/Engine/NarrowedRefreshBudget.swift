@@ -2,7 +2,7 @@ import FoundationEssentials
 
 /// How many narrowed refreshes (`TokenKey`) each caller may start on one account: a token
 /// bucket per account and caller uid, `burst` at once and then one every `refill` seconds
-/// (README "Limits", protocol/PROTOCOL.md section 6). Each refresh rotates the account's refresh
+/// (docs/limits.md, protocol/PROTOCOL.md section 6). Each refresh rotates the account's refresh
 /// token and writes the vault, so without it any caller allowed the account could make the
 /// broker call the IdP for every new `scope` it names; with one bucket per uid, another user
 /// listed for the account cannot spend the owner's.

@@ -45,7 +45,7 @@ struct TokenFiles {
 
     /// Why a file in `directory` cannot be written when its file system is read-only, and what to
     /// do: the systemd unit's ProtectSystem=strict leaves writable only what its ReadWritePaths=
-    /// lists (README, "Token files kept fresh").
+    /// lists (docs/bridges.md, "Token files kept fresh").
     private static func readOnly(_ directory: String) -> String {
         "its directory \(directory) is read-only to brokerd; under the systemd unit, add ReadWritePaths=\(directory) "
             + "under [Service] in a drop-in (systemctl --user edit tokenbroker.service) and restart the service"

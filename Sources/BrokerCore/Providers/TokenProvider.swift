@@ -21,7 +21,7 @@ public struct Grant: Sendable, Equatable {
     }
 }
 
-/// Why a refresh failed, classified the way the lifecycle needs it (CONTRACT section 4).
+/// Why a refresh failed, classified the way the lifecycle needs it (protocol/PROTOCOL.md section 11).
 public struct RefreshFailure: Error, Sendable, Equatable {
     public enum Kind: Sendable, Equatable {
         /// Network trouble, 5xx, 429, a malformed answer: keep everything, retry later.

@@ -8,7 +8,7 @@ import Glibc
 /// guard pages, left out of core dumps (`MADV_DONTDUMP`) and of forked children
 /// (`MADV_WIPEONFORK`), locked in RAM when `RLIMIT_MEMLOCK` allows, and read-only except while
 /// it is written. libsodium's `sodium_malloc` does the same but ignores a failed `mlock`; here
-/// the caller learns of it (README.md, "Secrets in memory").
+/// the caller learns of it (docs/security.md, "Secrets in memory").
 final class GuardedPages: Sendable {
     /// A mapped region: `size` bytes at `start`, a guard page on each side.
     struct Region: Hashable, @unchecked Sendable {

@@ -5,8 +5,8 @@ import Glibc
 #endif
 
 /// The pace of unlock attempts, kept beside the vault (`vault.unlock-pace`) so that a restart of
-/// brokerd does not start a wrong passphrase's delay from the beginning (README, "Passphrase
-/// mode"): how many wrong passphrases came in a row, and until when the last one's delay runs.
+/// brokerd does not start a wrong passphrase's delay from the beginning
+/// (docs/passphrase.md): how many wrong passphrases came in a row, and until when the last one's delay runs.
 /// Opened without following a symbolic link, a private file of this uid (as the vault is),
 /// bounded and checked when read; replaced whole (a staging file renamed over it).
 struct UnlockPaceFile: Sendable {

@@ -4,7 +4,7 @@ import FoundationEssentials
 import Glibc
 #endif
 
-/// Finds or creates the vault key file (CONTRACT section 2).
+/// Finds or creates the vault key file (docs/install.md, "Files").
 public enum VaultKey {
     /// Reads the 32-byte key at `path`; when `create` is set and no file exists, makes one
     /// with fresh random bytes, mode 0600, in a private directory. Like ssh with a private

@@ -36,7 +36,7 @@ enum ConnectionSession {
     /// each piece is let go of before the next is awaited. A request holds the secrets it
     /// carried (an `add`'s refresh token) as strings, freed (and so wiped) only when the last
     /// reference goes, and a connection may stay open for hours after its first and its latest
-    /// request (README.md, "Secrets in memory").
+    /// request (docs/security.md, "Secrets in memory").
     @inline(never)
     private static func serve(
         _ first: inout ConnectionWork?, then work: inout NIOAsyncChannelInboundStream<ConnectionWork>.AsyncIterator,

@@ -15,7 +15,7 @@ struct LineTooLongError: Error {}
 /// buffers they came in are SwiftNIO's, reused for the connection's next reads rather than
 /// freed (so brokerd's wipe-on-free allocator never sees them): every byte copied out of a
 /// buffer here is wiped where it was, and so is every byte let go of untaken (`discard`). The
-/// lines taken are wiped by their reader once decoded (README.md, "Secrets in memory").
+/// lines taken are wiped by their reader once decoded (docs/security.md, "Secrets in memory").
 struct LineFramer {
     let limit: Int
     /// Received bytes not yet taken as lines.
