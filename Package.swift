@@ -61,10 +61,9 @@ let package = Package(
             providers: [.apt(["libsystemd-dev"])]
         ),
         .target(name: "CSpawn"),
-        // brokerd's wipe-on-free `free` and `realloc`; linked into brokerd only.
+        // brokerd's heap: wipe-on-free `free` and `realloc`, and a kept trim threshold; linked
+        // into brokerd only.
         .target(name: "CWipeOnFree"),
-        // brokerd's idle memory: a trimmed heap, and start-up's code pages given back.
-        .target(name: "CIdleMemory"),
         .target(name: "BrokerProtocol", swiftSettings: upcoming),
         .target(
             name: "BrokerCore",
@@ -103,7 +102,7 @@ let package = Package(
         .executableTarget(
             name: "brokerd",
             dependencies: [
-                "BrokerCore", "BrokerServer", "BrokerSystemd", "CIdleMemory", "CWipeOnFree",
+                "BrokerCore", "BrokerServer", "BrokerSystemd", "CWipeOnFree",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -147,7 +146,7 @@ let package = Package(
             ],
             path: "bench/Sources/broker-bench",
             swiftSettings: upcoming,
-            // lld, as for brokerd and brokerctl: scripts/build-release hands every link lld's options.
+            // lld, as for brokerd and brokerctl.
             linkerSettings: [.unsafeFlags(["-use-ld=lld"])]
         ),
         .testTarget(name: "BrokerProtocolTests", dependencies: ["BrokerProtocol"], swiftSettings: upcoming),
@@ -170,8 +169,7 @@ let package = Package(
             ],
             swiftSettings: upcoming
         ),
-        .testTarget(
-            name: "BrokerSystemdTests", dependencies: ["BrokerSystemd", "CIdleMemory"], swiftSettings: upcoming),
+        .testTarget(name: "BrokerSystemdTests", dependencies: ["BrokerSystemd"], swiftSettings: upcoming),
         // Both clients against a scripted stand-in broker on a Unix socket.
         .testTarget(
             name: "BrokerClientTests", dependencies: ["BrokerClient", "BrokerProtocol", "TestSupport"],
