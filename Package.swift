@@ -61,6 +61,8 @@ let package = Package(
             providers: [.apt(["libsystemd-dev"])]
         ),
         .target(name: "CSpawn"),
+        // How every child process starts: the exec provider's, brokerctl's, the tests'.
+        .target(name: "ProcessSpawn", dependencies: ["CSpawn"], swiftSettings: upcoming),
         // brokerd's heap: wipe-on-free `free` and `realloc`, and a kept trim threshold; linked
         // into brokerd only.
         .target(name: "CWipeOnFree"),
@@ -68,7 +70,7 @@ let package = Package(
         .target(
             name: "BrokerCore",
             dependencies: [
-                "BrokerProtocol", "CSodium", "CSpawn",
+                "BrokerProtocol", "CSodium", "ProcessSpawn",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -116,7 +118,7 @@ let package = Package(
         .executableTarget(
             name: "brokerctl",
             dependencies: [
-                "BrokerClient", "BrokerProtocol", "CSpawn",
+                "BrokerClient", "BrokerProtocol", "CSpawn", "ProcessSpawn",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: upcoming,
@@ -127,7 +129,7 @@ let package = Package(
         .target(
             name: "TestSupport",
             dependencies: [
-                "BrokerClient", "BrokerCore", "BrokerProtocol", "BrokerServer", "CSodium", "CSpawn",
+                "BrokerClient", "BrokerCore", "BrokerProtocol", "BrokerServer", "CSodium", "ProcessSpawn",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
