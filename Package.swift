@@ -61,15 +61,16 @@ let package = Package(
             providers: [.apt(["libsystemd-dev"])]
         ),
         .target(name: "CSpawn"),
-        // brokerd's wipe-on-free `free` and `realloc`; linked into brokerd only.
+        // How every child process starts: the exec provider's, brokerctl's, the tests'.
+        .target(name: "ProcessSpawn", dependencies: ["CSpawn"], swiftSettings: upcoming),
+        // brokerd's heap: wipe-on-free `free` and `realloc`, and a kept trim threshold; linked
+        // into brokerd only.
         .target(name: "CWipeOnFree"),
-        // brokerd's idle memory: a trimmed heap, and start-up's code pages given back.
-        .target(name: "CIdleMemory"),
         .target(name: "BrokerProtocol", swiftSettings: upcoming),
         .target(
             name: "BrokerCore",
             dependencies: [
-                "BrokerProtocol", "CSodium", "CSpawn",
+                "BrokerProtocol", "CSodium", "ProcessSpawn",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -103,7 +104,7 @@ let package = Package(
         .executableTarget(
             name: "brokerd",
             dependencies: [
-                "BrokerCore", "BrokerServer", "BrokerSystemd", "CIdleMemory", "CWipeOnFree",
+                "BrokerCore", "BrokerServer", "BrokerSystemd", "CWipeOnFree",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -117,7 +118,7 @@ let package = Package(
         .executableTarget(
             name: "brokerctl",
             dependencies: [
-                "BrokerClient", "BrokerProtocol", "CSpawn",
+                "BrokerClient", "BrokerProtocol", "CSpawn", "ProcessSpawn",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: upcoming,
@@ -128,7 +129,7 @@ let package = Package(
         .target(
             name: "TestSupport",
             dependencies: [
-                "BrokerClient", "BrokerCore", "BrokerProtocol", "BrokerServer", "CSodium", "CSpawn",
+                "BrokerClient", "BrokerCore", "BrokerProtocol", "BrokerServer", "CSodium", "ProcessSpawn",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -147,7 +148,7 @@ let package = Package(
             ],
             path: "bench/Sources/broker-bench",
             swiftSettings: upcoming,
-            // lld, as for brokerd and brokerctl: scripts/build-release hands every link lld's options.
+            // lld, as for brokerd and brokerctl.
             linkerSettings: [.unsafeFlags(["-use-ld=lld"])]
         ),
         .testTarget(name: "BrokerProtocolTests", dependencies: ["BrokerProtocol"], swiftSettings: upcoming),
@@ -170,8 +171,7 @@ let package = Package(
             ],
             swiftSettings: upcoming
         ),
-        .testTarget(
-            name: "BrokerSystemdTests", dependencies: ["BrokerSystemd", "CIdleMemory"], swiftSettings: upcoming),
+        .testTarget(name: "BrokerSystemdTests", dependencies: ["BrokerSystemd"], swiftSettings: upcoming),
         // Both clients against a scripted stand-in broker on a Unix socket.
         .testTarget(
             name: "BrokerClientTests", dependencies: ["BrokerClient", "BrokerProtocol", "TestSupport"],

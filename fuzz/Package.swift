@@ -31,11 +31,13 @@ let package = Package(
     targets: [
         .systemLibrary(name: "CSodium", path: "Linked/CSodium", pkgConfig: "libsodium"),
         .target(name: "CSpawn", path: "Linked/CSpawn"),
+        .target(
+            name: "ProcessSpawn", dependencies: ["CSpawn"], path: "Linked/ProcessSpawn", swiftSettings: instrumented),
         .target(name: "BrokerProtocol", path: "Linked/BrokerProtocol", swiftSettings: instrumented),
         .target(
             name: "BrokerCore",
             dependencies: [
-                "BrokerProtocol", "CSodium", "CSpawn",
+                "BrokerProtocol", "CSodium", "ProcessSpawn",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -1,5 +1,8 @@
+import FoundationEssentials
+
 /// Any JSON value, kept as it was sent: the settings of a `provider` object, which each
-/// provider kind reads and checks for itself (the protocol module does not know the kinds).
+/// provider kind reads and checks for itself (the protocol module does not know the kinds), and
+/// answers of unknown shape (an IdP's, a helper's output), read with `object(decoding:)`.
 public enum JSONValue: Codable, Sendable, Equatable {
     case null
     case bool(Bool)
@@ -35,6 +38,30 @@ public enum JSONValue: Codable, Sendable, Equatable {
         case .array(let value): try container.encode(value)
         case .object(let value): try container.encode(value)
         }
+    }
+
+    /// The object `data` holds, read with the toolchain's strict `JSONDecoder`; `nil` when it is
+    /// not JSON or not an object.
+    public static func object(decoding data: Data) -> [String: JSONValue]? {
+        (try? JSONDecoder().decode(JSONValue.self, from: data))?.object
+    }
+
+    /// The members of an object value; `nil` for any other value.
+    public var object: [String: JSONValue]? {
+        if case .object(let members) = self { return members }
+        return nil
+    }
+
+    /// A number value; `nil` for any other value (`true` is not 1).
+    public var number: Double? {
+        if case .number(let number) = self { return number }
+        return nil
+    }
+
+    /// A `true` or `false` value; `nil` for any other value.
+    public var bool: Bool? {
+        if case .bool(let value) = self { return value }
+        return nil
     }
 
     /// The text of a string value; `nil` for any other value.

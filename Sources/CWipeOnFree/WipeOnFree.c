@@ -54,3 +54,5 @@ void *reallocarray(void *pointer, size_t count, size_t size) {
 }
 
 int tokenbroker_wipe_on_free(void) { return 1; }
+
+void tokenbroker_keep_heap_trimmed(void) { mallopt(M_TRIM_THRESHOLD, 128 * 1024); }

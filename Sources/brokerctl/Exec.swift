@@ -2,6 +2,7 @@ import ArgumentParser
 import BrokerClient
 import BrokerProtocol
 import CSpawn
+import ProcessSpawn
 import FoundationEssentials
 
 #if canImport(Glibc)
@@ -76,9 +77,9 @@ struct Exec: ParsableCommand {
         let child: pid_t
         do {
             child = try spawn(environment: [env: first.accessToken, Self.fileVariable: file.path])
-        } catch let failure as SpawnFailure {
-            StandardStream.error.write("brokerctl: cannot run \(command[0]): \(failure.reason)\n")
-            throw ExitCode(failure.code == ENOENT ? 127 : 126)
+        } catch {
+            StandardStream.error.write("brokerctl: cannot run \(command[0]): \(error)\n")
+            throw ExitCode(error.code == ENOENT ? 127 : 126)
         }
         var renewal = Renewal(token: first, minTTL: options.minTTL, now: Date())
         var outage = OutageReport()
@@ -146,40 +147,18 @@ struct Exec: ParsableCommand {
 
     /// Starts the command with this process's environment plus `extra`, no descriptor but 0 to 2,
     /// and the default disposition and no mask for the signals blocked here.
-    private func spawn(environment extra: [String: String]) throws -> pid_t {
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        guard tokenbroker_spawn_close_from(&actions, 3) == 0 else {
-            throw BridgeFailure("cannot arrange for the command's descriptors to be closed")
-        }
-        var attributes = posix_spawnattr_t()
-        posix_spawnattr_init(&attributes)
-        defer { posix_spawnattr_destroy(&attributes) }
-        var none = sigset_t()
-        sigemptyset(&none)
-        posix_spawnattr_setsigmask(&attributes, &none)
-        var defaults = sigset_t()
-        sigemptyset(&defaults)
-        for signal in Self.forwarded + [SIGCHLD, SIGPIPE] { sigaddset(&defaults, signal) }
-        posix_spawnattr_setsigdefault(&attributes, &defaults)
-        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+    private func spawn(environment extra: [String: String]) throws(SpawnFailure) -> pid_t {
+        var spawn = ProcessSpawn()
+        spawn.standardInput = .inherited
+        spawn.standardOutput = .inherited
+        spawn.standardError = .inherited
+        spawn.defaultSignals = Self.forwarded + [SIGCHLD, SIGPIPE]
+        spawn.searchesPath = true
         let names = Set(extra.keys.map { $0 + "=" })
-        var entries: [String] = []
-        var index = 0
-        while let entry = environ[index] {
-            let text = String(cString: entry)
-            if !names.contains(where: text.hasPrefix) { entries.append(text) }
-            index += 1
-        }
-        entries += extra.map { "\($0.key)=\($0.value)" }
-        let argv = command.map { strdup($0) } + [nil]
-        let envp = entries.map { strdup($0) } + [nil]
-        defer { (argv + envp).forEach { free($0) } }
-        var pid: pid_t = 0
-        let result = posix_spawnp(&pid, command[0], &actions, &attributes, argv, envp)
-        guard result == 0 else { throw SpawnFailure(code: result, reason: String(cString: strerror(result))) }
-        return pid
+        let entries =
+            ProcessSpawn.inheritedEnvironment.filter { entry in !names.contains(where: entry.hasPrefix) }
+            + extra.map { "\($0.key)=\($0.value)" }
+        return try spawn.start(command, environment: entries).get()
     }
 
     /// The exit code of `child` once it has ended (128 + the signal that killed it); `nil` while it runs.
@@ -225,12 +204,6 @@ struct Exec: ParsableCommand {
         let wait = seconds.isFinite ? min(max(seconds, 0.001), 86_400) : 86_400
         return Glibc.timespec(tv_sec: Int(wait), tv_nsec: Int((wait - wait.rounded(.down)) * 1e9))
     }
-}
-
-/// posix_spawnp failed.
-struct SpawnFailure: Error {
-    var code: Int32
-    var reason: String
 }
 
 /// When the token in the file is due: when less than `max(min_ttl, a third of the lifetime it

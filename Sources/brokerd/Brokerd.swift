@@ -3,7 +3,6 @@ import BrokerCore
 import BrokerProtocol
 import BrokerServer
 import BrokerSystemd
-import CIdleMemory
 import CWipeOnFree
 import FoundationEssentials
 import Logging
@@ -116,7 +115,7 @@ struct Brokerd: AsyncParsableCommand {
             configuration: .init(
                 services: [
                     .init(service: server), .init(service: scheduler), .init(service: reloader),
-                    .init(service: lifecycle), .init(service: IdleMemoryRelease(logger: logger)),
+                    .init(service: lifecycle),
                 ],
                 gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()

@@ -1,34 +1,34 @@
+import BrokerProtocol
 import FoundationEssentials
 import TestSupport
 import Testing
 
 @testable import BrokerCore
 
-/// JSON of unknown shape, as IdPs and exec helpers print it.
-@Suite struct UntypedJSONTests {
+/// JSON of unknown shape, as IdPs and exec helpers print it (`JSONValue.object(decoding:)`).
+@Suite struct JSONObjectReadingTests {
     @Test func objectsKeepTheirTypes() throws {
         let text = #"{"s":"x","n":3600,"f":1.5,"t":true,"z":null,"a":[1,"b",null],"o":{"k":"v"}}"#
-        let object = try #require(UntypedJSON.object(Data(text.utf8)))
-        #expect(object["s"] as? String == "x")
-        #expect(object["n"] as? Double == 3600)
-        #expect(object["f"] as? Double == 1.5)
-        #expect(object["t"] as? Bool == true)
-        #expect(object["z"] is JSONNull)
-        #expect((object["a"] as? [Any])?.count == 3)
-        #expect((object["a"] as? [Any])?[2] is JSONNull)
-        #expect((object["o"] as? [String: Any])?["k"] as? String == "v")
+        let object = try #require(JSONValue.object(decoding: Data(text.utf8)))
+        #expect(object["s"]?.text == "x")
+        #expect(object["n"]?.number == 3600)
+        #expect(object["f"]?.number == 1.5)
+        #expect(object["t"]?.bool == true)
+        #expect(object["z"] == .null)
+        #expect(object["a"] == [.number(1), "b", .null])
+        #expect(object["o"]?.object?["k"]?.text == "v")
         #expect(object["missing"] == nil)
     }
 
     @Test func numbersAreNotBooleansNorTheOtherWayRound() throws {
-        let object = try #require(UntypedJSON.object(Data(#"{"one":1,"yes":true}"#.utf8)))
-        #expect(object["one"] as? Bool == nil)
-        #expect(object["yes"] as? Double == nil)
+        let object = try #require(JSONValue.object(decoding: Data(#"{"one":1,"yes":true}"#.utf8)))
+        #expect(object["one"]?.bool == nil)
+        #expect(object["yes"]?.number == nil)
     }
 
     @Test(arguments: ["", "[]", "\"text\"", "3", "null", "{", "{\"a\":}", "{'a':1}", "not json"])
     func onlyObjectsAreRead(text: String) {
-        #expect(UntypedJSON.object(Data(text.utf8)) == nil)
+        #expect(JSONValue.object(decoding: Data(text.utf8)) == nil)
     }
 }
 

@@ -153,30 +153,4 @@ import Glibc
             #expect(broker.log.contains("code=not_found") == debug)
         }
     }
-
-    /// Once serving, brokerd unmaps the code and read-only data start-up ran
-    /// (`IdleMemoryRelease`), and the code it needs after that runs: a refresh at the IdP, a
-    /// cached token, a status.
-    @Test func servesAfterGivingBackStartUpPages() async throws {
-        let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-idle", lifetime: 3600)
-        let broker = try BrokerProcess()
-        try await broker.start(environment: ["TOKENBROKER_LOG_LEVEL": "debug"])
-        defer { broker.stop() }
-        let deadline = ContinuousClock.now + .seconds(20)
-        while !broker.log.contains("released idle memory"), ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(100))
-        }
-        let line = try #require(broker.log.split(separator: "\n").first { $0.contains("released idle memory") })
-        #expect(!line.contains("segment_bytes=0"), "\(line)")
-        let client = try broker.client()
-        defer { client.close() }
-        _ = try await client.add(account: "idle", provider: idp.provider(), tokens: TokenSet(refreshToken: "rt-idle"))
-        let fresh = try await client.token(account: "idle")
-        // Compared outside #expect, whose failure message would print the tokens.
-        let servedFromCache = try await client.token(account: "idle").accessToken == fresh.accessToken
-        #expect(servedFromCache, "the second token was not the cached one")
-        #expect(idp.callCount == 1)
-        #expect(try await client.status().first?.state == "valid")
-        await idp.shutdown()
-    }
 }

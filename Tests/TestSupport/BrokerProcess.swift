@@ -5,7 +5,7 @@ import Foundation
 import Glibc
 #endif
 
-/// The real `brokerd` binary (the live-process harness), started with posix_spawn in a
+/// The real `brokerd` binary (the live-process harness), started with `ProcessSpawn` in a
 /// private temporary home with its own socket, config, state and key; stopped by PID and
 /// always waited for.
 public final class BrokerProcess: @unchecked Sendable {

@@ -1,12 +1,12 @@
-import CSpawn
 import FoundationEssentials
+import ProcessSpawn
 import Synchronization
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// A child started with posix_spawn and reaped with waitpid. Foundation's `Process` on Linux
+/// A child started with `ProcessSpawn` and reaped with waitpid. Foundation's `Process` on Linux
 /// learns of a child's exit through a descriptor that grandchildren inherit, so a command that
 /// talks to a service manager can look alive forever; this does not. Every child must be
 /// waited for (`wait`, or `hasExited` until it says so): PID 1 here does not reap orphans.
@@ -24,34 +24,16 @@ public final class ChildProcess: Sendable {
         _ path: String, _ arguments: [String], environment: [String: String], input: Int32? = nil,
         output: Int32? = nil, errors: Int32? = nil
     ) throws -> ChildProcess {
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        if let input {
-            posix_spawn_file_actions_adddup2(&actions, input, 0)
-        } else {
-            posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        // NIO's sockets are not close-on-exec: ProcessSpawn keeps the listeners of the tests
+        // running beside it in this process (an IdP, a login's redirect port) out of the child.
+        var spawn = ProcessSpawn()
+        spawn.standardInput = input.map { .descriptor($0) } ?? .devNull
+        spawn.standardOutput = output.map { .descriptor($0) } ?? .devNull
+        spawn.standardError = (errors ?? output).map { .descriptor($0) } ?? .devNull
+        switch spawn.start([path] + arguments, environment: environment.map { "\($0.key)=\($0.value)" }) {
+        case .success(let pid): return ChildProcess(pid: pid)
+        case .failure(let failure): throw HarnessError("cannot start \(path): \(failure)")
         }
-        for (target, source) in [(Int32(1), output), (2, errors ?? output)] {
-            if let source {
-                posix_spawn_file_actions_adddup2(&actions, source, target)
-            } else {
-                posix_spawn_file_actions_addopen(&actions, target, "/dev/null", O_WRONLY, 0)
-            }
-        }
-        // After the dup2s, which read their sources. NIO's sockets are not close-on-exec: without
-        // this, a child would keep open the listeners of the tests running beside it in this
-        // process (an IdP, a login's redirect port).
-        tokenbroker_spawn_close_from(&actions, 3)
-        let argv = ([path] + arguments).map { strdup($0) } + [nil]
-        let envp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer { (argv + envp).forEach { free($0) } }
-        var attributes = cleanSignals()
-        defer { posix_spawnattr_destroy(&attributes) }
-        var pid: pid_t = 0
-        let result = posix_spawn(&pid, path, &actions, &attributes, argv, envp)
-        guard result == 0 else { throw HarnessError("cannot start \(path): \(String(cString: strerror(result)))") }
-        return ChildProcess(pid: pid)
     }
 
     /// Runs a command to completion (killed after `timeout` seconds); returns its status, its
@@ -156,22 +138,6 @@ public final class ChildProcess: Sendable {
             let name = (try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/comm", encoding: .utf8)) ?? ""
             return name.hasPrefix(prefix)
         }.count
-    }
-
-    /// Spawn attributes that give the child no blocked signals and default handlers: a Swift
-    /// concurrency thread blocks most signals, and a child would inherit that mask (and then
-    /// ignore SIGTERM).
-    private static func cleanSignals() -> posix_spawnattr_t {
-        var attributes = posix_spawnattr_t()
-        posix_spawnattr_init(&attributes)
-        var none = sigset_t()
-        sigemptyset(&none)
-        var all = sigset_t()
-        sigfillset(&all)
-        posix_spawnattr_setsigmask(&attributes, &none)
-        posix_spawnattr_setsigdefault(&attributes, &all)
-        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
-        return attributes
     }
 
     private static func decode(_ raw: Int32) -> Int32 {

@@ -116,20 +116,20 @@ enum DeviceAuthorization {
         let malformed = { (field: String) -> BrokerFailure in
             .loginUnavailable(reason: "the device authorization endpoint answered an unusable \(field)")
         }
-        guard let object = UntypedJSON.object(reply.body) else { throw malformed("answer (not a JSON object)") }
-        guard let deviceCode = object["device_code"] as? String, !deviceCode.isEmpty,
+        guard let object = JSONValue.object(decoding: reply.body) else { throw malformed("answer (not a JSON object)") }
+        guard let deviceCode = object["device_code"]?.text, !deviceCode.isEmpty,
             deviceCode.utf8.count <= maximumDeviceCode
         else { throw malformed("device_code") }
-        guard let userCode = object["user_code"] as? String, isPrintable(userCode, upTo: maximumUserCode) else {
+        guard let userCode = object["user_code"]?.text, isPrintable(userCode, upTo: maximumUserCode) else {
             throw malformed("user_code")
         }
         // Google calls it `verification_url`.
-        guard let verification = (object["verification_uri"] ?? object["verification_url"]) as? String,
+        guard let verification = (object["verification_uri"] ?? object["verification_url"])?.text,
             let verificationURI = shownURL(verification)
         else { throw malformed("verification_uri (https, or http on loopback)") }
         guard let expiresIn = seconds(object["expires_in"], in: lifetimes) else { throw malformed("expires_in") }
         let interval: Int
-        if object["interval"] == nil || object["interval"] is JSONNull {
+        if (object["interval"] ?? .null) == .null {
             interval = defaultInterval
         } else {
             guard let given = seconds(object["interval"], in: intervals) else { throw malformed("interval") }
@@ -137,7 +137,7 @@ enum DeviceAuthorization {
         }
         return Offer(
             deviceCode: try SecretBytes(deviceCode), userCode: userCode, verificationURI: verificationURI,
-            verificationURIComplete: (object["verification_uri_complete"] as? String).flatMap(shownURL),
+            verificationURIComplete: (object["verification_uri_complete"]?.text).flatMap(shownURL),
             expiresIn: expiresIn, interval: interval)
     }
 
@@ -155,11 +155,11 @@ enum DeviceAuthorization {
     }
 
     /// Whole seconds from a JSON number (or numeric string) within `range`.
-    private static func seconds(_ value: Any?, in range: ClosedRange<Int>) -> Int? {
+    private static func seconds(_ value: JSONValue?, in range: ClosedRange<Int>) -> Int? {
         let number: Double?
         switch value {
-        case let double as Double: number = double
-        case let text as String: number = Double(text)
+        case .number(let double)?: number = double
+        case .string(let text)?: number = Double(text)
         default: number = nil
         }
         guard let number, number.isFinite, number >= Double(range.lowerBound), number <= Double(range.upperBound)

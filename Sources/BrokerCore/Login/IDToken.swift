@@ -13,7 +13,7 @@ enum IDToken {
         let segments = token.split(separator: ".", omittingEmptySubsequences: false)
         guard segments.count == 3, segments[1].utf8.count <= maximumPayload,
             let payload = Base64URL.decode(segments[1]),
-            let exp = UntypedJSON.object(payload)?["exp"] as? Double, exp.isFinite,
+            let exp = JSONValue.object(decoding: payload)?["exp"]?.number, exp.isFinite,
             exp >= Bounds.representableDates.lowerBound.timeIntervalSince1970,
             exp <= Bounds.representableDates.upperBound.timeIntervalSince1970
         else { return nil }

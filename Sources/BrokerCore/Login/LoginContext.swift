@@ -104,7 +104,7 @@ struct LoginContext: Sendable {
 
     /// The `error` of an OAuth error answer (RFC 6749 section 5.2), as the IdP wrote it.
     static func errorCode(_ reply: IdPReply) -> String? {
-        UntypedJSON.object(reply.body)?["error"] as? String
+        JSONValue.object(decoding: reply.body)?["error"]?.text
     }
 
     /// Sleeps until `deadline`; a cancelled login ends here.

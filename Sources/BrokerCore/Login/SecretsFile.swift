@@ -1,3 +1,4 @@
+import BrokerProtocol
 import FoundationEssentials
 
 #if canImport(Glibc)
@@ -38,7 +39,7 @@ public enum SecretsFile {
             content = data
         }
         defer { Sodium.wipe(&content) }
-        guard let secret = UntypedJSON.object(content)?["client_secret"] as? String, !secret.isEmpty else {
+        guard let secret = JSONValue.object(decoding: content)?["client_secret"]?.text, !secret.isEmpty else {
             throw .invalid("the secrets file must hold a JSON object with a non-empty string \"client_secret\"")
         }
         return secret

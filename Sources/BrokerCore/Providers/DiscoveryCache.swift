@@ -1,3 +1,4 @@
+import BrokerProtocol
 import FoundationEssentials
 import NIOHTTP1
 
@@ -63,16 +64,16 @@ actor DiscoveryCache {
                 .transient(
                     "the discovery document of \(host) answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
         }
-        guard let object = UntypedJSON.object(reply.body) else {
+        guard let object = JSONValue.object(decoding: reply.body) else {
             return .failure(.transient("the discovery document of \(host) is not a JSON object"))
         }
         // Section 4.3: the document must be about the issuer that was asked for.
-        if let stated = object["issuer"] as? String, stated.trimmingSuffix("/") != normalized(issuer) {
+        if let stated = object["issuer"]?.text, stated.trimmingSuffix("/") != normalized(issuer) {
             return .failure(.transient("the discovery document of \(host) names a different issuer"))
         }
         // Endpoints may live on other hosts than the issuer (Google's do), but never on plain
         // http when the issuer is https.
-        guard let text = object["token_endpoint"] as? String, let endpoint = URL(string: text),
+        guard let text = object["token_endpoint"]?.text, let endpoint = URL(string: text),
             EndpointPolicy.isAllowed(endpoint, handedOverBy: issuer)
         else {
             return .failure(
@@ -83,7 +84,7 @@ actor DiscoveryCache {
         // An unusable revocation, authorization or device endpoint only means logout cannot
         // revoke or that login flow is not offered; refreshes still work.
         let optional = { (field: String) -> URL? in
-            (object[field] as? String).flatMap(URL.init(string:))
+            (object[field]?.text).flatMap(URL.init(string:))
                 .flatMap { EndpointPolicy.isAllowed($0, handedOverBy: issuer) ? $0 : nil }
         }
         return .success(

@@ -1,8 +1,8 @@
 import BrokerProtocol
-import CSpawn
 import Dispatch
 import FoundationEssentials
 import Logging
+import ProcessSpawn
 
 #if canImport(Glibc)
 import Glibc
@@ -62,8 +62,8 @@ struct ExecProvider: TokenProvider {
     func refresh(_ record: AccountRecord, now: Date) async -> Result<Grant, RefreshFailure> {
         let output = await ExecRunner.run(settings.command, timeout: timeout)
         // A helper tracing itself (`set -x`) prints the tokens it is about to hand over.
-        let printed = UntypedJSON.object(output.stdout)
-        let hidden = ["access_token", "id_token", "refresh_token"].map { printed?[$0] as? String }
+        let printed = JSONValue.object(decoding: output.stdout)
+        let hidden = ["access_token", "id_token", "refresh_token"].map { printed?[$0]?.text }
         if let line = record.outsideText(alsoHiding: hidden).clean(String(decoding: output.stderr, as: UTF8.self)) {
             logger.notice(
                 "exec provider wrote to stderr", metadata: ["account": "\(record.name)", "stderr": "\(line)"])
@@ -81,8 +81,8 @@ struct ExecProvider: TokenProvider {
     static func interpret(_ output: ExecOutput, now: Date, defaultLifetime: TimeInterval, timeout: TimeInterval)
         -> Result<Grant, RefreshFailure>
     {
-        let object = UntypedJSON.object(output.stdout)
-        let error = object?["error"] as? String
+        let object = JSONValue.object(decoding: output.stdout)
+        let error = object?["error"]?.text
         switch output.ending {
         case .launchFailed(let reason):
             return .failure(.transient("cannot start the command: \(reason)"))
@@ -129,13 +129,12 @@ struct ExecOutput: Sendable, Equatable {
 
 /// Runs a command without a shell, bounded in time and output, and always waits for it.
 ///
-/// It uses `posix_spawn` and `waitpid` rather than Foundation's `Process`: on Linux, `Process`
-/// learns that its child exited through a socket the child (and every grandchild) inherits, so a
-/// helper that leaves a background process behind would look alive until that process exits,
-/// and the refresh could not be bounded. Here the child also gets default signal dispositions
-/// and an empty signal mask (the broker ignores SIGPIPE and traps SIGTERM), a process group of
-/// its own, so a timeout stops its children too, no descriptor but stdin, stdout and stderr,
-/// and the broker's environment without the variables systemd meant for the broker alone.
+/// It starts the command with `ProcessSpawn` and waits with `waitpid`, so a helper that leaves a
+/// background process behind cannot hold the refresh past its bounds. The child gets default
+/// signal dispositions and an empty signal mask (the broker ignores SIGPIPE and traps SIGTERM),
+/// a process group of its own, so a timeout stops its children too, no descriptor but stdin,
+/// stdout and stderr, and the broker's environment without the variables systemd meant for the
+/// broker alone.
 enum ExecRunner {
     /// Largest stdout accepted.
     static let stdoutLimit = 1 << 20
@@ -173,7 +172,7 @@ enum ExecRunner {
         let pid: pid_t
         switch spawned {
         case .success(let value): pid = value
-        case .failure(let reason): return ExecOutput(ending: .launchFailed(reason.description))
+        case .failure(let failure): return ExecOutput(ending: .launchFailed("\(command[0]): \(failure)"))
         }
         var output = ExecOutput(ending: .timedOut, pid: pid)
 
@@ -292,46 +291,14 @@ enum ExecRunner {
         environment.filter { !brokerOnlyVariables.contains($0.key) }.map { "\($0.key)=\($0.value)" }.sorted()
     }
 
-    private struct SpawnError: Error, CustomStringConvertible {
-        let description: String
-    }
-
-    /// Starts `command[0]` directly with stdin on /dev/null and the given stdout and stderr.
-    private static func spawn(_ command: [String], stdout: Int32, stderr: Int32) -> Result<pid_t, SpawnError> {
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_adddup2(&actions, stdout, 1)
-        posix_spawn_file_actions_adddup2(&actions, stderr, 2)
-        // Nothing else of the broker's: not its listening socket, client connections, IdP
-        // connections or event-loop descriptors, even ones not opened close-on-exec.
-        guard tokenbroker_spawn_close_from(&actions, 3) == 0 else {
-            return .failure(SpawnError(description: "cannot arrange for the command's descriptors to be closed"))
-        }
-
-        var attributes = posix_spawnattr_t()
-        posix_spawnattr_init(&attributes)
-        defer { posix_spawnattr_destroy(&attributes) }
-        var noSignals = sigset_t()
-        sigemptyset(&noSignals)
-        var allSignals = sigset_t()
-        sigfillset(&allSignals)
-        posix_spawnattr_setsigmask(&attributes, &noSignals)
-        posix_spawnattr_setsigdefault(&attributes, &allSignals)
-        posix_spawnattr_setpgroup(&attributes, 0)
-        posix_spawnattr_setflags(
-            &attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP))
-
-        let argv = command.map { strdup($0) } + [nil]
-        defer { argv.forEach { free($0) } }
-        let envp = childEnvironment(ProcessInfo.processInfo.environment).map { strdup($0) } + [nil]
-        defer { envp.forEach { free($0) } }
-        var pid: pid_t = 0
-        let result = posix_spawn(&pid, command[0], &actions, &attributes, argv, envp)
-        guard result == 0 else {
-            return .failure(SpawnError(description: "\(command[0]): \(String(cString: strerror(result)))"))
-        }
-        return .success(pid)
+    /// Starts `command[0]` directly with stdin on /dev/null and the given stdout and stderr, in
+    /// a process group of its own, with nothing else of the broker's: not its listening socket,
+    /// client connections, IdP connections or event-loop descriptors.
+    private static func spawn(_ command: [String], stdout: Int32, stderr: Int32) -> Result<pid_t, SpawnFailure> {
+        var spawn = ProcessSpawn()
+        spawn.standardOutput = .descriptor(stdout)
+        spawn.standardError = .descriptor(stderr)
+        spawn.ownProcessGroup = true
+        return spawn.start(command, environment: childEnvironment(ProcessInfo.processInfo.environment))
     }
 }

@@ -84,7 +84,7 @@ final class FileProvider: TokenProvider {
     static func interpret(_ data: Data, modified: Date, path: String, now: Date, defaultLifetime: TimeInterval)
         -> Result<Grant, RefreshFailure>
     {
-        guard let object = UntypedJSON.object(data) else {
+        guard let object = JSONValue.object(decoding: data) else {
             return .failure(.transient("the token file \(path) does not hold a JSON object"))
         }
         return TokenDocument.read(

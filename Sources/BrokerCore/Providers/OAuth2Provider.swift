@@ -1,3 +1,4 @@
+import BrokerProtocol
 import AsyncHTTPClient
 import FoundationEssentials
 import NIOCore
@@ -188,10 +189,10 @@ struct OAuth2Provider: NarrowingTokenProvider {
     /// The IdP's refusal of the scope or resource asked for (RFC 6749 section 5.2
     /// `invalid_scope`, RFC 8707 section 2 `invalid_target`), with its description.
     static func targetRefusal(_ reply: IdPReply) -> RefreshFailure? {
-        guard reply.status == 400, let object = UntypedJSON.object(reply.body),
-            let code = object["error"] as? String, code == "invalid_scope" || code == "invalid_target"
+        guard reply.status == 400, let object = JSONValue.object(decoding: reply.body),
+            let code = object["error"]?.text, code == "invalid_scope" || code == "invalid_target"
         else { return nil }
-        let description = (object["error_description"] as? String).map { ": \($0)" } ?? ""
+        let description = (object["error_description"]?.text).map { ": \($0)" } ?? ""
         return RefreshFailure(kind: .targetRefused, message: "\(code)\(description)", retryAfter: nil)
     }
 
@@ -225,8 +226,8 @@ struct OAuth2Provider: NarrowingTokenProvider {
     /// the IdP does not revoke this kind of token. 5xx and 429 are transient; any other answer
     /// (wrong client credentials, a wrong endpoint URL) leaves the credential alive: a denial.
     static func interpretRevocation(_ reply: IdPReply) -> Result<Revocation, RefreshFailure> {
-        let object = UntypedJSON.object(reply.body)
-        let code = object?["error"] as? String
+        let object = JSONValue.object(decoding: reply.body)
+        let code = object?["error"]?.text
         switch reply.status {
         case 200..<300:
             return .success(.revoked)
@@ -253,16 +254,16 @@ struct OAuth2Provider: NarrowingTokenProvider {
     /// Classifies a token endpoint's answer (RFC 6749 sections 5.1 and 5.2).
     static func interpret(_ reply: IdPReply, now: Date, defaultLifetime: TimeInterval) -> Result<Grant, RefreshFailure>
     {
-        let object = UntypedJSON.object(reply.body)
+        let object = JSONValue.object(decoding: reply.body)
         switch reply.status {
         case 200..<300:
-            guard let object, let accessToken = object["access_token"] as? String, !accessToken.isEmpty else {
+            guard let object, let accessToken = object["access_token"]?.text, !accessToken.isEmpty else {
                 return .failure(.transient("the token endpoint answered \(reply.status) without a usable access_token"))
             }
             return AccessToken.issued(accessToken, in: object, now: now, defaultLifetime: defaultLifetime)
                 .flatMap { token in
                     LifetimeField.read(object, "refresh_expires_in").flatMap { refreshLifetime in
-                        SecretBytes.fromAnswer(object["refresh_token"] as? String).map { refreshToken in
+                        SecretBytes.fromAnswer(object["refresh_token"]?.text).map { refreshToken in
                             Grant(
                                 token: token, refreshToken: refreshToken,
                                 refreshExpiresAt: refreshLifetime.map { now.addingTimeInterval($0) })
@@ -270,7 +271,7 @@ struct OAuth2Provider: NarrowingTokenProvider {
                     }
                 }
         case 400, 401:
-            let code = (object?["error"] as? String).map { " (\($0))" } ?? ""
+            let code = (object?["error"]?.text).map { " (\($0))" } ?? ""
             return .failure(.denial("the token endpoint refused the refresh: HTTP \(reply.status)\(code)"))
         default:
             return .failure(

@@ -1,3 +1,4 @@
+import BrokerProtocol
 import FoundationEssentials
 import NIOHTTP1
 
@@ -79,17 +80,17 @@ struct RefreshURLProvider: TokenProvider {
     {
         switch reply.status {
         case 200..<300:
-            guard let object = UntypedJSON.object(reply.body),
-                let accessToken = object["access_token"] as? String, !accessToken.isEmpty
+            guard let object = JSONValue.object(decoding: reply.body),
+                let accessToken = object["access_token"]?.text, !accessToken.isEmpty
             else {
                 return .failure(.transient("the refresh URL answered \(reply.status) without a usable access_token"))
             }
             // A rotated URL that is present but not a string is a malformed answer, not "unchanged".
-            let rotated = object["refresh_url"].flatMap { $0 is JSONNull ? nil : $0 }
-            if let rotated, (rotated as? String)?.isEmpty != false {
+            let rotated = object["refresh_url"].flatMap { $0 == .null ? nil : $0 }
+            if let rotated, rotated.text?.isEmpty != false {
                 return .failure(.transient("the refresh URL answered with a malformed refresh_url"))
             }
-            if let next = (rotated as? String).map({ URL(string: $0) }) {
+            if let next = (rotated?.text).map({ URL(string: $0) }) {
                 guard let next, EndpointPolicy.isAllowed(next, handedOverBy: current), Origin(next) == Origin(current)
                 else {
                     return .failure(
@@ -101,7 +102,7 @@ struct RefreshURLProvider: TokenProvider {
             }
             return AccessToken.issued(accessToken, in: object, now: now, defaultLifetime: defaultLifetime)
                 .flatMap { token in
-                    SecretBytes.fromAnswer(rotated as? String).map { Grant(token: token, refreshURL: $0) }
+                    SecretBytes.fromAnswer(rotated?.text).map { Grant(token: token, refreshURL: $0) }
                 }
         case let status where denialStatuses.contains(status):
             return .failure(

@@ -1,3 +1,4 @@
+import BrokerProtocol
 import FoundationEssentials
 
 /// A token set as a helper prints it (`exec`) or a token file holds it (`file`): a JSON object
@@ -6,14 +7,14 @@ import FoundationEssentials
 enum TokenDocument {
     /// The access token `object` holds; `source` names where it came from in failures
     /// ("the command's output"). Every failure is a malformed (transient) answer.
-    static func read(_ object: [String: Any]?, issuedAt: Date, defaultLifetime: TimeInterval, source: String)
+    static func read(_ object: [String: JSONValue]?, issuedAt: Date, defaultLifetime: TimeInterval, source: String)
         -> Result<AccessToken, RefreshFailure>
     {
-        guard let object, let accessToken = object["access_token"] as? String, !accessToken.isEmpty else {
+        guard let object, let accessToken = object["access_token"]?.text, !accessToken.isEmpty else {
             return .failure(.transient("\(source) is not a JSON object with an access_token"))
         }
         var expiresAt: Date?
-        if let text = object["expires_at"] as? String {
+        if let text = object["expires_at"]?.text {
             expiresAt = Timestamp.parse(text, defaultZone: .utc)
             if expiresAt == nil { return .failure(.transient("\(source) has an unreadable expires_at")) }
         }

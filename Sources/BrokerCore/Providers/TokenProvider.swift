@@ -54,15 +54,16 @@ extension AccessToken {
     /// (`token_type`, `expires_in`, `id_token`, `scope`); `expiresAt` overrides `expires_in`.
     /// A malformed `expires_in` is a transient failure; any lifetime is cut to `Bounds.maximumLifetime`.
     static func issued(
-        _ value: String, in object: [String: Any], now: Date, expiresAt: Date? = nil, defaultLifetime: TimeInterval
+        _ value: String, in object: [String: JSONValue], now: Date, expiresAt: Date? = nil,
+        defaultLifetime: TimeInterval
     ) -> Result<AccessToken, RefreshFailure> {
         LifetimeField.read(object, "expires_in").flatMap { lifetime in
             SecretBytes.fromAnswer(value).flatMap { value in
-                SecretBytes.fromAnswer(object["id_token"] as? String).flatMap { idToken in
+                SecretBytes.fromAnswer(object["id_token"]?.text).flatMap { idToken in
                     AccessToken(
-                        value: value, type: object["token_type"] as? String ?? "Bearer",
+                        value: value, type: object["token_type"]?.text ?? "Bearer",
                         expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(lifetime ?? defaultLifetime)),
-                        obtainedAt: now, idToken: idToken, scope: object["scope"] as? String
+                        obtainedAt: now, idToken: idToken, scope: object["scope"]?.text
                     ).checked()
                 }
             }
@@ -101,12 +102,12 @@ enum LifetimeField {
     /// Seconds from a JSON number or a numeric string (both forms occur); `nil` when absent or
     /// null. Negative, non-finite or non-numeric values are a malformed (transient) answer;
     /// longer lifetimes than `Bounds.maximumLifetime` are cut to it.
-    static func read(_ object: [String: Any], _ field: String) -> Result<TimeInterval?, RefreshFailure> {
+    static func read(_ object: [String: JSONValue], _ field: String) -> Result<TimeInterval?, RefreshFailure> {
         let seconds: Double?
         switch object[field] {
-        case nil, is JSONNull: return .success(nil)
-        case let number as Double: seconds = number
-        case let text as String: seconds = Double(text)
+        case nil, .null?: return .success(nil)
+        case .number(let number)?: seconds = number
+        case .string(let text)?: seconds = Double(text)
         default: seconds = nil
         }
         guard let seconds, let lifetime = Bounds.lifetime(seconds) else {

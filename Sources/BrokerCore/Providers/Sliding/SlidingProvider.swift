@@ -82,8 +82,8 @@ struct SlidingProvider: TokenProvider {
     static func interpret(_ reply: IdPReply, now: Date, timeZone: IANATimeZone, defaultLifetime: TimeInterval)
         -> Result<Grant, RefreshFailure>
     {
-        let object = UntypedJSON.object(reply.body)
-        let reason = (object?["message"] as? String).map { ": " + $0 } ?? ""
+        let object = JSONValue.object(decoding: reply.body)
+        let reason = (object?["message"]?.text).map { ": " + $0 } ?? ""
         switch reply.status {
         case 500..<600, 429:
             return .failure(
@@ -93,7 +93,7 @@ struct SlidingProvider: TokenProvider {
         default:
             break
         }
-        guard let object, let status = object["status"] as? Bool else {
+        guard let object, let status = object["status"]?.bool else {
             return .failure(
                 .transient("the sliding endpoint answered HTTP \(reply.status) without a {status, data} envelope"))
         }
@@ -105,7 +105,7 @@ struct SlidingProvider: TokenProvider {
             return .failure(
                 .transient("the sliding endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
         }
-        guard let data = object["data"] as? [String: Any], let accessToken = data["accessToken"] as? String,
+        guard let data = object["data"]?.object, let accessToken = data["accessToken"]?.text,
             !accessToken.isEmpty
         else {
             return .failure(.transient("the sliding endpoint answered status true without a usable accessToken"))
@@ -119,11 +119,11 @@ struct SlidingProvider: TokenProvider {
         case (.success(let access), .success(let refresh)): (expiresAt, refreshExpiresAt) = (access, refresh)
         case (.failure(let failure), _), (_, .failure(let failure)): return .failure(failure)
         }
-        let rotated = (data["refreshToken"] as? String).flatMap { $0.isEmpty ? nil : $0 }
+        let rotated = (data["refreshToken"]?.text).flatMap { $0.isEmpty ? nil : $0 }
         return SecretBytes.fromAnswer(rotated).flatMap { rotated in
             SecretBytes.fromAnswer(accessToken).flatMap { value in
                 AccessToken(
-                    value: value, type: data["tokenType"] as? String ?? "Bearer",
+                    value: value, type: data["tokenType"]?.text ?? "Bearer",
                     expiresAt: Bounds.date(expiresAt ?? now.addingTimeInterval(defaultLifetime)), obtainedAt: now
                 ).checked().map {
                     Grant(token: $0, refreshToken: rotated, refreshExpiresAt: refreshExpiresAt.map { Bounds.date($0) })
@@ -134,12 +134,12 @@ struct SlidingProvider: TokenProvider {
 
     /// An optional timestamp field of the envelope's `data`: absent or null is `nil`; anything
     /// but a readable string is a malformed (transient) answer.
-    private static func timestamp(_ data: [String: Any], _ field: String, zone: IANATimeZone) -> Result<
+    private static func timestamp(_ data: [String: JSONValue], _ field: String, zone: IANATimeZone) -> Result<
         Date?, RefreshFailure
     > {
         switch data[field] {
-        case nil, is JSONNull: return .success(nil)
-        case let text as String:
+        case nil, .null?: return .success(nil)
+        case .string(let text)?:
             if let parsed = Timestamp.parse(text, defaultZone: zone) { return .success(parsed) }
         default: break
         }
