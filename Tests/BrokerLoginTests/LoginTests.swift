@@ -7,9 +7,11 @@ import Testing
 
 @testable import BrokerCore
 
-/// `login` against the real test IdP over HTTP, the test playing the user: the device flow
+/// `login` against the test IdP (in process), the test playing the user: the device flow
 /// (RFC 8628), the browser flow (PKCE and a loopback redirect), what a login creates, restores
-/// and stores, and how it ends when the user denies, waits too long or goes away.
+/// and stores, and how it ends when the user denies, waits too long or goes away. Apart from
+/// BrokerCoreTests: a login waits in real time (poll intervals, timeouts) and the browser flow
+/// opens the broker's own listener on 127.0.0.1.
 @Suite struct LoginTests {
     /// The progress a login reported, in order.
     final class Progress: Sendable {
@@ -260,7 +262,7 @@ import Testing
         #"<html>Moved</html>"#, #"["device_code"]"#,
     ])
     func aHostileDeviceAnswerIsUnavailable(body: String) async throws {
-        let http = IdPClient(settings: BrokerSettings())
+        let http = IdPClient.inProcess(settings: BrokerSettings())
         let context = LoginContext(
             account: try AccountName("work"),
             settings: OAuth2Settings(
@@ -949,7 +951,7 @@ import Testing
 
     /// The test IdP refuses what real IdPs refuse, so the browser-flow tests mean something.
     @Test func theTestIdPRefusesAWrongVerifierAnotherRedirectAReusedCodeAndAnUnregisteredRedirect() async throws {
-        let idp = try await OAuth2TestIdP()
+        let idp = try await OAuth2TestIdP(serving: .inProcess)
         let verifier = "a-verifier-of-forty-three-characters-0123456"
         let registered = "http://127.0.0.1:5555/callback"
         let escape = { (text: String) in text.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? "" }
