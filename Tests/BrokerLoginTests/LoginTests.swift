@@ -1,6 +1,7 @@
 import BrokerProtocol
 import BrokerServer
 import Foundation
+import NIOHTTP1
 import Synchronization
 import TestSupport
 import Testing
@@ -440,8 +441,10 @@ import Testing
     }
 
     @Test func aRedirectPortInUseIsABadRequest() async throws {
+        // Another server holds the port (the harness's IdP answers in process, on no port).
+        let occupant = try await TestHTTPServer { _ in TestHTTPResponse(status: .ok, body: "") }
         try await BrokerHarness.run { harness in
-            let taken = try #require(URLComponents(string: harness.idp.tokenEndpoint)?.port)
+            let taken = occupant.port
             let login = Self.start(
                 harness, Self.request("browser", provider: Self.provider(harness.idp), redirectPort: taken),
                 progress: Progress())
@@ -449,6 +452,7 @@ import Testing
             #expect(error.code == .badRequest)
             #expect(error.message.contains("127.0.0.1:\(taken)"))
         }
+        await occupant.shutdown()
     }
 
     @Test func aFixedRedirectPortIsUsed() async throws {
