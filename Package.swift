@@ -161,6 +161,13 @@ let package = Package(
             ],
             swiftSettings: upcoming
         ),
+        // `login` in process, as BrokerCoreTests drive the engine, but with what a login does
+        // in real time: the broker's own loopback listener on 127.0.0.1 and the waits of the flows.
+        .testTarget(
+            name: "BrokerLoginTests",
+            dependencies: ["BrokerCore", "BrokerProtocol", "BrokerServer", "TestSupport"],
+            swiftSettings: upcoming
+        ),
         .testTarget(
             name: "BrokerServerTests",
             dependencies: [

@@ -61,18 +61,19 @@ import Testing
         }
     }
 
-    @Test func fiftyConcurrentRequestsForAnExpiredTokenShareOneRefresh() async throws {
+    @Test(.timeLimit(.minutes(1))) func fiftyConcurrentRequestsForAnExpiredTokenShareOneRefresh() async throws {
         try await BrokerHarness.run { h in
             try await h.addWithValidToken()
             #expect(h.idp.callCount == 0)
             h.clock.advance(by: 3700)
-            h.idp.setDelay(.milliseconds(300))
+            let answers = h.idp.holdAnswers()
 
             let broker = h.broker
             let tokens = try await withThrowingTaskGroup(of: String.self) { group in
                 for _ in 0..<50 {
                     group.addTask { try await broker.token(account: "api", minTTL: 30).result.accessToken }
                 }
+                try await h.openOnceJoined(answers)
                 return try await group.reduce(into: [String]()) { $0.append($1) }
             }
             #expect(tokens.count == 50)
@@ -206,7 +207,7 @@ import Testing
     /// docs/limits.md: when an outage ends, clients' requests do not wait out the backoff.
     /// During it they fail fast, and once per `outage_probe_interval` one of them tries the IdP
     /// again; a crowd arriving then makes one call and is served by it.
-    @Test func aRecoveredIdPIsFoundByTheNextRequestsNotAfterTheBackoff() async throws {
+    @Test(.timeLimit(.minutes(1))) func aRecoveredIdPIsFoundByTheNextRequestsNotAfterTheBackoff() async throws {
         var settings = BrokerSettings()
         settings.backoffBase = 600
         settings.backoffCap = 600
@@ -234,13 +235,14 @@ import Testing
             #expect(h.idp.callCount == 2, "one probe, which found the IdP still down")
 
             h.idp.setBehavior(.normal)
-            h.idp.setDelay(.milliseconds(100))
+            let answers = h.idp.holdAnswers()
             h.clock.advance(by: settings.outageProbeInterval)
             let broker = h.broker
             let tokens = try await withThrowingTaskGroup(of: String.self) { group in
                 for _ in 0..<20 {
                     group.addTask { try await broker.token(account: "api", minTTL: 30).result.accessToken }
                 }
+                try await h.openOnceJoined(answers)
                 return try await group.reduce(into: [String]()) { $0.append($1) }
             }
             #expect(h.idp.callCount == 3, "the crowd shared one call")
@@ -261,7 +263,7 @@ import Testing
         }
     }
 
-    @Test func rejectingTheCurrentTokenRefreshesOnceAndAnOldOneNotAtAll() async throws {
+    @Test(.timeLimit(.minutes(1))) func rejectingTheCurrentTokenRefreshesOnceAndAnOldOneNotAtAll() async throws {
         try await BrokerHarness.run { h in
             try await h.addWithValidToken()
 
@@ -279,7 +281,7 @@ import Testing
             // Concurrent rejects of the current token share one refresh (once the minimum refresh
             // interval since the reject before has passed: within it, a reject makes none).
             h.clock.advance(by: h.settings.minimumRefreshInterval)
-            h.idp.setDelay(.milliseconds(300))
+            let answers = h.idp.holdAnswers()
             let broker = h.broker
             let rejectedValue = fresh.result.accessToken
             let tokens = try await withThrowingTaskGroup(of: String.self) { group in
@@ -289,6 +291,7 @@ import Testing
                             .accessToken
                     }
                 }
+                try await h.openOnceJoined(answers)
                 return try await group.reduce(into: [String]()) { $0.append($1) }
             }
             #expect(h.idp.callCount == 2)

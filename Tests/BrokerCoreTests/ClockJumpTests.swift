@@ -14,7 +14,9 @@ import Testing
             let (broker, clock) = (h.broker, h.clock)
             // The harness's IdP serves acct-0; each other account has an IdP of its own.
             var idps = [h.idp]
-            for index in 1..<20 { idps.append(try await OAuth2TestIdP(initialRefreshToken: "rt-\(index)")) }
+            for index in 1..<20 {
+                idps.append(try await OAuth2TestIdP(initialRefreshToken: "rt-\(index)", serving: .inProcess))
+            }
             for (index, idp) in idps.enumerated() {
                 _ = try await broker.add(
                     account: "acct-\(index)",

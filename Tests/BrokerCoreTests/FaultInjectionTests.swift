@@ -1,8 +1,6 @@
 import BrokerProtocol
 import BrokerServer
 import FoundationEssentials
-import NIOCore
-import NIOPosix
 import TestSupport
 import Testing
 
@@ -43,7 +41,7 @@ import Testing
         ) async throws {
             harness = try await BrokerHarness.start(settings: settings)
             do {
-                slidingIdP = sliding ? try await SlidingTestIdP(initialRefreshToken: "rt-0") : nil
+                slidingIdP = sliding ? try await SlidingTestIdP(initialRefreshToken: "rt-0", serving: .inProcess) : nil
             } catch {
                 await harness.stop()
                 throw error
@@ -108,22 +106,19 @@ import Testing
         return settings
     }
 
-    /// A TCP port on 127.0.0.1 with nothing listening.
-    static func closedPortEndpoint() async throws -> String {
-        let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-            .bind(host: "127.0.0.1", port: 0).get()
-        let port = channel.localAddress!.port!
-        try await channel.close()
-        return "http://127.0.0.1:\(port)/token"
+    /// A loopback address with nothing listening.
+    static func closedPortEndpoint() -> String {
+        InProcessIdPNetwork.unusedBaseURL() + "/token"
     }
 
     @Test(arguments: Fault.allCases)
     func lifecycleUnderFault(fault: Fault) async throws {
-        let endpoint = fault == .connectionRefused ? try await Self.closedPortEndpoint() : nil
+        let endpoint = fault == .connectionRefused ? Self.closedPortEndpoint() : nil
         let rig = try await Rig(settings: Self.settings, endpoint: endpoint, sliding: fault == .refreshTokenMismatch)
         defer { Task { await rig.shutdown() } }
         let calls = { fault == .connectionRefused ? 0 : rig.callCount }
         switch fault {
+        // Both time out at once: in-process time is simulated (`InProcessIdPNetwork`).
         case .timeout: rig.idp.setBehavior(.hang)
         case .connectionRefused: break
         case .serverError: rig.idp.setBehavior(.status(500, retryAfter: nil))
@@ -181,31 +176,32 @@ import Testing
         }
 
         // Events: the failure is announced once, however many retries there were.
-        let seen = await Self.collect(rig.events)
+        let seen = await Self.collect(rig.events, of: rig.broker.events)
         let expected: AccountEvent.Kind = fault.isDenial ? .needsLogin : .refreshFailed
         #expect(seen.first == .added)
         #expect(seen.filter { $0 == expected }.count == 1, "\(seen)")
         #expect(!seen.contains(.refreshed))
     }
 
-    /// The kinds of the events already delivered to `events`.
-    static func collect(_ events: EventHub.Events) async -> [AccountEvent.Kind] {
-        let reader = Task {
-            var seen: [AccountEvent.Kind] = []
-            do {
-                for try await event in events { seen.append(event.kind) }
-            } catch {}
-            return seen
-        }
-        try? await Task.sleep(for: .milliseconds(300))
-        reader.cancel()
-        return await reader.value
+    /// The kinds of the events `hub` already delivered to `events`: read up to a marker
+    /// published after them (events arrive in the order published).
+    static func collect(_ events: EventHub.Events, of hub: EventHub) async -> [AccountEvent.Kind] {
+        let marker = AccountName(known: "end-of-collect")
+        hub.publish(AccountEvent(kind: .removed, account: marker, at: Date(), state: nil))
+        var seen: [AccountEvent.Kind] = []
+        do {
+            for try await event in events {
+                if event.account == marker { break }
+                seen.append(event.kind)
+            }
+        } catch {}
+        return seen
     }
 
     @Test func afterADenialTheAccountStaysQuietWhileOthersRefresh() async throws {
         let rig = try await Rig(settings: Self.settings)
         defer { Task { await rig.shutdown() } }
-        let other = try await OAuth2TestIdP(initialRefreshToken: "rt-other", lifetime: 3600)
+        let other = try await OAuth2TestIdP(initialRefreshToken: "rt-other", lifetime: 3600, serving: .inProcess)
         _ = try await rig.broker.add(
             account: "other",
             provider: ProviderSpec(

@@ -36,7 +36,8 @@ import Testing
         let idp = try await ScriptedIdP(
             TestHTTPResponse(
                 status: .ok,
-                body: #"{"access_token":"at-huge","expires_in":\#(expiresIn),"refresh_expires_in":1e300}"#))
+                body: #"{"access_token":"at-huge","expires_in":\#(expiresIn),"refresh_expires_in":1e300}"#),
+            serving: .inProcess)
         try await withBroker { broker, clock, _, h in
             _ = try await broker.add(
                 account: "api", provider: oauth2(idp.url), tokens: TokenSet(refreshToken: Self.refreshToken))
@@ -56,7 +57,8 @@ import Testing
     @Test(arguments: ["-5", "\"soon\"", "\"nan\"", "\"-inf\"", "[1]", "-1e300"])
     func aMalformedLifetimeIsATransientFailure(expiresIn: String) async throws {
         let idp = try await ScriptedIdP(
-            TestHTTPResponse(status: .ok, body: #"{"access_token":"at-bad","expires_in":\#(expiresIn)}"#))
+            TestHTTPResponse(status: .ok, body: #"{"access_token":"at-bad","expires_in":\#(expiresIn)}"#),
+            serving: .inProcess)
         try await withBroker { broker, _, _, _ in
             _ = try await broker.add(
                 account: "api", provider: oauth2(idp.url), tokens: TokenSet(refreshToken: Self.refreshToken))
@@ -73,7 +75,7 @@ import Testing
         let idp = try await ScriptedIdP(
             TestHTTPResponse(
                 status: .serviceUnavailable, body: "{}",
-                headers: [("Retry-After", "1" + String(repeating: "0", count: 300))]))
+                headers: [("Retry-After", "1" + String(repeating: "0", count: 300))]), serving: .inProcess)
         var settings = BrokerSettings()
         settings.backoffCap = 120
         try await withBroker(settings: settings) { broker, _, _, _ in
@@ -88,7 +90,8 @@ import Testing
     @Test func aHugeRetryAfterOnARevocationIsCutToTheBackoffCap() async throws {
         let idp = try await ScriptedIdP(
             TestHTTPResponse(
-                status: .serviceUnavailable, body: "{}", headers: [("Retry-After", String(repeating: "9", count: 40))]))
+                status: .serviceUnavailable, body: "{}", headers: [("Retry-After", String(repeating: "9", count: 40))]),
+            serving: .inProcess)
         try await withBroker { broker, _, _, _ in
             var provider = oauth2(idp.url)
             provider["revocation_endpoint"] = .string(idp.baseURL + "/revoke")
@@ -152,11 +155,13 @@ import Testing
     // MARK: Origins (class 4)
 
     @Test func aRotatedRefreshURLOnAnotherOriginIsNotFollowed() async throws {
-        let elsewhere = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"stolen"}"#))
+        let elsewhere = try await ScriptedIdP(
+            TestHTTPResponse(status: .ok, body: #"{"access_token":"stolen"}"#), serving: .inProcess)
         let idp = try await ScriptedIdP(
             TestHTTPResponse(
                 status: .ok,
-                body: #"{"access_token":"at-1","expires_in":1,"refresh_url":"\#(elsewhere.baseURL)/next-secret"}"#))
+                body: #"{"access_token":"at-1","expires_in":1,"refresh_url":"\#(elsewhere.baseURL)/next-secret"}"#),
+            serving: .inProcess)
         try await withBroker { broker, clock, logs, _ in
             _ = try await broker.add(
                 account: "pph", provider: ProviderSpec(kind: "refresh_url"),
@@ -168,7 +173,7 @@ import Testing
             #expect(status.lastError?.message.contains("another origin") == true)
             clock.advance(by: 3600)
             _ = await broker.runDueRefreshes()
-            try await Task.sleep(for: .milliseconds(100))
+            await broker.drain()
             #expect(elsewhere.callCount == 0, "nothing was sent to the other origin")
             #expect(!logs.all.joined().contains("next-secret"))
             #expect(!logs.all.joined().contains("one-time-secret"))
@@ -178,8 +183,10 @@ import Testing
     }
 
     @Test func aConfigThatMovesACredentialElsewhereIsRefusedUntilLogout() async throws {
-        let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-1"}"#))
-        let other = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-2"}"#))
+        let idp = try await ScriptedIdP(
+            TestHTTPResponse(status: .ok, body: #"{"access_token":"at-1"}"#), serving: .inProcess)
+        let other = try await ScriptedIdP(
+            TestHTTPResponse(status: .ok, body: #"{"access_token":"at-2"}"#), serving: .inProcess)
         try await withBroker { broker, _, _, _ in
             var declared = ProviderSpec(
                 kind: "oauth2", ["token_endpoint": .string(idp.url), "client_id": "cli", "client_auth": "none"])
@@ -224,7 +231,8 @@ import Testing
     }
 
     @Test func anIssuerChangeOnTheSameOriginIsAMoveToo() async throws {
-        let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-1"}"#))
+        let idp = try await ScriptedIdP(
+            TestHTTPResponse(status: .ok, body: #"{"access_token":"at-1"}"#), serving: .inProcess)
         try await withBroker { broker, _, _, _ in
             let pinned = ProviderSpec(
                 kind: "oauth2", ["token_endpoint": .string(idp.url), "client_id": "cli", "client_auth": "none"])
@@ -242,8 +250,10 @@ import Testing
     }
 
     @Test func aLoggedOutAccountMovesWithoutItsClientSecret() async throws {
-        let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-1"}"#))
-        let other = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: #"{"access_token":"at-2"}"#))
+        let idp = try await ScriptedIdP(
+            TestHTTPResponse(status: .ok, body: #"{"access_token":"at-1"}"#), serving: .inProcess)
+        let other = try await ScriptedIdP(
+            TestHTTPResponse(status: .ok, body: #"{"access_token":"at-2"}"#), serving: .inProcess)
         try await withBroker { broker, _, _, h in
             _ = try await broker.add(
                 account: "api", provider: oauth2(idp.url),
@@ -266,7 +276,7 @@ import Testing
         #"{"access_token":"at","id_token":"x\u0000y"}"#,
     ])
     func aTokenThatCannotGoIntoAHeaderIsMalformed(body: String) async throws {
-        let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: body))
+        let idp = try await ScriptedIdP(TestHTTPResponse(status: .ok, body: body), serving: .inProcess)
         try await withBroker { broker, _, _, _ in
             _ = try await broker.add(
                 account: "api", provider: oauth2(idp.url), tokens: TokenSet(refreshToken: Self.refreshToken))
@@ -286,7 +296,8 @@ import Testing
         let idp = try await ScriptedIdP(
             TestHTTPResponse(
                 status: .ok,
-                body: #"{"status":false,"message":"RefreshTokenMismatch \#(Self.refreshToken)\u001b[2J\r\nX"}"#))
+                body: #"{"status":false,"message":"RefreshTokenMismatch \#(Self.refreshToken)\u001b[2J\r\nX"}"#),
+            serving: .inProcess)
         try await withBroker { broker, _, logs, _ in
             let events = broker.events.subscribe(accounts: nil)
             _ = try await broker.add(

@@ -24,8 +24,8 @@ import Testing
 
         init(settings: BrokerSettings = BrokerSettings(), configuration: BrokerConfiguration? = nil) async throws {
             directory = try TemporaryDirectory()
-            idp = try await OAuth2TestIdP(initialRefreshToken: "rt-0")
-            http = IdPClient(settings: settings)
+            idp = try await OAuth2TestIdP(initialRefreshToken: "rt-0", serving: .inProcess)
+            http = IdPClient.inProcess(settings: settings)
             keyFile = KeyFile(path: directory.file("config/vault.key"), isCredential: false)
             let vault = try Vault(path: directory.file("state/vault"), keyFile: keyFile)
             _ = try vault.prepareKey(configured: .passphrase)
@@ -173,7 +173,7 @@ import Testing
 
     @Test func rekeyMovesARunningBrokerFromTheKeyFileToAPassphraseAndBack() async throws {
         let directory = try TemporaryDirectory()
-        let http = IdPClient(settings: BrokerSettings())
+        let http = IdPClient.inProcess(settings: BrokerSettings())
         defer {
             Task { await http.shutdown() }
             directory.remove()

@@ -245,8 +245,8 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
 
     /// Against a real IdP: one discovery, then the cached endpoint, for every account.
     @Test func theEndpointIsFetchedOnceAndShared() async throws {
-        let idp = try await OAuth2TestIdP()
-        let http = IdPClient(settings: BrokerSettings())
+        let idp = try await OAuth2TestIdP(serving: .inProcess)
+        let http = IdPClient.inProcess(settings: BrokerSettings())
         let issuer = try #require(URL(string: idp.issuer))
         for _ in 0..<3 {
             let endpoint = try await http.discovery.tokenEndpoint(issuer: issuer, http: http).get()
@@ -259,8 +259,8 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
 
     /// A failed discovery is not cached: the next refresh asks again and can succeed.
     @Test func aFailedDiscoveryIsTransientAndRetried() async throws {
-        let idp = try await OAuth2TestIdP()
-        let http = IdPClient(settings: BrokerSettings())
+        let idp = try await OAuth2TestIdP(serving: .inProcess)
+        let http = IdPClient.inProcess(settings: BrokerSettings())
         let issuer = try #require(URL(string: idp.issuer))
         idp.setDiscoveryBehavior(.status(503, retryAfter: 7))
         let failure = try #require(await http.discovery.tokenEndpoint(issuer: issuer, http: http).failure)

@@ -72,7 +72,7 @@ import Testing
         "http://idp.example/\(secretPath)", "ftp://idp.example/\(secretPath)", "not a url \(secretPath)",
     ])
     func aRefusedStoredURLIsADenialThatDoesNotNameIt(url: String) async throws {
-        let http = IdPClient(settings: BrokerSettings())
+        let http = IdPClient.inProcess(settings: BrokerSettings())
         let provider = RefreshURLProvider(settings: .init(method: .get), http: http, defaultLifetime: 600)
         var record = AccountRecord.sample("url")
         record.provider = ProviderConfig(RefreshURLSettings(method: .get))
@@ -86,7 +86,7 @@ import Testing
 
     /// An unreachable refresh URL is transient, and the message names neither host nor path.
     @Test func anUnreachableURLIsTransientAndTheMessageDoesNotNameIt() async throws {
-        let http = IdPClient(settings: BrokerSettings())
+        let http = IdPClient.inProcess(settings: BrokerSettings())
         let provider = RefreshURLProvider(settings: .init(method: .post), http: http, defaultLifetime: 600)
         var record = AccountRecord.sample("url")
         // Port 1 on loopback: connection refused at once.
@@ -100,7 +100,7 @@ import Testing
     }
 
     @Test func noStoredURLIsADenial() async throws {
-        let http = IdPClient(settings: BrokerSettings())
+        let http = IdPClient.inProcess(settings: BrokerSettings())
         let provider = RefreshURLProvider(settings: .init(method: .get), http: http, defaultLifetime: 600)
         var record = AccountRecord.sample("url")
         record.secrets.refreshURL = nil

@@ -99,7 +99,7 @@ import Testing
     /// A refresh token that cannot travel in a header is refused before any request is made, so
     /// no HTTP error can echo it.
     @Test func aRefreshTokenWithControlCharactersIsRefusedWithoutEchoingIt() async throws {
-        let http = IdPClient(settings: BrokerSettings())
+        let http = IdPClient.inProcess(settings: BrokerSettings())
         let provider = SlidingProvider(
             settings: SlidingSettings(endpoint: URL(string: "http://127.0.0.1:1/refresh")!, timeZone: "UTC"),
             http: http, defaultLifetime: 600)

@@ -3,8 +3,9 @@ import BrokerProtocol
 import BrokerServer
 import FoundationEssentials
 
-/// The in-process broker harness: a `Broker` on a real vault in a temporary directory, talking
-/// HTTP to a real token endpoint on 127.0.0.1, with a wall clock the test moves by hand.
+/// The in-process broker harness: a `Broker` on a real vault in a temporary directory, reaching
+/// a test IdP served in process (`InProcessIdPTransport`: no socket), with a wall clock the test
+/// moves by hand.
 public struct BrokerHarness: Sendable {
     public let directory: TemporaryDirectory
     public let idp: OAuth2TestIdP
@@ -23,9 +24,9 @@ public struct BrokerHarness: Sendable {
         initialRefreshToken: String = "rt-0", settings: BrokerSettings = BrokerSettings(), vault: VaultContents? = nil
     ) async throws -> BrokerHarness {
         let directory = try TemporaryDirectory()
-        let http = IdPClient(settings: settings)
+        let http = IdPClient.inProcess(settings: settings)
         do {
-            let idp = try await OAuth2TestIdP(initialRefreshToken: initialRefreshToken)
+            let idp = try await OAuth2TestIdP(initialRefreshToken: initialRefreshToken, serving: .inProcess)
             let keyPath = directory.file("config/vault.key")
             let vaultPath = directory.file("state/vault")
             let clock = TestClock()
@@ -73,6 +74,15 @@ public struct BrokerHarness: Sendable {
     public func restart() throws -> Broker {
         try Broker(
             vault: copyOfVault(), settings: settings, http: http, clock: clock, logger: logs.logger())
+    }
+
+    /// Opens `answers` once the IdP holds a request and the broker has taken one more turn, so
+    /// that the requests started before it have joined the refresh under way: what an answer's
+    /// delay gave them, without guessing a time.
+    public func openOnceJoined(_ answers: AnswerGate) async throws {
+        await answers.holding(1)
+        _ = try await broker.status(account: nil)
+        answers.open()
     }
 
     /// An `oauth2` provider object pointing at the test IdP, with client_secret_basic.

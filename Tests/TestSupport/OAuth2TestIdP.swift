@@ -2,7 +2,7 @@ import BrokerProtocol
 import Foundation
 import NIOHTTP1
 
-/// A real OAuth2 token endpoint on 127.0.0.1 for tests. It behaves like production IdPs:
+/// A real OAuth2 token endpoint for tests, on 127.0.0.1 or in process (`TestIdPServing`). It behaves like production IdPs:
 /// every refresh rotates the refresh token, and a reused (or unknown) refresh token is
 /// answered with `400 invalid_grant`. Faults can be switched on to imitate outages (they
 /// apply to the revocation endpoint too). It also serves an RFC 7009 revocation endpoint and
@@ -55,6 +55,8 @@ public final class OAuth2TestIdP: Sendable {
         var delay: Duration = .zero
         /// Holds the revocation endpoint's answers while set.
         var revocationGate: AnswerGate?
+        /// Holds the token endpoint's answers while set.
+        var tokenGate: AnswerGate?
         var discoveryBehavior = Behavior.normal
         var discoveryCount = 0
         var revocations: [Revocation] = []
@@ -88,7 +90,7 @@ public final class OAuth2TestIdP: Sendable {
     public let clientID: String
     public let clientSecret: String
     let state: Box<State>
-    private let server: TestHTTPServer
+    private let server: any TestIdPHost
 
     /// The token endpoint's URL.
     public var tokenEndpoint: String { server.baseURL + "/token" }
@@ -112,10 +114,11 @@ public final class OAuth2TestIdP: Sendable {
         return provider
     }
 
-    /// Starts the server; `initialRefreshToken` is the one valid refresh token at first.
+    /// Starts serving (`serving`); `initialRefreshToken` is the one valid refresh token at first.
     public init(
         initialRefreshToken: String = "rt-0", lifetime: Int = 3600, clientID: String = "test-client",
-        clientSecret: String = "test-client-secret-\(UInt32.random(in: 0...UInt32.max))"
+        clientSecret: String = "test-client-secret-\(UInt32.random(in: 0...UInt32.max))",
+        serving: TestIdPServing = .http
     ) async throws {
         self.clientID = clientID
         self.clientSecret = clientSecret
@@ -123,7 +126,7 @@ public final class OAuth2TestIdP: Sendable {
         self.state = state
         let secret = clientSecret
         let issuerPath = Self.issuerPath
-        server = try await TestHTTPServer { request in
+        server = try await serving.start { request in
             if request.method == .GET, request.path == issuerPath + "/.well-known/openid-configuration" {
                 return Self.discovery(request, state: state, issuerPath: issuerPath)
             }
@@ -136,8 +139,10 @@ public final class OAuth2TestIdP: Sendable {
                     FormBody.parse(request.body), client: client, state: state, clientID: clientID, clientSecret: secret
                 )
             }
-            return Self.answer(
+            var answer = Self.answer(
                 FormBody.parse(request.body), client: client, state: state, clientID: clientID, clientSecret: secret)
+            answer.gate = state.withLock { $0.tokenGate }
+            return answer
         }
     }
 
@@ -151,6 +156,12 @@ public final class OAuth2TestIdP: Sendable {
     public func setBehavior(_ behavior: Behavior) { state.withLock { $0.behavior = behavior } }
     public func setLifetime(_ seconds: Int) { state.withLock { $0.lifetime = seconds } }
     public func setDelay(_ delay: Duration) { state.withLock { $0.delay = delay } }
+    /// Holds every later answer of the token endpoint until the gate returned is opened.
+    public func holdAnswers() -> AnswerGate {
+        let gate = AnswerGate()
+        state.withLock { $0.tokenGate = gate }
+        return gate
+    }
     /// Holds every later answer of the revocation endpoint until the gate returned is opened.
     public func holdRevocations() -> AnswerGate {
         let gate = AnswerGate()

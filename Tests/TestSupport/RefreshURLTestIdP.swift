@@ -1,7 +1,7 @@
 import FoundationEssentials
 import NIOHTTP1
 
-/// A real "refresh_url" server on 127.0.0.1 (seed 000): the refresh credential is a secret URL
+/// A real "refresh_url" server, on 127.0.0.1 or in process (`TestIdPServing`) (seed 000): the refresh credential is a secret URL
 /// that works once. Calling it answers `{"access_token", "refresh_url", "expires_in"}` with a NEW
 /// URL; the used URL (and any unknown one) then gets `401`.
 public final class RefreshURLTestIdP: Sendable {
@@ -28,16 +28,16 @@ public final class RefreshURLTestIdP: Sendable {
     }
 
     private let state: Box<State>
-    private let server: TestHTTPServer
+    private let server: any TestIdPHost
 
     /// The first valid refresh URL; give it to the broker with `tokens.refresh_url`.
     public let initialURL: String
 
-    public init(lifetime: Int = 3600) async throws {
+    public init(lifetime: Int = 3600, serving: TestIdPServing = .http) async throws {
         let secret = "r0-\(randomSuffix())-\(randomSuffix())"
         let state = Box(State(current: secret, lifetime: lifetime))
         self.state = state
-        let server = try await TestHTTPServer { request in Self.answer(request, state: state) }
+        let server = try await serving.start { request in Self.answer(request, state: state) }
         self.server = server
         initialURL = server.baseURL + "/refresh/" + secret
     }

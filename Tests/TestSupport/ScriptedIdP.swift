@@ -1,6 +1,6 @@
 import Synchronization
 
-/// An IdP on 127.0.0.1 that answers every request with the one response the test gave it (any
+/// An IdP (on 127.0.0.1 or in process, `TestIdPServing`) that answers every request with the one response the test gave it (any
 /// status, headers and body, hostile ones included), and counts its calls.
 public final class ScriptedIdP: Sendable {
     private final class Counter: Sendable {
@@ -8,12 +8,12 @@ public final class ScriptedIdP: Sendable {
     }
 
     private let counter: Counter
-    private let server: TestHTTPServer
+    private let server: any TestIdPHost
 
-    public init(_ response: TestHTTPResponse) async throws {
+    public init(_ response: TestHTTPResponse, serving: TestIdPServing = .http) async throws {
         let counter = Counter()
         self.counter = counter
-        server = try await TestHTTPServer { _ in
+        server = try await serving.start { _ in
             counter.calls.withLock { $0 += 1 }
             return response
         }

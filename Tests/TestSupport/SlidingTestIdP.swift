@@ -1,7 +1,7 @@
 import Foundation
 import NIOHTTP1
 
-/// A real sliding-refresh-token endpoint on 127.0.0.1 (seed 004): `POST /api/Auth/RefreshToken`
+/// A real sliding-refresh-token endpoint, on 127.0.0.1 or in process (`TestIdPServing`) (seed 004): `POST /api/Auth/RefreshToken`
 /// with `Authorization: Bearer <refresh token>`. Every refresh token works once and only until
 /// its expiry; each refresh returns a new one with a fresh expiry (the sliding window). Answers
 /// use the envelope `{status, message, data{accessToken, refreshToken, accessTokenExpiresAt,
@@ -35,7 +35,7 @@ public final class SlidingTestIdP: Sendable {
     }
 
     private let state: Box<State>
-    private let server: TestHTTPServer
+    private let server: any TestIdPHost
     /// The IANA zone of the timestamps (which carry no zone themselves).
     public let timeZone: String
     /// When `initialRefreshToken` lapses (whole seconds).
@@ -47,7 +47,7 @@ public final class SlidingTestIdP: Sendable {
     /// Starts the server; `initialRefreshToken` is valid for `refreshLifetime` seconds from now.
     public init(
         initialRefreshToken: String = "srt-0", accessLifetime: Int = 1800, refreshLifetime: Int = 7 * 86400,
-        timeZone: String = "UTC"
+        timeZone: String = "UTC", serving: TestIdPServing = .http
     ) async throws {
         self.timeZone = timeZone
         let expiry = Date(
@@ -59,7 +59,7 @@ public final class SlidingTestIdP: Sendable {
                 accessLifetime: accessLifetime, refreshLifetime: refreshLifetime))
         self.state = state
         let zone = TimeZone(identifier: timeZone)!
-        server = try await TestHTTPServer { request in Self.answer(request, state: state, zone: zone) }
+        server = try await serving.start { request in Self.answer(request, state: state, zone: zone) }
     }
 
     /// Stops listening.

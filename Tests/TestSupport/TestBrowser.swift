@@ -7,7 +7,8 @@ import Synchronization
 /// The test playing the user's browser: one request at a time, redirects not followed, so the
 /// test sees where each page sends the browser and then goes there itself. An instance keeps the
 /// cookies its pages set for 127.0.0.1 and sends them to every port there, as browsers do; the
-/// static methods are a client without cookies (another process on the machine).
+/// static methods are a client without cookies (another process on the machine). Pages of the
+/// in-process test IdPs are fetched in process (`InProcessIdPNetwork`), the others over HTTP.
 public final class TestBrowser: Sendable {
     /// What a page answered.
     public struct Page: Sendable {
@@ -27,13 +28,13 @@ public final class TestBrowser: Sendable {
     /// GETs `url` without following a redirect, sending this browser's cookies when `url` is on
     /// 127.0.0.1, and keeping the cookies the answer sets.
     public func visit(_ url: String) async throws -> Page {
-        var request = HTTPClientRequest(url: url)
+        var headers = HTTPHeaders()
         let local = URLComponents(string: url)?.host == "127.0.0.1"
         let jar = cookies.withLock { $0 }
         if local, !jar.isEmpty {
-            request.headers.add(name: "Cookie", value: jar.map { "\($0.key)=\($0.value)" }.joined(separator: "; "))
+            headers.add(name: "Cookie", value: jar.map { "\($0.key)=\($0.value)" }.joined(separator: "; "))
         }
-        let page = try await Self.send(request)
+        let page = try await Self.send(.GET, url, headers: headers)
         if local {
             for line in page.setCookies {
                 let pair = line.split(separator: ";")[0].split(separator: "=", maxSplits: 1)
@@ -79,21 +80,37 @@ public final class TestBrowser: Sendable {
 
     /// GETs `url` without following a redirect, with no cookies but `cookie` (`name=value`).
     public static func get(_ url: String, cookie: String? = nil) async throws -> Page {
-        var request = HTTPClientRequest(url: url)
-        if let cookie { request.headers.add(name: "Cookie", value: cookie) }
-        return try await send(request)
+        var headers = HTTPHeaders()
+        if let cookie { headers.add(name: "Cookie", value: cookie) }
+        return try await send(.GET, url, headers: headers)
     }
 
     /// POSTs an `application/x-www-form-urlencoded` body to `url`.
     public static func post(_ url: String, form: String) async throws -> Page {
-        var request = HTTPClientRequest(url: url)
-        request.method = .POST
-        request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
-        request.body = .bytes(ByteBuffer(string: form))
-        return try await send(request)
+        try await send(
+            .POST, url, headers: ["Content-Type": "application/x-www-form-urlencoded"], body: form)
     }
 
-    private static func send(_ request: HTTPClientRequest) async throws -> Page {
+    private static func send(_ method: HTTPMethod, _ url: String, headers: HTTPHeaders, body: String? = nil)
+        async throws -> Page
+    {
+        if let target = URL(string: url), InProcessIdPNetwork.serves(target) {
+            switch await InProcessIdPNetwork.exchange(
+                method: method, url: target, headers: headers, body: body ?? "", timeout: 10)
+            {
+            case .answer(let answer):
+                let headers = HTTPHeaders(answer.allHeaders)
+                return Page(
+                    status: Int(answer.status.code), location: headers.first(name: "Location"), body: answer.body,
+                    setCookies: headers["Set-Cookie"])
+            case .refused: throw HarnessError("no in-process IdP at \(url)")
+            case .timedOut: throw HarnessError("the in-process IdP at \(url) did not answer")
+            }
+        }
+        var request = HTTPClientRequest(url: url)
+        request.method = method
+        request.headers = headers
+        if let body { request.body = .bytes(ByteBuffer(string: body)) }
         let client = HTTPClient(
             eventLoopGroupProvider: .singleton,
             configuration: HTTPClient.Configuration(

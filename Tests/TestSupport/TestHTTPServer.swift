@@ -22,7 +22,8 @@ public struct TestHTTPResponse: Sendable {
     public var status: HTTPResponseStatus
     public var body: String
     public var headers: [(String, String)]
-    /// Wait this long before answering.
+    /// Wait this long before answering (in process: a timeout at once when it reaches the
+    /// request's timeout, see `InProcessIdPNetwork`).
     public var delay: Duration
     /// Never answer (the connection stays open).
     public var hang: Bool
@@ -43,22 +44,50 @@ public struct TestHTTPResponse: Sendable {
 
     /// A response that never comes.
     public static var hanging: TestHTTPResponse { TestHTTPResponse(status: .ok, body: "", hang: true) }
+
+    /// The headers sent: a JSON content type and the length, then `headers`.
+    var allHeaders: [(String, String)] {
+        [("Content-Type", "application/json"), ("Content-Length", "\(body.utf8.count)")] + headers
+    }
 }
 
 /// Holds the answers given it until it is opened: a test that must act while the IdP has not
 /// answered yet opens it when done, instead of hoping that a delay lasts long enough.
 public final class AnswerGate: Sendable {
-    private let state = Mutex<(open: Bool, held: [@Sendable () -> Void])>((false, []))
+    private struct State {
+        var open = false
+        var held: [@Sendable () -> Void] = []
+        /// Who waits for how many answers to be held.
+        var watchers: [(count: Int, resume: CheckedContinuation<Void, Never>)] = []
+    }
+
+    private let state = Mutex(State())
 
     public init() {}
 
     /// Runs `answer` once the gate is open: at once if it is.
     func whenOpen(_ answer: @escaping @Sendable () -> Void) {
-        let isOpen = state.withLock { state in
+        let (isOpen, reached) = state.withLock { state in
             if !state.open { state.held.append(answer) }
-            return state.open
+            let held = state.held.count
+            defer { state.watchers.removeAll { $0.count <= held } }
+            return (state.open, state.watchers.filter { $0.count <= held }.map(\.resume))
         }
+        for watcher in reached { watcher.resume() }
         if isOpen { answer() }
+    }
+
+    /// Returns once `count` answers are held (at once if they are): the IdP has received
+    /// those requests and they wait for the test, with no time guessed.
+    public func holding(_ count: Int) async {
+        await withCheckedContinuation { (resume: CheckedContinuation<Void, Never>) in
+            let reached = state.withLock { state in
+                if state.held.count >= count { return true }
+                state.watchers.append((count, resume))
+                return false
+            }
+            if reached { resume.resume() }
+        }
     }
 
     /// Sends the answers held; later ones are not held.
@@ -73,8 +102,8 @@ public final class AnswerGate: Sendable {
 }
 
 /// A real HTTP/1.1 server on 127.0.0.1 (port chosen by the system) that hands every request
-/// to `handler`. The plumbing every test IdP shares.
-public final class TestHTTPServer: Sendable {
+/// to `handler`. The plumbing every test IdP served over HTTP shares.
+public final class TestHTTPServer: TestIdPHost {
     private let channel: any Channel
 
     /// Starts listening; `handler` runs on an event loop, so it must not block.
@@ -132,13 +161,10 @@ private final class RequestHandler: ChannelInboundHandler, @unchecked Sendable {
             if answer.hang { return }
             let channel = context.channel
             let respond: @Sendable () -> Void = {
-                var headers = HTTPHeaders([
-                    ("Content-Type", "application/json"), ("Content-Length", "\(answer.body.utf8.count)"),
-                ])
-                for (name, value) in answer.headers { headers.add(name: name, value: value) }
                 channel.write(
                     HTTPServerResponsePart.head(
-                        HTTPResponseHead(version: .http1_1, status: answer.status, headers: headers)),
+                        HTTPResponseHead(
+                            version: .http1_1, status: answer.status, headers: HTTPHeaders(answer.allHeaders))),
                     promise: nil)
                 channel.write(HTTPServerResponsePart.body(.byteBuffer(ByteBuffer(string: answer.body))), promise: nil)
                 channel.writeAndFlush(HTTPServerResponsePart.end(nil), promise: nil)

@@ -1,13 +1,6 @@
-import AsyncHTTPClient
 import BrokerProtocol
 import FoundationEssentials
-import NIOCore
 import NIOHTTP1
-import NIOPosix
-
-#if canImport(Glibc)
-import Glibc
-#endif
 
 /// An identity provider's answer, read whole (bounded).
 struct IdPReply: Sendable {
@@ -17,28 +10,30 @@ struct IdPReply: Sendable {
     var retryAfter: TimeInterval?
 }
 
-/// The HTTP client every provider shares: bounded connect and total timeouts,
-/// no redirects, bodies capped at 1 MiB.
+/// The IdP client every provider, login and discovery shares: which URLs may be called (https,
+/// plain http on loopback only), bounded answers (1 MiB) within `request_timeout`, and failure
+/// messages that name the endpoint without any secret. The exchange itself goes through an
+/// `IdPTransport`: `HTTPIdPTransport` in the broker, an in-process one in the engine's tests.
 public final class IdPClient: Sendable {
-    private let client: HTTPClient
+    private let transport: any IdPTransport
     private let requestTimeout: TimeInterval
     /// Discovered OIDC token endpoints, shared by every account that names an issuer.
     let discovery = DiscoveryCache()
 
-    public init(settings: BrokerSettings) {
-        var configuration = HTTPClient.Configuration(
-            redirectConfiguration: .disallow,
-            timeout: .init(
-                connect: .milliseconds(Int64(Bounds.milliseconds(settings.connectTimeout))),
-                read: .milliseconds(Int64(Bounds.milliseconds(settings.requestTimeout)))))
-        configuration.httpVersion = .http1Only
-        client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
+    /// The broker's client: HTTP over the network.
+    public convenience init(settings: BrokerSettings) {
+        self.init(settings: settings, transport: HTTPIdPTransport(settings: settings))
+    }
+
+    /// A client whose exchanges go through `transport`.
+    public init(settings: BrokerSettings, transport: any IdPTransport) {
+        self.transport = transport
         requestTimeout = settings.requestTimeout
     }
 
     /// Closes idle connections; call once before exit.
     public func shutdown() async {
-        try? await client.shutdown()
+        await transport.shutdown()
     }
 
     /// Sends one request and reads the whole answer (bounded). `target` names the endpoint in
@@ -53,48 +48,20 @@ public final class IdPClient: Sendable {
             return .failure(
                 .denial("\(target ?? "the IdP URL") must use https (plain http is allowed for loopback only)"))
         }
-        var request = HTTPClientRequest(url: url.absoluteString)
-        request.method = method
-        request.headers = headers
-        if let body { request.body = .bytes(ByteBuffer(string: body)) }
-        do {
-            let response = try await client.execute(
-                request, deadline: .now() + .milliseconds(Int64(Bounds.milliseconds(requestTimeout))))
-            let bytes =
-                try await `public`
-                ? response.body.collect(upTo: 1 << 20) : Self.collectWiping(response.body, upTo: 1 << 20)
+        let request = IdPRequest(
+            method: method, url: url, headers: headers, body: body, bodyLimit: 1 << 20, timeout: requestTimeout,
+            isPublic: `public`)
+        switch await transport.exchange(request) {
+        case .success(let answer):
             return .success(
                 IdPReply(
-                    status: Int(response.status.code), body: Data(bytes.readableBytesView),
-                    retryAfter: response.headers.first(name: "Retry-After").flatMap(Self.retryAfter)))
-        } catch {
+                    status: answer.status, body: answer.body,
+                    retryAfter: answer.headers.first(name: "Retry-After").flatMap(Self.retryAfter)))
+        case .failure(let failure):
             let name = target ?? "the IdP at \(Self.hostAndPort(url))"
-            return .failure(.transient("cannot reach \(name): \(Self.describe(error))"))
+            return .failure(.transient("cannot reach \(name): \(failure.reason)"))
         }
     }
-
-    /// The whole body, at most `limit` bytes. Each chunk is a slice of the connection's receive
-    /// buffer, which a kept-alive connection reuses and the allocator never sees freed: it is
-    /// wiped in place once copied, so no token answer stays behind in it.
-    private static func collectWiping(_ body: HTTPClientResponse.Body, upTo limit: Int) async throws -> ByteBuffer {
-        var chunks: [ByteBuffer] = []
-        // Wiped once the whole answer has been read, so no wipe races the connection's parsing.
-        defer {
-            for chunk in chunks {
-                chunk.withUnsafeReadableBytes { Sodium.wipe(UnsafeMutableRawBufferPointer(mutating: $0)) }
-            }
-        }
-        var collected = ByteBuffer()
-        for try await chunk in body {
-            chunks.append(chunk)
-            guard chunk.readableBytes <= limit - collected.readableBytes else { throw BodyTooLarge() }
-            collected.writeImmutableBuffer(chunk)
-        }
-        return collected
-    }
-
-    /// An answer longer than the limit.
-    private struct BodyTooLarge: Error {}
 
     /// A form POST to a token endpoint.
     func post(_ url: URL, headers: HTTPHeaders, body: String) async -> Result<IdPReply, RefreshFailure> {
@@ -104,39 +71,6 @@ public final class IdPClient: Sendable {
     /// `host:port` of `url`, the port given or the scheme's, for messages about reaching it.
     static func hostAndPort(_ url: URL) -> String {
         "\(url.host ?? "?"):\(url.port ?? (url.scheme == "http" ? 80 : 443))"
-    }
-
-    /// Why a request failed, for people: "connection refused", "timed out", "TLS handshake
-    /// failed"; never a Swift type's name or value.
-    static func describe(_ error: any Error) -> String {
-        switch error {
-        case let error as HTTPClientError:
-            switch error {
-            // The read timeout and the deadline are both the total timeout; which fires first is chance.
-            case .deadlineExceeded, .readTimeout, .writeTimeout: return "timed out"
-            case .connectTimeout: return "connect timed out"
-            case .tlsHandshakeTimeout: return "TLS handshake timed out"
-            case .remoteConnectionClosed: return "the connection was closed before the answer"
-            // invalidHeaderFieldNames/Values carry the offending header, which may hold a secret.
-            default:
-                return String(describing: error).contains("invalidHeaderField")
-                    ? "a request header is not valid HTTP" : "the HTTP exchange failed"
-            }
-        case let error as IOError:
-            let reason = String(cString: strerror(error.errnoCode))
-            return reason.prefix(1).lowercased() + reason.dropFirst()
-        case let error as NIOConnectionError:
-            if error.dnsAError != nil || error.dnsAAAAError != nil { return "its host name does not resolve" }
-            return error.connectionErrors.first.map { describe($0.error) } ?? "no address to connect to"
-        case ChannelError.connectTimeout:
-            return "connect timed out"
-        case is BodyTooLarge:
-            return "the answer is longer than 1 MiB"
-        default:
-            // NIOSSLError, BoringSSLError: the certificate or the handshake was refused.
-            return String(reflecting: type(of: error)).contains("SSL")
-                ? "TLS handshake failed" : "the connection failed"
-        }
     }
 
     /// `Retry-After` in seconds (RFC 9110 section 10.2.3: delay-seconds, or an HTTP-date), at

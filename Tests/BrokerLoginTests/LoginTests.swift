@@ -1,15 +1,18 @@
 import BrokerProtocol
 import BrokerServer
 import Foundation
+import NIOHTTP1
 import Synchronization
 import TestSupport
 import Testing
 
 @testable import BrokerCore
 
-/// `login` against the real test IdP over HTTP, the test playing the user: the device flow
+/// `login` against the test IdP (in process), the test playing the user: the device flow
 /// (RFC 8628), the browser flow (PKCE and a loopback redirect), what a login creates, restores
-/// and stores, and how it ends when the user denies, waits too long or goes away.
+/// and stores, and how it ends when the user denies, waits too long or goes away. Apart from
+/// BrokerCoreTests: a login waits in real time (poll intervals, timeouts) and the browser flow
+/// opens the broker's own listener on 127.0.0.1.
 @Suite struct LoginTests {
     /// The progress a login reported, in order.
     final class Progress: Sendable {
@@ -260,7 +263,7 @@ import Testing
         #"<html>Moved</html>"#, #"["device_code"]"#,
     ])
     func aHostileDeviceAnswerIsUnavailable(body: String) async throws {
-        let http = IdPClient(settings: BrokerSettings())
+        let http = IdPClient.inProcess(settings: BrokerSettings())
         let context = LoginContext(
             account: try AccountName("work"),
             settings: OAuth2Settings(
@@ -438,8 +441,10 @@ import Testing
     }
 
     @Test func aRedirectPortInUseIsABadRequest() async throws {
+        // Another server holds the port (the harness's IdP answers in process, on no port).
+        let occupant = try await TestHTTPServer { _ in TestHTTPResponse(status: .ok, body: "") }
         try await BrokerHarness.run { harness in
-            let taken = try #require(URLComponents(string: harness.idp.tokenEndpoint)?.port)
+            let taken = occupant.port
             let login = Self.start(
                 harness, Self.request("browser", provider: Self.provider(harness.idp), redirectPort: taken),
                 progress: Progress())
@@ -447,6 +452,7 @@ import Testing
             #expect(error.code == .badRequest)
             #expect(error.message.contains("127.0.0.1:\(taken)"))
         }
+        await occupant.shutdown()
     }
 
     @Test func aFixedRedirectPortIsUsed() async throws {
@@ -949,7 +955,7 @@ import Testing
 
     /// The test IdP refuses what real IdPs refuse, so the browser-flow tests mean something.
     @Test func theTestIdPRefusesAWrongVerifierAnotherRedirectAReusedCodeAndAnUnregisteredRedirect() async throws {
-        let idp = try await OAuth2TestIdP()
+        let idp = try await OAuth2TestIdP(serving: .inProcess)
         let verifier = "a-verifier-of-forty-three-characters-0123456"
         let registered = "http://127.0.0.1:5555/callback"
         let escape = { (text: String) in text.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? "" }
