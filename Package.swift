@@ -155,7 +155,7 @@ let package = Package(
         .testTarget(
             name: "BrokerCoreTests",
             dependencies: [
-                "BrokerCore", "BrokerServer", "TestSupport",
+                "BrokerCore", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],

@@ -1,5 +1,4 @@
 import BrokerProtocol
-import BrokerServer
 import Foundation
 import TestSupport
 import Testing
@@ -100,11 +99,6 @@ import Glibc
             ).failure)
         #expect(failure.kind == .denial)
         #expect(!failure.message.contains(next))
-    }
-
-    @Test func anAddWithAnOutOfRangePortIsRefused() {
-        let spec = ProviderSpec(kind: "oauth2", ["token_endpoint": "https://idp.example:99999/t", "client_id": "c"])
-        #expect(throws: BrokerError.self) { try WireTranslation.provider(spec) }
     }
 
     @Test(arguments: [

@@ -1,5 +1,4 @@
 import BrokerProtocol
-import BrokerServer
 import Foundation
 import TestSupport
 import Testing

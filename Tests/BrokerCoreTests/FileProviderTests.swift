@@ -1,5 +1,4 @@
 import BrokerProtocol
-import BrokerServer
 import Foundation
 import TestSupport
 import TestSupport
@@ -43,31 +42,6 @@ private struct TokenFileRig {
 /// `file` accounts: the settings a `provider` object gives them, and the provider reading real
 /// files in a temp dir.
 @Suite struct FileProviderTests {
-    // MARK: settings
-
-    @Test func aFileProviderTakesAnAbsolutePath() throws {
-        let (config, secret) = try WireTranslation.provider(
-            ProviderSpec(kind: "file", ["path": "/run/user/1000/tok.json"]))
-        #expect(config == ProviderConfig(FileSettings(path: "/run/user/1000/tok.json")))
-        #expect(config.kind == "file")
-        #expect(secret == nil)
-    }
-
-    @Test(arguments: [
-        (ProviderSpec(kind: "file"), "path"),
-        (ProviderSpec(kind: "file", ["path": ""]), "path"),
-        (ProviderSpec(kind: "file", ["path": "token.json"]), "absolute"),
-        (ProviderSpec(kind: "file", ["path": "/var/tokens/"]), "absolute path of a file"),
-        (ProviderSpec(kind: "file", ["path": "/tmp/a\u{0}b"]), "NUL"),
-        (ProviderSpec(kind: "file", ["path": .string("/" + String(repeating: "a", count: 5000))]), "shorter"),
-        (ProviderSpec(kind: "file", ["path": ["/tmp/a"]]), "must be a string"),
-    ])
-    func badPathsAreBadRequests(spec: ProviderSpec, mentions: String) {
-        let error = #expect(throws: BrokerError.self) { try WireTranslation.provider(spec) }
-        #expect(error?.code == .badRequest)
-        #expect(error?.message.contains(mentions) == true, "\(error?.message ?? "")")
-    }
-
     // MARK: reading
 
     @Test func theTokenIsServedWithLifetimesCountedFromTheFilesModification() async throws {

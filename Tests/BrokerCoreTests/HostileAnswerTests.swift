@@ -1,5 +1,4 @@
 import BrokerProtocol
-import BrokerServer
 import Foundation
 import NIOHTTP1
 import TestSupport
@@ -215,9 +214,8 @@ import Testing
                 let failure = await #expect(throws: BrokerFailure.self) {
                     try await broker.configure(BrokerConfiguration(accounts: ["api": move]))
                 }
-                let error = failure.map(BrokerError.init)
-                #expect(error?.message.contains("accounts.api") == true)
-                #expect(error?.message.contains("logout") == true)
+                #expect(failure?.description.contains("accounts.api") == true)
+                #expect(failure?.description.contains("logout") == true)
             }
             _ = try await broker.refreshNow(account: "api")
             #expect(idp.callCount == 1 && other.callCount == 0)
@@ -243,8 +241,7 @@ import Testing
             let failure = await #expect(throws: BrokerFailure.self) {
                 try await broker.configure(BrokerConfiguration(accounts: ["api": discovered]))
             }
-            let error = failure.map(BrokerError.init)
-            #expect(error?.message.contains("issuer") == true)
+            #expect(failure?.description.contains("issuer") == true)
         }
         await idp.shutdown()
     }

@@ -1,5 +1,4 @@
 import BrokerProtocol
-import BrokerServer
 import FoundationEssentials
 import TestSupport
 import Testing

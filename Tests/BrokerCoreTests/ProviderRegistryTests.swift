@@ -1,5 +1,4 @@
 import BrokerProtocol
-import BrokerServer
 import Foundation
 import TestSupport
 import Testing
@@ -66,32 +65,6 @@ import Testing
         #expect(throws: DecodingError.self) { try JSONDecoder().decode(ProviderConfig.self, from: Data(json.utf8)) }
     }
 
-    /// A field any kind knows is type-checked whatever the kind; one no kind knows is ignored,
-    /// whatever it holds (forward compatibility).
-    @Test func fieldsAreTypeCheckedForEveryKindAndUnknownOnesIgnored() throws {
-        for (spec, field) in [
-            (ProviderSpec(kind: "static", ["command": "/bin/true"]), "command"),
-            (ProviderSpec(kind: "static", ["method": .number(5)]), "method"),
-            (ProviderSpec(kind: "file", ["path": "/tmp/t.json", "client_id": .bool(true)]), "client_id"),
-        ] {
-            let error = #expect(throws: BrokerError.self) { try WireTranslation.provider(spec) }
-            #expect(error?.code == .badRequest)
-            #expect(error?.message.contains(field) == true, "\(error?.message ?? "")")
-        }
-        let future = ProviderSpec(
-            kind: "static", ["x-future": .object(["a": [.number(1), .bool(true), .null]]), "scope": .null])
-        #expect(try WireTranslation.provider(future).0 == ProviderConfig(StaticSettings()))
-    }
-
-    /// Only kinds that take a client secret keep one.
-    @Test func aClientSecretIsKeptOnlyByKindsThatTakeOne() throws {
-        let oauth2 = ProviderSpec(
-            kind: "oauth2", ["token_endpoint": "https://idp.example/t", "client_id": "c", "client_secret": "s3"])
-        #expect(try WireTranslation.provider(oauth2).clientSecret == "s3")
-        let file = ProviderSpec(kind: "file", ["path": "/tmp/t.json", "client_secret": "s3"])
-        #expect(try WireTranslation.provider(file).clientSecret == nil)
-    }
-
     @Test func theWireObjectKeepsEveryFieldAsSent() throws {
         let line = #"{"kind":"file","path":"\/tmp\/t.json","future":{"a":[1,true,null,"x"]}}"#
         let spec = try Wire.makeDecoder().decode(ProviderSpec.self, from: Data(line.utf8))
@@ -108,25 +81,6 @@ import Testing
     }
 
     // MARK: config file
-
-    @Test func configTablesBecomeProviderObjectsWithTheKindsFields() throws {
-        let text = """
-            [accounts.cron]
-            kind = "file"
-            path = "/home/me/.cache/token.json"
-
-            [accounts.helper]
-            kind = "exec"
-            command = ["/usr/bin/get-token", "--profile", "work"]
-            """
-        let accounts = try ConfigFile.parse(text, path: "/cfg/broker.toml").accounts
-        #expect(accounts["cron"] == ProviderSpec(kind: "file", ["path": "/home/me/.cache/token.json"]))
-        #expect(
-            accounts["helper"] == ProviderSpec(kind: "exec", ["command": ["/usr/bin/get-token", "--profile", "work"]]))
-        #expect(
-            try WireTranslation.provider(accounts["cron"]).0
-                == ProviderConfig(FileSettings(path: "/home/me/.cache/token.json")))
-    }
 
     @Test(arguments: [
         ("[accounts.a]\nkind = \"file\"\npath = 5\n", "accounts.a.path must be a string"),

@@ -604,6 +604,8 @@ import Testing
         try await BrokerHarness.run { harness in
             let (login, offer) = try await Self.startBrowserLogin(harness)
             let port = try Self.port(of: offer.redirectURI)
+            // Before the connections open, so their lifetimes end at least 5 s after it.
+            let started = Date()
             let silent = try HeldConnection(port: port)
             defer { silent.close() }
             let trickling = try HeldConnection(port: port)
@@ -616,7 +618,6 @@ import Testing
             #expect(await eventually(timeout: 3) { oversized.isClosedByPeer })
             #expect(!silent.isClosedByPeer && !trickling.isClosedByPeer)
 
-            let started = Date()
             // Still open while it sends a little now and then, but not past its lifetime.
             #expect(
                 await eventually(timeout: 14) {

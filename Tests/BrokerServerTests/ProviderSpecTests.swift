@@ -276,4 +276,81 @@ private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { 
         await http.shutdown()
         await idp.shutdown()
     }
+
+    // MARK: the file kind
+
+    @Test func aFileProviderTakesAnAbsolutePath() throws {
+        let (config, secret) = try WireTranslation.provider(
+            ProviderSpec(kind: "file", ["path": "/run/user/1000/tok.json"]))
+        #expect(config == ProviderConfig(FileSettings(path: "/run/user/1000/tok.json")))
+        #expect(config.kind == "file")
+        #expect(secret == nil)
+    }
+
+    @Test(arguments: [
+        (ProviderSpec(kind: "file"), "path"),
+        (ProviderSpec(kind: "file", ["path": ""]), "path"),
+        (ProviderSpec(kind: "file", ["path": "token.json"]), "absolute"),
+        (ProviderSpec(kind: "file", ["path": "/var/tokens/"]), "absolute path of a file"),
+        (ProviderSpec(kind: "file", ["path": "/tmp/a\u{0}b"]), "NUL"),
+        (ProviderSpec(kind: "file", ["path": .string("/" + String(repeating: "a", count: 5000))]), "shorter"),
+        (ProviderSpec(kind: "file", ["path": ["/tmp/a"]]), "must be a string"),
+    ])
+    func badPathsAreBadRequests(spec: ProviderSpec, mentions: String) {
+        let error = #expect(throws: BrokerError.self) { try WireTranslation.provider(spec) }
+        #expect(error?.code == .badRequest)
+        #expect(error?.message.contains(mentions) == true, "\(error?.message ?? "")")
+    }
+
+    @Test func anAddWithAnOutOfRangePortIsRefused() {
+        let spec = ProviderSpec(kind: "oauth2", ["token_endpoint": "https://idp.example:99999/t", "client_id": "c"])
+        #expect(throws: BrokerError.self) { try WireTranslation.provider(spec) }
+    }
+
+    // MARK: every kind
+
+    /// A field any kind knows is type-checked whatever the kind; one no kind knows is ignored,
+    /// whatever it holds (forward compatibility).
+    @Test func fieldsAreTypeCheckedForEveryKindAndUnknownOnesIgnored() throws {
+        for (spec, field) in [
+            (ProviderSpec(kind: "static", ["command": "/bin/true"]), "command"),
+            (ProviderSpec(kind: "static", ["method": .number(5)]), "method"),
+            (ProviderSpec(kind: "file", ["path": "/tmp/t.json", "client_id": .bool(true)]), "client_id"),
+        ] {
+            let error = #expect(throws: BrokerError.self) { try WireTranslation.provider(spec) }
+            #expect(error?.code == .badRequest)
+            #expect(error?.message.contains(field) == true, "\(error?.message ?? "")")
+        }
+        let future = ProviderSpec(
+            kind: "static", ["x-future": .object(["a": [.number(1), .bool(true), .null]]), "scope": .null])
+        #expect(try WireTranslation.provider(future).0 == ProviderConfig(StaticSettings()))
+    }
+
+    /// Only kinds that take a client secret keep one.
+    @Test func aClientSecretIsKeptOnlyByKindsThatTakeOne() throws {
+        let oauth2 = ProviderSpec(
+            kind: "oauth2", ["token_endpoint": "https://idp.example/t", "client_id": "c", "client_secret": "s3"])
+        #expect(try WireTranslation.provider(oauth2).clientSecret == "s3")
+        let file = ProviderSpec(kind: "file", ["path": "/tmp/t.json", "client_secret": "s3"])
+        #expect(try WireTranslation.provider(file).clientSecret == nil)
+    }
+
+    @Test func configTablesBecomeProviderObjectsWithTheKindsFields() throws {
+        let text = """
+            [accounts.cron]
+            kind = "file"
+            path = "/home/me/.cache/token.json"
+
+            [accounts.helper]
+            kind = "exec"
+            command = ["/usr/bin/get-token", "--profile", "work"]
+            """
+        let accounts = try ConfigFile.parse(text, path: "/cfg/broker.toml").accounts
+        #expect(accounts["cron"] == ProviderSpec(kind: "file", ["path": "/home/me/.cache/token.json"]))
+        #expect(
+            accounts["helper"] == ProviderSpec(kind: "exec", ["command": ["/usr/bin/get-token", "--profile", "work"]]))
+        #expect(
+            try WireTranslation.provider(accounts["cron"]).0
+                == ProviderConfig(FileSettings(path: "/home/me/.cache/token.json")))
+    }
 }
