@@ -151,4 +151,123 @@ import Testing
             #expect(Data(text.utf8).withUnsafeBytes { VaultJSONReader().change($0) } == nil, "\(text)")
         }
     }
+
+    // MARK: Every field of the record
+
+    /// The types whose fields the reader reads itself (provider settings go to `JSONDecoder`),
+    /// with their field names as `Mirror` sees a sample, and where their JSON sits in a record.
+    private static var readTypes: [(type: String, fields: [String], place: (String) -> String)] {
+        let record = AccountRecord.sample("fields")
+        let minimal = #""name":"n","provider":{"static":{"_0":{}}},"secrets":{},"needsLogin":false"#
+        return [
+            ("AccountRecord", fieldNames(record), { "{\(minimal),\($0)}" }),
+            (
+                "AccountSecrets", fieldNames(record.secrets),
+                {
+                    #"{"name":"n","provider":{"static":{"_0":{}}},"#
+                        + #""needsLogin":false,"secrets":{"# + $0 + "}}"
+                }
+            ),
+            (
+                "AccessToken", fieldNames(record.token!),
+                {
+                    "{\(minimal),"
+                        + #""token":{"value":"v","type":"Bearer","expiresAt":1,"obtainedAt":0,"# + $0 + "}}"
+                }
+            ),
+            (
+                "AccountError", fieldNames(record.lastError!),
+                {
+                    "{\(minimal),"
+                        + #""lastError":{"code":"c","message":"m","at":0,"# + $0 + "}}"
+                }
+            ),
+        ]
+    }
+
+    /// The stored properties of `value`, which synthesized `Codable` names its keys after.
+    private static func fieldNames(_ value: Any) -> [String] {
+        Mirror(reflecting: value).children.compactMap(\.label)
+    }
+
+    /// The fields of `value` (and of the read types it holds) that are `nil`, as `Type.field`.
+    private static func missingFields(_ value: Any, type: String) -> [String] {
+        Mirror(reflecting: value).children.flatMap { child -> [String] in
+            let label = child.label ?? "?"
+            let inner = Mirror(reflecting: child.value)
+            guard inner.displayStyle == .optional else { return nested(child.value) }
+            guard let wrapped = inner.children.first?.value else { return ["\(type).\(label)"] }
+            return nested(wrapped)
+        }
+    }
+
+    private static func nested(_ value: Any) -> [String] {
+        switch value {
+        case let secrets as AccountSecrets: missingFields(secrets, type: "AccountSecrets")
+        case let token as AccessToken: missingFields(token, type: "AccessToken")
+        case let error as AccountError: missingFields(error, type: "AccountError")
+        default: []
+        }
+    }
+
+    /// Whether the reader reads `key` in `place`: it refuses a key it reads when the key comes
+    /// twice, and skips one it does not know, as `JSONDecoder` does.
+    private static func readerReads(key: String, place: (String) -> String) -> Bool {
+        let text = #"{"accounts":["# + place(#""\#(key)":null,"\#(key)":null"#) + "]}"
+        return Data(text.utf8).withUnsafeBytes { VaultJSONReader().snapshot($0) } == nil
+    }
+
+    /// A record with every field set, written by `JSONEncoder`, read by the reader and written
+    /// again, gives the same JSON: a field the reader does not read would be missing. The record
+    /// has no field unset, so a field `AccountRecord` gains fails here until it is set below,
+    /// and then until the reader reads it.
+    @Test func aRecordWithEveryFieldSetSurvivesTheReader() throws {
+        var record = AccountRecord.sample("every-field")
+        record.secrets.refreshURL = SecretBytes("https://r.example/refresh/1")
+        record.token?.pushed = false
+        record.loggedOut = false
+        record.declared = true
+        record.grantedScope = "read write"
+        let unset = Self.missingFields(record, type: "AccountRecord")
+        #expect(unset.isEmpty, "set these fields in this test's record: \(unset)")
+
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        let written = try encoder.encode(Body(sequence: 1, accounts: [record]))
+        let read = try #require(written.withUnsafeBytes { VaultJSONReader().snapshot($0) })
+        let again = try encoder.encode(Body(sequence: read.generation, accounts: read.accounts))
+        // Compared key by key and outside #expect, whose message would print the secrets.
+        let before = try #require(JSONValue.object(decoding: written)?["accounts"])
+        let after = try #require(JSONValue.object(decoding: again)?["accounts"])
+        let differing = Self.differingPaths(before, after, at: "accounts")
+        #expect(differing.isEmpty, "the reader lost or changed: \(differing)")
+    }
+
+    /// Where two JSON values differ, as paths of keys (no values: they may be secrets).
+    private static func differingPaths(_ one: JSONValue, _ other: JSONValue, at path: String) -> [String] {
+        switch (one, other) {
+        case (.object(let left), .object(let right)):
+            return Set(left.keys).union(right.keys).sorted().flatMap { key in
+                differingPaths(left[key] ?? .null, right[key] ?? .null, at: "\(path).\(key)")
+            }
+        case (.array(let left), .array(let right)) where left.count == right.count:
+            return zip(left, right).enumerated().flatMap { differingPaths($1.0, $1.1, at: "\(path)[\($0)]") }
+        default:
+            return one == other ? [] : [path]
+        }
+    }
+
+    /// Every stored property of the record and of the types the reader reads within it is a
+    /// key the reader reads: one it skipped would be dropped from the vault at the next save.
+    @Test func readsEveryFieldOfTheRecordsTypes() {
+        for (type, fields, place) in Self.readTypes {
+            #expect(!fields.isEmpty)
+            let base = #"{"accounts":["# + place(#""unread":1"#) + "]}"
+            #expect(Data(base.utf8).withUnsafeBytes { VaultJSONReader().snapshot($0) } != nil, "\(type)")
+            // The probe tells a read key from a skipped one.
+            #expect(!Self.readerReads(key: "notAField", place: place), "\(type)")
+            let unread = fields.filter { !Self.readerReads(key: $0, place: place) }
+            #expect(unread.isEmpty, "\(type) fields the vault reader skips: \(unread)")
+        }
+    }
 }
