@@ -61,6 +61,8 @@ let package = Package(
             providers: [.apt(["libsystemd-dev"])]
         ),
         .target(name: "CSpawn"),
+        // timerfd(2) for the refresh scheduler's wall-clock timer (libc's own; nothing to link).
+        .systemLibrary(name: "CTimerFD"),
         // brokerd's wipe-on-free `free` and `realloc`; linked into brokerd only.
         .target(name: "CWipeOnFree"),
         // brokerd's idle memory: a trimmed heap, and start-up's code pages given back.
@@ -69,7 +71,7 @@ let package = Package(
         .target(
             name: "BrokerCore",
             dependencies: [
-                "BrokerProtocol", "CSodium", "CSpawn",
+                "BrokerProtocol", "CSodium", "CSpawn", "CTimerFD",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
