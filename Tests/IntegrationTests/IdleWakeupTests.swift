@@ -25,7 +25,7 @@ import Glibc
         let woke = try await wakeUps(of: broker)
         // libdispatch's workqueue monitor, which Swift concurrency's thread pool brings with it
         // on Linux, wakes its manager thread once a second: 5 here, and a margin. brokerd's old
-        // 250 ms poll woke it about 120 times in these 5 s.
+        // 250 ms poll woke it about 110 times in these 5 s.
         #expect(woke <= 10, "context switches over \(Self.window) idle: \(woke)")
     }
 
