@@ -63,6 +63,8 @@ let package = Package(
         .target(name: "CSpawn"),
         // How every child process starts: the exec provider's, brokerctl's, the tests'.
         .target(name: "ProcessSpawn", dependencies: ["CSpawn"], swiftSettings: upcoming),
+        // timerfd(2) for the refresh scheduler's wall-clock timer (libc's own; nothing to link).
+        .systemLibrary(name: "CTimerFD"),
         // brokerd's heap: wipe-on-free `free` and `realloc`, and a kept trim threshold; linked
         // into brokerd only.
         .target(name: "CWipeOnFree"),
@@ -70,7 +72,7 @@ let package = Package(
         .target(
             name: "BrokerCore",
             dependencies: [
-                "BrokerProtocol", "CSodium", "ProcessSpawn",
+                "BrokerProtocol", "CSodium", "ProcessSpawn", "CTimerFD",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

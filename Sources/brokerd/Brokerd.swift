@@ -105,10 +105,13 @@ struct Brokerd: AsyncParsableCommand {
             notifier.ready(status: summary)
             logger.info("ready", metadata: ["status": "\(summary)"])
         }
-        let scheduler = RefreshScheduler(
-            broker: broker, wedgeFile: ProcessInfo.processInfo.environment["TOKENBROKER_TEST_WEDGE_FILE"])
-        let lifecycle = SystemdLifecycle(notifier: notifier, summary: { await broker.summary() }) {
-            scheduler.lastHeartbeat.duration(to: .now) < .seconds(5)
+        let scheduler = RefreshScheduler(broker: broker)
+        let statusChange = WakeSignal()
+        broker.changes.subscribe(statusChange)
+        let lifecycle = SystemdLifecycle(
+            notifier: notifier, summary: { await broker.summary() }, changed: { await statusChange.wait() }
+        ) {
+            scheduler.isResponsive(within: .seconds(5))
         }
         let reloader = ReloadOnHangup(notifier: notifier) { _ = try? await broker.reloadConfiguration() }
         let group = ServiceGroup(

@@ -426,7 +426,7 @@ import Testing
             _ = try await h.broker.add(account: "api", provider: h.provider, tokens: TokenSet(refreshToken: "rt-0"))
             await h.broker.drain()
             #expect(h.idp.callCount == 1)
-            // What RefreshScheduler does every 250 ms at most; the test clock does not move.
+            // What RefreshScheduler does at each deadline and change; the test clock does not move.
             for _ in 0..<5 {
                 _ = await h.broker.runDueRefreshes()
                 await h.broker.drain()

@@ -68,10 +68,11 @@ struct SystemdUserServiceTests {
         #expect(await eventually { manager.show("tokenbroker.service", "ActiveState") == "active" })
         #expect(try manager.brokerctl(["status"]).output.contains("declared"))
 
-        // A wedged broker stops petting the watchdog; systemd kills and restarts it. The switch
-        // lies in the unit's state directory, the only place the sandboxed broker may delete it.
+        // A wedged broker stops petting the watchdog; systemd kills and restarts it. Wedged
+        // here by stopping it whole (SIGSTOP): no switch in brokerd for tests to throw.
         let firstPID = manager.show("tokenbroker.service", "MainPID")
-        #expect(FileManager.default.createFile(atPath: "\(stateDirectory)/wedge", contents: nil))
+        let stopped = try #require(pid_t(firstPID))
+        #expect(stopped > 0 && kill(stopped, SIGSTOP) == 0)
         let restarted = await eventually(timeout: 40) {
             manager.show("tokenbroker.service", "NRestarts") == "1"
                 && manager.show("tokenbroker.service", "ActiveState") == "active"
@@ -312,7 +313,7 @@ final class UserManager: @unchecked Sendable {
                 at: SystemdUserServiceTests.repository.appendingPathComponent("systemd/\(unit)"),
                 to: unitDirectory.appendingPathComponent(unit))
         }
-        try "[Service]\nWatchdogSec=2\nEnvironment=TOKENBROKER_TEST_WEDGE_FILE=%S/tokenbroker/wedge\n".write(
+        try "[Service]\nWatchdogSec=2\n".write(
             to: unitDirectory.appendingPathComponent("tokenbroker.service.d/test.conf"), atomically: true,
             encoding: .utf8)
         try fileManager.copyItem(at: BrokerProcess.binary("brokerd"), to: URL(fileURLWithPath: brokerd))

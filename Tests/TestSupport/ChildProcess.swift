@@ -131,6 +131,23 @@ public final class ChildProcess: Sendable {
         return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
     }
 
+    /// The context switches (voluntary and involuntary) of each of the child's threads so far,
+    /// from /proc/PID/task/*/status: when the child is idle, each is a wake-up.
+    public func contextSwitches() -> ContextSwitches {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+        var byThread: [String: Int] = [:]
+        for task in tasks {
+            guard let status = try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/status", encoding: .utf8)
+            else { continue }
+            byThread[task] = status.split(separator: "\n").reduce(0) { sum, line in
+                guard line.hasPrefix("voluntary_ctxt_switches:") || line.hasPrefix("nonvoluntary_ctxt_switches:")
+                else { return sum }
+                return sum + (line.split(separator: "\t").last.flatMap { Int($0) } ?? 0)
+            }
+        }
+        return ContextSwitches(byThread: byThread)
+    }
+
     /// How many of the child's threads have a name starting with `prefix`.
     public func threads(named prefix: String) -> Int {
         let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
@@ -193,5 +210,17 @@ private final class Pipe {
     deinit {
         closeReading()
         closeWriting()
+    }
+}
+
+/// The context switches of each thread of a process at one moment (`ChildProcess.contextSwitches`).
+public struct ContextSwitches: Sendable {
+    public let byThread: [String: Int]
+
+    /// The wake-ups since `earlier`: each thread's switches since then (all of a new thread's),
+    /// and one for each thread that has exited (its own count went with it).
+    public func since(_ earlier: ContextSwitches) -> Int {
+        let ran = byThread.reduce(0) { $0 + $1.value - (earlier.byThread[$1.key] ?? 0) }
+        return ran + earlier.byThread.keys.filter { byThread[$0] == nil }.count
     }
 }

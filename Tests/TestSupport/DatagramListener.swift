@@ -21,6 +21,13 @@ public final class DatagramListener {
         unlink(path)
     }
 
+    /// The next datagram already queued, as text, without waiting; nil when none is.
+    public func receiveQueued() -> String? {
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let count = recv(descriptor, &buffer, buffer.count, Int32(MSG_DONTWAIT))
+        return count > 0 ? String(decoding: buffer[..<count], as: UTF8.self) : nil
+    }
+
     /// The next datagram as text, or nil after `timeout` seconds.
     public func receive(timeout: Int = 30) -> String? {
         var limit = timeval(tv_sec: timeout, tv_usec: 0)

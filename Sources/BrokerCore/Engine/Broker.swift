@@ -30,7 +30,9 @@ public actor Broker {
     let logger: Logger
     var planner: RefreshPlanner { RefreshPlanner(settings: settings) }
     /// Every account's lifecycle; the actor runs the effects its transitions return.
-    var accounts: [String: AccountMachine] = [:]
+    var accounts: [String: AccountMachine] = [:] { didSet { changes.announce() } }
+    /// Told of every change to `accounts`, so the scheduler and the service status sleep till then.
+    public nonisolated let changes = ChangeBroadcast()
     /// The task of each refresh under way, by account, with the serial its machine knows it by.
     var refreshTasks: [String: (serial: Int, task: Task<Result<Void, BrokerFailure>, Never>)] = [:]
     /// Each account's provider, built when first needed (see `provider(for:)`).

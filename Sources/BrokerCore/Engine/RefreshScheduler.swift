@@ -1,42 +1,55 @@
-import BrokerProtocol
 import FoundationEssentials
 import ServiceLifecycle
 import Synchronization
 
-/// The loop that starts due refreshes, run as a `Service`. It records a heartbeat on every
-/// pass so the systemd watchdog can tell a live scheduler from a wedged one.
+/// Starts due refreshes, run as a `Service`. It sleeps until the next deadline (a refresh, the
+/// end of a backoff, a source to look at, a token's expiry) on a wall-clock timer that also
+/// wakes it when the wall clock is set or the machine resumes (`WallClockTimer`), and is woken
+/// early by any change to the accounts (`Broker.changes`), so an idle broker does not wake.
 public final class RefreshScheduler: Service {
-    /// Longest sleep between passes, so new schedules and clock jumps are noticed promptly.
-    static let maximumSleep: Duration = .milliseconds(250)
-
     private let broker: Broker
-    private let heartbeat = Mutex<ContinuousClock.Instant>(.now)
-    /// Test-only fault switch: when this file appears, the loop deletes it and wedges for good,
-    /// so tests can see the systemd watchdog kill and restart a stuck broker.
-    private let wedgeFile: String?
+    /// When the pass under way began; `nil` between passes.
+    private let passBegan = Mutex<ContinuousClock.Instant?>(nil)
 
-    public init(broker: Broker, wedgeFile: String? = nil) {
+    public init(broker: Broker) {
         self.broker = broker
-        self.wedgeFile = wedgeFile
     }
 
-    /// When the loop last completed a pass.
-    public var lastHeartbeat: ContinuousClock.Instant { heartbeat.withLock { $0 } }
+    /// Whether no pass has been under way for `limit` or longer: a longer one means the engine
+    /// is wedged, and the systemd watchdog should no longer be petted.
+    public func isResponsive(within limit: Duration) -> Bool {
+        passBegan.withLock { began in began.map { $0.duration(to: .now) < limit } ?? true }
+    }
 
     public func run() async throws {
-        while !Task.isCancelled && !Task.isShuttingDownGracefully {
-            if let wedgeFile, (try? FileManager.default.removeItem(atPath: wedgeFile)) != nil {
-                try? await gracefulShutdown()
-                return
+        let wake = WakeSignal()
+        let timer = try WallClockTimer(fired: wake.raise)
+        broker.changes.subscribe(wake)
+        // Shutdown cancels the loop; a cancelled wait returns at once, however late it begins.
+        await cancelWhenGracefulShutdown { [self] in
+            while !Task.isCancelled {
+                passBegan.withLock { $0 = .now }
+                let next = await broker.schedulingPass(clearing: wake)
+                passBegan.withLock { $0 = nil }
+                timer.set(to: next)
+                await wake.wait()
             }
-            let next = await broker.runDueRefreshes()
-            heartbeat.withLock { $0 = .now }
-            var pause = Self.maximumSleep
-            if let next {
-                let seconds = max(0.01, next.timeIntervalSinceNow)
-                pause = min(pause, .milliseconds(Bounds.milliseconds(seconds)))
-            }
-            try? await cancelWhenGracefulShutdown { [pause] in try await Task.sleep(for: pause) }
         }
+        broker.changes.unsubscribe(wake)
+        await timer.close()
+    }
+}
+
+extension Broker {
+    /// One pass of the scheduler: starts the refreshes that are due and returns the next
+    /// deadline, which includes the next token expiry (an account's state changes then, so the
+    /// service manager's status is told). The pass's own changes do not wake the scheduler again.
+    fileprivate func schedulingPass(clearing wake: WakeSignal) -> Date? {
+        let now = clock.now()
+        let expiry = accounts.values.lazy.compactMap { $0.record.token?.expiresAt }.filter { $0 > now }.min()
+        let next = [runDueRefreshes(), expiry].compactMap { $0 }.min()
+        changes.announce()
+        wake.clear()
+        return next
     }
 }

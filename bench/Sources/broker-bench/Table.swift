@@ -7,7 +7,7 @@ import FoundationEssentials
 enum Table {
     /// How a figure is shown: its unit, and the factor from the unit of its key.
     enum Unit {
-        case milliseconds, microseconds, millisecondsFromMicroseconds, mebibytes, requestsPerSecond
+        case milliseconds, microseconds, millisecondsFromMicroseconds, mebibytes, requestsPerSecond, wakeUps
 
         func show(_ value: Double) -> String {
             switch self {
@@ -16,6 +16,7 @@ enum Table {
             case .millisecondsFromMicroseconds: Table.decimal(value / 1000, places: 2) + " ms"
             case .mebibytes: Table.decimal(value, places: 1) + " MiB"
             case .requestsPerSecond: Table.decimal(value / 1000, places: 1) + "k req/s"
+            case .wakeUps: Table.decimal(value, places: 0)
             }
         }
 
@@ -28,6 +29,7 @@ enum Table {
             case .microseconds: "µs"
             case .mebibytes: "MiB"
             case .requestsPerSecond: "req/s"
+            case .wakeUps: ""
             }
         }
     }
@@ -37,6 +39,8 @@ enum Table {
         case ratioAtMost(Double)
         case ratioAtLeast(Double)
         case atMost(Double)
+        /// At most the yardstick plus this much (wake-ups beyond the watchdog's pings).
+        case atMostYardstickPlus(Double)
         /// No target: shown to explain another figure.
         case none
     }
@@ -76,8 +80,20 @@ enum Table {
             Row(
                 figure: "expired token, 1,000 waiting clients: last served after the IdP's answer",
                 key: "expired_1000_last_after_idp_ms", unit: .milliseconds, target: .atMost(10)),
-        ] + swiftNIORows + policyRows + cachedTokenRows(server: "loops1", label: "1 event loop: cached `token`")
+        ] + idleRows + swiftNIORows + policyRows
+        + cachedTokenRows(server: "loops1", label: "1 event loop: cached `token`")
         + cachedTokenRows(server: "loops2", label: "2 event loops: cached `token`")
+
+    /// An idle brokerd's wake-ups over 60 s (`broker-bench idle`), beside ssh-agent's in the
+    /// same run, and with a watchdog beside its pings.
+    static let idleRows: [Row] = [
+        Row(
+            figure: "idle wake-ups over 60 s, 1 account valid 1 h, no watchdog (context switches)",
+            key: "idle_wakeups", unit: .wakeUps, yardstick: ("ssh-agent", "ssh_agent_wakeups"), target: .atMost(2)),
+        Row(
+            figure: "the same with WATCHDOG_USEC=30000000", key: "idle_watchdog_wakeups", unit: .wakeUps,
+            yardstick: ("watchdog pings", "idle_watchdog_pings"), target: .atMostYardstickPlus(2)),
+    ]
 
     /// SwiftNIO's echo (`broker-bench echo-server`, brokerd's answer size, one event loop) beside
     /// the C floor, and brokerd beside it: what the event-loop library alone costs, and what the
@@ -171,6 +187,7 @@ enum Table {
         case .ratioAtMost(let ratio): target = "≤ \(decimal(ratio, places: 1))x \(yardstickName)"
         case .ratioAtLeast(let ratio): target = "≥ \(decimal(ratio, places: 1))x \(yardstickName)"
         case .atMost(let limit): target = "≤ \(decimal(limit, places: 0)) \(row.unit.symbol)"
+        case .atMostYardstickPlus(let extra): target = "≤ \(yardstickName) + \(decimal(extra, places: 0))"
         case .none: target = "-"
         }
         guard let measured = figures[row.key] else { return [row.figure, "not measured", "-", "-", target, "-"] }
@@ -181,6 +198,7 @@ enum Table {
         case .ratioAtMost(let limit): met = ratio.map { $0 <= limit }
         case .ratioAtLeast(let limit): met = ratio.map { $0 >= limit }
         case .atMost(let limit): met = row.unit.shown(measured) <= limit
+        case .atMostYardstickPlus(let extra): met = yardstick.map { measured <= $0 + extra }
         case .none: met = nil
         }
         return [

@@ -10,7 +10,8 @@ import Glibc
 
 // broker-bench: the figures of issue 9, each next to its yardstick measured in the same run
 // (Figures.swift, printed as a table by Table.swift), `broker-bench save`: durable saves with
-// 1,000 accounts (VaultSave.swift), and `broker-bench flood`: the latency of cached tokens
+// 1,000 accounts (VaultSave.swift), `broker-bench idle`: an idle broker's wake-ups
+// (IdleWakeups.swift), and `broker-bench flood`: the latency of cached tokens
 // while one process floods the broker (Flood.swift). Run it through bench/run
 // (release build).
 
@@ -18,6 +19,7 @@ let usage = """
     usage: broker-bench figures PATH-TO-BROKERD PATH-TO-LOAD-CLIENT PATH-TO-ECHO-SERVER [SECONDS-PER-LOAD-RUN]
            broker-bench policy PATH-TO-BROKERD PATH-TO-LOAD-CLIENT [SECONDS-PER-LOAD-RUN]
            broker-bench fresh PATH-TO-BROKERD
+           broker-bench idle PATH-TO-BROKERD [SECONDS]
            broker-bench save
            broker-bench table < FIGURES
            broker-bench flood PATH-TO-BROKERD [SECONDS-PER-RUN]
@@ -58,6 +60,10 @@ do {
     case "fresh" where arguments.count >= 3:
         let tools = Figures.Tools(brokerd: arguments[2], loadClient: "", echoServer: "")
         try await Figures(tools: tools, secondsPerLoad: 2).runFresh()
+    case "idle" where arguments.count >= 3:
+        let seconds = arguments.count > 3 ? UInt32(arguments[3]).flatMap { (1...600).contains($0) ? $0 : nil } : 60
+        guard let seconds else { throw BenchError("idle seconds: 1 to 600") }
+        try await IdleWakeups.run(brokerd: arguments[2], seconds: seconds)
     case "save":
         let directory = try TemporaryDirectory()
         defer { directory.remove() }

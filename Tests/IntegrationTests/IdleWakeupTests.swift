@@ -1,0 +1,87 @@
+import FoundationEssentials
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// An idle brokerd sleeps until its next deadline (README.md, "Benchmarks"): its threads are not
+/// switched in between, which is counted from /proc/PID/task/*/status. A scheduler that polled
+/// every 250 ms and a status loop that looked every second woke it about 30 times a second.
+@Suite struct IdleWakeupTests {
+    /// Seconds a started broker is left to settle before counting (its idle memory is
+    /// released one second after start; an idle worker thread of the Swift concurrency pool
+    /// exits after about 5 s).
+    static let settle = Duration.seconds(6)
+    /// Seconds counted.
+    static let window = Duration.seconds(5)
+
+    @Test func anIdleBrokerWithOneAccountValidForAnHourDoesNotWake() async throws {
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        try addStatic(to: broker, expiresIn: 3600)
+        let woke = try await wakeUps(of: broker)
+        // libdispatch's workqueue monitor, which Swift concurrency's thread pool brings with it
+        // on Linux, wakes its manager thread once a second: 5 here, and a margin. brokerd's old
+        // 250 ms poll woke it about 110 times in these 5 s.
+        #expect(woke <= 10, "context switches over \(Self.window) idle: \(woke)")
+    }
+
+    @Test func withAWatchdogOnlyItsPingsWakeIt() async throws {
+        let broker = try BrokerProcess()
+        let notify = try DatagramListener(path: broker.root.appendingPathComponent("notify.sock").path)
+        // A ping every 2 s: the notify socket queues at most 10 datagrams unread.
+        try await broker.start(environment: ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "4000000"])
+        defer { broker.stop() }
+        try addStatic(to: broker, expiresIn: 3600)
+        let process = try #require(broker.process)
+        try await Task.sleep(for: Self.settle)
+        while notify.receiveQueued() != nil {}
+        let before = process.contextSwitches()
+        try await Task.sleep(for: Self.window)
+        let woke = process.contextSwitches().since(before)
+        var pings = 0
+        while let datagram = notify.receiveQueued() {
+            if datagram == "WATCHDOG=1" { pings += 1 }
+        }
+        #expect((2...3).contains(pings), "pings in \(Self.window): \(pings)")
+        // The 10 of the test above, and a few for each ping (its timer, the task that sends it).
+        #expect(woke <= 10 + 4 * pings, "context switches over \(Self.window) with \(pings) pings: \(woke)")
+    }
+
+    @Test func theStatusFollowsATokensExpiryWithoutPolling() async throws {
+        let broker = try BrokerProcess()
+        let notify = try DatagramListener(path: broker.root.appendingPathComponent("notify.sock").path)
+        try await broker.start(environment: ["NOTIFY_SOCKET": notify.path])
+        defer { broker.stop() }
+        let added = ContinuousClock.now
+        try addStatic(to: broker, expiresIn: 2)
+        var statuses: [String] = []
+        while let message = notify.receive(timeout: 5) {
+            statuses.append(message)
+            if message == "STATUS=1 account: 1 needs login" { break }
+        }
+        #expect(statuses.last == "STATUS=1 account: 1 needs login", "\(statuses)")
+        #expect(statuses.contains("STATUS=1 account: 1 valid"), "\(statuses)")
+        #expect(added.duration(to: .now) < .seconds(3.5), "the status changed at the expiry, not later")
+    }
+
+    /// Adds a static account whose token expires in `seconds`.
+    private func addStatic(to broker: BrokerProcess, expiresIn seconds: Int) throws {
+        let answer = try RawConnection(path: broker.socketPath).request(
+            #"{"id":1,"op":"add","account":"idle","provider":{"kind":"static"},"tokens":{"access_token":"at-idle","expires_in":\#(seconds)}}"#
+        )
+        #expect(answer?.contains(#""ok":true"#) == true, "\(answer ?? "no answer")")
+    }
+
+    /// The context switches of all of brokerd's threads over `window`, after `settle`.
+    private func wakeUps(of broker: BrokerProcess) async throws -> Int {
+        let process = try #require(broker.process)
+        try await Task.sleep(for: Self.settle)
+        let before = process.contextSwitches()
+        try await Task.sleep(for: Self.window)
+        return process.contextSwitches().since(before)
+    }
+}
