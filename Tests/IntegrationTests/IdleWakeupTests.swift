@@ -24,9 +24,9 @@ import Glibc
         try addStatic(to: broker, expiresIn: 3600)
         let woke = try await wakeUps(of: broker)
         // libdispatch's workqueue monitor, which Swift concurrency's thread pool brings with it
-        // on Linux, wakes its manager thread once a second: 5 here, and a margin. brokerd's old
-        // 250 ms poll woke it about 110 times in these 5 s.
-        #expect(woke <= 10, "context switches over \(Self.window) idle: \(woke)")
+        // on Linux, wakes its manager thread once a second: 5 here, and a margin for a loaded
+        // machine. brokerd's old 250 ms poll woke it about 110 times in these 5 s.
+        #expect(woke <= 15, "context switches over \(Self.window) idle: \(woke)")
     }
 
     @Test func withAWatchdogOnlyItsPingsWakeIt() async throws {
@@ -47,8 +47,8 @@ import Glibc
             if datagram == "WATCHDOG=1" { pings += 1 }
         }
         #expect((2...3).contains(pings), "pings in \(Self.window): \(pings)")
-        // The 10 of the test above, and a few for each ping (its timer, the task that sends it).
-        #expect(woke <= 10 + 4 * pings, "context switches over \(Self.window) with \(pings) pings: \(woke)")
+        // The 15 of the test above, and a few for each ping (its timer, the task that sends it).
+        #expect(woke <= 15 + 4 * pings, "context switches over \(Self.window) with \(pings) pings: \(woke)")
     }
 
     @Test func theStatusFollowsATokensExpiryWithoutPolling() async throws {
