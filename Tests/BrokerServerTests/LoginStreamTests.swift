@@ -93,8 +93,16 @@ import Testing
                 let progress = try await Self.next(try #require(connection))
                 #expect(await eventually { harness.idp.devicePolls.count >= 1 })
                 connection = nil
-                try await Task.sleep(for: .milliseconds(300))
-                let polls = harness.idp.devicePolls.count
+                // Once the broker sees the connection close, the login ends and its polls stop
+                // (one a second while it runs): wait for a pause longer than the interval.
+                var polls = harness.idp.devicePolls.count
+                #expect(
+                    try await eventually(timeout: 20) {
+                        try await Task.sleep(for: .milliseconds(1500))
+                        let now = harness.idp.devicePolls.count
+                        defer { polls = now }
+                        return now == polls
+                    })
                 _ = try await harness.idp.decide(
                     .approve, at: try #require(progress["verification_uri_complete"] as? String))
                 try await Task.sleep(for: .milliseconds(2500))
