@@ -31,8 +31,10 @@ import Testing
         _ = try? await task.value
     }
 
-    /// The next line as an object, waiting without blocking a thread of the test's pool.
-    static func next(_ connection: RawConnection, seconds: Double = 15) async throws -> [String: Any] {
+    /// The next line as an object, waiting without blocking a thread of the test's pool. The
+    /// limit only stops a hung test: on two cores, other suites' blocking waits (child processes,
+    /// socket reads) can hold the whole pool for many seconds.
+    static func next(_ connection: RawConnection, seconds: Double = 60) async throws -> [String: Any] {
         let deadline = Date().addingTimeInterval(seconds)
         while !connection.hasData(within: 0) {
             guard Date() < deadline else { throw HarnessError("no line within \(seconds) s") }
