@@ -6,9 +6,10 @@ import Testing
 import Glibc
 #endif
 
-/// An idle brokerd sleeps until its next deadline (README.md, "Benchmarks"): its threads are not
-/// switched in between, which is counted from /proc/PID/task/*/status. A scheduler that polled
-/// every 250 ms and a status loop that looked every second woke it about 30 times a second.
+/// An idle brokerd sleeps until its next deadline (docs/performance.md, "An idle brokerd
+/// sleeps"): its threads are not switched in between, which is counted from
+/// /proc/PID/task/*/status. A scheduler that polled every 250 ms and a status loop that looked
+/// every second woke it about 30 times a second.
 @Suite struct IdleWakeupTests {
     /// Seconds a started broker is left to settle before counting (its idle memory is
     /// released one second after start; an idle worker thread of the Swift concurrency pool
