@@ -150,11 +150,15 @@ public final class ChildProcess: Sendable {
 
     /// How many of the child's threads have a name starting with `prefix`.
     public func threads(named prefix: String) -> Int {
+        threadNames().filter { $0.hasPrefix(prefix) }.count
+    }
+
+    /// The names of the child's threads (`/proc/PID/task/*/comm`).
+    public func threadNames() -> [String] {
         let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
-        return tasks.filter { task in
-            let name = (try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/comm", encoding: .utf8)) ?? ""
-            return name.hasPrefix(prefix)
-        }.count
+        return tasks.map { task in
+            (try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/comm", encoding: .utf8)) ?? ""
+        }
     }
 
     private static func decode(_ raw: Int32) -> Int32 {
