@@ -43,7 +43,11 @@ final class WallClockTimer: Sendable {
     /// Fires at `date` (at once if it has passed), or only at a change of the wall clock when
     /// `date` is nil; replaces the time set before.
     func set(to date: Date?) {
-        let seconds = (date ?? Date(timeIntervalSinceNow: Self.farAhead)).timeIntervalSince1970
+        let farAhead = Date(timeIntervalSinceNow: Self.farAhead).timeIntervalSince1970
+        // A deadline derives from a vault's or an IdP's dates: one past the far-ahead point (or no
+        // number at all) waits for that point, one before 1970 fires at once; never a trap below.
+        let wanted = date?.timeIntervalSince1970 ?? farAhead
+        let seconds = wanted.isNaN ? farAhead : min(max(wanted, 0), farAhead)
         // Rounded up to the microsecond, so the broker's clock has reached `date` when it fires.
         let microseconds = max(1, Int64((seconds * 1_000_000).rounded(.up)))
         var setting = itimerspec()
