@@ -189,7 +189,7 @@ import Testing
         #expect(machine.record.secrets.refreshToken == "rt-pushed")
         let denial = machine.refreshDenied(serial: 2, message: "late", now: start)
         #expect(denial == .overtaken([]))
-        let failure = machine.refreshFailed(serial: 2, message: "late", delay: 1, probeDelay: 2, now: start)
+        let failure = machine.refreshFailed(serial: 2, message: "late", delay: 1, probeDelay: 1, now: start)
         #expect(failure == .overtaken([]))
         #expect(machine.phase == .idle)
     }

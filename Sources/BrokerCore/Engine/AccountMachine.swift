@@ -263,7 +263,7 @@ struct AccountMachine: Sendable {
     }
 
     /// Refresh `serial` failed for a reason that may pass: the schedule backs off for `delay`
-    /// seconds, clients' requests for `probeDelay` (`RefreshPlanner.probeDelay`).
+    /// seconds, clients' requests for `probeDelay` (`RefreshPlanner.probeDelay`, never longer).
     mutating func refreshFailed(
         serial: Int, message: String, delay: TimeInterval, probeDelay: TimeInterval, now: Date
     ) -> RefreshResult {
@@ -271,7 +271,7 @@ struct AccountMachine: Sendable {
         failures += 1
         record.lastError = AccountError(code: "unavailable", message: message, at: now)
         let until = now.addingTimeInterval(delay)
-        settle(.backingOff(until: until, probeAt: now.addingTimeInterval(min(probeDelay, delay))), nextRefreshAt: until)
+        settle(.backingOff(until: until, probeAt: now.addingTimeInterval(probeDelay)), nextRefreshAt: until)
         return .applied(failures == 1 ? [.emit(.refreshFailed, message: message)] : [])
     }
 
