@@ -25,9 +25,10 @@ import Glibc
         try addStatic(to: broker, expiresIn: 3600)
         let woke = try await wakeUps(of: broker)
         // libdispatch's workqueue monitor, which Swift concurrency's thread pool brings with it
-        // on Linux, wakes its manager thread once a second: 5 here, and a margin for a loaded
-        // machine. brokerd's old 250 ms poll woke it about 110 times in these 5 s.
-        #expect(woke <= 15, "context switches over \(Self.window) idle: \(woke)")
+        // on Linux, wakes its manager thread once a second: 5 here, and a margin for a machine
+        // running the rest of the suite. brokerd's old 250 ms poll woke it about 110 times in
+        // these 5 s.
+        #expect(woke <= 30, "context switches over \(Self.window) idle: \(woke)")
     }
 
     @Test func withAWatchdogOnlyItsPingsWakeIt() async throws {
@@ -51,9 +52,9 @@ import Glibc
         // One ping every 2 s of the time counted (a loaded machine may sleep past the window).
         let counted = started.duration(to: .now) / .seconds(1)
         #expect(abs(Double(pings) - counted / 2) <= 1.5, "pings in \(counted) s: \(pings)")
-        // 15 in 5 s as in the test above, and a few for each ping (its timer, the task that sends it).
+        // 30 in 5 s as in the test above, and a few for each ping (its timer, the task that sends it).
         #expect(
-            Double(woke) <= 3 * counted + 4 * Double(pings),
+            Double(woke) <= 6 * counted + 4 * Double(pings),
             "context switches over \(counted) s with \(pings) pings: \(woke)")
     }
 
