@@ -68,6 +68,9 @@ let package = Package(
         // brokerd's heap: wipe-on-free `free` and `realloc`, and a kept trim threshold; linked
         // into brokerd only.
         .target(name: "CWipeOnFree"),
+        // Sets the Swift runtime's global-enqueue hook, so that brokerd runs its tasks on its
+        // event loops (`EventLoops.takeOver`); linked into brokerd only.
+        .target(name: "CGlobalExecutorHook"),
         .target(name: "BrokerProtocol", swiftSettings: upcoming),
         .target(
             name: "BrokerCore",
@@ -106,9 +109,10 @@ let package = Package(
         .executableTarget(
             name: "brokerd",
             dependencies: [
-                "BrokerCore", "BrokerServer", "BrokerSystemd", "CWipeOnFree",
+                "BrokerCore", "BrokerServer", "BrokerSystemd", "CGlobalExecutorHook", "CWipeOnFree",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),

@@ -10,17 +10,24 @@ public struct SystemdLifecycle: Service {
     private let summary: @Sendable () async -> String
     private let changed: (@Sendable () async -> Void)?
     private let isHealthy: @Sendable () -> Bool
+    private let sleepUntil: @Sendable (ContinuousClock.Instant) async throws -> Void
 
     /// `changed` returns when the summary may have changed since it last returned (and when
     /// its task is cancelled); without it, the summary is looked at only at watchdog pings.
+    /// `sleep` waits for a watchdog ping's time (brokerd's waits on its event loops rather than
+    /// through `Task.sleep`; docs/performance.md says why).
     public init(
         notifier: SystemdNotifier = SystemdNotifier(), summary: @escaping @Sendable () async -> String,
-        changed: (@Sendable () async -> Void)? = nil, isHealthy: @escaping @Sendable () -> Bool
+        changed: (@Sendable () async -> Void)? = nil, isHealthy: @escaping @Sendable () -> Bool,
+        sleep: @escaping @Sendable (ContinuousClock.Instant) async throws -> Void = {
+            try await Task.sleep(until: $0, clock: .continuous)
+        }
     ) {
         self.notifier = notifier
         self.summary = summary
         self.changed = changed
         self.isHealthy = isHealthy
+        self.sleepUntil = sleep
     }
 
     public func run() async throws {
@@ -50,7 +57,7 @@ public struct SystemdLifecycle: Service {
         await withTaskGroup(of: Void.self) { group in
             group.addTask { try? await gracefulShutdown() }
             if let changed { group.addTask { await changed() } }
-            if let deadline { group.addTask { try? await Task.sleep(until: deadline) } }
+            if let deadline { group.addTask { [sleepUntil] in try? await sleepUntil(deadline) } }
             await group.next()
             group.cancelAll()
         }

@@ -6,12 +6,14 @@ import BrokerSystemd
 import CWipeOnFree
 import FoundationEssentials
 import Logging
+import NIOCore
+import NIOPosix
 import ServiceLifecycle
 import UnixSignals
 
 /// brokerd: the per-user token broker daemon. Wiring only; the work lives in the modules.
 @main
-struct Brokerd: AsyncParsableCommand {
+struct Brokerd: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "brokerd", abstract: "Keep OAuth tokens fresh and hand them to local programs over a Unix socket.",
         version: Release.version)
@@ -38,8 +40,18 @@ struct Brokerd: AsyncParsableCommand {
     @Option(help: "Least severe level logged: trace, debug, info, ... (default: $TOKENBROKER_LOG_LEVEL or info).")
     var logLevel: String?
 
-    func run() async throws {
+    /// Runs brokerd's tasks on NIO's event loops, the main thread waiting for them: no Swift
+    /// concurrency job may run before `EventLoops.takeOver()`, hence no async `main`.
+    func run() throws {
         let environment = ProcessInfo.processInfo.environment
+        let loops = Result { try EventLoops.count(environment: environment) }
+        let onLoops = EventLoops.takeOver(count: (try? loops.get()) ?? EventLoops.standard)
+        try MultiThreadedEventLoopGroup.singleton.any().makeFutureWithTask {
+            try await self.start(environment: environment, loops: loops, onLoops: onLoops)
+        }.wait()
+    }
+
+    private func start(environment: [String: String], loops: Result<Int, any Error>, onLoops: Bool) async throws {
         let level = Result { try LogLevel.level(option: logLevel, environment: environment) }
         LoggingSystem.bootstrap { label in
             var handler = JournalLogHandler(label: label)
@@ -53,7 +65,10 @@ struct Brokerd: AsyncParsableCommand {
         tokenbroker_keep_heap_trimmed()
         do {
             _ = try level.get()
-            try EventLoops.configure(environment: environment)
+            _ = try loops.get()
+            if !onLoops {
+                logger.warning("Swift concurrency runs on libdispatch: an idle brokerd wakes once a second")
+            }
             try await serve(logger: logger)
         } catch {
             logger.critical("brokerd cannot start: \(error)")
@@ -112,6 +127,8 @@ struct Brokerd: AsyncParsableCommand {
             notifier: notifier, summary: { await broker.summary() }, changed: { await statusChange.wait() }
         ) {
             scheduler.isResponsive(within: .seconds(5))
+        } sleep: {
+            try await EventLoopSleep.sleep(until: $0)
         }
         let reloader = ReloadOnHangup(notifier: notifier) { _ = try? await broker.reloadConfiguration() }
         let group = ServiceGroup(

@@ -1,5 +1,7 @@
+import CGlobalExecutorHook
 import FoundationEssentials
 import NIOCore
+import NIOPosix
 
 /// How many event-loop threads serve the socket and the IdP connections (NIO's process-wide
 /// singleton group): `TOKENBROKER_EVENT_LOOPS`, a whole number from 1 to 64, else `standard`.
@@ -23,9 +25,26 @@ enum EventLoops {
         return count
     }
 
-    /// Sizes NIO's singleton group; must run before anything uses that group, and only once.
-    static func configure(environment: [String: String]) throws {
-        NIOSingletons.groupLoopCountSuggestion = try count(environment: environment)
+    /// Sizes NIO's singleton group to `count` loops and makes it run every Swift concurrency
+    /// task, so that libdispatch's worker threads never start: the first of them would arm
+    /// libdispatch's workqueue monitor, which wakes the process once a second for good
+    /// (docs/performance.md). Must run once, before any task exists. Returns whether the
+    /// tasks now run on the group (false: another hook was set, and libdispatch runs them).
+    ///
+    /// This is what `NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor`
+    /// does, which finds the hook with `dlsym` and so not in brokerd, whose static Swift runtime
+    /// exports no symbols. As there, the runtime's hook type is taken to be this thin function's.
+    static func takeOver(count: Int) -> Bool {
+        NIOSingletons.groupLoopCountSuggestion = count
+        typealias Original = @convention(thin) (UnownedJob) -> Void
+        typealias Hook = @convention(thin) (UnownedJob, Original) -> Void
+        let hook: Hook = { job, _ in MultiThreadedEventLoopGroup.singleton.any().enqueue(ExecutorJob(job)) }
+        return withUnsafeTemporaryAllocation(of: Hook.self, capacity: 1) { slot in
+            slot.baseAddress!.initialize(to: hook)
+            return slot.baseAddress!.withMemoryRebound(to: UnsafeRawPointer.self, capacity: 1) {
+                tokenbroker_install_enqueue_global_hook($0.pointee) == 1
+            }
+        }
     }
 }
 

@@ -50,17 +50,20 @@ import Testing
 
         var provider: ProviderSpec { idp.provider() }
 
-        /// How long an unlock with `passphrase` took to answer, and its error.
-        func timedUnlock(_ passphrase: String) async -> (seconds: Double, error: BrokerError?) {
-            let start = ContinuousClock.now
-            var failure: BrokerError?
-            do {
-                _ = try await broker.unlock(passphrase: passphrase)
-            } catch {
-                failure = error
+        /// Starts an unlock with `passphrase`, and returns its task once the broker waits out the
+        /// delay of a wrong one on the test clock (`sleeps` before it: those waited before).
+        func wrongUnlock(_ passphrase: String, sleeps: Int) async -> Task<BrokerError?, Never> {
+            let task = Task { () -> BrokerError? in
+                do {
+                    _ = try await broker.unlock(passphrase: passphrase)
+                    return nil
+                } catch {
+                    return error as? BrokerError
+                }
             }
-            let elapsed = start.duration(to: .now).components
-            return (Double(elapsed.seconds) + Double(elapsed.attoseconds) / 1e18, failure)
+            await clock.sleepersReached(1)
+            #expect(clock.asked.count == sleeps + 1)
+            return task
         }
     }
 
@@ -101,20 +104,20 @@ import Testing
             await #expect(throws: BrokerError(.locked, "")) { try await broker.refreshNow(account: "api") }
             #expect(try await broker.lockVault() == LockResult(state: "locked"), "locking twice is harmless")
 
-            // Wrong passphrases wait 1 s, 2 s, 4 s after their derivation. Meanwhile status answers
-            // at once, and a second unlock is turned away instead of deriving 256 MiB more.
+            // Wrong passphrases wait 1 s, 2 s, 4 s after their derivation, on the broker's clock.
+            // Meanwhile status answers, and a second unlock is turned away instead of deriving
+            // 256 MiB more.
             for (attempt, delay) in [(1, 1), (2, 2), (3, 4)] {
-                let wrong = Task { await rig.timedUnlock("wrong \(attempt)") }
-                try await Task.sleep(for: .milliseconds(300))
-                let start = ContinuousClock.now
+                let wrong = await rig.wrongUnlock("wrong \(attempt)", sleeps: attempt - 1)
+                #expect(rig.clock.asked.last == .seconds(delay))
                 _ = try await broker.status(account: nil)
-                #expect(start.duration(to: .now) < .milliseconds(500), "status waits for no unlock")
                 await #expect(throws: BrokerError(.busy, "")) {
                     try await broker.unlock(passphrase: "first passphrase")
                 }
-                let (seconds, error) = await wrong.value
-                #expect(error?.code == .forbidden)
-                #expect(seconds >= Double(delay), "wrong passphrase \(attempt) answered after \(seconds) s")
+                rig.clock.advance(by: Double(delay) - 0.5)
+                #expect(rig.clock.sleeping == 1, "wrong passphrase \(attempt) answered before its delay")
+                rig.clock.advance(by: 0.5)
+                #expect(await wrong.value?.code == .forbidden)
                 #expect(
                     rig.logs.all.contains {
                         $0.contains("wrong passphrase") && $0.contains("(key: \"delay_s\", value: \(delay))")
@@ -130,8 +133,10 @@ import Testing
                 try await broker.unlock(passphrase: "anything") == LockResult(state: "unlocked"), "already unlocked")
             // After a right one, a wrong one waits 1 s again.
             _ = try await broker.lockVault()
-            let (seconds, error) = await rig.timedUnlock("wrong again")
-            #expect(error?.code == .forbidden && seconds >= 1)
+            let again = await rig.wrongUnlock("wrong again", sleeps: 3)
+            #expect(rig.clock.asked.last == .seconds(1))
+            rig.clock.advance(by: 1)
+            #expect(await again.value?.code == .forbidden)
             #expect(rig.logs.all.filter { $0.contains("(key: \"delay_s\", value: 1)") }.count == 2)
             // Checked outside #expect, whose failure message would print the passphrase.
             let logged = rig.logs.all.contains { $0.contains("first passphrase") || $0.contains("wrong 1") }

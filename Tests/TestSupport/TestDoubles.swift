@@ -3,15 +3,69 @@ import Foundation
 import Logging
 import Synchronization
 
-/// Wall-clock time that only moves when a test says so.
+/// Wall-clock time that only moves when a test says so; a `sleep` on it returns when `advance`
+/// reaches its end.
 public final class TestClock: WallClock {
-    private let current: Mutex<Date>
+    private struct State {
+        var now: Date
+        var sleepers: [(until: Date, wake: CheckedContinuation<Void, Never>)] = []
+        /// Every duration asked of `sleep`, in order.
+        var asked: [Duration] = []
+        /// Who waits in `sleepersReached` for how many sleepers.
+        var watchers: [(count: Int, wake: CheckedContinuation<Void, Never>)] = []
+    }
+    private let state: Mutex<State>
 
-    public init(_ start: Date = Date(timeIntervalSince1970: 1_795_422_600)) { current = Mutex(start) }
+    public init(_ start: Date = Date(timeIntervalSince1970: 1_795_422_600)) { state = Mutex(State(now: start)) }
 
-    public func now() -> Date { current.withLock { $0 } }
+    public func now() -> Date { state.withLock { $0.now } }
 
-    public func advance(by seconds: TimeInterval) { current.withLock { $0 = $0.addingTimeInterval(seconds) } }
+    public func advance(by seconds: TimeInterval) {
+        let due = state.withLock { state in
+            state.now = state.now.addingTimeInterval(seconds)
+            let now = state.now
+            let due = state.sleepers.filter { $0.until <= now }
+            state.sleepers.removeAll { $0.until <= now }
+            return due
+        }
+        for sleeper in due { sleeper.wake.resume() }
+    }
+
+    public func sleep(for duration: Duration) async {
+        await withCheckedContinuation { (wake: CheckedContinuation<Void, Never>) in
+            let (now, reached) = state.withLock { state in
+                state.asked.append(duration)
+                let parts = duration.components
+                let until = state.now.addingTimeInterval(Double(parts.seconds) + Double(parts.attoseconds) / 1e18)
+                guard until > state.now else { return (true, [CheckedContinuation<Void, Never>]()) }
+                state.sleepers.append((until, wake))
+                let count = state.sleepers.count
+                let reached = state.watchers.filter { $0.count <= count }.map(\.wake)
+                state.watchers.removeAll { $0.count <= count }
+                return (false, reached)
+            }
+            if now { wake.resume() }
+            for watcher in reached { watcher.resume() }
+        }
+    }
+
+    /// The durations asked of `sleep` so far, in order.
+    public var asked: [Duration] { state.withLock { $0.asked } }
+
+    /// How many `sleep`s wait for `advance`.
+    public var sleeping: Int { state.withLock { $0.sleepers.count } }
+
+    /// Returns once at least `count` `sleep`s wait for `advance`.
+    public func sleepersReached(_ count: Int) async {
+        await withCheckedContinuation { (wake: CheckedContinuation<Void, Never>) in
+            let reached = state.withLock { state in
+                guard state.sleepers.count < count else { return true }
+                state.watchers.append((count, wake))
+                return false
+            }
+            if reached { wake.resume() }
+        }
+    }
 }
 
 /// Keeps every log line (message and metadata rendered as text) for assertions.

@@ -35,7 +35,7 @@ extension Broker {
             logger.notice(
                 "unlock waits out the delay of a wrong passphrase given before a restart",
                 metadata: ["wait": "\(left)"])
-            await Task { try? await Task.sleep(for: left) }.value
+            await clock.sleep(for: left)
         }
         let (derivation, isNew) = try await vaultDerivation()
         let key = try await Self.derive(bytes, with: derivation)
@@ -53,7 +53,7 @@ extension Broker {
             )
             logger.warning("unlock refused: wrong passphrase", metadata: ["delay_s": "\(delay.components.seconds)"])
             // Not cancelled with the request: a client that hangs up does not shorten the wait.
-            await Task { try? await Task.sleep(for: delay) }.value
+            await clock.sleep(for: delay)
             throw .wrongPassphrase
         }
     }

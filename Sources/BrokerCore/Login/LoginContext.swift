@@ -110,7 +110,7 @@ struct LoginContext: Sendable {
     /// Sleeps until `deadline`; a cancelled login ends here.
     func sleep(until deadline: ContinuousClock.Instant) async throws(BrokerFailure) {
         do {
-            try await Task.sleep(until: deadline, clock: .continuous)
+            try await EventLoopSleep.sleep(until: deadline)
         } catch {
             throw cancelled
         }

@@ -107,7 +107,7 @@ final class LoopbackRedirect: Sendable {
                 return await iterator.next()
             }
             group.addTask {
-                try? await Task.sleep(until: deadline, clock: .continuous)
+                try? await EventLoopSleep.sleep(until: deadline)
                 return nil
             }
             let first = await group.next() ?? nil

@@ -82,7 +82,8 @@ public enum SecretsFile {
             } else if errno == EINTR {
                 continue
             } else if errno == EAGAIN || errno == EWOULDBLOCK {
-                guard ContinuousClock.now < deadline, (try? await Task.sleep(for: .milliseconds(10))) != nil else {
+                guard ContinuousClock.now < deadline, (try? await EventLoopSleep.sleep(for: .milliseconds(10))) != nil
+                else {
                     Sodium.wipe(&content)
                     throw .invalid("the secrets file did not reach its end within 10 s")
                 }

@@ -2,6 +2,7 @@ import BrokerProtocol
 import Dispatch
 import FoundationEssentials
 import Logging
+import NIOPosix
 import ProcessSpawn
 
 #if canImport(Glibc)
@@ -145,14 +146,20 @@ enum ExecRunner {
     /// After SIGTERM, how long the child has before SIGKILL.
     static let killGrace: Duration = .seconds(1)
 
-    /// Runs `command` on a thread of its own (it blocks), off the concurrency pool.
+    /// Runs `command` on a thread of NIO's blocking pool (it blocks), off the event loops that
+    /// run brokerd's tasks.
     static func run(_ command: [String], timeout: TimeInterval) async -> ExecOutput {
-        await withCheckedContinuation { continuation in
-            DispatchQueue.global().async {
-                continuation.resume(returning: runBlocking(command, timeout: timeout))
-            }
+        do {
+            return try await NIOThreadPool.singleton.runIfActive { runBlocking(command, timeout: timeout) }
+        } catch {
+            return ExecOutput(ending: .launchFailed("the broker is shutting down"))
         }
     }
+
+    /// Waits for children that even SIGKILL could not end at once. A serial queue of its own:
+    /// libdispatch's global queues would arm its once-a-second workqueue monitor in brokerd
+    /// (see `EventLoopSleep`), and a thread of NIO's pool held here would be one less for work.
+    private static let lateReaper = DispatchQueue(label: "tokenbroker.exec.late-reaper")
 
     static func runBlocking(_ command: [String], timeout: TimeInterval) -> ExecOutput {
         guard !command.isEmpty else { return ExecOutput(ending: .launchFailed("the command is empty")) }
@@ -247,7 +254,7 @@ enum ExecRunner {
             status = reap(pid, block: false)
         }
         if status == nil {
-            DispatchQueue.global().async { _ = reap(pid, block: true) }
+            lateReaper.async { _ = reap(pid, block: true) }
         }
     }
 
