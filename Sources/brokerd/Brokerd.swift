@@ -113,8 +113,7 @@ struct Brokerd: ParsableCommand {
         let policy = AccessPolicy(rules: broker.accessRules, logger: logger)
         let server = SocketServer(
             address: address, dispatcher: RequestDispatcher(broker: broker, policy: policy, logger: logger),
-            policy: policy,
-            logger: logger
+            policy: policy, logger: logger, limits: .standard(settings: broker.settings)
         ) {
             let summary = await broker.summary()
             notifier.ready(status: summary)

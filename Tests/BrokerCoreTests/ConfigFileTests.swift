@@ -33,6 +33,8 @@ import Testing
             request_timeout = 20
             default_lifetime = 900
             default_min_ttl = 45
+            line_timeout = 0.5
+            idle_connection_timeout = 600
             """
         let settings = try ConfigFile.parse(text, path: "/cfg/broker.toml").settings
         var expected = BrokerSettings()
@@ -45,6 +47,8 @@ import Testing
         expected.requestTimeout = 20
         expected.defaultLifetime = 900
         expected.defaultMinTTL = 45
+        expected.lineTimeout = 0.5
+        expected.idleConnectionTimeout = 600
         #expect(settings == expected)
     }
 
@@ -75,6 +79,7 @@ import Testing
     @Test(arguments: [
         "[broker]\nbackoff_cap = -1\n", "[broker]\nbackoff_cap = \"300\"\n", "[broker]\nbackoff_cap = true\n",
         "[broker]\nbackoff_cap = inf\n", "[broker]\nbackoff_cap = nan\n", "broker = 3\n",
+        "[broker]\nline_timeout = 0\n", "[broker]\nline_timeout = 3601\n", "[broker]\nidle_connection_timeout = 0.01\n",
     ])
     func illTypedValuesAreRefused(text: String) {
         #expect(throws: ConfigError.self) { try ConfigFile.parse(text, path: "/cfg/broker.toml").settings }

@@ -14,9 +14,11 @@ import Glibc
     private static let cachedToken = #"{"id":1,"op":"token","account":"steady"}"# + "\n"
 
     /// Starts a broker holding the static account `steady` with a token of realistic size.
-    private func startBroker(environment: [String: String] = [:]) async throws -> BrokerProcess {
+    /// A broker serving one account; `settings`, lines of its `[broker]` table.
+    private func startBroker(settings: String = "") async throws -> BrokerProcess {
         let broker = try BrokerProcess()
-        try await broker.start(environment: environment)
+        try broker.writeConfig("[broker]\n\(settings)\n")
+        try await broker.start()
         let owner = try RawConnection(path: broker.socketPath)
         let token = String(repeating: "t", count: 800)
         owner.send(
@@ -151,7 +153,7 @@ import Glibc
     }
 
     @Test func halfSentLinesAreTimedOutWhileOthersAreServed() async throws {
-        let broker = try await startBroker(environment: ["TOKENBROKER_TEST_LINE_TIMEOUT_MS": "500"])
+        let broker = try await startBroker(settings: "line_timeout = 0.5")
         defer { broker.stop() }
         let half = try RawConnection(path: broker.socketPath)
         half.send(#"{"id":1,"op":"tok"#)
@@ -173,7 +175,7 @@ import Glibc
     }
 
     @Test func idleConnectionsAreClosedButSubscribersStay() async throws {
-        let broker = try await startBroker(environment: ["TOKENBROKER_TEST_IDLE_TIMEOUT_MS": "500"])
+        let broker = try await startBroker(settings: "idle_connection_timeout = 0.5")
         defer { broker.stop() }
         let used = try RawConnection(path: broker.socketPath)
         used.send(Self.cachedToken)
@@ -195,7 +197,7 @@ import Glibc
 
     /// A program holding one BrokerClient across the idle timeout is served on its next call.
     @Test func theClientLibraryConnectsAgainAfterAnIdleClose() async throws {
-        let broker = try await startBroker(environment: ["TOKENBROKER_TEST_IDLE_TIMEOUT_MS": "300"])
+        let broker = try await startBroker(settings: "idle_connection_timeout = 0.3")
         defer { broker.stop() }
         let client = try broker.client()
         defer { client.close() }

@@ -32,6 +32,10 @@ public struct BrokerSettings: Sendable, Equatable {
     public var eventBuffer: Double = 1024
     /// `min_ttl` used when a request gives none, in seconds.
     public var defaultMinTTL: TimeInterval = 30
+    /// How long a client's line may take from its first byte to its end, in seconds.
+    public var lineTimeout: TimeInterval = 10
+    /// How long a client's connection may sit with nothing to do before it is closed, in seconds.
+    public var idleConnectionTimeout: TimeInterval = 300
 
     public init() {}
 }

@@ -26,6 +26,8 @@ public enum ConfigFile {
             ("default_lifetime", \.defaultLifetime, 1...Bounds.maximumLifetime),
             ("event_buffer", \.eventBuffer, 1...Double(maximumEventBuffer)),
             ("default_min_ttl", \.defaultMinTTL, 0...Bounds.maximumLifetime),
+            ("line_timeout", \.lineTimeout, 0.1...3600),
+            ("idle_connection_timeout", \.idleConnectionTimeout, 0.1...day),
         ]
     }
 

@@ -1,3 +1,4 @@
+import BrokerCore
 import BrokerProtocol
 import NIOCore
 
@@ -44,10 +45,12 @@ public struct ConnectionLimits: Sendable {
     /// Received bytes beyond their allowance that all connections together may hold. A line
     /// that would overdraw it gets `busy` and its connection is closed.
     public var partialLineBudget = 2 * 1024 * 1024
-    /// How long a line may take from its first byte to its `\n`; then the connection is closed.
+    /// How long a line may take from its first byte to its `\n`; then the connection is closed
+    /// (`line_timeout`).
     public var lineTimeout: TimeAmount = .seconds(10)
     /// How long a connection may sit with nothing to do (no request running, no subscription,
-    /// no half-sent line) before the broker closes it. Subscribers are never idle.
+    /// no half-sent line) before the broker closes it (`idle_connection_timeout`). Subscribers
+    /// are never idle.
     public var idleTimeout: TimeAmount = .seconds(300)
     /// How long a closing connection may take to deliver what it still owes the peer (the
     /// answers to running requests at shutdown, a last error line) before it is closed anyway.
@@ -57,30 +60,17 @@ public struct ConnectionLimits: Sendable {
 
     public init() {}
 
-    /// The standard limits, with the test-only timeout overrides applied and the connection
-    /// total fitted under the open-file limit.
-    ///
-    /// `TOKENBROKER_TEST_IDLE_TIMEOUT_MS` and `TOKENBROKER_TEST_LINE_TIMEOUT_MS` (integers, 1 to
-    /// the standard value) shorten the two timeouts so tests need not wait minutes. They are
-    /// for the test suite only; anything else in them is ignored.
-    public static func standard(environment: [String: String]) -> ConnectionLimits {
+    /// The standard limits with the two timeouts `settings` gives (`line_timeout`,
+    /// `idle_connection_timeout`), and the connection total fitted under the open-file limit.
+    public static func standard(settings: BrokerSettings) -> ConnectionLimits {
         var limits = ConnectionLimits()
-        if let idle = milliseconds(environment["TOKENBROKER_TEST_IDLE_TIMEOUT_MS"], upTo: limits.idleTimeout) {
-            limits.idleTimeout = idle
-        }
-        if let line = milliseconds(environment["TOKENBROKER_TEST_LINE_TIMEOUT_MS"], upTo: limits.lineTimeout) {
-            limits.lineTimeout = line
-        }
+        limits.lineTimeout = .milliseconds(Int64(Bounds.milliseconds(settings.lineTimeout)))
+        limits.idleTimeout = .milliseconds(Int64(Bounds.milliseconds(settings.idleConnectionTimeout)))
         var files = rlimit()
         if getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &files) == 0 {
             // Keep 256 descriptors for everything that is not a client connection.
             limits.connections = max(64, min(limits.connections, Int(clamping: files.rlim_cur) - 256))
         }
         return limits
-    }
-
-    private static func milliseconds(_ text: String?, upTo ceiling: TimeAmount) -> TimeAmount? {
-        guard let text, let value = Int(text), value >= 1, value <= ceiling.nanoseconds / 1_000_000 else { return nil }
-        return .milliseconds(Int64(value))
     }
 }

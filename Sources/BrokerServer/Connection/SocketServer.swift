@@ -40,7 +40,7 @@ public final class SocketServer: Service {
 
     public init(
         address: ListenAddress, dispatcher: RequestDispatcher, policy: AccessPolicy, logger: Logger,
-        limits: ConnectionLimits = .standard(environment: ProcessInfo.processInfo.environment),
+        limits: ConnectionLimits = .standard(settings: BrokerSettings()),
         group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
         onListening: @escaping @Sendable () async -> Void
     ) {

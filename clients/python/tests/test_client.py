@@ -239,7 +239,7 @@ class LiveBrokerTests(unittest.TestCase):
             self.assertEqual((lambda e: (e.event, e.account))(next(events)), ("added", "loud"))
 
     def test_a_connection_the_broker_closed_for_idleness_is_replaced(self):
-        broker = BrokerProcess(environment={"TOKENBROKER_TEST_IDLE_TIMEOUT_MS": "300"})
+        broker = BrokerProcess(config="[broker]\nidle_connection_timeout = 0.3\n")
         self.addCleanup(broker.stop)
         with broker.client(timeout=10) as client:
             add_static(client, "demo", "at-idle")
