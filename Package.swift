@@ -174,6 +174,9 @@ let package = Package(
             dependencies: ["BrokerCore", "BrokerProtocol", "BrokerServer", "TestSupport"],
             swiftSettings: upcoming
         ),
+        // The exec provider against real child processes, with their real timeouts: the one part
+        // of the engine that cannot run on a test clock.
+        .testTarget(name: "BrokerProcessTests", dependencies: ["BrokerCore", "TestSupport"], swiftSettings: upcoming),
         .testTarget(
             name: "BrokerServerTests",
             dependencies: [
