@@ -2,7 +2,7 @@ import FoundationEssentials
 
 /// `broker-bench table`: reads the figures of one run on standard input (`key=value` words, or
 /// JSON objects of numbers such as the last line of cli-vs-oidc-token.sh) and prints the table
-/// of issue 9: each figure, its yardstick measured in the same run, their ratio, the target and
+/// of docs/performance.md: each figure, its yardstick measured in the same run, their ratio, the target and
 /// whether it is met; then every other figure of the run.
 enum Table {
     /// How a figure is shown: its unit, and the factor from the unit of its key.
@@ -111,7 +111,7 @@ enum Table {
     ]
 
     /// Cached tokens of an account behind a rule of three executables, beside the same broker
-    /// without one in the same run (issue 11: at most 10% slower at 64 connections). Their p99
+    /// without one in the same run (the target: at most 10% slower at 64 connections). Their p99
     /// figures are among the other figures.
     static let policyRows: [Row] = [
         Row(

@@ -8,7 +8,7 @@ import TestSupport
 import Glibc
 #endif
 
-// broker-bench: the figures of issue 9, each next to its yardstick measured in the same run
+// broker-bench: the figures of docs/performance.md, each next to its yardstick measured in the same run
 // (Figures.swift, printed as a table by Table.swift), `broker-bench save`: durable saves with
 // 1,000 accounts (VaultSave.swift), `broker-bench idle`: an idle broker's wake-ups
 // (IdleWakeups.swift), and `broker-bench flood`: the latency of cached tokens
