@@ -100,8 +100,12 @@ public final class Caller: Sendable, CustomStringConvertible {
     /// socket kept by a child) is no longer the caller the facts describe. (Another user's
     /// executable cannot be read: such a caller only has to run still.)
     public func isUnchanged() -> Bool {
-        guard let connected, let current = currentFacts(), current.executable?.file == connected.executable?.file
-        else { return false }
+        guard let connected else { return false }
+        if let process {
+            guard let now = process.executableNow(with: reader), now.file == connected.executable?.file else {
+                return false
+            }
+        }
         return bridged?.isUnchanged(with: reader) ?? true
     }
 
@@ -145,7 +149,7 @@ public struct BridgedProgram: Sendable {
     /// Whether it still runs the executable it ran at accept.
     func isUnchanged(with reader: any ProcessReader) -> Bool {
         guard let process else { return true }
-        guard let current = process.read(with: reader) else { return false }
-        return current.executable?.file == facts.executable?.file
+        guard let now = process.executableNow(with: reader) else { return false }
+        return now.file == facts.executable?.file
     }
 }

@@ -33,6 +33,16 @@ final class PeerProcess: Sendable {
         return Self.hasExited(pidfd) ? nil : facts
     }
 
+    /// The file the process runs now, read as `read` reads (`ExecutableNow.file` is `nil` when
+    /// it cannot be read), or `nil` when the process has exited: the one `/proc` read a request
+    /// pays for an account whose rule names programs.
+    func executableNow(with reader: any ProcessReader) -> ExecutableNow? {
+        guard let pidfd else { return directory.map { ExecutableNow(file: reader.executableFile(of: $0)) } }
+        guard pid > 0, let directory = ProcessDirectory(pid: pid) else { return nil }
+        let file = reader.executableFile(of: directory)
+        return Self.hasExited(pidfd) ? nil : ExecutableNow(file: file)
+    }
+
     /// The pid of the process's parent now (`/proc/PID/stat`), or `nil` once it has exited.
     func parentPID() -> Int32? {
         guard let pidfd else { return directory.flatMap(ProcessStat.parentPID(of:)) }
@@ -70,10 +80,23 @@ public final class ProcessDirectory: Sendable {
     deinit { close(descriptor) }
 }
 
+/// What a running process runs now: the file, or `nil` when it cannot be read.
+struct ExecutableNow {
+    let file: FileIdentity?
+}
+
 /// Reads a process's executable and unit; tests inject one to stand for a process whose pid
 /// was reused by another program between the checks.
 public protocol ProcessReader: Sendable {
     func facts(of process: ProcessDirectory) -> ProcessFacts
+    /// The executable's file alone; by default, from `facts(of:)`.
+    func executableFile(of process: ProcessDirectory) -> FileIdentity?
+}
+
+extension ProcessReader {
+    public func executableFile(of process: ProcessDirectory) -> FileIdentity? {
+        facts(of: process).executable?.file
+    }
 }
 
 /// Reads `exe` (the link and the file it names) and `cgroup` in a process's `/proc` directory.
@@ -85,6 +108,13 @@ public struct ProcFileSystemReader: ProcessReader {
 
     public func facts(of process: ProcessDirectory) -> ProcessFacts {
         ProcessFacts(executable: executable(of: process), unit: unit(of: process))
+    }
+
+    /// One `fstatat` of `exe`: no path read, no cgroup file.
+    public func executableFile(of process: ProcessDirectory) -> FileIdentity? {
+        var info = stat()
+        guard fstatat(process.descriptor, "exe", &info, 0) == 0 else { return nil }
+        return FileIdentity(info)
     }
 
     private func executable(of process: ProcessDirectory) -> Executable? {
