@@ -12,6 +12,9 @@ final class PeerProcess: Sendable {
     let pid: Int32
     private let pidfd: Int32?
     private let directory: ProcessDirectory?
+    /// With a pidfd, the `/proc/PID` directory `executableNow` opened first and keeps, so that
+    /// each later request pays one `fstatat` and one poll rather than an open and a close.
+    private let kept = Mutex<ProcessDirectory?>(nil)
 
     /// Takes over `pidfd` (closed with this).
     init(pid: Int32, pidfd: Int32?) {
@@ -38,7 +41,16 @@ final class PeerProcess: Sendable {
     /// pays for an account whose rule names programs.
     func executableNow(with reader: any ProcessReader) -> ExecutableNow? {
         guard let pidfd else { return directory.map { ExecutableNow(file: reader.executableFile(of: $0)) } }
-        guard pid > 0, let directory = ProcessDirectory(pid: pid) else { return nil }
+        // A directory opened while the pidfd's process still ran (asked below, after every
+        // read) is that process's: kept, it names no other, even once the pid is reused.
+        let directory: ProcessDirectory
+        if let opened = kept.withLock({ $0 }) {
+            directory = opened
+        } else {
+            guard pid > 0, let opened = ProcessDirectory(pid: pid) else { return nil }
+            kept.withLock { $0 = opened }
+            directory = opened
+        }
         let file = reader.executableFile(of: directory)
         return Self.hasExited(pidfd) ? nil : ExecutableNow(file: file)
     }
