@@ -101,11 +101,7 @@ public final class Caller: Sendable, CustomStringConvertible {
     /// executable cannot be read: such a caller only has to run still.)
     public func isUnchanged() -> Bool {
         guard let connected else { return false }
-        if let process {
-            guard let now = process.executableNow(with: reader), now.file == connected.executable?.file else {
-                return false
-            }
-        }
+        if let process, !process.stillRuns(connected.executable?.file, with: reader) { return false }
         return bridged?.isUnchanged(with: reader) ?? true
     }
 
@@ -149,7 +145,6 @@ public struct BridgedProgram: Sendable {
     /// Whether it still runs the executable it ran at accept.
     func isUnchanged(with reader: any ProcessReader) -> Bool {
         guard let process else { return true }
-        guard let now = process.executableNow(with: reader) else { return false }
-        return now.file == facts.executable?.file
+        return process.stillRuns(facts.executable?.file, with: reader)
     }
 }

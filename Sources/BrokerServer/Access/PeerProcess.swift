@@ -12,8 +12,8 @@ final class PeerProcess: Sendable {
     let pid: Int32
     private let pidfd: Int32?
     private let directory: ProcessDirectory?
-    /// With a pidfd, the `/proc/PID` directory `executableNow` opened first and keeps, so that
-    /// each later request pays one `fstatat` and one poll rather than an open and a close.
+    /// With a pidfd, the `/proc/PID` directory `stillRuns` opened first and keeps, so that each
+    /// later request pays one `fstatat` rather than an open, a poll and a close.
     private let kept = Mutex<ProcessDirectory?>(nil)
 
     /// Takes over `pidfd` (closed with this).
@@ -36,23 +36,23 @@ final class PeerProcess: Sendable {
         return Self.hasExited(pidfd) ? nil : facts
     }
 
-    /// The file the process runs now, read as `read` reads (`ExecutableNow.file` is `nil` when
-    /// it cannot be read), or `nil` when the process has exited: the one `/proc` read a request
-    /// pays for an account whose rule names programs.
-    func executableNow(with reader: any ProcessReader) -> ExecutableNow? {
-        guard let pidfd else { return directory.map { ExecutableNow(file: reader.executableFile(of: $0)) } }
-        // A directory opened while the pidfd's process still ran (asked below, after every
-        // read) is that process's: kept, it names no other, even once the pid is reused.
-        let directory: ProcessDirectory
-        if let opened = kept.withLock({ $0 }) {
-            directory = opened
-        } else {
-            guard pid > 0, let opened = ProcessDirectory(pid: pid) else { return nil }
-            kept.withLock { $0 = opened }
-            directory = opened
+    /// Whether the process still runs and runs `file`, the executable's file it ran at accept
+    /// (`nil`: unreadable then, as another user's is): the check a request pays for an account
+    /// whose rule names programs. With a pidfd, the `/proc/PID` directory is opened once and
+    /// kept: opened while the pidfd's process still ran (asked after the first read), it names
+    /// no other process even once the pid is reused, and a process that has exited shows no
+    /// executable through it, so a later read that finds `file` needs no poll.
+    func stillRuns(_ file: FileIdentity?, with reader: any ProcessReader) -> Bool {
+        guard let pidfd else { return directory.map { reader.executableFile(of: $0) == file } ?? false }
+        let (directory, opened) = kept.withLock { kept -> (ProcessDirectory?, Bool) in
+            if let directory = kept { return (directory, false) }
+            kept = pid > 0 ? ProcessDirectory(pid: pid) : nil
+            return (kept, true)
         }
-        let file = reader.executableFile(of: directory)
-        return Self.hasExited(pidfd) ? nil : ExecutableNow(file: file)
+        guard let directory else { return false }
+        let now = reader.executableFile(of: directory)
+        guard now == file else { return false }
+        return (now != nil && !opened) || !Self.hasExited(pidfd)
     }
 
     /// The pid of the process's parent now (`/proc/PID/stat`), or `nil` once it has exited.
@@ -90,11 +90,6 @@ public final class ProcessDirectory: Sendable {
     }
 
     deinit { close(descriptor) }
-}
-
-/// What a running process runs now: the file, or `nil` when it cannot be read.
-struct ExecutableNow {
-    let file: FileIdentity?
 }
 
 /// Reads a process's executable and unit; tests inject one to stand for a process whose pid
