@@ -98,10 +98,10 @@ public final class BrokerProcess: @unchecked Sendable {
         return process.wait()
     }
 
-    /// The running brokerd's resident memory in KiB (`VmRSS` in /proc/PID/status).
-    public func residentKiB() throws -> Int {
+    /// The running brokerd's resident memory in KiB (`VmRSS` in /proc/PID/status, or `field`).
+    public func residentKiB(_ field: String = "VmRSS") throws -> Int {
         guard let process else { throw HarnessError("brokerd is not running") }
-        return try process.residentKiB()
+        return try process.residentKiB(field)
     }
 
     /// Sends `signal` to the running brokerd.

@@ -113,12 +113,13 @@ public final class ChildProcess: Sendable {
         return wait()
     }
 
-    /// The child's resident memory in KiB (`VmRSS` in /proc/PID/status).
-    public func residentKiB() throws -> Int {
+    /// The child's resident memory in KiB: `VmRSS` in /proc/PID/status, or another of its
+    /// figures in KiB (`RssAnon`, `RssFile`).
+    public func residentKiB(_ field: String = "VmRSS") throws -> Int {
         let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
-        guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+        guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix(field + ":") }),
             let kib = line.split(separator: " ").dropFirst().first.flatMap({ Int($0) })
-        else { throw HarnessError("no VmRSS for pid \(pid)") }
+        else { throw HarnessError("no \(field) for pid \(pid)") }
         return kib
     }
 

@@ -59,15 +59,15 @@ enum Table {
         [
             Row(
                 figure: "`brokerctl token NAME`, whole process, p50", key: "brokerctl_p50_ms", unit: .milliseconds,
-                yardstick: ("oidc-token", "oidc_token_p50_ms"), target: .ratioAtMost(1.5)),
+                yardstick: ("oidc-token", "oidc_token_p50_ms"), target: .ratioAtMost(1.2)),
             Row(
-                figure: "brokerd resident memory, idle after a token, 1 account", key: "rss_idle_1_mib",
-                unit: .mebibytes,
-                target: .atMost(12)),
+                figure: "brokerd anonymous memory (RssAnon), idle after a token, 1 account",
+                key: "rss_anon_idle_1_mib", unit: .mebibytes, yardstick: ("RssFile", "rss_file_idle_1_mib"),
+                target: .atMost(4)),
             Row(
-                figure: "brokerd resident memory, idle after a token, 1,000 accounts (800-byte tokens)",
-                key: "rss_idle_1000_mib",
-                unit: .mebibytes, target: .atMost(24)),
+                figure: "brokerd anonymous memory (RssAnon), idle after a token, 1,000 accounts (800-byte tokens)",
+                key: "rss_anon_idle_1000_mib", unit: .mebibytes, yardstick: ("RssFile", "rss_file_idle_1000_mib"),
+                target: .atMost(16)),
         ] + cachedTokenRows(server: "token", label: "cached `token`")
         + [
             Row(
@@ -97,7 +97,7 @@ enum Table {
 
     /// SwiftNIO's echo (`broker-bench echo-server`, brokerd's answer size, one event loop) beside
     /// the C floor, and brokerd beside it: what the event-loop library alone costs, and what the
-    /// broker adds to it. No target of the issue.
+    /// broker adds to it (brokerd's target: at least 0.7x SwiftNIO's echo).
     static let swiftNIORows: [Row] = [
         Row(
             figure: "SwiftNIO echo (no work, brokerd's answer size), 64 connections, req/s", key: "nioecho_64_rps",
@@ -107,7 +107,7 @@ enum Table {
             yardstick: ("echo floor", "echo_1_p50_us"), target: .none),
         Row(
             figure: "cached `token`, 64 connections, req/s, beside SwiftNIO's echo", key: "token_64_rps",
-            unit: .requestsPerSecond, yardstick: ("SwiftNIO echo", "nioecho_64_rps"), target: .none),
+            unit: .requestsPerSecond, yardstick: ("SwiftNIO echo", "nioecho_64_rps"), target: .ratioAtLeast(0.7)),
     ]
 
     /// Cached tokens of an account behind a rule of three executables, beside the same broker
