@@ -108,6 +108,32 @@ import Glibc
         #expect(await eventually { (try? await client.token(account: "api")) == nil })
     }
 
+    /// While no rule judges programs, a caller's `/proc` is not read when it connects; a rule a
+    /// reload adds then refuses that connection for the guarded account (it cannot be judged),
+    /// and serves a new connection from a listed program.
+    @Test func aConnectionOpenedBeforeAnyProgramRuleIsRefusedByOneAReloadAdds() async throws {
+        let broker = try BrokerProcess()
+        try broker.writeConfig("[accounts.api]\nkind = \"static\"\n")
+        try await broker.start()
+        defer { broker.stop() }
+        _ = try broker.brokerctl(["set-tokens", "api"], stdin: #"{"access_token":"at-api","expires_in":3600}"#)
+        let early = try broker.client()
+        defer { early.close() }
+        #expect(try await early.token(account: "api").accessToken == "at-api")
+
+        let ownExecutable = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
+        try broker.writeConfig(
+            "[accounts.api]\nkind = \"static\"\n\n[accounts.api.access]\nexecutables = [\"\(ownExecutable)\"]\n")
+        #expect(try broker.brokerctl(["reload"]).status == 0)
+        let refused = await #expect(throws: BrokerError.self) { try await early.token(account: "api") }
+        #expect(refused?.code == .forbidden)
+        #expect(broker.log.contains("connected while no rule judged programs"))
+
+        let late = try broker.client()
+        defer { late.close() }
+        #expect(try await late.token(account: "api").accessToken == "at-api")
+    }
+
     /// Connects, says hello (so the connection was accepted and attested), forks a helper that
     /// keeps the socket, and execs the program given (as `perl -e wait`, which reaps the
     /// helper). The helper sends the `before` line (if any) while its parent still runs the

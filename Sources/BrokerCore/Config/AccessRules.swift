@@ -52,6 +52,10 @@ public struct AccessRules: Sendable, Equatable {
     /// Every uid other than the owner's that some account lists: those may connect.
     public var listedUIDs: Set<UInt32> { Set(accounts.values.flatMap(\.uids)) }
 
+    /// Whether any rule judges a caller by its program or unit (an account's executables or
+    /// units, or `admins`): only then is a caller's `/proc` read when it connects.
+    public var judgesPrograms: Bool { !admins.isEmpty || accounts.values.contains(where: \.namesPrograms) }
+
     /// Every listed executable (account rules and `admins`) that `uid` could replace: the
     /// file, a directory above it, or, for a symbolic link, the same along its target, is
     /// writable by `uid` or owned by it (an owner may change the mode). A rule naming such a

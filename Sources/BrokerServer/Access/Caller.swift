@@ -59,8 +59,10 @@ public final class Caller: Sendable, CustomStringConvertible {
     public let peer: PeerIdentity
     private let process: PeerProcess?
     private let reader: any ProcessReader
-    /// What `/proc` showed at accept; `nil` when the caller had exited by then.
+    /// What `/proc` showed at accept; `nil` when the caller had exited by then, or was not read.
     private let connected: ProcessFacts?
+    /// Whether `/proc` was read at accept (it is not while no rule judges programs).
+    private let wasRead: Bool
     /// For a caller that runs the bridge program (brokerctl beside brokerd): the program it
     /// works for, attested at accept (see `CallerAttestor.bridged(from:)`).
     public let bridged: BridgedProgram?
@@ -74,6 +76,18 @@ public final class Caller: Sendable, CustomStringConvertible {
         self.reader = reader
         self.connected = connected
         self.bridged = bridged
+        self.wasRead = true
+    }
+
+    /// A caller whose `/proc` was not read when it connected: no rule then judged programs. A
+    /// rule that judges its program or unit refuses it, as one that cannot read them does.
+    init(unreadPeer peer: PeerIdentity) {
+        self.peer = peer
+        self.process = nil
+        self.reader = ProcFileSystemReader()
+        self.connected = nil
+        self.bridged = nil
+        self.wasRead = false
     }
 
     /// A caller whose facts are known already (`nil`: it has exited), for tests of the rules.
@@ -83,6 +97,7 @@ public final class Caller: Sendable, CustomStringConvertible {
         self.reader = ProcFileSystemReader()
         self.connected = facts
         self.bridged = bridged
+        self.wasRead = true
     }
 
     /// What `/proc` showed of the caller when its connection was accepted; `nil` when it had
@@ -107,6 +122,7 @@ public final class Caller: Sendable, CustomStringConvertible {
 
     /// uid, pid, executable and unit, for log lines (never anything the caller sent).
     public var description: String {
+        guard wasRead else { return "uid \(peer.uid) pid \(peer.pid) (connected while no rule judged programs)" }
         guard let facts = connected else { return "uid \(peer.uid) pid \(peer.pid) (exited)" }
         let line =
             "uid \(peer.uid) pid \(peer.pid) executable \(Self.printable(facts.executable?.path)) unit "

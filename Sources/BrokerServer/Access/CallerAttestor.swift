@@ -33,8 +33,14 @@ public struct CallerAttestor: Sendable {
 
     /// The caller behind `peer`. `pidfd` is its pidfd from `SO_PEERPIDFD` (taken over), or
     /// `nil` on a kernel without it: then its `/proc` directory is opened at once by pid, and
-    /// a caller that exited before that may leave its pid to another process.
-    public func attest(_ peer: PeerIdentity, pidfd: Int32?) -> Caller {
+    /// a caller that exited before that may leave its pid to another process. With `reading`
+    /// false (no rule in force judges programs), `/proc` is not read: the caller is known by its
+    /// credentials alone, and a rule a reload adds later refuses it (docs/security.md).
+    public func attest(_ peer: PeerIdentity, pidfd: Int32?, reading: Bool = true) -> Caller {
+        guard reading else {
+            if let pidfd { close(pidfd) }
+            return Caller(unreadPeer: peer)
+        }
         let process = PeerProcess(pid: peer.pid, pidfd: pidfd)
         let facts = process.read(with: reader)
         let runsBridge = bridge != nil && facts?.executable?.file == bridge
