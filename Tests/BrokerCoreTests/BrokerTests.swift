@@ -60,7 +60,7 @@ import Testing
         }
     }
 
-    @Test(.timeLimit(.minutes(1))) func fiftyConcurrentRequestsForAnExpiredTokenShareOneRefresh() async throws {
+    @Test(.timeLimit(.minutes(5))) func fiftyConcurrentRequestsForAnExpiredTokenShareOneRefresh() async throws {
         try await BrokerHarness.run { h in
             try await h.addWithValidToken()
             #expect(h.idp.callCount == 0)
@@ -206,7 +206,7 @@ import Testing
     /// docs/limits.md: when an outage ends, clients' requests do not wait out the backoff.
     /// During it they fail fast, and once per `outage_probe_interval` one of them tries the IdP
     /// again; a crowd arriving then makes one call and is served by it.
-    @Test(.timeLimit(.minutes(1))) func aRecoveredIdPIsFoundByTheNextRequestsNotAfterTheBackoff() async throws {
+    @Test(.timeLimit(.minutes(5))) func aRecoveredIdPIsFoundByTheNextRequestsNotAfterTheBackoff() async throws {
         var settings = BrokerSettings()
         settings.backoffBase = 600
         settings.backoffCap = 600
@@ -262,7 +262,7 @@ import Testing
         }
     }
 
-    @Test(.timeLimit(.minutes(1))) func rejectingTheCurrentTokenRefreshesOnceAndAnOldOneNotAtAll() async throws {
+    @Test(.timeLimit(.minutes(5))) func rejectingTheCurrentTokenRefreshesOnceAndAnOldOneNotAtAll() async throws {
         try await BrokerHarness.run { h in
             try await h.addWithValidToken()
 

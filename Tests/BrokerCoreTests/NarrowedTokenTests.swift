@@ -69,7 +69,7 @@ import Testing
 
     /// The account's own refresh and narrowed refreshes asked for at once take turns: each
     /// presents the refresh token the one before left, and the vault ends with the last one.
-    @Test(.timeLimit(.minutes(1))) func narrowedAndOwnRefreshesTakeTurnsOnTheChain() async throws {
+    @Test(.timeLimit(.minutes(5))) func narrowedAndOwnRefreshesTakeTurnsOnTheChain() async throws {
         try await BrokerHarness.run { h in
             h.idp.setOriginalGrant(scope: "read write")
             try await h.addWithValidToken()
