@@ -122,12 +122,14 @@ enum Table {
             unit: .microseconds, yardstick: ("no policy", "token_1_p50_us"), target: .ratioAtMost(1.1)),
     ]
 
-    /// The four cached-token rows of one server (a key prefix of `broker-bench figures`).
+    /// The four cached-token rows of one server (a key prefix of `broker-bench figures`). The
+    /// requests per second at 64 connections stand beside the C floor without a target: the
+    /// target is SwiftNIO's echo (`swiftNIORows`).
     static func cachedTokenRows(server: String, label: String) -> [Row] {
         [
             Row(
                 figure: label + ", 64 connections, req/s", key: server + "_64_rps", unit: .requestsPerSecond,
-                yardstick: ("echo floor", "echo_64_rps"), target: .ratioAtLeast(0.7)),
+                yardstick: ("echo floor", "echo_64_rps"), target: .none),
             Row(
                 figure: label + ", 64 connections, p99", key: server + "_64_p99_us",
                 unit: .millisecondsFromMicroseconds, yardstick: ("echo floor", "echo_64_p99_us"), target: .atMost(2)),
