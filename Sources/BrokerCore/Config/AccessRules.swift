@@ -216,14 +216,22 @@ public struct AccessRules: Sendable, Equatable {
 public final class AccessRulesStore: Sendable {
     private let rules: Mutex<AccessRules>
     private let changes = Atomic<Int>(0)
+    private let judging: Atomic<Bool>
 
-    public init(_ rules: AccessRules = AccessRules()) { self.rules = Mutex(rules) }
+    public init(_ rules: AccessRules = AccessRules()) {
+        self.rules = Mutex(rules)
+        judging = Atomic(rules.judgesPrograms)
+    }
 
     /// The rules now in force.
     public var current: AccessRules { rules.withLock { $0 } }
 
     /// Changes every time the rules are replaced.
     public var generation: Int { changes.load(ordering: .acquiring) }
+
+    /// `AccessRules.judgesPrograms` of the rules in force, kept at each replacement so that an
+    /// accepted connection pays one atomic load for it.
+    public var judgesPrograms: Bool { judging.load(ordering: .acquiring) }
 
     /// The rules now in force with their generation.
     public func snapshot() -> (rules: AccessRules, generation: Int) {
@@ -234,6 +242,7 @@ public final class AccessRulesStore: Sendable {
     public func replace(with new: AccessRules) {
         rules.withLock { rules in
             rules = new
+            judging.store(new.judgesPrograms, ordering: .releasing)
             changes.add(1, ordering: .releasing)
         }
     }

@@ -171,7 +171,7 @@ public final class SocketServer: Service {
                 try channel.pipeline.syncOperations.addHandler(RefusingHandler(line: line))
                 return .refused
             }
-            let caller = policy.attestor.attest(peer, pidfd: pidfd, reading: policy.rules.current.judgesPrograms)
+            let caller = policy.attestor.attest(peer, pidfd: pidfd, reading: policy.rules.judgesPrograms)
             if let reason = quota.reserveConnection(uid: peer.uid) {
                 limitLog.hit("connections", peer: peer)
                 let line = dispatcher.errorLine(
