@@ -176,10 +176,10 @@ import Testing
             // The key that must fail is tried first: a successful load settles the files.
             if renamed {
                 #expect(throws: VaultError.self) { try Self.open(path, with: old) }
-                #expect(try Self.reopen(path, with: try #require(new)) == expected)
+                #expect(try Self.open(path, with: try #require(new)) == expected)
             } else {
                 if let new { #expect(throws: VaultError.self) { try Self.open(path, with: new) } }
-                #expect(try Self.reopen(path, with: old) == expected)
+                #expect(try Self.open(path, with: old) == expected)
             }
 
             let keyFileThere = FileManager.default.fileExists(atPath: keyFile.path)
@@ -231,20 +231,6 @@ import Testing
         switch key {
         case .keyFile(let key): return try Vault(path: path, key: key).load()
         case .passphrase(let key): return try Vault(path: path).unlock(with: key)
-        }
-    }
-
-    /// Opens the vault as a restarted brokerd would, once the vault lock of the stopped rekey is
-    /// free: a process another test spawns at that moment holds a copy of the lock's descriptor
-    /// (flock) from its fork until its exec.
-    private static func reopen(_ path: String, with key: SealingKey) throws -> VaultContents? {
-        let deadline = Date().addingTimeInterval(5)
-        while true {
-            do {
-                return try open(path, with: key)
-            } catch let error as VaultError where error.description.contains("already using") && Date() < deadline {
-                Thread.sleep(forTimeInterval: 0.05)
-            }
         }
     }
 

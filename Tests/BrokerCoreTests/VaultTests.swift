@@ -235,6 +235,30 @@ import Testing
         _ = try Vault(path: path, key: key)
     }
 
+    /// A child forked while a vault was open, still running when the vault is closed, must not
+    /// keep its lock: every process brokerd or a test spawns is such a child until its exec.
+    @Test func aChildForkedWhileAVaultWasOpenDoesNotKeepItsLock() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let key = try VaultKey.load(path: directory.file("key"), create: true)
+        let path = directory.file("vault")
+        var first: Vault? = try Vault(path: path, key: key)
+        // The child only waits to be killed: after a fork, a multithreaded process's child may
+        // call nothing but async-signal-safe functions.
+        let child = fork()
+        if child == 0 { while true { pause() } }
+        try #require(child > 0)
+        defer {
+            kill(child, SIGKILL)
+            var status: Int32 = 0
+            _ = waitpid(child, &status, 0)
+        }
+        withExtendedLifetime(first) {}
+        first = nil
+        let again = try Vault(path: path, key: key)
+        withExtendedLifetime(again) {}
+    }
+
     @Test func theKeyFileIsCreatedPrivateAndReadBackAsTheSameKey() throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }

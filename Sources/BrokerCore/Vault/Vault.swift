@@ -43,7 +43,8 @@ public final class Vault: @unchecked Sendable {
     /// Where the key file is (or would be): read under the key file, written by a rekey to it,
     /// removed by a rekey from it. `nil` when the key is handed over (`init(path:key:)`).
     let keyFile: KeyFile?
-    private let lockDescriptor: Int32
+    /// Held while this object lives: one broker per vault.
+    private let exclusiveLock: VaultLock
     let state = Mutex(State())
 
     /// The refusal of a change, or a read, while the vault holds no key.
@@ -96,20 +97,11 @@ public final class Vault: @unchecked Sendable {
         try FileSystem.preparePrivateDirectory(
             FileSystem.parent(of: path), role: "vault directory",
             remedy: "set TOKENBROKER_VAULT (or --vault) to a path in a directory only you can write")
-        let lockPath = path + ".lock"
-        let fd = try FileSystem.openPrivateFile(lockPath, role: "vault lock", flags: O_RDWR | O_CREAT)
-        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
-            close(fd)
-            throw VaultError(
-                "another brokerd is already using the vault \(path); stop it first (two brokers would burn one-time refresh tokens)"
-            )
-        }
-        lockDescriptor = fd
+        exclusiveLock = try VaultLock(path: path + ".lock", vaultPath: path)
     }
 
     deinit {
         state.withLock { $0.closeLog() }
-        close(lockDescriptor)
     }
 
     /// Where a new snapshot is written before it is renamed over `path`.
