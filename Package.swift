@@ -48,6 +48,7 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
     ],
     targets: [
         .systemLibrary(
@@ -93,6 +94,19 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: upcoming
+        ),
+        // The fleet's shared store: shared accounts in PostgreSQL rows sealed with the fleet key,
+        // one lease per account, versions compared and swapped (docs/fleet.md).
+        .target(
+            name: "BrokerFleet",
+            dependencies: [
+                "BrokerCore",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ],
             swiftSettings: upcoming
         ),
@@ -187,6 +201,16 @@ let package = Package(
             ],
             swiftSettings: upcoming
         ),
+        // The shared store against a real PostgreSQL server that each suite starts
+        // (`PostgresServer`).
+        .testTarget(
+            name: "BrokerFleetTests",
+            dependencies: [
+                "BrokerFleet", "BrokerCore", "TestSupport",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: upcoming),
         .testTarget(name: "BrokerSystemdTests", dependencies: ["BrokerSystemd"], swiftSettings: upcoming),
         // Both clients against a scripted stand-in broker on a Unix socket.
         .testTarget(

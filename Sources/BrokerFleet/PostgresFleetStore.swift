@@ -1,0 +1,196 @@
+import BrokerCore
+import Logging
+import NIOCore
+import PostgresNIO
+import Synchronization
+
+/// The fleet's shared store in PostgreSQL (docs/fleet.md). Each shared account is a row: its
+/// name, a version, its record sealed with the fleet key (`SharedRecord`: the name and version
+/// bound in), the lease holder and the lease's end, set by the database's clock. One broker at
+/// a time holds an account's lease and refreshes it; every commit compares and swaps the
+/// version, so a holder whose lease lapsed overwrites nothing newer. Every row read is checked:
+/// one that does not open, or is older than a version this broker saw, is refused by name and
+/// the others are served.
+public final class PostgresFleetStore: Sendable {
+    /// A shared account as its row holds it.
+    public struct Row: Sendable {
+        public let record: AccountRecord
+        public let version: Int64
+        /// The host holding the account's lease while its lease runs.
+        public let leaseHolder: String?
+        public let lastRefreshedBy: String?
+    }
+
+    /// A lease taken: the row as it was when taken, and how long the lease runs from then
+    /// (the database's clock).
+    public struct Lease: Sendable {
+        public let row: Row
+        public let remaining: Duration
+    }
+
+    /// What reading a row gave: the row, or why it was refused.
+    public enum Reading: Sendable {
+        case row(Row)
+        case refused(name: String, reason: String)
+    }
+
+    /// The channel every commit notifies, with the account's name as payload.
+    public static let channel = "tokenbroker_accounts"
+
+    private let client: PostgresClient
+    private let key: SecretKey
+    /// This broker's name in rows (`[fleet] host`).
+    public let host: String
+    private let logger: Logger
+    /// The highest version seen of each account, so that a row put back at an older version is
+    /// refused.
+    private let seen = Mutex<[String: Int64]>([:])
+
+    /// A store on `client` (which its owner runs) for `host`, sealing with `key`.
+    public init(client: PostgresClient, key: SecretKey, host: String, logger: Logger) {
+        self.client = client
+        self.key = key
+        self.host = host
+        self.logger = logger
+    }
+
+    /// Makes or checks the schema (`FleetSchema.prepare`): throws, having written nothing, when
+    /// the fleet key is another fleet's. Returns the schema version.
+    @discardableResult
+    public func prepare() async throws -> Int32 {
+        try await FleetSchema.prepare(client, key: key, logger: logger)
+    }
+
+    /// Every shared account, each row checked on its own.
+    public func readAll() async throws -> [Reading] {
+        let rows = try await client.query(
+            "SELECT name, version, sealed, CASE WHEN lease_until > now() THEN lease_holder END, last_refreshed_by FROM tokenbroker_accounts ORDER BY name",
+            logger: logger)
+        var readings: [Reading] = []
+        var names: Set<String> = []
+        for try await (name, version, sealed, holder, refresher) in rows.decode(
+            (String, Int64, ByteBuffer, String?, String?).self)
+        {
+            names.insert(name)
+            readings.append(reading(name, version, sealed, holder, refresher))
+        }
+        // An account gone from the store (unshared or removed) may come back at version 1.
+        seen.withLock { seen in seen = seen.filter { names.contains($0.key) } }
+        return readings
+    }
+
+    /// The shared account `name`; `nil` when it has no row. A refused row throws why.
+    public func read(_ name: String) async throws -> Row? {
+        let rows = try await client.query(
+            "SELECT name, version, sealed, CASE WHEN lease_until > now() THEN lease_holder END, last_refreshed_by FROM tokenbroker_accounts WHERE name = \(name)",
+            logger: logger)
+        for try await (name, version, sealed, holder, refresher) in rows.decode(
+            (String, Int64, ByteBuffer, String?, String?).self)
+        {
+            switch reading(name, version, sealed, holder, refresher) {
+            case .row(let row): return row
+            case .refused(_, let reason): throw FleetError("the shared account \(name) was refused: \(reason)")
+            }
+        }
+        seen.withLock { _ = $0.removeValue(forKey: name) }
+        return nil
+    }
+
+    /// Adds `record` as a new shared account at version 1; `false` when the name is taken.
+    public func insert(_ record: AccountRecord) async throws -> Bool {
+        let sealed = ByteBuffer(bytes: try SharedRecord.seal(record, version: 1, key: key))
+        let rows = try await client.query(
+            """
+            INSERT INTO tokenbroker_accounts (name, version, sealed, last_refreshed_by)
+            VALUES (\(record.name), 1, \(sealed), \(host)) ON CONFLICT (name) DO NOTHING RETURNING version
+            """, logger: logger)
+        let inserted = try await rows.decode(Int64.self).first { _ in true } != nil
+        if inserted { note(record.name, 1) }
+        return inserted
+    }
+
+    /// Takes the lease of `name` for `seconds` when it is free, lapsed or this host's already;
+    /// `nil` when another host holds it (or there is no such row). A refused row throws why.
+    public func takeLease(_ name: String, seconds: Double) async throws -> Lease? {
+        let rows = try await client.query(
+            """
+            UPDATE tokenbroker_accounts SET lease_holder = \(host), lease_until = now() + make_interval(secs => \(seconds))
+            WHERE name = \(name) AND (lease_holder IS NULL OR lease_until IS NULL OR lease_until <= now() OR lease_holder = \(host))
+            RETURNING version, sealed, last_refreshed_by, EXTRACT(EPOCH FROM lease_until - now())::float8
+            """, logger: logger)
+        for try await (version, sealed, refresher, remaining) in rows.decode((Int64, ByteBuffer, String?, Double).self)
+        {
+            switch reading(name, version, sealed, host, refresher) {
+            case .row(let row): return Lease(row: row, remaining: .milliseconds(Int64(max(0, remaining) * 1000)))
+            case .refused(_, let reason):
+                await release(name)
+                throw FleetError("the shared account \(name) was refused: \(reason)")
+            }
+        }
+        return nil
+    }
+
+    /// Ends this host's lease of `name` without a change (a refresh that failed or was not
+    /// needed). Best effort: a lease not released lapses.
+    public func release(_ name: String) async {
+        _ = try? await client.query(
+            "UPDATE tokenbroker_accounts SET lease_holder = NULL, lease_until = NULL WHERE name = \(name) AND lease_holder = \(host)",
+            logger: logger)
+    }
+
+    /// Commits `record` as the version after `version`, only if the row is still at `version`
+    /// (compare and swap), ends the lease, and notifies the other brokers. `false` when the row
+    /// moved on (or is gone): the caller takes the row's state instead.
+    public func commit(_ record: AccountRecord, over version: Int64) async throws -> Bool {
+        let next = version + 1
+        let sealed = ByteBuffer(bytes: try SharedRecord.seal(record, version: next, key: key))
+        let name = record.name
+        let host = host
+        let committed = try await FleetTransaction.run(client, logger: logger) { connection in
+            let rows = try await connection.query(
+                """
+                UPDATE tokenbroker_accounts SET version = \(next), sealed = \(sealed), lease_holder = NULL,
+                lease_until = NULL, last_refreshed_by = \(host), updated_at = now()
+                WHERE name = \(name) AND version = \(version) RETURNING version
+                """, logger: logger)
+            guard try await rows.decode(Int64.self).first(where: { _ in true }) != nil else { return false }
+            try await connection.query("SELECT pg_notify(\(Self.channel), \(name))", logger: logger)
+            return true
+        }
+        if committed { note(name, next) }
+        return committed
+    }
+
+    /// Deletes the row of `name`; `false` when there was none.
+    public func delete(_ name: String) async throws -> Bool {
+        let rows = try await client.query(
+            "DELETE FROM tokenbroker_accounts WHERE name = \(name) RETURNING version", logger: logger)
+        let deleted = try await rows.decode(Int64.self).first { _ in true } != nil
+        seen.withLock { _ = $0.removeValue(forKey: name) }
+        return deleted
+    }
+
+    /// Checks one row: it opens as its name and version under the fleet key, and is not older
+    /// than the newest version seen of it.
+    private func reading(
+        _ name: String, _ version: Int64, _ sealed: ByteBuffer, _ holder: String?, _ refresher: String?
+    ) -> Reading {
+        let newest = seen.withLock { $0[name] ?? 0 }
+        guard version >= newest else {
+            return .refused(
+                name: name,
+                reason: "it is at version \(version), older than version \(newest) seen before (rolled back)")
+        }
+        do {
+            let record = try SharedRecord.open(Array(buffer: sealed), name: name, version: version, key: key)
+            note(name, version)
+            return .row(Row(record: record, version: version, leaseHolder: holder, lastRefreshedBy: refresher))
+        } catch {
+            return .refused(name: name, reason: String(describing: error))
+        }
+    }
+
+    private func note(_ name: String, _ version: Int64) {
+        seen.withLock { $0[name] = max($0[name] ?? 0, version) }
+    }
+}

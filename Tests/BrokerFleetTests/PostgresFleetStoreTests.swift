@@ -1,0 +1,182 @@
+import BrokerFleet
+import Foundation
+import Logging
+import NIOCore
+import PostgresNIO
+import TestSupport
+import Testing
+
+@testable import BrokerCore
+
+/// The shared store against a real PostgreSQL server per test (`PostgresServer`): the schema
+/// and its canary, rows sealed to their name and version, tampering refused row by row, one
+/// lease holder at a time, and compare-and-swap commits.
+@Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
+struct PostgresFleetStoreTests {
+    static let logger = Logger(label: "fleet-test")
+
+    /// A record with a refresh token, a client secret and an access token, each unique.
+    static func record(_ name: String) -> AccountRecord {
+        let now = Date(timeIntervalSince1970: 1_795_000_000)
+        return AccountRecord(
+            name: name,
+            provider: ProviderConfig(
+                OAuth2Settings(
+                    tokenEndpoint: URL(string: "https://idp.example/oauth/token/\(name)")!, clientID: "client-\(name)",
+                    clientAuth: .clientSecretBasic, scope: "read")),
+            secrets: AccountSecrets(
+                refreshToken: try! SecretBytes("rt-\(UUID().uuidString)"), refreshExpiresAt: nil,
+                clientSecret: try! SecretBytes("cs-\(UUID().uuidString)")),
+            token: AccessToken(
+                value: try! SecretBytes("at-\(UUID().uuidString)"), type: "Bearer", expiresAt: now + 3600,
+                obtainedAt: now, idToken: nil, scope: "read"),
+            needsLogin: false, lastError: nil, lastRefreshAt: now)
+    }
+
+    static func key() -> SecretKey { SecretKey(bytes: Sodium.randomBytes(Sodium.keyLength))! }
+
+    /// Runs `body` with a fresh server and a client on it; stops both on every path.
+    static func withDatabase(_ body: (PostgresServer, PostgresClient) async throws -> Void) async throws {
+        let server = try PostgresServer()
+        defer { server.stop() }
+        let client = PostgresClient(
+            configuration: .init(
+                host: "127.0.0.1", port: server.port, username: server.username, password: server.password,
+                database: server.database, tls: .disable))
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            defer { group.cancelAll() }
+            try await body(server, client)
+        }
+    }
+
+    static func text(_ secret: SecretBytes?) -> String { secret?.text ?? "" }
+
+    @Test func aSealedRecordOpensOnlyAsItsNameAndVersionUnderItsKey() throws {
+        let key = Self.key()
+        let record = Self.record("api")
+        let sealed = try SharedRecord.seal(record, version: 7, key: key)
+        let opened = try SharedRecord.open(sealed, name: "api", version: 7, key: key)
+        #expect(
+            opened.name == "api" && Self.text(opened.secrets.refreshToken) == Self.text(record.secrets.refreshToken))
+        #expect(throws: FleetError.self) { try SharedRecord.open(sealed, name: "git", version: 7, key: key) }
+        #expect(throws: FleetError.self) { try SharedRecord.open(sealed, name: "api", version: 6, key: key) }
+        #expect(throws: FleetError.self) { try SharedRecord.open(sealed, name: "api", version: 7, key: Self.key()) }
+        var flipped = sealed
+        flipped[flipped.count / 2] ^= 1
+        #expect(throws: FleetError.self) { try SharedRecord.open(flipped, name: "api", version: 7, key: key) }
+    }
+
+    @Test func theSchemaIsMadeOnceAndAnotherFleetsKeyWritesNothing() async throws {
+        try await Self.withDatabase { server, client in
+            let key = Self.key()
+            let first = PostgresFleetStore(client: client, key: key, host: "a", logger: Self.logger)
+            #expect(try await first.prepare() == 1)
+            #expect(try await first.insert(Self.record("api")))
+            let second = PostgresFleetStore(client: client, key: key, host: "b", logger: Self.logger)
+            #expect(try await second.prepare() == 1, "an existing schema is checked, not made again")
+            #expect(try await second.read("api")?.version == 1)
+
+            let before = try server.dump()
+            let stranger = PostgresFleetStore(client: client, key: Self.key(), host: "c", logger: Self.logger)
+            let error = await #expect(throws: FleetError.self) { try await stranger.prepare() }
+            #expect(error?.description.contains("another fleet") == true)
+            #expect(try server.dump() == before, "nothing written")
+        }
+    }
+
+    @Test func aRowRoundTripsAndTheDatabaseHoldsNoSecretInClear() async throws {
+        try await Self.withDatabase { server, client in
+            let store = PostgresFleetStore(client: client, key: Self.key(), host: "a", logger: Self.logger)
+            try await store.prepare()
+            let record = Self.record("api")
+            #expect(try await store.insert(record))
+            #expect(try await store.insert(record) == false, "the name is taken")
+            let row = try #require(try await store.read("api"))
+            #expect(row.version == 1 && row.lastRefreshedBy == "a" && row.leaseHolder == nil)
+            #expect(Self.text(row.record.secrets.refreshToken) == Self.text(record.secrets.refreshToken))
+            #expect(Self.text(row.record.token?.value) == Self.text(record.token?.value))
+
+            let dump = try server.dump()
+            #expect(dump.contains("api"), "the name is in clear")
+            let secrets = [
+                Self.text(record.secrets.refreshToken), Self.text(record.secrets.clientSecret),
+                Self.text(record.token?.value), "https://idp.example/oauth/token/api",
+            ]
+            // Checked outside #expect, whose failure message would print the secret.
+            let leaked = secrets.filter { dump.contains($0) }.count
+            #expect(leaked == 0, "\(leaked) secret(s) in clear in the dump")
+        }
+    }
+
+    @Test func aFlippedCopiedOrRolledBackRowIsRefusedByNameAndTheOthersAreServed() async throws {
+        try await Self.withDatabase { _, client in
+            let store = PostgresFleetStore(client: client, key: Self.key(), host: "a", logger: Self.logger)
+            try await store.prepare()
+            for name in ["api", "git", "web"] { #expect(try await store.insert(Self.record(name))) }
+            let old = try await client.query("SELECT sealed FROM tokenbroker_accounts WHERE name = 'api'")
+                .decode(ByteBuffer.self).first { _ in true }
+            #expect(try await store.commit(Self.record("api"), over: 1))
+
+            // git's sealed bytes flipped; web's replaced by api's (with api's version).
+            try await client.query(
+                "UPDATE tokenbroker_accounts SET sealed = overlay(sealed placing '\\x00'::bytea from 40 for 1) WHERE name = 'git'"
+            )
+            try await client.query(
+                """
+                UPDATE tokenbroker_accounts SET (sealed, version) = (SELECT sealed, version FROM tokenbroker_accounts
+                WHERE name = 'api') WHERE name = 'web'
+                """)
+            var refused: [String: String] = [:]
+            var served: [String] = []
+            for reading in try await store.readAll() {
+                switch reading {
+                case .row(let row): served.append(row.record.name)
+                case .refused(let name, let reason): refused[name] = reason
+                }
+            }
+            #expect(served == ["api"])
+            #expect(refused.keys.sorted() == ["git", "web"])
+            #expect(refused["web"]?.contains("does not open as this account") == true)
+
+            // api put back at version 1, sealed bytes and all: a store that saw version 2 refuses it.
+            let oldSealed = try #require(old)
+            try await client.query(
+                "UPDATE tokenbroker_accounts SET version = 1, sealed = \(oldSealed) WHERE name = 'api'")
+            let error = await #expect(throws: FleetError.self) { try await store.read("api") }
+            #expect(error?.description.contains("rolled back") == true)
+            #expect(error?.description.contains("api") == true)
+        }
+    }
+
+    @Test func oneHostHoldsALeaseAndALapsedHolderCannotOverwriteANewerVersion() async throws {
+        try await Self.withDatabase { _, client in
+            let key = Self.key()
+            let a = PostgresFleetStore(client: client, key: key, host: "a", logger: Self.logger)
+            let b = PostgresFleetStore(client: client, key: key, host: "b", logger: Self.logger)
+            try await a.prepare()
+            #expect(try await a.insert(Self.record("api")))
+            try await client.withConnection { connection in
+                try await connection.listen(on: PostgresFleetStore.channel) { notifications in
+                    let leaseA = try #require(try await a.takeLease("api", seconds: 1))
+                    #expect(leaseA.row.version == 1 && leaseA.remaining <= .seconds(1))
+                    #expect(try await b.takeLease("api", seconds: 1) == nil, "a holds it")
+                    #expect(try await b.read("api")?.leaseHolder == "a")
+
+                    // a stalls past its lease; b takes the lapsed lease and commits first.
+                    try await Task.sleep(for: .milliseconds(1300))
+                    let leaseB = try #require(try await b.takeLease("api", seconds: 30))
+                    #expect(leaseB.row.version == 1)
+                    #expect(try await b.commit(Self.record("api"), over: 1))
+                    #expect(try await a.commit(Self.record("api"), over: 1) == false, "a's compare-and-swap fails")
+                    let row = try #require(try await a.read("api"))
+                    #expect(row.version == 2 && row.lastRefreshedBy == "b" && row.leaseHolder == nil)
+
+                    var iterator = notifications.makeAsyncIterator()
+                    let notification = try await iterator.next()
+                    #expect(notification?.payload == "api", "b's commit was announced")
+                }
+            }
+        }
+    }
+}

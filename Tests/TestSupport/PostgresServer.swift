@@ -1,0 +1,148 @@
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A real PostgreSQL server (Debian's `postgresql` package) of a test's own: a cluster made by
+/// `initdb` in a temporary directory, its `postgres` started on 127.0.0.1 at a free port with
+/// password (SCRAM) authentication for the user `tokenbroker`, owner of the database
+/// `tokenbroker`. PostgreSQL refuses to run as root, so under root both run as the system user
+/// `postgres` (through `setpriv`, which execs: the child is the server itself). `stop` stops it
+/// and waits for it; every test that starts one stops it on every path.
+public final class PostgresServer: Sendable {
+    public static let binaries = "/usr/lib/postgresql/15/bin"
+    public let directory: TemporaryDirectory
+    public let port: Int
+    public let username = "tokenbroker"
+    public let database = "tokenbroker"
+    public let password: String
+    private let server: ChildProcess
+
+    /// Whether this machine has PostgreSQL's binaries (`scripts/install-deps` installs them).
+    public static var isInstalled: Bool { access(binaries + "/postgres", X_OK) == 0 }
+
+    public init() throws {
+        let directory = try TemporaryDirectory()
+        self.directory = directory
+        password = UUID().uuidString
+        let owner = try Self.runAs()
+        let data = directory.file("data")
+        let passwordFile = directory.file("password")
+        try Data(password.utf8).write(to: URL(fileURLWithPath: passwordFile))
+        if let owner {
+            for path in [directory.path, passwordFile] {
+                guard chown(path, owner.uid, owner.gid) == 0 else {
+                    throw HarnessError("cannot hand \(path) to the postgres user: \(String(cString: strerror(errno)))")
+                }
+            }
+        }
+        let initdb = try ChildProcess.run(
+            Self.command(owner),
+            Self.arguments(owner) + [
+                Self.binaries + "/initdb", "-D", data, "-U", username, "--pwfile", passwordFile,
+                "--auth", "scram-sha-256", "-E", "UTF8", "--no-sync", "--no-instructions",
+            ], environment: Self.environment, timeout: 120)
+        guard initdb.status == 0 else {
+            directory.remove()
+            throw HarnessError("initdb failed (\(initdb.status)): \(initdb.output)")
+        }
+        unlink(passwordFile)
+        port = try Self.freePort()
+        server = try ChildProcess.spawn(
+            Self.command(owner),
+            Self.arguments(owner) + [
+                Self.binaries + "/postgres", "-D", data, "-p", String(port), "-c", "listen_addresses=127.0.0.1",
+                "-c", "unix_socket_directories=" + directory.path, "-c", "max_connections=200",
+            ], environment: Self.environment, output: nil)
+        do {
+            try Self.waitUntilAccepting(port: port, server: server)
+            let created = try ChildProcess.run(
+                Self.binaries + "/createdb", ["-h", "127.0.0.1", "-p", String(port), "-U", username, database],
+                environment: Self.environment.merging(["PGPASSWORD": password]) { $1 }, timeout: 60)
+            guard created.status == 0 else { throw HarnessError("createdb failed: \(created.output)") }
+        } catch {
+            stopServer(server)
+            directory.remove()
+            throw error
+        }
+    }
+
+    /// Stops the server (a fast shutdown: clients are disconnected), waits for it and removes
+    /// its directory.
+    public func stop() {
+        stopServer(server)
+        directory.remove()
+    }
+
+    /// Runs `pg_dump` of the database (data and schema) and returns what it printed, less the
+    /// `\restrict` lines, whose key is new in every dump.
+    public func dump() throws -> String {
+        let result = try ChildProcess.capture(
+            Self.binaries + "/pg_dump", ["-h", "127.0.0.1", "-p", String(port), "-U", username, database],
+            environment: Self.environment.merging(["PGPASSWORD": password]) { $1 }, timeout: 60)
+        guard result.status == 0 else { throw HarnessError("pg_dump failed: \(result.stderr)") }
+        return result.stdout.split(separator: "\n", omittingEmptySubsequences: false)
+            .filter { !$0.hasPrefix("\\restrict") && !$0.hasPrefix("\\unrestrict") }.joined(separator: "\n")
+    }
+
+    private func stopServer(_ server: ChildProcess) {
+        if !server.hasExited() { kill(server.pid, SIGINT) }
+        let deadline = ContinuousClock.now + .seconds(30)
+        while !server.hasExited(), ContinuousClock.now < deadline { usleep(20_000) }
+        if !server.hasExited() { kill(server.pid, SIGKILL) }
+        server.wait()
+    }
+
+    private static let environment = ["PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"]
+
+    /// The `postgres` system user's ids when this runs as root; `nil` otherwise.
+    private static func runAs() throws -> (uid: uid_t, gid: gid_t)? {
+        guard getuid() == 0 else { return nil }
+        guard let entry = getpwnam("postgres") else {
+            throw HarnessError("no postgres user: install Debian's postgresql package (scripts/install-deps)")
+        }
+        return (entry.pointee.pw_uid, entry.pointee.pw_gid)
+    }
+
+    private static func command(_ owner: (uid: uid_t, gid: gid_t)?) -> String {
+        owner == nil ? "/usr/bin/env" : "/usr/bin/setpriv"
+    }
+
+    private static func arguments(_ owner: (uid: uid_t, gid: gid_t)?) -> [String] {
+        guard let owner else { return [] }
+        return ["--reuid=\(owner.uid)", "--regid=\(owner.gid)", "--clear-groups", "--"]
+    }
+
+    /// A TCP port on 127.0.0.1 that nothing listens on now.
+    private static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw HarnessError("socket: \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
+            }
+        }
+        guard bound else { throw HarnessError("bind: \(String(cString: strerror(errno)))") }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    /// Waits (up to 60 s) until the server accepts TCP connections on `port`.
+    private static func waitUntilAccepting(port: Int, server: ChildProcess) throws {
+        let deadline = ContinuousClock.now + .seconds(60)
+        while ContinuousClock.now < deadline {
+            if server.hasExited() { throw HarnessError("postgres exited at start") }
+            let ready = try ChildProcess.run(
+                binaries + "/pg_isready", ["-q", "-h", "127.0.0.1", "-p", String(port)], environment: environment,
+                timeout: 10)
+            if ready.status == 0 { return }
+            usleep(50_000)
+        }
+        throw HarnessError("postgres did not accept connections within 60 s")
+    }
+}
