@@ -19,6 +19,8 @@ let staticStdlib: [LinkerSetting] = [
         "-Xlinker", "--no-export-dynamic",
     ]),
     .linkedLibrary("_FoundationCollections"), .linkedLibrary("_FoundationCShims"),
+    // PostgresNIO (the fleet's store) imports Foundation, whose time zones and formats are ICU's.
+    .linkedLibrary("_FoundationICU"), .linkedLibrary("CoreFoundation"),
 ]
 
 /// How brokerctl is linked: one static executable, glibc and libstdc++ inside, so that no
@@ -49,6 +51,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
+        .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
     ],
     targets: [
         .systemLibrary(
@@ -107,6 +110,8 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: upcoming
         ),
@@ -123,7 +128,7 @@ let package = Package(
         .executableTarget(
             name: "brokerd",
             dependencies: [
-                "BrokerCore", "BrokerServer", "BrokerSystemd", "CGlobalExecutorHook", "CWipeOnFree",
+                "BrokerCore", "BrokerFleet", "BrokerServer", "BrokerSystemd", "CGlobalExecutorHook", "CWipeOnFree",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -61,6 +61,15 @@ public final class PostgresFleetStore: Sendable {
         try await FleetSchema.prepare(client, key: key, logger: logger)
     }
 
+    /// Records that this host was seen now (`brokerctl fleet status` lists the hosts).
+    public func noteHost() async throws {
+        try await client.query(
+            """
+            INSERT INTO tokenbroker_hosts (host, last_seen) VALUES (\(host), now())
+            ON CONFLICT (host) DO UPDATE SET last_seen = now()
+            """, logger: logger)
+    }
+
     /// Every shared account, each row checked on its own.
     public func readAll() async throws -> [Reading] {
         let rows = try await client.query(

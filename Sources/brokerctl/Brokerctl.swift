@@ -19,7 +19,7 @@ struct Brokerctl: ParsableCommand {
         subcommands: [
             Status.self, Token.self, Watch.self, Login.self, Add.self, SetTokens.self, Remove.self, Refresh.self,
             Logout.self, Reload.self, Unlock.self, Lock.self, Rekey.self, GitCredential.self, DockerCredential.self,
-            KubeCredential.self, Exec.self, Header.self, Completion.self,
+            KubeCredential.self, Exec.self, Header.self, Completion.self, Fleet.self,
         ])
 }
 

@@ -1,5 +1,6 @@
 import ArgumentParser
 import BrokerCore
+import BrokerFleet
 import BrokerProtocol
 import BrokerServer
 import BrokerSystemd
@@ -88,6 +89,7 @@ struct Brokerd: ParsableCommand {
             logger.notice(
                 "the vault is sealed with a passphrase; starting locked (set key = \"passphrase\" in broker.toml)")
         }
+        let fleet = try await joinFleet(configuration.fleet, logger: logger)
         let http = IdPClient(settings: configuration.settings)
         do {
             let broker = try Broker(
@@ -97,15 +99,38 @@ struct Brokerd: ParsableCommand {
             } catch {
                 throw BrokerError(error)
             }
-            try await serve(broker: broker, logger: logger)
+            try await serve(broker: broker, fleet: fleet, logger: logger)
         } catch {
             await http.shutdown()
+            await fleet?.connection.close()
             throw error
         }
         await http.shutdown()
+        await fleet?.connection.close()
     }
 
-    private func serve(broker: Broker, logger: Logger) async throws {
+    /// Connects to the fleet's database when `[fleet]` is set, and makes or checks its schema
+    /// before any client is served; a database that does not answer yet is waited for by
+    /// `FleetUpkeep`. Another fleet's key stops brokerd here, before anything is written.
+    private func joinFleet(_ settings: FleetSettings?, logger: Logger) async throws -> FleetUpkeep? {
+        guard let settings else { return nil }
+        let credentials = try FleetCredentials(settings: settings, environment: ProcessInfo.processInfo.environment)
+        let connection = try FleetConnection(settings: settings, credentials: credentials, logger: logger)
+        do {
+            let prepared = try await connection.prepare(within: .seconds(10))
+            if prepared {
+                logger.info("joined the fleet", metadata: ["host": "\(settings.host)"])
+            } else {
+                logger.warning("the fleet's database does not answer; brokerd keeps trying")
+            }
+            return FleetUpkeep(connection: connection, prepared: prepared, logger: logger)
+        } catch {
+            await connection.close()
+            throw error
+        }
+    }
+
+    private func serve(broker: Broker, fleet: FleetUpkeep?, logger: Logger) async throws {
         let notifier = SystemdNotifier()
         let socketPath = socket ?? DefaultPaths().socket
         let address: ListenAddress =
@@ -135,7 +160,7 @@ struct Brokerd: ParsableCommand {
                 services: [
                     .init(service: server), .init(service: scheduler), .init(service: reloader),
                     .init(service: lifecycle),
-                ],
+                ] + (fleet.map { [.init(service: $0)] } ?? []),
                 gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()
         await broker.drain()

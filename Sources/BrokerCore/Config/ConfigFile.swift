@@ -50,19 +50,22 @@ public enum ConfigFile {
         } catch {
             throw ConfigError(description: "\(path) line \(error.line): \(error)")
         }
-        for key in table.keys where key != "broker" && key != "accounts" {
+        for key in table.keys where !["broker", "accounts", "fleet"].contains(key) {
             throw ConfigError(
-                description: "\(path): unknown table or key \"\(key)\" (known: [broker], [accounts.NAME])")
+                description: "\(path): unknown table or key \"\(key)\" (known: [broker], [accounts.NAME], [fleet])")
         }
+        let settings = try settings(table["broker"], path: path, text: text)
+        let fleet = try FleetSettings.parse(table["fleet"], settings: settings, path: path)
+        try fleet?.checkLease(settings: settings, path: path)
         let configuration = BrokerConfiguration(
-            settings: try settings(table["broker"], path: path, text: text),
+            settings: settings,
             accounts: try accounts(table["accounts"], path: path),
             access: try AccessRules.parse(
                 broker: table["broker"]?.table, accounts: table["accounts"]?.table, path: path),
             vaultKey: try vaultKey(table["broker"]?.table?["key"], path: path, text: text),
             exportFiles: try exportFiles(table["accounts"]?.table, path: path),
             wlcgAccount: try wlcgAccount(table["broker"]?.table?["wlcg_account"], path: path),
-            bridges: try AccountBridges.parse(accounts: table["accounts"]?.table, path: path))
+            bridges: try AccountBridges.parse(accounts: table["accounts"]?.table, path: path), fleet: fleet)
         try checkNoTokenFileAroundRules(configuration, path: path)
         return configuration
     }
@@ -264,11 +267,13 @@ public struct BrokerConfiguration: Sendable, Equatable {
     /// The account whose token the WLCG bearer token file (`$XDG_RUNTIME_DIR/bt_u$UID`) holds.
     public var wlcgAccount: String?
     public var bridges: [String: AccountBridges] = [:]
+    /// The fleet's shared store (`[fleet]`); `nil`: every account is local. Read at start only.
+    public var fleet: FleetSettings?
 
     public init(
         settings: BrokerSettings = BrokerSettings(), accounts: [String: ProviderSpec] = [:],
         access: AccessRules = AccessRules(), vaultKey: VaultKeyMode = .keyFile, exportFiles: [String: String] = [:],
-        wlcgAccount: String? = nil, bridges: [String: AccountBridges] = [:]
+        wlcgAccount: String? = nil, bridges: [String: AccountBridges] = [:], fleet: FleetSettings? = nil
     ) {
         self.settings = settings
         self.accounts = accounts
@@ -277,5 +282,6 @@ public struct BrokerConfiguration: Sendable, Equatable {
         self.exportFiles = exportFiles
         self.wlcgAccount = wlcgAccount
         self.bridges = bridges
+        self.fleet = fleet
     }
 }

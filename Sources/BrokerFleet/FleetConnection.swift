@@ -1,0 +1,71 @@
+import BrokerCore
+import Logging
+import NIOCore
+import NIOPosix
+import NIOSSL
+import PostgresNIO
+
+/// A broker's link to its fleet's database: a PostgreSQL client on brokerd's event loops,
+/// running from `init` to `close`, and the shared store on it.
+public final class FleetConnection: Sendable {
+    public let store: PostgresFleetStore
+    public let settings: FleetSettings
+    private let client: PostgresClient
+    private let running: Task<Void, Never>
+
+    public init(settings: FleetSettings, credentials: FleetCredentials, logger: Logger) throws {
+        self.settings = settings
+        let tls: PostgresClient.Configuration.TLS
+        switch settings.transport {
+        case .plain: tls = .disable
+        case .tls(let caFile):
+            var configuration = TLSConfiguration.makeClientConfiguration()
+            configuration.certificateVerification = .fullVerification
+            configuration.minimumTLSVersion = .tlsv12
+            if let caFile { configuration.trustRoots = .file(caFile) }
+            tls = .require(configuration)
+        }
+        var configuration = PostgresClient.Configuration(
+            host: settings.databaseHost, port: settings.databasePort, username: settings.databaseUser,
+            password: credentials.password, database: settings.databaseName, tls: tls)
+        configuration.options.connectTimeout = .seconds(5)
+        configuration.options.maximumConnections = 4
+        let client = PostgresClient(
+            configuration: configuration, eventLoopGroup: MultiThreadedEventLoopGroup.singleton,
+            backgroundLogger: logger)
+        self.client = client
+        running = Task { await client.run() }
+        store = PostgresFleetStore(client: client, key: credentials.key, host: settings.host, logger: logger)
+    }
+
+    /// Makes or checks the schema (`PostgresFleetStore.prepare`) within `timeout`: `false` when
+    /// the database did not answer by then. Throws when the fleet key is another fleet's, or
+    /// the schema newer than this brokerd's: nothing was written.
+    public func prepare(within timeout: Duration) async throws -> Bool {
+        try await withThrowingTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                try await self.store.prepare()
+                try await self.store.noteHost()
+                return true
+            }
+            group.addTask {
+                try await EventLoopSleep.sleep(for: timeout)
+                return false
+            }
+            defer { group.cancelAll() }
+            do {
+                return try await group.next() ?? false
+            } catch let error as FleetError {
+                throw error
+            } catch {
+                return false
+            }
+        }
+    }
+
+    /// Stops the client and waits for it.
+    public func close() async {
+        running.cancel()
+        await running.value
+    }
+}

@@ -1,0 +1,44 @@
+import BrokerCore
+import Logging
+import ServiceLifecycle
+
+/// Keeps a broker in its fleet while brokerd runs: makes or checks the schema if the database
+/// did not answer at start (every 5 seconds until it does), then notes this host once a lease
+/// period, which `brokerctl fleet status` shows as its hosts. A fleet key that turns out to be
+/// another fleet's ends brokerd, having written nothing.
+public struct FleetUpkeep: Service {
+    public let connection: FleetConnection
+    let prepared: Bool
+    let logger: Logger
+
+    public init(connection: FleetConnection, prepared: Bool, logger: Logger) {
+        self.connection = connection
+        self.prepared = prepared
+        self.logger = logger
+    }
+
+    public func run() async throws {
+        try await cancelWhenGracefulShutdown { try await keep() }
+    }
+
+    private func keep() async throws {
+        var prepared = self.prepared
+        while !Task.isCancelled {
+            if !prepared {
+                prepared = try await connection.prepare(within: .seconds(10))
+                if prepared { logger.notice("the fleet's database answers; shared accounts are served") }
+            } else {
+                do {
+                    try await connection.store.noteHost()
+                } catch {
+                    logger.warning("the fleet's database does not answer", metadata: ["reason": "\(error)"])
+                }
+            }
+            do {
+                try await EventLoopSleep.sleep(for: prepared ? .seconds(connection.settings.leaseSeconds) : .seconds(5))
+            } catch {
+                return
+            }
+        }
+    }
+}

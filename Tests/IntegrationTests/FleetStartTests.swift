@@ -1,0 +1,107 @@
+import BrokerClient
+import BrokerProtocol
+import Foundation
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// brokerd joining a fleet at start, against a real PostgreSQL server: `brokerctl fleet init`
+/// makes the key, the first broker makes the schema before it answers `hello`, and a broker
+/// holding another fleet's key, or a URL holding a password, stops it from starting.
+@Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
+struct FleetStartTests {
+    /// A broker whose broker.toml names `server` with `key` as its fleet key.
+    static func broker(on server: PostgresServer, key: String, host: String, database: String? = nil) throws
+        -> BrokerProcess
+    {
+        let broker = try BrokerProcess()
+        let passwordFile = broker.configDirectory.appendingPathComponent("db-password").path
+        try FileManager.default.createDirectory(at: broker.configDirectory, withIntermediateDirectories: true)
+        try Data((server.password + "\n").utf8).write(to: URL(fileURLWithPath: passwordFile))
+        chmod(passwordFile, 0o600)
+        let url = database ?? "postgresql://\(server.username)@127.0.0.1:\(server.port)/\(server.database)"
+        try broker.writeConfig(
+            """
+            [fleet]
+            database = "\(url)"
+            password_file = "\(passwordFile)"
+            key_file = "\(key)"
+            host = "\(host)"
+            """)
+        return broker
+    }
+
+    static func fleetInit(_ path: String) throws -> (status: Int32, stdout: String, stderr: String) {
+        try ChildProcess.capture(
+            BrokerProcess.binary("brokerctl").path, ["fleet", "init", "--key-file", path],
+            environment: ["PATH": "/usr/bin:/bin"])
+    }
+
+    @Test func fleetInitWritesAPrivateKeyOnceAndNeedsNoBroker() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let path = directory.file("fleet.key")
+        let made = try Self.fleetInit(path)
+        #expect(made.status == 0, "\(made.stderr)")
+        #expect(made.stdout.contains("LoadCredentialEncrypted=fleet-key"))
+        var info = stat()
+        #expect(lstat(path, &info) == 0 && info.st_mode & 0o777 == 0o600 && info.st_size == 32)
+        let key = try #require(FileManager.default.contents(atPath: path))
+
+        let again = try Self.fleetInit(path)
+        #expect(again.status != 0)
+        #expect(again.stderr.contains("never overwritten"))
+        #expect(FileManager.default.contents(atPath: path) == key, "the key was left as it was")
+    }
+
+    @Test func theFirstBrokerMakesTheSchemaAndAnotherFleetsKeyCannotStart() async throws {
+        let server = try PostgresServer()
+        defer { server.stop() }
+        let keys = try TemporaryDirectory()
+        defer { keys.remove() }
+        #expect(try Self.fleetInit(keys.file("fleet.key")).status == 0)
+        #expect(try Self.fleetInit(keys.file("other.key")).status == 0)
+
+        let first = try Self.broker(on: server, key: keys.file("fleet.key"), host: "runner-07")
+        try await first.start()
+        defer { first.stop() }
+        let client = try first.client()
+        #expect(try await client.hello().protocol == 1)
+        client.close()
+        let dump = try server.dump()
+        #expect(dump.contains("CREATE TABLE public.tokenbroker_accounts"), "the schema exists once hello answers")
+        #expect(dump.contains("runner-07"), "the host is noted")
+        #expect(first.log.contains("joined the fleet"))
+
+        // The same key on another broker (another host) joins too.
+        let second = try Self.broker(on: server, key: keys.file("fleet.key"), host: "runner-08")
+        try await second.start()
+        #expect(second.stop() == 0)
+
+        let before = try server.dump()
+        let stranger = try Self.broker(on: server, key: keys.file("other.key"), host: "intruder")
+        #expect(try stranger.runExpectingExit() != 0)
+        #expect(stranger.log.contains("does not open this database's canary"))
+        #expect(try server.dump() == before, "the stranger wrote nothing")
+    }
+
+    @Test func aDatabaseURLWithAPasswordIsRefusedWithoutShowingIt() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let key = directory.file("fleet.key")
+        #expect(try Self.fleetInit(key).status == 0)
+        let broker = try BrokerProcess()
+        try broker.writeConfig(
+            """
+            [fleet]
+            database = "postgresql://tokenbroker:hunter2-secret@127.0.0.1:5432/tokenbroker"
+            key_file = "\(key)"
+            """)
+        #expect(try broker.runExpectingExit() != 0)
+        #expect(broker.log.contains("holds a password"))
+        #expect(!broker.log.contains("hunter2-secret"))
+    }
+}
