@@ -96,8 +96,12 @@ extension BrokerCall where Result == StatusResult {
 
 extension BrokerCall where Result == AccountResult {
     /// Creates an account (owner only).
-    public static func add(account: String, provider: ProviderSpec, tokens: TokenSet? = nil) -> Self {
-        Self(Request(id: nil, op: "add", account: account, provider: provider, tokens: tokens))
+    public static func add(account: String, provider: ProviderSpec, tokens: TokenSet? = nil, shared: Bool = false)
+        -> Self
+    {
+        var request = Request(id: nil, op: "add", account: account, provider: provider, tokens: tokens)
+        request.shared = shared ? true : nil
+        return Self(request)
     }
 
     /// Pushes new tokens into an account (owner only); clears `needs_login`.

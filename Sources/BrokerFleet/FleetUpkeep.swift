@@ -3,18 +3,22 @@ import Logging
 import ServiceLifecycle
 
 /// Keeps a broker in its fleet while brokerd runs: makes or checks the schema if the database
-/// did not answer at start (every 5 seconds until it does), then notes this host once a lease
-/// period, which `brokerctl fleet status` shows as its hosts. A fleet key that turns out to be
-/// another fleet's ends brokerd, having written nothing.
+/// did not answer at start (every 5 seconds until it does), then once a lease period notes this
+/// host and calls `sync` (which serves shared accounts added by other hosts). A fleet key that
+/// turns out to be another fleet's ends brokerd, having written nothing.
 public struct FleetUpkeep: Service {
     public let connection: FleetConnection
-    let prepared: Bool
+    public let prepared: Bool
     let logger: Logger
+    let sync: @Sendable () async -> Void
 
-    public init(connection: FleetConnection, prepared: Bool, logger: Logger) {
+    public init(
+        connection: FleetConnection, prepared: Bool, logger: Logger, sync: @escaping @Sendable () async -> Void
+    ) {
         self.connection = connection
         self.prepared = prepared
         self.logger = logger
+        self.sync = sync
     }
 
     public func run() async throws {
@@ -34,6 +38,7 @@ public struct FleetUpkeep: Service {
                     logger.warning("the fleet's database does not answer", metadata: ["reason": "\(error)"])
                 }
             }
+            if prepared { await sync() }
             do {
                 try await EventLoopSleep.sleep(for: prepared ? .seconds(connection.settings.leaseSeconds) : .seconds(5))
             } catch {

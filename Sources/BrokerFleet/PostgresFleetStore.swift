@@ -11,29 +11,7 @@ import Synchronization
 /// version, so a holder whose lease lapsed overwrites nothing newer. Every row read is checked:
 /// one that does not open, or is older than a version this broker saw, is refused by name and
 /// the others are served.
-public final class PostgresFleetStore: Sendable {
-    /// A shared account as its row holds it.
-    public struct Row: Sendable {
-        public let record: AccountRecord
-        public let version: Int64
-        /// The host holding the account's lease while its lease runs.
-        public let leaseHolder: String?
-        public let lastRefreshedBy: String?
-    }
-
-    /// A lease taken: the row as it was when taken, and how long the lease runs from then
-    /// (the database's clock).
-    public struct Lease: Sendable {
-        public let row: Row
-        public let remaining: Duration
-    }
-
-    /// What reading a row gave: the row, or why it was refused.
-    public enum Reading: Sendable {
-        case row(Row)
-        case refused(name: String, reason: String)
-    }
-
+public final class PostgresFleetStore: SharedAccountStore {
     /// The channel every commit notifies, with the account's name as payload.
     public static let channel = "tokenbroker_accounts"
 
@@ -71,11 +49,11 @@ public final class PostgresFleetStore: Sendable {
     }
 
     /// Every shared account, each row checked on its own.
-    public func readAll() async throws -> [Reading] {
+    public func readAll() async throws -> [SharedReading] {
         let rows = try await client.query(
             "SELECT name, version, sealed, CASE WHEN lease_until > now() THEN lease_holder END, last_refreshed_by FROM tokenbroker_accounts ORDER BY name",
             logger: logger)
-        var readings: [Reading] = []
+        var readings: [SharedReading] = []
         var names: Set<String> = []
         for try await (name, version, sealed, holder, refresher) in rows.decode(
             (String, Int64, ByteBuffer, String?, String?).self)
@@ -89,7 +67,7 @@ public final class PostgresFleetStore: Sendable {
     }
 
     /// The shared account `name`; `nil` when it has no row. A refused row throws why.
-    public func read(_ name: String) async throws -> Row? {
+    public func read(_ name: String) async throws -> SharedRow? {
         let rows = try await client.query(
             "SELECT name, version, sealed, CASE WHEN lease_until > now() THEN lease_holder END, last_refreshed_by FROM tokenbroker_accounts WHERE name = \(name)",
             logger: logger)
@@ -120,7 +98,7 @@ public final class PostgresFleetStore: Sendable {
 
     /// Takes the lease of `name` for `seconds` when it is free, lapsed or this host's already;
     /// `nil` when another host holds it (or there is no such row). A refused row throws why.
-    public func takeLease(_ name: String, seconds: Double) async throws -> Lease? {
+    public func takeLease(_ name: String, seconds: Double) async throws -> SharedLease? {
         let rows = try await client.query(
             """
             UPDATE tokenbroker_accounts SET lease_holder = \(host), lease_until = now() + make_interval(secs => \(seconds))
@@ -130,7 +108,7 @@ public final class PostgresFleetStore: Sendable {
         for try await (version, sealed, refresher, remaining) in rows.decode((Int64, ByteBuffer, String?, Double).self)
         {
             switch reading(name, version, sealed, host, refresher) {
-            case .row(let row): return Lease(row: row, remaining: .milliseconds(Int64(max(0, remaining) * 1000)))
+            case .row(let row): return SharedLease(row: row, remaining: .milliseconds(Int64(max(0, remaining) * 1000)))
             case .refused(_, let reason):
                 await release(name)
                 throw FleetError("the shared account \(name) was refused: \(reason)")
@@ -183,7 +161,7 @@ public final class PostgresFleetStore: Sendable {
     /// than the newest version seen of it.
     private func reading(
         _ name: String, _ version: Int64, _ sealed: ByteBuffer, _ holder: String?, _ refresher: String?
-    ) -> Reading {
+    ) -> SharedReading {
         let newest = seen.withLock { $0[name] ?? 0 }
         guard version >= newest else {
             return .refused(
@@ -193,7 +171,7 @@ public final class PostgresFleetStore: Sendable {
         do {
             let record = try SharedRecord.open(Array(buffer: sealed), name: name, version: version, key: key)
             note(name, version)
-            return .row(Row(record: record, version: version, leaseHolder: holder, lastRefreshedBy: refresher))
+            return .row(SharedRow(record: record, version: version, leaseHolder: holder, lastRefreshedBy: refresher))
         } catch {
             return .refused(name: name, reason: String(describing: error))
         }

@@ -56,6 +56,8 @@ public struct Request: Codable, Sendable {
     public var scope: String?
     /// `token`, `reject`: the absolute URI of the resource the token is for (RFC 8707).
     public var resource: String?
+    /// `add`: create the account in the fleet's shared store, served by every broker of the fleet.
+    public var shared: Bool?
 
     public init(
         id: RequestID?, op: String, account: String? = nil, minTTL: Double? = nil, accessToken: String? = nil,
@@ -82,7 +84,7 @@ public struct Request: Codable, Sendable {
 
     enum CodingKeys: String, CodingKey {
         case id, op, account, accounts, versions, client, provider, tokens, force, flow, timeout, passphrase, to
-        case scope, resource
+        case scope, resource, shared
         case minTTL = "min_ttl"
         case accessToken = "access_token"
         case secretsFile = "secrets_file"

@@ -330,6 +330,8 @@ struct Add: ParsableCommand {
     @Option(help: "Provider kind: oauth2, refresh_url, sliding, exec, file or static.") var kind: String
     @OptionGroup var provider: ProviderOptions
     @Option(help: "File with the secrets as JSON, or - for stdin.") var secrets: String?
+    @Flag(help: "Create it in the fleet's shared store, served by every broker of the fleet (docs/fleet.md).")
+    var shared = false
 
     func run() throws {
         var spec = provider.spec(kind: kind)
@@ -339,8 +341,8 @@ struct Add: ParsableCommand {
             spec["client_secret"] = input.clientSecret.map(JSONValue.string)
             tokens = input.tokens
         }
-        try options.run(.add(account: account, provider: spec, tokens: tokens)) {
-            "added \($0.account) (\($0.state))"
+        try options.run(.add(account: account, provider: spec, tokens: tokens, shared: shared)) {
+            "added \($0.account)\(shared ? " to the fleet" : "") (\($0.state))"
         }
     }
 }

@@ -89,30 +89,38 @@ struct Brokerd: ParsableCommand {
             logger.notice(
                 "the vault is sealed with a passphrase; starting locked (set key = \"passphrase\" in broker.toml)")
         }
-        let fleet = try await joinFleet(configuration.fleet, logger: logger)
+        let connection = try await connectFleet(configuration.fleet, logger: logger)
         let http = IdPClient(settings: configuration.settings)
         do {
             let broker = try Broker(
                 vault: vault, settings: configuration.settings, http: http, logger: logger, configPath: configPath)
+            let fleet = connection.map { connection, prepared in
+                FleetUpkeep(connection: connection, prepared: prepared, logger: logger) {
+                    await broker.joinFleet(connection.store, leaseSeconds: connection.settings.leaseSeconds)
+                }
+            }
             do {
                 try await broker.configure(configuration)
             } catch {
                 throw BrokerError(error)
             }
+            if let (connection, prepared) = connection, prepared {
+                await broker.joinFleet(connection.store, leaseSeconds: connection.settings.leaseSeconds)
+            }
             try await serve(broker: broker, fleet: fleet, logger: logger)
         } catch {
             await http.shutdown()
-            await fleet?.connection.close()
+            await connection?.0.close()
             throw error
         }
         await http.shutdown()
-        await fleet?.connection.close()
+        await connection?.0.close()
     }
 
     /// Connects to the fleet's database when `[fleet]` is set, and makes or checks its schema
     /// before any client is served; a database that does not answer yet is waited for by
     /// `FleetUpkeep`. Another fleet's key stops brokerd here, before anything is written.
-    private func joinFleet(_ settings: FleetSettings?, logger: Logger) async throws -> FleetUpkeep? {
+    private func connectFleet(_ settings: FleetSettings?, logger: Logger) async throws -> (FleetConnection, Bool)? {
         guard let settings else { return nil }
         let credentials = try FleetCredentials(settings: settings, environment: ProcessInfo.processInfo.environment)
         let connection = try FleetConnection(settings: settings, credentials: credentials, logger: logger)
@@ -123,7 +131,7 @@ struct Brokerd: ParsableCommand {
             } else {
                 logger.warning("the fleet's database does not answer; brokerd keeps trying")
             }
-            return FleetUpkeep(connection: connection, prepared: prepared, logger: logger)
+            return (connection, prepared)
         } catch {
             await connection.close()
             throw error

@@ -234,6 +234,32 @@ struct AccountMachine: Sendable {
         return .applied([.persist, .publish(token), .emit(.refreshed)] + (recovered ? [.emit(.valid)] : []))
     }
 
+    /// Refresh `serial` of a shared account found the account's row newer than the record held:
+    /// another host refreshed it (docs/fleet.md). The row's record replaces the one held (the row
+    /// is the account's state, so nothing is saved here). When the row's token needs no refresh
+    /// yet the refresh ends, and `true` comes back with the effects; otherwise it goes on from the
+    /// row's credential. `nil` when the refresh was overtaken.
+    mutating func sharedRowRead(_ row: AccountRecord, serial: Int, planner: RefreshPlanner, now: Date) -> (
+        finished: Bool, effects: [Effect]
+    )? {
+        guard refreshSerial == serial else { return nil }
+        record = row
+        let next = Self.next(after: record, planner, now: now)
+        guard let next, next <= now, !record.needsLogin, record.loggedOut != true else {
+            if clientRefresh == serial { clientRefreshedAt = now }
+            failures = 0
+            if record.needsLogin {
+                settle(.denied, nextRefreshAt: nil)
+            } else if record.loggedOut == true {
+                settle(.loggedOut, nextRefreshAt: nil)
+            } else {
+                settle(.idle, nextRefreshAt: next)
+            }
+            return (true, [.publish(servableToken), .emit(.refreshed, message: "refreshed by another host")])
+        }
+        return (false, [.publish(servableToken)])
+    }
+
     /// A narrowed refresh (`TokenKey`), which presented `presented`, got `grant`: the account
     /// keeps its own token and schedule, and a credential the IdP rotated replaces the one
     /// presented. `nil` when the account no longer holds that credential (new tokens came

@@ -77,16 +77,43 @@ extension Broker {
         defer { if refreshTasks[name]?.serial == serial { refreshTasks[name] = nil } }
         await takeChainTurn(name)
         defer { endChainTurn(name) }
-        guard let started = accounts[name]?.record else { return .failure(.noSuchAccount(AccountName(known: name))) }
+        guard var started = accounts[name]?.record else { return .failure(.noSuchAccount(AccountName(known: name))) }
         // New tokens or a removal came while it waited for its turn: nothing to present.
         guard accounts[name]?.refreshSerial == serial else {
             return .failure(.changedDuringRefresh(AccountName(known: name)))
         }
+        // A shared account refreshes under its lease, from its row's credential (docs/fleet.md).
+        let shared = fleet?.versions[name] != nil ? await takeSharedTurn(name, serial: serial) : nil
+        if case .finished(let result) = shared { return result }
+        if case .leased(let row) = shared { started = row.record }
         let provider = provider(for: started)
         let asked = ContinuousClock.now
-        // Whatever the IdP or helper wrote is cleaned here, once, before it is stored, logged or sent.
-        let outcome = await provider.refresh(started, now: clock.now()).mapError(started.outsideText().clean)
+        let outcome: Result<Grant, RefreshFailure>
+        if case .failed(let failure) = shared {
+            outcome = .failure(failure)
+        } else {
+            // Whatever the IdP or helper wrote is cleaned here, once, before it is stored, logged or sent.
+            outcome = await provider.refresh(started, now: clock.now()).mapError(started.outsideText().clean)
+        }
         let answered = ContinuousClock.now
+        if case .leased(let row) = shared {
+            guard case .success(let grant) = outcome else {
+                await fleet?.store.release(name)
+                return await finishRefresh(name, serial: serial, started: started, outcome: outcome)
+            }
+            return await commitShared(
+                name, serial: serial, presented: started.secrets, grant: grant, over: row.version,
+                idp: asked.duration(to: answered))
+        }
+        return await finishRefresh(
+            name, serial: serial, started: started, outcome: outcome, asked: asked, answered: answered)
+    }
+
+    /// Applies what a refresh's provider call gave to the account's machine and runs its effects.
+    func finishRefresh(
+        _ name: String, serial: Int, started: AccountRecord, outcome: Result<Grant, RefreshFailure>,
+        asked: ContinuousClock.Instant = .now, answered: ContinuousClock.Instant = .now
+    ) async -> Result<Void, BrokerFailure> {
         let now = clock.now()
         guard accounts[name] != nil else { return .failure(.changedDuringRefresh(AccountName(known: name))) }
         let result: AccountMachine.RefreshResult

@@ -56,6 +56,9 @@ public actor Broker {
     var loginsRunning: Set<String> = []
     /// The token files kept fresh (`export_file`, `wlcg_account`), from the configuration.
     var tokenFiles = TokenFiles()
+    /// The fleet's shared store and the shared accounts served from it (`joinFleet`); `nil`:
+    /// every account is local.
+    var fleet: FleetMembership?
 
     /// Loads every account from `vault` (refusing a wrong key or tampered file) and schedules it;
     /// a vault that holds no key yet (passphrase mode) leaves the broker locked.
@@ -163,7 +166,9 @@ public actor Broker {
     /// Saves the accounts `names` as they are now (a name no longer here is removed), with any
     /// whose earlier save failed.
     func persist(changing names: some Collection<String>) throws(BrokerFailure) {
-        unsaved.formUnion(names)
+        // A shared account's state is its row (`commitShared`), never the local vault.
+        unsaved.formUnion(names.filter { fleet?.versions[$0] == nil })
+        guard !unsaved.isEmpty else { return }
         let changed = unsaved.sorted().compactMap { accounts[$0]?.record }
         let removed = unsaved.sorted().filter { accounts[$0] == nil }
         do {

@@ -82,6 +82,11 @@ public enum BrokerFailure: Error, Sendable, Equatable, CustomStringConvertible {
     /// The account's id token expires before the time asked for, and a refresh did not renew it.
     case idTokenExpired(AccountName)
 
+    /// A shared account was asked of a broker whose broker.toml has no `[fleet]`.
+    case noFleet
+    /// The fleet's database could not be reached or refused the change; `reason` says why.
+    case fleetUnavailable(reason: String)
+
     /// The broker holds no vault key (passphrase mode): only `unlock` helps.
     case locked
     /// `unlock` was given a passphrase that does not open the vault.
@@ -109,6 +114,10 @@ extension BrokerFailure {
             return reason
         case .noSuchAccount(let name):
             return Self.noSuchAccount(name.rawValue)
+        case .noFleet:
+            return "this broker shares no accounts: its broker.toml has no [fleet] table (docs/fleet.md)"
+        case .fleetUnavailable(let reason):
+            return "the fleet's database cannot take the change now (\(reason)); try again"
         case .accountExists(let name):
             return "an account named \(name) exists; remove it first (brokerctl remove \(name)) or push new tokens "
                 + "to it with \(Self.setTokens(name))"

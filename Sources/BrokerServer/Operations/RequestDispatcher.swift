@@ -212,7 +212,8 @@ public struct RequestDispatcher: Sendable {
                     encoder)
             case .add:
                 let added = try await operations.add(
-                    account: request.account, provider: request.provider, tokens: request.tokens)
+                    account: request.account, provider: request.provider, tokens: request.tokens,
+                    shared: request.shared ?? false)
                 return try success(request, added, encoder)
             case .setTokens:
                 return try success(

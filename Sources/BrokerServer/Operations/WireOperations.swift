@@ -60,16 +60,18 @@ public struct WireOperations: Sendable {
         ]
     }
 
-    /// `add`.
-    public func add(account: String?, provider: ProviderSpec?, tokens: TokenSet?) async throws(BrokerError)
-        -> AccountResult
+    /// `add`; with `shared`, in the fleet's shared store.
+    public func add(account: String?, provider: ProviderSpec?, tokens: TokenSet?, shared: Bool = false)
+        async throws(BrokerError) -> AccountResult
     {
         let name = try WireTranslation.accountName(account)
         let (config, clientSecret) = try WireTranslation.provider(provider)
         let push = try tokens.map { tokens throws(BrokerError) in try WireTranslation.tokenPush(tokens) }
         return WireTranslation.result(
             try await translating { () async throws(BrokerFailure) in
-                try await broker.add(name, provider: config, clientSecret: clientSecret, tokens: push)
+                shared
+                    ? try await broker.addShared(name, provider: config, clientSecret: clientSecret, tokens: push)
+                    : try await broker.add(name, provider: config, clientSecret: clientSecret, tokens: push)
             })
     }
 

@@ -154,7 +154,7 @@ extension BrokerError {
         let message = failure.description
         switch failure {
         case .invalid, .accountExists, .nothingToPush, .neverRefreshes, .configUnreadable, .configNotApplied,
-            .loginSettingsDiffer, .credentialWouldMove:
+            .loginSettingsDiffer, .credentialWouldMove, .noFleet:
             self.init(.badRequest, message)
         case .noSuchAccount, .loginNeedsProvider, .noIDToken:
             self.init(.notFound, message)
@@ -174,6 +174,8 @@ extension BrokerError {
             self.init(.unavailable, message, retryAfterMs: 0)
         case .tokenTooShort, .lifetimeTooShort, .loginUnavailable:
             self.init(.unavailable, message)
+        case .fleetUnavailable:
+            self.init(.unavailable, message, retryAfterMs: 1000)
         case .revocationFailed(_, _, let retryAfter):
             self.init(.unavailable, message, retryAfterMs: retryAfter.map(Bounds.milliseconds))
         case .targetRefused, .wrongPassphrase:

@@ -1,0 +1,208 @@
+import BrokerProtocol
+import FoundationEssentials
+import Logging
+
+/// The fleet's shared accounts in the engine (docs/fleet.md): served from the shared store's
+/// rows, refreshed by one host at a time under the account's lease, and each rotation committed
+/// to the store (compare and swap on the row's version) before any token from it is served.
+extension Broker {
+    /// The shared store and what this broker knows of its rows.
+    struct FleetMembership {
+        let store: any SharedAccountStore
+        let leaseSeconds: Double
+        /// The version of each shared account's row this broker holds.
+        var versions: [String: Int64] = [:]
+        /// A refresh the IdP answered whose commit did not reach the store: its record and the
+        /// version it goes over, committed by the account's next refresh (`takeSharedTurn`).
+        var pending: [String: (record: AccountRecord, over: Int64)] = [:]
+    }
+
+    /// What a shared account's refresh found before calling the IdP.
+    enum SharedTurn {
+        /// The refresh is over: another host's commit, read from the row, served it.
+        case finished(Result<Void, BrokerFailure>)
+        /// The lease is this host's: refresh from the row's record, then commit over its version.
+        case leased(SharedRow)
+        /// No lease could be had (the database does not answer, or another host keeps the lease).
+        case failed(RefreshFailure)
+    }
+
+    /// Joins the fleet, or once joined reads it again: serves every shared account `store`
+    /// holds that this broker does not serve yet (a refused row is logged by name and left out),
+    /// each refreshed under a lease of `leaseSeconds`.
+    public func joinFleet(_ store: any SharedAccountStore, leaseSeconds: Double) async {
+        if fleet == nil { fleet = FleetMembership(store: store, leaseSeconds: leaseSeconds) }
+        await readSharedAccounts()
+    }
+
+    /// Reads every row and serves the shared accounts this broker does not hold yet.
+    func readSharedAccounts() async {
+        guard let store = fleet?.store else { return }
+        let readings: [SharedReading]
+        do {
+            readings = try await store.readAll()
+        } catch {
+            logger.warning("cannot read the shared accounts", metadata: ["reason": "\(error)"])
+            return
+        }
+        let now = clock.now()
+        for reading in readings {
+            switch reading {
+            case .refused(let name, let reason):
+                logger.error(
+                    "shared account refused",
+                    metadata: ["account": "\(JSONText.quote(String(name.prefix(128))))", "reason": "\(reason)"])
+            case .row(let row):
+                let name = row.record.name
+                guard (try? AccountName(name)) != nil, fleet?.versions[name] == nil else { continue }
+                guard accounts[name] == nil else {
+                    logger.warning(
+                        "a local account has the name of a shared one; the local one is served",
+                        metadata: ["account": "\(name)"])
+                    continue
+                }
+                let machine = AccountMachine(record: row.record, planner: planner, now: now)
+                fleet?.versions[name] = row.version
+                accounts[name] = machine
+                cache.publish(machine.servableToken.flatMap { try? PreparedToken(account: name, token: $0) }, for: name)
+            }
+        }
+    }
+
+    /// Creates `account` as a shared account: its row first (refused when the name is taken in
+    /// the store), then the account served here.
+    public func addShared(
+        _ account: AccountName, provider: ProviderConfig, clientSecret: SecretBytes?, tokens: TokenPush?
+    ) async throws(BrokerFailure) -> AccountSnapshot {
+        let name = account.rawValue
+        guard let store = fleet?.store else { throw .noFleet }
+        guard !padlock.isLocked else { throw .locked }
+        guard accounts[name] == nil else { throw .accountExists(account) }
+        let now = clock.now()
+        var record = AccountRecord(
+            name: name, provider: provider, secrets: AccountSecrets(clientSecret: clientSecret), token: nil,
+            needsLogin: false, lastError: nil, lastRefreshAt: nil)
+        if let tokens { apply(tokens, to: &record, now: now) }
+        let inserted: Bool
+        do {
+            inserted = try await store.insert(record)
+        } catch {
+            throw .fleetUnavailable(reason: "\(error)")
+        }
+        guard inserted else { throw .accountExists(account) }
+        guard accounts[name] == nil else { throw .accountExists(account) }
+        fleet?.versions[name] = 1
+        var machine = AccountMachine(record: record, planner: planner, now: now)
+        let effects = machine.tokensReplaced(by: record, planner: planner, now: now)
+        accounts[name] = machine
+        try run(effects.filter { $0 != .persist }, for: name)
+        logger.info("shared account added", metadata: ["account": "\(name)", "provider": "\(provider.kind)"])
+        let added = describe(try self.machine(name), now: clock.now())
+        events.publish(AccountEvent(kind: .added, account: account, at: now, state: added.state))
+        return added
+    }
+
+    /// Before a shared account's refresh calls the IdP: reads the row (another host may have
+    /// refreshed it already, and then its token is served), then takes the lease, waiting for
+    /// another holder's commit or the end of its lease, at most one lease and one IdP timeout.
+    /// Under the lease the row is read again; the IdP is called only while the lease has more
+    /// than an IdP timeout left.
+    func takeSharedTurn(_ name: String, serial: Int) async -> SharedTurn {
+        guard let fleet else { return .finished(.failure(.noSuchAccount(AccountName(known: name)))) }
+        let deadline = clock.now().addingTimeInterval(fleet.leaseSeconds + settings.requestTimeout)
+        while true {
+            do {
+                if let pending = fleet.pending[name] {
+                    let committed = try await fleet.store.commit(pending.record, over: pending.over)
+                    self.fleet?.pending[name] = nil
+                    if committed {
+                        logger.notice("committed a refresh the database had missed", metadata: ["account": "\(name)"])
+                    }
+                }
+                guard let row = try await fleet.store.read(name) else {
+                    return .failed(.transient("the shared account is gone from the fleet's database"))
+                }
+                if let done = adopt(row, serial: serial) { return .finished(done) }
+                if let lease = try await fleet.store.takeLease(name, seconds: fleet.leaseSeconds) {
+                    if let done = adopt(lease.row, serial: serial) {
+                        await fleet.store.release(name)
+                        return .finished(done)
+                    }
+                    guard lease.remaining > .milliseconds(Int64(settings.requestTimeout * 1000)) else {
+                        await fleet.store.release(name)
+                        return .failed(.transient("the fleet lease is shorter than an IdP call"))
+                    }
+                    return .leased(lease.row)
+                }
+            } catch {
+                return .failed(.transient("the fleet's database: \(error)"))
+            }
+            guard clock.now() < deadline else {
+                return .failed(.transient("another host holds the fleet lease and has not committed"))
+            }
+            await clock.sleep(for: .milliseconds(200))
+            guard accounts[name]?.refreshSerial == serial else {
+                return .finished(.failure(.changedDuringRefresh(AccountName(known: name))))
+            }
+        }
+    }
+
+    /// Takes `row` when it is newer than the version held; returns the refresh's result when
+    /// that ends it (the row's token needs no refresh yet), `nil` when the refresh goes on.
+    private func adopt(_ row: SharedRow, serial: Int) -> Result<Void, BrokerFailure>? {
+        let name = row.record.name
+        guard let known = fleet?.versions[name], row.version > known else { return nil }
+        fleet?.versions[name] = row.version
+        guard
+            let (finished, effects) = accounts[name]?.sharedRowRead(
+                row.record, serial: serial, planner: planner, now: clock.now())
+        else { return .failure(.changedDuringRefresh(AccountName(known: name))) }
+        try? run(effects, for: name)
+        guard finished else { return nil }
+        logger.info(
+            "refreshed by another host",
+            metadata: ["account": "\(name)", "version": "\(row.version)", "host": "\(row.lastRefreshedBy ?? "-")"])
+        return .success(())
+    }
+
+    /// Commits what the IdP gave refresh `serial` of a shared account as the version after
+    /// `version`, and only then serves it. A row that moved on meanwhile is taken instead; a
+    /// commit that did not reach the database is kept and tried again by the next refresh,
+    /// the old token served meanwhile.
+    func commitShared(
+        _ name: String, serial: Int, presented: AccountSecrets, grant: Grant, over version: Int64, idp: Duration
+    ) async -> Result<Void, BrokerFailure> {
+        guard let store = fleet?.store, var trial = accounts[name] else {
+            return .failure(.changedDuringRefresh(AccountName(known: name)))
+        }
+        let now = clock.now()
+        guard
+            case .applied(let effects) = trial.refreshSucceeded(
+                serial: serial, presented: presented, grant: grant, planner: planner, now: now)
+        else { return .failure(.changedDuringRefresh(AccountName(known: name))) }
+        do {
+            guard try await store.commit(trial.record, over: version) else {
+                guard let row = try await store.read(name) else {
+                    return .failure(.changedDuringRefresh(AccountName(known: name)))
+                }
+                return adopt(row, serial: serial) ?? .failure(.changedDuringRefresh(AccountName(known: name)))
+            }
+        } catch {
+            fleet?.pending[name] = (trial.record, version)
+            let failure = RefreshFailure.transient("the fleet's database did not take the refresh: \(error)")
+            return await finishRefresh(name, serial: serial, started: trial.record, outcome: .failure(failure))
+        }
+        fleet?.versions[name] = version + 1
+        guard accounts[name]?.refreshSerial == serial else {
+            return .failure(.changedDuringRefresh(AccountName(known: name)))
+        }
+        accounts[name] = trial
+        try? run(effects.filter { $0 != .persist }, for: name)
+        logger.info(
+            "refreshed",
+            metadata: [
+                "account": "\(name)", "version": "\(version + 1)", "idp_us": "\(Self.microseconds(idp))",
+            ])
+        return .success(())
+    }
+}

@@ -1,0 +1,58 @@
+/// A shared account as its row holds it (docs/fleet.md, "Rows").
+public struct SharedRow: Sendable {
+    public let record: AccountRecord
+    /// Grows by one with every commit; the same on every host once they have read it.
+    public let version: Int64
+    /// The host holding the account's lease while the lease runs.
+    public let leaseHolder: String?
+    /// The host that committed the row last.
+    public let lastRefreshedBy: String?
+
+    public init(record: AccountRecord, version: Int64, leaseHolder: String?, lastRefreshedBy: String?) {
+        self.record = record
+        self.version = version
+        self.leaseHolder = leaseHolder
+        self.lastRefreshedBy = lastRefreshedBy
+    }
+}
+
+/// A lease taken: the row as it was when taken, and how long the lease runs from then.
+public struct SharedLease: Sendable {
+    public let row: SharedRow
+    public let remaining: Duration
+
+    public init(row: SharedRow, remaining: Duration) {
+        self.row = row
+        self.remaining = remaining
+    }
+}
+
+/// What reading one row gave: the row, or why it was refused (never a secret).
+public enum SharedReading: Sendable {
+    case row(SharedRow)
+    case refused(name: String, reason: String)
+}
+
+/// Where the fleet's shared accounts live; the engine reads and writes them only through this
+/// (the PostgreSQL store, `BrokerFleet.PostgresFleetStore`). Every row read is checked: one
+/// that does not open, or is older than a version seen, is refused.
+public protocol SharedAccountStore: Sendable {
+    /// This broker's name in the rows (`[fleet] host`).
+    var host: String { get }
+    /// Every shared account, each row checked on its own.
+    func readAll() async throws -> [SharedReading]
+    /// The shared account `name`; `nil` when it has no row. A refused row throws why.
+    func read(_ name: String) async throws -> SharedRow?
+    /// Adds `record` as a new shared account at version 1; `false` when the name is taken.
+    func insert(_ record: AccountRecord) async throws -> Bool
+    /// Takes `name`'s lease for `seconds` when it is free, lapsed or this host's already; `nil`
+    /// when another host holds it or there is no such row.
+    func takeLease(_ name: String, seconds: Double) async throws -> SharedLease?
+    /// Ends this host's lease of `name` without a change.
+    func release(_ name: String) async
+    /// Commits `record` as the version after `version` if the row is still at `version`, and
+    /// ends the lease; `false` when the row moved on or is gone.
+    func commit(_ record: AccountRecord, over version: Int64) async throws -> Bool
+    /// Deletes the row of `name`; `false` when there was none.
+    func delete(_ name: String) async throws -> Bool
+}
