@@ -18,7 +18,9 @@ struct FleetSharingTests {
         #expect(try FleetStartTests.fleetInit(key).status == 0)
         let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-shared", lifetime: 4)
         do {
-            let a = try FleetStartTests.broker(on: server, key: key, host: "a")
+            // A lease of 6 s, so that a host reads the store again every 6 s.
+            let (settings, lease) = ("request_timeout = 2", "lease_seconds = 6")
+            let a = try FleetStartTests.broker(on: server, key: key, host: "a", broker: settings, fleet: lease)
             try await a.start()
             defer { a.stop() }
             let added = try a.brokerctl(
@@ -34,7 +36,7 @@ struct FleetSharingTests {
             _ = try await clientA.token(account: "api", minTTL: 1)
 
             // b starts after the account was shared, and serves it from the row.
-            let b = try FleetStartTests.broker(on: server, key: key, host: "b")
+            let b = try FleetStartTests.broker(on: server, key: key, host: "b", broker: settings, fleet: lease)
             try await b.start()
             defer { b.stop() }
             let clientB = try b.client()
@@ -46,9 +48,14 @@ struct FleetSharingTests {
             var refused = 0
             while Date() < end {
                 for client in [clientA, clientB] {
+                    // Served at some instant between the request and its answer: valid then.
+                    let asked = Date()
                     let token = try await client.token(account: "api", minTTL: 1).accessToken
+                    let answered = Date()
                     answers += 1
-                    if !idp.accepted(token, at: Date(), grace: 0.5) { refused += 1 }
+                    if !idp.accepted(token, at: asked, grace: 0.2), !idp.accepted(token, at: answered, grace: 0.2) {
+                        refused += 1
+                    }
                 }
                 try await Task.sleep(for: .milliseconds(100))
             }
@@ -60,6 +67,22 @@ struct FleetSharingTests {
             #expect(Set(calls.compactMap(\.refreshToken)).count == calls.count, "one IdP call per rotation")
             #expect(a.log.contains("refreshed by another host") || b.log.contains("refreshed by another host"))
             #expect(!a.log.contains("rt-shared") && !b.log.contains("rt-shared"), "no refresh token in a log")
+
+            // Removed on b: gone from the store, and from a within a lease or two.
+            #expect(try server.dump().contains("\napi\t"), "the row is there")
+            #expect(try b.brokerctl(["remove", "api"]).status == 0)
+            #expect(try server.dump().contains("\napi\t") == false, "the row is deleted")
+            let gone = Date().addingTimeInterval(15)
+            var code: BrokerError.Code?
+            while code != .notFound, Date() < gone {
+                do {
+                    _ = try await clientA.token(account: "api", minTTL: 1)
+                    try await Task.sleep(for: .milliseconds(200))
+                } catch let error as BrokerError {
+                    code = error.code
+                }
+            }
+            #expect(code == .notFound, "a stopped serving the account removed on b")
         } catch {
             await idp.shutdown()
             throw error

@@ -14,9 +14,10 @@ import Glibc
 @Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
 struct FleetStartTests {
     /// A broker whose broker.toml names `server` with `key` as its fleet key.
-    static func broker(on server: PostgresServer, key: String, host: String, database: String? = nil) throws
-        -> BrokerProcess
-    {
+    static func broker(
+        on server: PostgresServer, key: String, host: String, database: String? = nil, broker settings: String = "",
+        fleet extra: String = ""
+    ) throws -> BrokerProcess {
         let broker = try BrokerProcess()
         let passwordFile = broker.configDirectory.appendingPathComponent("db-password").path
         try FileManager.default.createDirectory(at: broker.configDirectory, withIntermediateDirectories: true)
@@ -25,11 +26,14 @@ struct FleetStartTests {
         let url = database ?? "postgresql://\(server.username)@127.0.0.1:\(server.port)/\(server.database)"
         try broker.writeConfig(
             """
+            [broker]
+            \(settings)
             [fleet]
             database = "\(url)"
             password_file = "\(passwordFile)"
             key_file = "\(key)"
             host = "\(host)"
+            \(extra)
             """)
         return broker
     }

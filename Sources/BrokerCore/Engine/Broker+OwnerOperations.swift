@@ -64,9 +64,11 @@ extension Broker {
     }
 
     /// Deletes an account and its secrets.
-    public func remove(_ account: AccountName) throws(BrokerFailure) {
+    public func remove(_ account: AccountName) async throws(BrokerFailure) {
         let name = account.rawValue
         try checkNotLoggingOut(try machine(name))
+        // A shared account is removed fleet-wide: its row first (docs/fleet.md).
+        try await removeShared(name)
         guard let removed = accounts.removeValue(forKey: name) else { throw .noSuchAccount(account) }
         tokenProviders[name] = nil
         do {

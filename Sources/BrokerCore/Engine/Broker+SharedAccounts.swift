@@ -37,7 +37,7 @@ extension Broker {
 
     /// Reads every row and serves the shared accounts this broker does not hold yet.
     func readSharedAccounts() async {
-        guard let store = fleet?.store else { return }
+        guard let store = fleet?.store, !padlock.isLocked else { return }
         let readings: [SharedReading]
         do {
             readings = try await store.readAll()
@@ -46,6 +46,23 @@ extension Broker {
             return
         }
         let now = clock.now()
+        // Rows gone (removed or unshared on another host): no longer served here.
+        let present = Set(
+            readings.map { reading in
+                switch reading {
+                case .row(let row): row.record.name
+                case .refused(let name, _): name
+                }
+            })
+        for name in fleet?.versions.keys.filter({ !present.contains($0) }) ?? []
+        where accounts[name]?.refreshSerial == nil {
+            fleet?.versions[name] = nil
+            guard accounts.removeValue(forKey: name) != nil else { continue }
+            tokenProviders[name] = nil
+            cache.publish(nil, for: name)
+            logger.info("shared account removed by another host", metadata: ["account": "\(name)"])
+            events.publish(AccountEvent(kind: .removed, account: AccountName(known: name), at: now))
+        }
         for reading in readings {
             switch reading {
             case .refused(let name, let reason):
@@ -54,7 +71,9 @@ extension Broker {
                     metadata: ["account": "\(JSONText.quote(String(name.prefix(128))))", "reason": "\(reason)"])
             case .row(let row):
                 let name = row.record.name
-                guard (try? AccountName(name)) != nil, fleet?.versions[name] == nil else { continue }
+                guard (try? AccountName(name)) != nil, fleet?.versions[name] == nil || accounts[name] == nil else {
+                    continue
+                }
                 guard accounts[name] == nil else {
                     logger.warning(
                         "a local account has the name of a shared one; the local one is served",
@@ -100,6 +119,19 @@ extension Broker {
         let added = describe(try self.machine(name), now: clock.now())
         events.publish(AccountEvent(kind: .added, account: account, at: now, state: added.state))
         return added
+    }
+
+    /// Deletes the row of `name` when it is a shared account (nothing otherwise); the other
+    /// brokers stop serving it at their next read of the store.
+    func removeShared(_ name: String) async throws(BrokerFailure) {
+        guard let store = fleet?.store, fleet?.versions[name] != nil else { return }
+        do {
+            _ = try await store.delete(name)
+        } catch {
+            throw .fleetUnavailable(reason: "\(error)")
+        }
+        fleet?.versions[name] = nil
+        fleet?.pending[name] = nil
     }
 
     /// Before a shared account's refresh calls the IdP: reads the row (another host may have
