@@ -258,6 +258,15 @@ public struct AccountStatus: Codable, Sendable, Equatable {
     /// The scopes the account was configured with (or first granted) that the IdP left out of
     /// its current token, space-separated; absent when none are missing.
     public var lostScope: String?
+    /// `true` for an account of the fleet's shared store (docs/fleet.md); absent otherwise.
+    public var shared: Bool?
+    /// A shared account's row version: it grows with each rotation, the same on every host once
+    /// they have read it.
+    public var version: Int64?
+    /// The fleet host that committed a shared account's row last.
+    public var lastRefreshedBy: String?
+    /// This broker's fleet host name while it holds the shared account's lease.
+    public var leaseHolder: String?
 
     public init(
         account: String, provider: String, state: String, expiresAt: Date? = nil, refreshExpiresAt: Date? = nil,
@@ -278,8 +287,10 @@ public struct AccountStatus: Codable, Sendable, Equatable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case account, provider, state, git, docker
+        case account, provider, state, git, docker, shared, version
         case lostScope = "lost_scope"
+        case lastRefreshedBy = "last_refreshed_by"
+        case leaseHolder = "lease_holder"
         case expiresAt = "expires_at"
         case refreshExpiresAt = "refresh_expires_at"
         case nextRefreshAt = "next_refresh_at"

@@ -68,6 +68,16 @@ struct FleetSharingTests {
             #expect(a.log.contains("refreshed by another host") || b.log.contains("refreshed by another host"))
             #expect(!a.log.contains("rt-shared") && !b.log.contains("rt-shared"), "no refresh token in a log")
 
+            // Both show the account as shared, at the version each has read (b may not have read a's
+            // last commit yet), committed by one of the two.
+            let statusA = try #require(try await clientA.status().first { $0.account == "api" })
+            let statusB = try #require(try await clientB.status().first { $0.account == "api" })
+            #expect(statusA.shared == true && statusB.shared == true)
+            let versions = [statusA.version ?? 0, statusB.version ?? 0]
+            #expect(versions.min()! >= 2 && versions.max()! - versions.min()! <= 1, "\(versions)")
+            #expect(["a", "b"].contains(statusA.lastRefreshedBy ?? "") && statusA.leaseHolder == nil)
+            #expect(Int64(calls.count) + 1 >= versions.max()!, "one version per refresh at most")
+
             // Removed on b: gone from the store, and from a within a lease or two.
             #expect(try server.dump().contains("\napi\t"), "the row is there")
             #expect(try b.brokerctl(["remove", "api"]).status == 0)

@@ -15,6 +15,17 @@ public struct AccountSnapshot: Sendable, Equatable {
     public var lastError: AccountError?
     /// The scopes the IdP no longer grants the account's own token (`AccountRecord.lostScope`).
     public var lostScope: [String]?
+    /// For a shared account (docs/fleet.md): what its row says.
+    public var shared: SharedAccountStatus?
+}
+
+/// A shared account's row as `status` shows it.
+public struct SharedAccountStatus: Sendable, Equatable {
+    public var version: Int64
+    /// The host that committed the row last.
+    public var lastRefreshedBy: String?
+    /// This host's name while it holds the account's lease.
+    public var leaseHolder: String?
 }
 
 /// The state of an account.

@@ -86,6 +86,7 @@ extension Broker {
         let shared = fleet?.versions[name] != nil ? await takeSharedTurn(name, serial: serial) : nil
         if case .finished(let result) = shared { return result }
         if case .leased(let row) = shared { started = row.record }
+        defer { if case .leased = shared { fleet?.holding.remove(name) } }
         let provider = provider(for: started)
         let asked = ContinuousClock.now
         let outcome: Result<Grant, RefreshFailure>

@@ -12,6 +12,10 @@ extension Broker {
         let leaseSeconds: Double
         /// The version of each shared account's row this broker holds.
         var versions: [String: Int64] = [:]
+        /// The host that committed each of those rows.
+        var committedBy: [String: String] = [:]
+        /// The accounts whose lease this broker holds now (its refresh under way).
+        var holding: Set<String> = []
         /// A refresh the IdP answered whose commit did not reach the store: its record and the
         /// version it goes over, committed by the account's next refresh (`takeSharedTurn`).
         var pending: [String: (record: AccountRecord, over: Int64)] = [:]
@@ -33,6 +37,14 @@ extension Broker {
     public func joinFleet(_ store: any SharedAccountStore, leaseSeconds: Double) async {
         if fleet == nil { fleet = FleetMembership(store: store, leaseSeconds: leaseSeconds) }
         await readSharedAccounts()
+    }
+
+    /// What `status` shows of `name` when it is a shared account.
+    func sharedStatus(of name: String) -> SharedAccountStatus? {
+        guard let fleet, let version = fleet.versions[name] else { return nil }
+        return SharedAccountStatus(
+            version: version, lastRefreshedBy: fleet.committedBy[name],
+            leaseHolder: fleet.holding.contains(name) ? fleet.store.host : nil)
     }
 
     /// Reads every row and serves the shared accounts this broker does not hold yet.
@@ -82,6 +94,7 @@ extension Broker {
                 }
                 let machine = AccountMachine(record: row.record, planner: planner, now: now)
                 fleet?.versions[name] = row.version
+                fleet?.committedBy[name] = row.lastRefreshedBy
                 accounts[name] = machine
                 cache.publish(machine.servableToken.flatMap { try? PreparedToken(account: name, token: $0) }, for: name)
             }
@@ -111,6 +124,7 @@ extension Broker {
         guard inserted else { throw .accountExists(account) }
         guard accounts[name] == nil else { throw .accountExists(account) }
         fleet?.versions[name] = 1
+        fleet?.committedBy[name] = store.host
         var machine = AccountMachine(record: record, planner: planner, now: now)
         let effects = machine.tokensReplaced(by: record, planner: planner, now: now)
         accounts[name] = machine
@@ -131,6 +145,7 @@ extension Broker {
             throw .fleetUnavailable(reason: "\(error)")
         }
         fleet?.versions[name] = nil
+        fleet?.committedBy[name] = nil
         fleet?.pending[name] = nil
     }
 
@@ -164,6 +179,7 @@ extension Broker {
                         await fleet.store.release(name)
                         return .failed(.transient("the fleet lease is shorter than an IdP call"))
                     }
+                    self.fleet?.holding.insert(name)
                     return .leased(lease.row)
                 }
             } catch {
@@ -185,6 +201,7 @@ extension Broker {
         let name = row.record.name
         guard let known = fleet?.versions[name], row.version > known else { return nil }
         fleet?.versions[name] = row.version
+        fleet?.committedBy[name] = row.lastRefreshedBy
         guard
             let (finished, effects) = accounts[name]?.sharedRowRead(
                 row.record, serial: serial, planner: planner, now: clock.now())
@@ -225,6 +242,7 @@ extension Broker {
             return await finishRefresh(name, serial: serial, started: trial.record, outcome: .failure(failure))
         }
         fleet?.versions[name] = version + 1
+        fleet?.committedBy[name] = store.host
         guard accounts[name]?.refreshSerial == serial else {
             return .failure(.changedDuringRefresh(AccountName(known: name)))
         }

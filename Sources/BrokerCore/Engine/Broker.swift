@@ -187,6 +187,6 @@ public actor Broker {
             state: machine.state(now: now), expiresAt: machine.record.token?.expiresAt,
             refreshExpiresAt: machine.record.secrets.refreshExpiresAt, nextRefreshAt: machine.nextRefreshAt,
             lastRefreshAt: machine.record.lastRefreshAt, lastError: machine.record.lastError,
-            lostScope: machine.record.lostScope)
+            lostScope: machine.record.lostScope, shared: sharedStatus(of: machine.record.name))
     }
 }

@@ -90,11 +90,18 @@ public enum WireTranslation {
 
     /// An account's entry in `status`, with the git hosts and registries it serves.
     public static func status(_ snapshot: AccountSnapshot, bridges: AccountBridges? = nil) -> AccountStatus {
-        AccountStatus(
+        var status = AccountStatus(
             account: snapshot.name.rawValue, provider: snapshot.kind, state: snapshot.state.rawValue,
             expiresAt: snapshot.expiresAt, refreshExpiresAt: snapshot.refreshExpiresAt,
             nextRefreshAt: snapshot.nextRefreshAt, lastRefreshAt: snapshot.lastRefreshAt, lastError: snapshot.lastError,
             git: bridges?.git, docker: bridges?.docker, lostScope: snapshot.lostScope?.joined(separator: " "))
+        if let shared = snapshot.shared {
+            status.shared = true
+            status.version = shared.version
+            status.lastRefreshedBy = shared.lastRefreshedBy
+            status.leaseHolder = shared.leaseHolder
+        }
+        return status
     }
 
     /// The result of an owner op that changed an account.
