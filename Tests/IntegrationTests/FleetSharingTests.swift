@@ -99,4 +99,46 @@ struct FleetSharingTests {
         }
         await idp.shutdown()
     }
+
+    @Test func aTamperedRowIsRefusedByNameAndTheOtherSharedAccountsAreServed() async throws {
+        let server = try PostgresServer()
+        defer { server.stop() }
+        let keys = try TemporaryDirectory()
+        defer { keys.remove() }
+        let key = keys.file("fleet.key")
+        #expect(try FleetStartTests.fleetInit(key).status == 0)
+        let a = try FleetStartTests.broker(on: server, key: key, host: "a")
+        try await a.start()
+        defer { a.stop() }
+        for name in ["api", "git", "web"] {
+            let added = try a.brokerctl(
+                ["add", name, "--shared", "--kind", "static", "--secrets", "-"],
+                stdin: #"{"access_token": "at-\#(name)-in-the-row", "expires_in": 3600}"#)
+            #expect(added.status == 0, "\(added.stderr)")
+        }
+        let dump = try server.dump()
+        #expect(!dump.contains("-in-the-row"), "no access token in clear in the database")
+
+        // git's sealed bytes changed; web's replaced by api's (a row copied onto another name).
+        try server.execute(
+            "UPDATE tokenbroker_accounts SET sealed = overlay(sealed placing '\\x00'::bytea from 40 for 1) WHERE name = 'git'"
+        )
+        try server.execute(
+            """
+            UPDATE tokenbroker_accounts SET (sealed, version) = (SELECT sealed, version FROM tokenbroker_accounts
+            WHERE name = 'api') WHERE name = 'web'
+            """)
+        let b = try FleetStartTests.broker(on: server, key: key, host: "b")
+        try await b.start()
+        defer { b.stop() }
+        let client = try b.client()
+        defer { client.close() }
+        #expect(try await client.token(account: "api").accessToken == "at-api-in-the-row")
+        for name in ["git", "web"] {
+            let error = await #expect(throws: BrokerError.self) { try await client.token(account: name) }
+            #expect(error?.code == .notFound)
+            #expect(b.log.contains("shared account refused") && b.log.contains("\"\(name)\""), "logged by name")
+        }
+        #expect(try await client.hello().protocol == 1, "b keeps serving")
+    }
 }

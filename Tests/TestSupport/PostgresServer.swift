@@ -86,6 +86,15 @@ public final class PostgresServer: Sendable {
             .filter { !$0.hasPrefix("\\restrict") && !$0.hasPrefix("\\unrestrict") }.joined(separator: "\n")
     }
 
+    /// Runs `sql` with `psql` as the database's owner (a test's hand on the rows).
+    public func execute(_ sql: String) throws {
+        let result = try ChildProcess.run(
+            Self.binaries + "/psql",
+            ["-h", "127.0.0.1", "-p", String(port), "-U", username, "-v", "ON_ERROR_STOP=1", "-c", sql, database],
+            environment: Self.environment.merging(["PGPASSWORD": password]) { $1 }, timeout: 60)
+        guard result.status == 0 else { throw HarnessError("psql failed: \(result.output)") }
+    }
+
     private func stopServer(_ server: ChildProcess) {
         if !server.hasExited() { kill(server.pid, SIGINT) }
         let deadline = ContinuousClock.now + .seconds(30)
