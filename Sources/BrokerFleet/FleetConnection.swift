@@ -29,6 +29,9 @@ public final class FleetConnection: Sendable {
             host: settings.databaseHost, port: settings.databasePort, username: settings.databaseUser,
             password: credentials.password, database: settings.databaseName, tls: tls)
         configuration.options.connectTimeout = .seconds(5)
+        // A statement (or a lock it waits for) that takes longer ends in an error, so that a
+        // stalled database or another broker's stuck transaction cannot hold brokerd.
+        configuration.options.additionalStartupParameters = [("statement_timeout", "10s"), ("lock_timeout", "10s")]
         configuration.options.maximumConnections = 4
         let client = PostgresClient(
             configuration: configuration, eventLoopGroup: MultiThreadedEventLoopGroup.singleton,

@@ -56,6 +56,9 @@ enum FleetSchema {
                 current =
                     try await connection.query("SELECT max(version) FROM tokenbroker_schema", logger: logger)
                     .decode(Int32?.self).first { _ in true }.flatMap { $0 } ?? 0
+                guard current >= 0 else {
+                    throw FleetError("the database's schema version (\(current)) is not one brokerd made")
+                }
                 guard current <= version else {
                     throw FleetError(
                         "the database's schema is version \(current), newer than this brokerd's (\(version)): upgrade brokerd"

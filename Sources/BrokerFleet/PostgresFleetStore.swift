@@ -19,6 +19,9 @@ public final class PostgresFleetStore: SharedAccountStore {
     private let key: SecretKey
     /// This broker's name in rows (`[fleet] host`).
     public let host: String
+    /// Who holds a lease this broker takes: its host name and a random suffix of this process,
+    /// so that two brokers given the same `host` never share a lease.
+    private let holder: String
     private let logger: Logger
     /// The highest version seen of each account, so that a row put back at an older version is
     /// refused.
@@ -29,6 +32,7 @@ public final class PostgresFleetStore: SharedAccountStore {
         self.client = client
         self.key = key
         self.host = host
+        self.holder = host + "/" + String(UInt64.random(in: 0...UInt64.max), radix: 16)
         self.logger = logger
     }
 
@@ -101,14 +105,17 @@ public final class PostgresFleetStore: SharedAccountStore {
     public func takeLease(_ name: String, seconds: Double) async throws -> SharedLease? {
         let rows = try await client.query(
             """
-            UPDATE tokenbroker_accounts SET lease_holder = \(host), lease_until = now() + make_interval(secs => \(seconds))
-            WHERE name = \(name) AND (lease_holder IS NULL OR lease_until IS NULL OR lease_until <= now() OR lease_holder = \(host))
+            UPDATE tokenbroker_accounts SET lease_holder = \(holder), lease_until = now() + make_interval(secs => \(seconds))
+            WHERE name = \(name) AND (lease_holder IS NULL OR lease_until IS NULL OR lease_until <= now() OR lease_holder = \(holder))
             RETURNING version, sealed, last_refreshed_by, EXTRACT(EPOCH FROM lease_until - now())::float8
             """, logger: logger)
         for try await (version, sealed, refresher, remaining) in rows.decode((Int64, ByteBuffer, String?, Double).self)
         {
             switch reading(name, version, sealed, host, refresher) {
-            case .row(let row): return SharedLease(row: row, remaining: .milliseconds(Int64(max(0, remaining) * 1000)))
+            case .row(let row):
+                // The database's figure, bounded before it is converted (a hostile one could be anything).
+                let seconds = remaining.isFinite ? min(max(0, remaining), 86_400) : 0
+                return SharedLease(row: row, remaining: .milliseconds(Int64(seconds * 1000)))
             case .refused(_, let reason):
                 await release(name)
                 throw FleetError("the shared account \(name) was refused: \(reason)")
@@ -121,7 +128,7 @@ public final class PostgresFleetStore: SharedAccountStore {
     /// needed). Best effort: a lease not released lapses.
     public func release(_ name: String) async {
         _ = try? await client.query(
-            "UPDATE tokenbroker_accounts SET lease_holder = NULL, lease_until = NULL WHERE name = \(name) AND lease_holder = \(host)",
+            "UPDATE tokenbroker_accounts SET lease_holder = NULL, lease_until = NULL WHERE name = \(name) AND lease_holder = \(holder)",
             logger: logger)
     }
 
@@ -171,10 +178,24 @@ public final class PostgresFleetStore: SharedAccountStore {
         do {
             let record = try SharedRecord.open(Array(buffer: sealed), name: name, version: version, key: key)
             note(name, version)
-            return .row(SharedRow(record: record, version: version, leaseHolder: holder, lastRefreshedBy: refresher))
+            return .row(
+                SharedRow(
+                    record: record, version: version, leaseHolder: holder.map(Self.hostName),
+                    lastRefreshedBy: refresher.map(Self.hostName)))
         } catch {
             return .refused(name: name, reason: String(describing: error))
         }
+    }
+
+    /// A host name from a row's text columns, which the fleet key does not seal: the part before
+    /// a lease holder's `/`, only the characters a `[fleet] host` may have, at most 64.
+    static func hostName(_ text: String) -> String {
+        String(
+            String.UnicodeScalarView(
+                text.unicodeScalars.prefix { $0 != "/" }.filter {
+                    $0.isASCII
+                        && ($0.properties.isAlphabetic || ("0"..."9").contains($0) || ".-_".unicodeScalars.contains($0))
+                }.prefix(64)))
     }
 
     private func note(_ name: String, _ version: Int64) {

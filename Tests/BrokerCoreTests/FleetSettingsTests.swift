@@ -2,6 +2,10 @@ import FoundationEssentials
 import TestSupport
 import Testing
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 @testable import BrokerCore
 
 /// broker.toml's `[fleet]`: the database URL checked whole (never a password), TLS unless the
@@ -81,5 +85,31 @@ import Testing
         #expect(refusal.contains("at least 3 times broker.request_timeout"), "\(refusal)")
         #expect(try Self.parse(url + "\nlease_seconds = 90", broker: "request_timeout = 30")?.leaseSeconds == 90)
         #expect(try Self.parse(url, broker: "request_timeout = 40")?.leaseSeconds == 120, "the default grows with it")
+    }
+
+    @Test func theFleetsSecretsComeFromPrivateFilesAndAPasswordIsOneShortLine() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        var settings = try #require(try Self.parse(#"database = "postgresql://tb@127.0.0.1/fleet""#))
+        let none = #expect(throws: FleetError.self) { try FleetCredentials(settings: settings, environment: [:]) }
+        #expect(none?.description.contains("no fleet key") == true)
+
+        try FleetKey.create(at: directory.file("fleet-key"))
+        #expect(throws: FleetError.self) { try FleetKey.create(at: directory.file("fleet-key")) }
+        let password = directory.file("fleet-db-password")
+        _ = FileManager.default.createFile(
+            atPath: password, contents: Data("pw-line\nignored\n".utf8), attributes: [.posixPermissions: 0o600])
+        let credentials = try FleetCredentials(
+            settings: settings, environment: ["CREDENTIALS_DIRECTORY": directory.path])
+        #expect(credentials.password == "pw-line", "the systemd credentials' names, the first line")
+
+        settings.passwordFile = password
+        settings.keyFile = directory.file("fleet-key")
+        _ = FileManager.default.createFile(
+            atPath: password, contents: Data(repeating: 0x61, count: 5000), attributes: [.posixPermissions: 0o600])
+        let long = #expect(throws: FleetError.self) { try FleetCredentials(settings: settings, environment: [:]) }
+        #expect(long?.description.contains("one line") == true)
+        chmod(password, 0o644)
+        #expect(throws: (any Error).self) { try FleetCredentials(settings: settings, environment: [:]) }
     }
 }

@@ -163,6 +163,10 @@ struct PostgresFleetStoreTests {
                     #expect(try await b.takeLease("api", seconds: 1) == nil, "a holds it")
                     #expect(try await b.read("api")?.leaseHolder == "a")
 
+                    // Another broker given the same host name is another holder all the same.
+                    let twin = PostgresFleetStore(client: client, key: key, host: "a", logger: Self.logger)
+                    #expect(try await twin.takeLease("api", seconds: 1) == nil, "a's lease is not its twin's")
+
                     // a stalls past its lease; b takes the lapsed lease and commits first.
                     try await Task.sleep(for: .milliseconds(1300))
                     let leaseB = try #require(try await b.takeLease("api", seconds: 30))

@@ -140,5 +140,8 @@ struct FleetSharingTests {
             #expect(b.log.contains("shared account refused") && b.log.contains("\"\(name)\""), "logged by name")
         }
         #expect(try await client.hello().protocol == 1, "b keeps serving")
+        // A narrowed token would present the refresh token outside the lease: refused.
+        let narrowed = await #expect(throws: BrokerError.self) { try await client.token(account: "api", scope: "read") }
+        #expect(narrowed?.code == .badRequest && narrowed?.message.contains("shared account") == true)
     }
 }

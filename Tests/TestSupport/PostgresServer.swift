@@ -48,7 +48,7 @@ public final class PostgresServer: Sendable {
             throw HarnessError("initdb failed (\(initdb.status)): \(initdb.output)")
         }
         unlink(passwordFile)
-        port = try Self.freePort()
+        port = try freePort()
         server = try ChildProcess.spawn(
             Self.command(owner),
             Self.arguments(owner) + [
@@ -121,24 +121,6 @@ public final class PostgresServer: Sendable {
     private static func arguments(_ owner: (uid: uid_t, gid: gid_t)?) -> [String] {
         guard let owner else { return [] }
         return ["--reuid=\(owner.uid)", "--regid=\(owner.gid)", "--clear-groups", "--"]
-    }
-
-    /// A TCP port on 127.0.0.1 that nothing listens on now.
-    private static func freePort() throws -> Int {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw HarnessError("socket: \(String(cString: strerror(errno)))") }
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
-            }
-        }
-        guard bound else { throw HarnessError("bind: \(String(cString: strerror(errno)))") }
-        return Int(UInt16(bigEndian: address.sin_port))
     }
 
     /// Waits (up to 60 s) until the server accepts TCP connections on `port`.

@@ -86,6 +86,12 @@ extension Broker {
 
     /// Refuses accounts whose kind cannot narrow a token (only `oauth2` can).
     private func checkNarrowable(_ machine: AccountMachine) throws(BrokerFailure) {
+        // A narrowed refresh presents the account's refresh token outside its fleet lease and
+        // commit (docs/fleet.md): refused for a shared account until it goes through them.
+        guard fleet?.versions[machine.record.name] == nil else {
+            throw .invalid(
+                "\(machine.record.name) is a shared account; \"scope\" and \"resource\" do not apply to it yet")
+        }
         guard provider(for: machine.record) is any NarrowingTokenProvider else {
             throw .invalid(
                 "\(machine.record.name) is a \(machine.record.provider.kind) account; "

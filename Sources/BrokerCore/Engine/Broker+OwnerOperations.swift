@@ -19,21 +19,39 @@ extension Broker {
         _ account: AccountName, provider: ProviderConfig, clientSecret: SecretBytes?,
         filling fill: (inout AccountRecord, Date) -> Void
     ) throws(BrokerFailure) -> AccountSnapshot {
-        let name = account.rawValue
         guard !padlock.isLocked else { throw .locked }
-        guard accounts[name] == nil else { throw .accountExists(account) }
+        guard accounts[account.rawValue] == nil else { throw .accountExists(account) }
         let now = clock.now()
-        var record = AccountRecord(
-            name: name, provider: provider, secrets: AccountSecrets(clientSecret: clientSecret), token: nil,
-            needsLogin: false, lastError: nil, lastRefreshAt: nil)
+        var record = Self.newRecord(account, provider: provider, clientSecret: clientSecret)
         fill(&record, now)
+        return try serveNew(record, now: now)
+    }
+
+    /// A new account's record: `provider` and the client secret, no token yet.
+    static func newRecord(_ account: AccountName, provider: ProviderConfig, clientSecret: SecretBytes?)
+        -> AccountRecord
+    {
+        AccountRecord(
+            name: account.rawValue, provider: provider, secrets: AccountSecrets(clientSecret: clientSecret), token: nil,
+            needsLogin: false, lastError: nil, lastRefreshAt: nil)
+    }
+
+    /// Starts serving a new account: its machine, its effects (the save among them, which a
+    /// shared account's row takes instead), the log line and the `added` event.
+    func serveNew(_ record: AccountRecord, now: Date) throws(BrokerFailure) -> AccountSnapshot {
+        let name = record.name
         var machine = AccountMachine(record: record, planner: planner, now: now)
         let effects = machine.tokensReplaced(by: record, planner: planner, now: now)
         accounts[name] = machine
         try run(effects, for: name)
-        logger.info("account added", metadata: ["account": "\(name)", "provider": "\(provider.kind)"])
+        logger.info(
+            "account added",
+            metadata: [
+                "account": "\(name)", "provider": "\(record.provider.kind)",
+                "shared": "\(fleet?.versions[name] != nil)",
+            ])
         let added = describe(try self.machine(name), now: clock.now())
-        events.publish(AccountEvent(kind: .added, account: account, at: now, state: added.state))
+        events.publish(AccountEvent(kind: .added, account: AccountName(known: name), at: now, state: added.state))
         return added
     }
 

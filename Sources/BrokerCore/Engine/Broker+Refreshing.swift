@@ -85,7 +85,7 @@ extension Broker {
         // A shared account refreshes under its lease, from its row's credential (docs/fleet.md).
         let shared = fleet?.versions[name] != nil ? await takeSharedTurn(name, serial: serial) : nil
         if case .finished(let result) = shared { return result }
-        if case .leased(let row) = shared { started = row.record }
+        if case .leased(let row, _) = shared { started = row.record }
         defer { if case .leased = shared { fleet?.holding.remove(name) } }
         let provider = provider(for: started)
         let asked = ContinuousClock.now
@@ -97,13 +97,13 @@ extension Broker {
             outcome = await provider.refresh(started, now: clock.now()).mapError(started.outsideText().clean)
         }
         let answered = ContinuousClock.now
-        if case .leased(let row) = shared {
+        if case .leased(let row, let leaseEnd) = shared {
             guard case .success(let grant) = outcome else {
                 await fleet?.store.release(name)
                 return await finishRefresh(name, serial: serial, started: started, outcome: outcome)
             }
             return await commitShared(
-                name, serial: serial, presented: started.secrets, grant: grant, over: row.version,
+                name, serial: serial, started: started, grant: grant, over: row.version, leaseEnd: leaseEnd,
                 idp: asked.duration(to: answered))
         }
         return await finishRefresh(

@@ -25,8 +25,9 @@ extension Broker {
     enum SharedTurn {
         /// The refresh is over: another host's commit, read from the row, served it.
         case finished(Result<Void, BrokerFailure>)
-        /// The lease is this host's: refresh from the row's record, then commit over its version.
-        case leased(SharedRow)
+        /// The lease is this host's until `until`: refresh from the row's record, then commit
+        /// over its version.
+        case leased(SharedRow, until: Date)
         /// No lease could be had (the database does not answer, or another host keeps the lease).
         case failed(RefreshFailure)
     }
@@ -69,6 +70,7 @@ extension Broker {
         for name in fleet?.versions.keys.filter({ !present.contains($0) }) ?? []
         where accounts[name]?.refreshSerial == nil {
             fleet?.versions[name] = nil
+            fleet?.pending[name] = nil
             guard accounts.removeValue(forKey: name) != nil else { continue }
             tokenProviders[name] = nil
             cache.publish(nil, for: name)
@@ -111,9 +113,7 @@ extension Broker {
         guard !padlock.isLocked else { throw .locked }
         guard accounts[name] == nil else { throw .accountExists(account) }
         let now = clock.now()
-        var record = AccountRecord(
-            name: name, provider: provider, secrets: AccountSecrets(clientSecret: clientSecret), token: nil,
-            needsLogin: false, lastError: nil, lastRefreshAt: nil)
+        var record = Self.newRecord(account, provider: provider, clientSecret: clientSecret)
         if let tokens { apply(tokens, to: &record, now: now) }
         let inserted: Bool
         do {
@@ -121,18 +121,10 @@ extension Broker {
         } catch {
             throw .fleetUnavailable(reason: "\(error)")
         }
-        guard inserted else { throw .accountExists(account) }
-        guard accounts[name] == nil else { throw .accountExists(account) }
+        guard inserted, accounts[name] == nil else { throw .accountExists(account) }
         fleet?.versions[name] = 1
         fleet?.committedBy[name] = store.host
-        var machine = AccountMachine(record: record, planner: planner, now: now)
-        let effects = machine.tokensReplaced(by: record, planner: planner, now: now)
-        accounts[name] = machine
-        try run(effects.filter { $0 != .persist }, for: name)
-        logger.info("shared account added", metadata: ["account": "\(name)", "provider": "\(provider.kind)"])
-        let added = describe(try self.machine(name), now: clock.now())
-        events.publish(AccountEvent(kind: .added, account: account, at: now, state: added.state))
-        return added
+        return try serveNew(record, now: now)
     }
 
     /// Deletes the row of `name` when it is a shared account (nothing otherwise); the other
@@ -156,10 +148,13 @@ extension Broker {
     /// than an IdP timeout left.
     func takeSharedTurn(_ name: String, serial: Int) async -> SharedTurn {
         guard let fleet else { return .finished(.failure(.noSuchAccount(AccountName(known: name)))) }
-        let deadline = clock.now().addingTimeInterval(fleet.leaseSeconds + settings.requestTimeout)
+        // Another holder is waited for at most 3 IdP timeouts (or its lease, if shorter) and one
+        // more; then the refresh fails as an outage does, and its backoff tries again.
+        let wait = min(fleet.leaseSeconds, 3 * settings.requestTimeout) + settings.requestTimeout
+        let deadline = clock.now().addingTimeInterval(wait)
         while true {
             do {
-                if let pending = fleet.pending[name] {
+                if let pending = self.fleet?.pending[name] {
                     let committed = try await fleet.store.commit(pending.record, over: pending.over)
                     self.fleet?.pending[name] = nil
                     if committed {
@@ -180,7 +175,8 @@ extension Broker {
                         return .failed(.transient("the fleet lease is shorter than an IdP call"))
                     }
                     self.fleet?.holding.insert(name)
-                    return .leased(lease.row)
+                    let seconds = Double(lease.remaining.components.seconds)
+                    return .leased(lease.row, until: clock.now().addingTimeInterval(seconds))
                 }
             } catch {
                 return .failed(.transient("the fleet's database: \(error)"))
@@ -215,38 +211,61 @@ extension Broker {
     }
 
     /// Commits what the IdP gave refresh `serial` of a shared account as the version after
-    /// `version`, and only then serves it. A row that moved on meanwhile is taken instead; a
-    /// commit that did not reach the database is kept and tried again by the next refresh,
-    /// the old token served meanwhile.
+    /// `version`, and only then serves it. When the refresh was overtaken here (new tokens, a
+    /// removal), the row still gets the rotated credential, so that it never keeps the one this
+    /// refresh consumed. A commit the database does not take is tried again every 0.5 s while
+    /// the lease (`leaseEnd`) runs, then kept for the next refresh, the old token served
+    /// meanwhile. A row another host moved on is taken instead.
     func commitShared(
-        _ name: String, serial: Int, presented: AccountSecrets, grant: Grant, over version: Int64, idp: Duration
+        _ name: String, serial: Int, started: AccountRecord, grant: Grant, over version: Int64, leaseEnd: Date,
+        idp: Duration
     ) async -> Result<Void, BrokerFailure> {
-        guard let store = fleet?.store, var trial = accounts[name] else {
-            return .failure(.changedDuringRefresh(AccountName(known: name)))
-        }
-        let now = clock.now()
-        guard
-            case .applied(let effects) = trial.refreshSucceeded(
-                serial: serial, presented: presented, grant: grant, planner: planner, now: now)
-        else { return .failure(.changedDuringRefresh(AccountName(known: name))) }
-        do {
-            guard try await store.commit(trial.record, over: version) else {
-                guard let row = try await store.read(name) else {
-                    return .failure(.changedDuringRefresh(AccountName(known: name)))
-                }
-                return adopt(row, serial: serial) ?? .failure(.changedDuringRefresh(AccountName(known: name)))
+        guard let store = fleet?.store else { return .failure(.changedDuringRefresh(AccountName(known: name))) }
+        var machine = accounts[name]
+        var effects: [AccountMachine.Effect] = []
+        var record = started
+        if case .applied(let applied)? = machine?.refreshSucceeded(
+            serial: serial, presented: started.secrets, grant: grant, planner: planner, now: clock.now()),
+            let refreshed = machine
+        {
+            effects = applied
+            record = refreshed.record
+        } else {
+            machine = nil
+            record.token = grant.token
+            if let rotated = grant.refreshToken {
+                record.secrets.refreshToken = rotated
+                record.secrets.refreshExpiresAt = grant.refreshExpiresAt
             }
-        } catch {
-            fleet?.pending[name] = (trial.record, version)
-            let failure = RefreshFailure.transient("the fleet's database did not take the refresh: \(error)")
-            return await finishRefresh(name, serial: serial, started: trial.record, outcome: .failure(failure))
+            if let rotated = grant.refreshURL { record.secrets.refreshURL = rotated }
+        }
+        var committed: Bool?
+        var failure = ""
+        while committed == nil {
+            do {
+                committed = try await store.commit(record, over: version)
+            } catch {
+                failure = "\(error)"
+                guard clock.now().addingTimeInterval(0.5) < leaseEnd else { break }
+                await clock.sleep(for: .milliseconds(500))
+            }
+        }
+        guard let committed else {
+            fleet?.pending[name] = (record, version)
+            let reason = "the fleet's database did not take the refresh: \(failure)"
+            return await finishRefresh(name, serial: serial, started: started, outcome: .failure(.transient(reason)))
+        }
+        guard committed else {
+            if let row = try? await store.read(name), let done = adopt(row, serial: serial) { return done }
+            let reason = "another host committed the account first"
+            return await finishRefresh(name, serial: serial, started: started, outcome: .failure(.transient(reason)))
         }
         fleet?.versions[name] = version + 1
         fleet?.committedBy[name] = store.host
-        guard accounts[name]?.refreshSerial == serial else {
+        guard let machine, accounts[name]?.refreshSerial == serial else {
             return .failure(.changedDuringRefresh(AccountName(known: name)))
         }
-        accounts[name] = trial
+        accounts[name] = machine
         try? run(effects.filter { $0 != .persist }, for: name)
         logger.info(
             "refreshed",

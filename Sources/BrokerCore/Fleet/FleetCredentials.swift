@@ -30,6 +30,11 @@ public struct FleetCredentials: Sendable {
             return
         }
         defer { Sodium.wipe(&bytes) }
+        guard bytes.count < Self.passwordLimit else {
+            throw FleetError(
+                "the database password file \(passwordPath) is \(Self.passwordLimit) bytes or more; a password is one line"
+            )
+        }
         // One line; the newline an editor adds is not part of it.
         let text = String(decoding: bytes, as: UTF8.self)
         password = String(text.prefix { $0 != "\n" && $0 != "\r" })
