@@ -30,11 +30,12 @@ public final class PostgresServer: Sendable {
         let data = directory.file("data")
         let passwordFile = directory.file("password")
         try Data(password.utf8).write(to: URL(fileURLWithPath: passwordFile))
-        if let owner {
-            for path in [directory.path, passwordFile] {
-                guard chown(path, owner.uid, owner.gid) == 0 else {
-                    throw HarnessError("cannot hand \(path) to the postgres user: \(String(cString: strerror(errno)))")
-                }
+        // Modes set whole: the umask may be anything at this instant (brokerd's socket server, in
+        // this process for other tests, narrows it while it binds).
+        for (path, mode) in [(directory.path, mode_t(0o700)), (passwordFile, mode_t(0o600))] {
+            let owned = owner.map { chown(path, $0.uid, $0.gid) == 0 } ?? true
+            guard owned, chmod(path, mode) == 0 else {
+                throw HarnessError("cannot hand \(path) to the postgres user: \(String(cString: strerror(errno)))")
             }
         }
         let initdb = try ChildProcess.run(
