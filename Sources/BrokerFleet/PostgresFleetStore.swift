@@ -52,19 +52,21 @@ public final class PostgresFleetStore: SharedAccountStore {
             """, logger: logger)
     }
 
+    /// The columns every read of rows takes; a lease is shown only while it runs.
+    static let selection =
+        "SELECT name, version, sealed, CASE WHEN lease_until > now() THEN lease_holder END, last_refreshed_by "
+        + "FROM tokenbroker_accounts"
+
     /// Every shared account, each row checked on its own.
     public func readAll() async throws -> [SharedReading] {
-        let rows = try await client.query(
-            "SELECT name, version, sealed, CASE WHEN lease_until > now() THEN lease_holder END, last_refreshed_by FROM tokenbroker_accounts ORDER BY name",
-            logger: logger)
-        var readings: [SharedReading] = []
-        var names: Set<String> = []
-        for try await (name, version, sealed, holder, refresher) in rows.decode(
-            (String, Int64, ByteBuffer, String?, String?).self)
-        {
-            names.insert(name)
-            readings.append(reading(name, version, sealed, holder, refresher))
-        }
+        let readings = try await readings("\(unescaped: Self.selection) ORDER BY name")
+        let names = Set(
+            readings.map { reading in
+                switch reading {
+                case .row(let row): row.record.name
+                case .refused(let name, _): name
+                }
+            })
         // An account gone from the store (unshared or removed) may come back at version 1.
         seen.withLock { seen in seen = seen.filter { names.contains($0.key) } }
         return readings
@@ -72,19 +74,26 @@ public final class PostgresFleetStore: SharedAccountStore {
 
     /// The shared account `name`; `nil` when it has no row. A refused row throws why.
     public func read(_ name: String) async throws -> SharedRow? {
-        let rows = try await client.query(
-            "SELECT name, version, sealed, CASE WHEN lease_until > now() THEN lease_holder END, last_refreshed_by FROM tokenbroker_accounts WHERE name = \(name)",
-            logger: logger)
-        for try await (name, version, sealed, holder, refresher) in rows.decode(
-            (String, Int64, ByteBuffer, String?, String?).self)
-        {
-            switch reading(name, version, sealed, holder, refresher) {
+        for reading in try await readings("\(unescaped: Self.selection) WHERE name = \(name)") {
+            switch reading {
             case .row(let row): return row
             case .refused(_, let reason): throw FleetError("the shared account \(name) was refused: \(reason)")
             }
         }
         seen.withLock { _ = $0.removeValue(forKey: name) }
         return nil
+    }
+
+    /// The rows `query` (a `selection`) finds, each checked.
+    private func readings(_ query: PostgresQuery) async throws -> [SharedReading] {
+        let rows = try await client.query(query, logger: logger)
+        var readings: [SharedReading] = []
+        for try await (name, version, sealed, holder, refresher) in rows.decode(
+            (String, Int64, ByteBuffer, String?, String?).self)
+        {
+            readings.append(reading(name, version, sealed, holder, refresher))
+        }
+        return readings
     }
 
     /// Adds `record` as a new shared account at version 1; `false` when the name is taken.

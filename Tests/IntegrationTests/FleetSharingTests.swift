@@ -9,13 +9,26 @@ import Testing
 /// refreshes, the other takes its commit, and the IdP sees every refresh token once.
 @Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
 struct FleetSharingTests {
-    @Test func twoBrokersServeOneSharedAccountAndTheIdPSeesEachRefreshTokenOnce() async throws {
+    /// A PostgreSQL server and a fleet key made by `brokerctl fleet init` in a directory of its own.
+    static func fleet() throws -> (PostgresServer, TemporaryDirectory, key: String) {
         let server = try PostgresServer()
-        defer { server.stop() }
         let keys = try TemporaryDirectory()
-        defer { keys.remove() }
         let key = keys.file("fleet.key")
-        #expect(try FleetStartTests.fleetInit(key).status == 0)
+        let made = try FleetStartTests.fleetInit(key)
+        guard made.status == 0 else {
+            server.stop()
+            keys.remove()
+            throw HarnessError("brokerctl fleet init failed: \(made.stderr)")
+        }
+        return (server, keys, key)
+    }
+
+    @Test func twoBrokersServeOneSharedAccountAndTheIdPSeesEachRefreshTokenOnce() async throws {
+        let (server, keys, key) = try Self.fleet()
+        defer {
+            server.stop()
+            keys.remove()
+        }
         let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-shared", lifetime: 4)
         do {
             // A lease of 6 s, so that a host reads the store again every 6 s.
@@ -101,12 +114,11 @@ struct FleetSharingTests {
     }
 
     @Test func aTamperedRowIsRefusedByNameAndTheOtherSharedAccountsAreServed() async throws {
-        let server = try PostgresServer()
-        defer { server.stop() }
-        let keys = try TemporaryDirectory()
-        defer { keys.remove() }
-        let key = keys.file("fleet.key")
-        #expect(try FleetStartTests.fleetInit(key).status == 0)
+        let (server, keys, key) = try Self.fleet()
+        defer {
+            server.stop()
+            keys.remove()
+        }
         let a = try FleetStartTests.broker(on: server, key: key, host: "a")
         try await a.start()
         defer { a.stop() }

@@ -100,13 +100,13 @@ extension Broker {
         if case .leased(let row, let leaseEnd) = shared {
             guard case .success(let grant) = outcome else {
                 await fleet?.store.release(name)
-                return await finishRefresh(name, serial: serial, started: started, outcome: outcome)
+                return finishRefresh(name, serial: serial, started: started, outcome: outcome)
             }
             return await commitShared(
                 name, serial: serial, started: started, grant: grant, over: row.version, leaseEnd: leaseEnd,
                 idp: asked.duration(to: answered))
         }
-        return await finishRefresh(
+        return finishRefresh(
             name, serial: serial, started: started, outcome: outcome, asked: asked, answered: answered)
     }
 
@@ -114,7 +114,7 @@ extension Broker {
     func finishRefresh(
         _ name: String, serial: Int, started: AccountRecord, outcome: Result<Grant, RefreshFailure>,
         asked: ContinuousClock.Instant = .now, answered: ContinuousClock.Instant = .now
-    ) async -> Result<Void, BrokerFailure> {
+    ) -> Result<Void, BrokerFailure> {
         let now = clock.now()
         guard accounts[name] != nil else { return .failure(.changedDuringRefresh(AccountName(known: name))) }
         let result: AccountMachine.RefreshResult

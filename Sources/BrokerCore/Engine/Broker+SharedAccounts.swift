@@ -253,12 +253,12 @@ extension Broker {
         guard let committed else {
             fleet?.pending[name] = (record, version)
             let reason = "the fleet's database did not take the refresh: \(failure)"
-            return await finishRefresh(name, serial: serial, started: started, outcome: .failure(.transient(reason)))
+            return finishRefresh(name, serial: serial, started: started, outcome: .failure(.transient(reason)))
         }
         guard committed else {
             if let row = try? await store.read(name), let done = adopt(row, serial: serial) { return done }
             let reason = "another host committed the account first"
-            return await finishRefresh(name, serial: serial, started: started, outcome: .failure(.transient(reason)))
+            return finishRefresh(name, serial: serial, started: started, outcome: .failure(.transient(reason)))
         }
         fleet?.versions[name] = version + 1
         fleet?.committedBy[name] = store.host
