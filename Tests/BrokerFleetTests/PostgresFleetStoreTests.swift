@@ -37,7 +37,7 @@ struct PostgresFleetStoreTests {
 
     /// Runs `body` with a fresh server and a client on it; stops both on every path.
     static func withDatabase(_ body: (PostgresServer, PostgresClient) async throws -> Void) async throws {
-        let server = try PostgresServer()
+        let server = try await PostgresServer.start()
         defer { server.stop() }
         let client = PostgresClient(
             configuration: .init(
@@ -77,11 +77,11 @@ struct PostgresFleetStoreTests {
             #expect(try await second.prepare() == 1, "an existing schema is checked, not made again")
             #expect(try await second.read("api")?.version == 1)
 
-            let before = try server.dump()
+            let before = try await server.dump()
             let stranger = PostgresFleetStore(client: client, key: Self.key(), host: "c", logger: Self.logger)
             let error = await #expect(throws: FleetError.self) { try await stranger.prepare() }
             #expect(error?.description.contains("another fleet") == true)
-            #expect(try server.dump() == before, "nothing written")
+            #expect(try await server.dump() == before, "nothing written")
         }
     }
 
@@ -97,7 +97,7 @@ struct PostgresFleetStoreTests {
             #expect(Self.text(row.record.secrets.refreshToken) == Self.text(record.secrets.refreshToken))
             #expect(Self.text(row.record.token?.value) == Self.text(record.token?.value))
 
-            let dump = try server.dump()
+            let dump = try await server.dump()
             #expect(dump.contains("api"), "the name is in clear")
             let secrets = [
                 Self.text(record.secrets.refreshToken), Self.text(record.secrets.clientSecret),

@@ -10,8 +10,8 @@ import Testing
 @Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
 struct FleetSharingTests {
     /// A PostgreSQL server and a fleet key made by `brokerctl fleet init` in a directory of its own.
-    static func fleet() throws -> (PostgresServer, TemporaryDirectory, key: String) {
-        let server = try PostgresServer()
+    static func fleet() async throws -> (PostgresServer, TemporaryDirectory, key: String) {
+        let server = try await PostgresServer.start()
         let keys = try TemporaryDirectory()
         let key = keys.file("fleet.key")
         let made = try FleetStartTests.fleetInit(key)
@@ -24,7 +24,7 @@ struct FleetSharingTests {
     }
 
     @Test func twoBrokersServeOneSharedAccountAndTheIdPSeesEachRefreshTokenOnce() async throws {
-        let (server, keys, key) = try Self.fleet()
+        let (server, keys, key) = try await Self.fleet()
         defer {
             server.stop()
             keys.remove()
@@ -92,9 +92,9 @@ struct FleetSharingTests {
             #expect(Int64(calls.count) + 1 >= versions.max()!, "one version per refresh at most")
 
             // Removed on b: gone from the store, and from a within a lease or two.
-            #expect(try server.dump().contains("\napi\t"), "the row is there")
+            #expect(try await server.dump().contains("\napi\t"), "the row is there")
             #expect(try b.brokerctl(["remove", "api"]).status == 0)
-            #expect(try server.dump().contains("\napi\t") == false, "the row is deleted")
+            #expect(try await server.dump().contains("\napi\t") == false, "the row is deleted")
             let gone = Date().addingTimeInterval(15)
             var code: BrokerError.Code?
             while code != .notFound, Date() < gone {
@@ -114,7 +114,7 @@ struct FleetSharingTests {
     }
 
     @Test func aTamperedRowIsRefusedByNameAndTheOtherSharedAccountsAreServed() async throws {
-        let (server, keys, key) = try Self.fleet()
+        let (server, keys, key) = try await Self.fleet()
         defer {
             server.stop()
             keys.remove()
@@ -128,14 +128,14 @@ struct FleetSharingTests {
                 stdin: #"{"access_token": "at-\#(name)-in-the-row", "expires_in": 3600}"#)
             #expect(added.status == 0, "\(added.stderr)")
         }
-        let dump = try server.dump()
+        let dump = try await server.dump()
         #expect(!dump.contains("-in-the-row"), "no access token in clear in the database")
 
         // git's sealed bytes changed; web's replaced by api's (a row copied onto another name).
-        try server.execute(
+        try await server.execute(
             "UPDATE tokenbroker_accounts SET sealed = overlay(sealed placing '\\x00'::bytea from 40 for 1) WHERE name = 'git'"
         )
-        try server.execute(
+        try await server.execute(
             """
             UPDATE tokenbroker_accounts SET (sealed, version) = (SELECT sealed, version FROM tokenbroker_accounts
             WHERE name = 'api') WHERE name = 'web'

@@ -62,7 +62,7 @@ struct FleetStartTests {
     }
 
     @Test func theFirstBrokerMakesTheSchemaAndAnotherFleetsKeyCannotStart() async throws {
-        let server = try PostgresServer()
+        let server = try await PostgresServer.start()
         defer { server.stop() }
         let keys = try TemporaryDirectory()
         defer { keys.remove() }
@@ -75,7 +75,7 @@ struct FleetStartTests {
         let client = try first.client()
         #expect(try await client.hello().protocol == 1)
         client.close()
-        let dump = try server.dump()
+        let dump = try await server.dump()
         #expect(dump.contains("CREATE TABLE public.tokenbroker_accounts"), "the schema exists once hello answers")
         #expect(dump.contains("runner-07"), "the host is noted")
         #expect(first.log.contains("joined the fleet"))
@@ -85,11 +85,11 @@ struct FleetStartTests {
         try await second.start()
         #expect(second.stop() == 0)
 
-        let before = try server.dump()
+        let before = try await server.dump()
         let stranger = try Self.broker(on: server, key: keys.file("other.key"), host: "intruder")
         #expect(try stranger.runExpectingExit() != 0)
         #expect(stranger.log.contains("does not open this database's canary"))
-        #expect(try server.dump() == before, "the stranger wrote nothing")
+        #expect(try await server.dump() == before, "the stranger wrote nothing")
     }
 
     @Test func aDatabaseURLWithAPasswordIsRefusedWithoutShowingIt() throws {

@@ -22,7 +22,13 @@ public final class PostgresServer: Sendable {
     /// Whether this machine has PostgreSQL's binaries (`scripts/install-deps` installs them).
     public static var isInstalled: Bool { access(binaries + "/postgres", X_OK) == 0 }
 
-    public init() throws {
+    /// Makes and starts a server on a thread of its own (`onOwnThread`): initdb and the wait
+    /// for the server take seconds, which must not hold a thread every test's tasks share.
+    public static func start() async throws -> PostgresServer {
+        try await onOwnThread { try PostgresServer() }
+    }
+
+    private init() throws {
         let directory = try TemporaryDirectory()
         self.directory = directory
         password = UUID().uuidString
@@ -78,7 +84,11 @@ public final class PostgresServer: Sendable {
 
     /// Runs `pg_dump` of the database (data and schema) and returns what it printed, less the
     /// `\restrict` lines, whose key is new in every dump.
-    public func dump() throws -> String {
+    public func dump() async throws -> String {
+        try await onOwnThread { try self.dumpHere() }
+    }
+
+    private func dumpHere() throws -> String {
         let result = try ChildProcess.capture(
             Self.binaries + "/pg_dump", ["-h", "127.0.0.1", "-p", String(port), "-U", username, database],
             environment: Self.environment.merging(["PGPASSWORD": password]) { $1 }, timeout: 60)
@@ -88,7 +98,11 @@ public final class PostgresServer: Sendable {
     }
 
     /// Runs `sql` with `psql` as the database's owner (a test's hand on the rows).
-    public func execute(_ sql: String) throws {
+    public func execute(_ sql: String) async throws {
+        try await onOwnThread { try self.executeHere(sql) }
+    }
+
+    private func executeHere(_ sql: String) throws {
         let result = try ChildProcess.run(
             Self.binaries + "/psql",
             ["-h", "127.0.0.1", "-p", String(port), "-U", username, "-v", "ON_ERROR_STOP=1", "-c", sql, database],
