@@ -87,6 +87,12 @@ extension BrokerCall where Result == HelloResult {
     }
 }
 
+extension BrokerCall where Result == FleetStatusResult {
+    /// The fleet's database as the broker sees it: reachable or why not, the hosts seen, the
+    /// leases held (owner only).
+    public static var fleetStatus: Self { Self(Request(id: nil, op: "fleet_status")) }
+}
+
 extension BrokerCall where Result == StatusResult {
     /// The state of one account, or of all visible accounts.
     public static func status(account: String? = nil) -> Self {
@@ -112,6 +118,16 @@ extension BrokerCall where Result == AccountResult {
     /// Deletes an account and its secrets (owner only).
     public static func remove(account: String) -> Self {
         Self(Request(id: nil, op: "remove", account: account))
+    }
+
+    /// Moves a local account into the fleet's shared store (owner only).
+    public static func share(account: String) -> Self {
+        Self(Request(id: nil, op: "share", account: account))
+    }
+
+    /// Moves a shared account out of the fleet's store into this broker's vault (owner only).
+    public static func unshare(account: String) -> Self {
+        Self(Request(id: nil, op: "unshare", account: account))
     }
 
     /// Refreshes an account now (owner only).

@@ -123,7 +123,7 @@ public final class PostgresFleetStore: SharedAccountStore {
             switch reading(name, version, sealed, host, refresher) {
             case .row(let row):
                 // The database's figure, bounded before it is converted (a hostile one could be anything).
-                let seconds = remaining.isFinite ? min(max(0, remaining), 86_400) : 0
+                let seconds = max(0, Self.seconds(remaining))
                 return SharedLease(row: row, remaining: .milliseconds(Int64(seconds * 1000)))
             case .refused(_, let reason):
                 await release(name)
@@ -164,10 +164,49 @@ public final class PostgresFleetStore: SharedAccountStore {
         return committed
     }
 
-    /// Deletes the row of `name`; `false` when there was none.
-    public func delete(_ name: String) async throws -> Bool {
+    /// The schema version, the hosts seen (the most recent first, at most 1,000) and the leases
+    /// held now; seconds by the database's clock, bounded before they are converted.
+    public func report() async throws -> FleetReport {
+        let schema =
+            try await client.query("SELECT max(version) FROM tokenbroker_schema", logger: logger)
+            .decode(Int32?.self).first { _ in true } ?? nil
+        var hosts: [FleetReport.Host] = []
+        for try await (name, ago) in try await client.query(
+            """
+            SELECT host, EXTRACT(EPOCH FROM now() - last_seen)::float8 FROM tokenbroker_hosts
+            ORDER BY last_seen DESC LIMIT 1000
+            """, logger: logger
+        ).decode((String, Double).self) {
+            hosts.append(FleetReport.Host(name: Self.hostName(name), seenSecondsAgo: Self.seconds(ago)))
+        }
+        var leases: [FleetReport.Lease] = []
+        for try await (account, holder, left) in try await client.query(
+            """
+            SELECT name, lease_holder, EXTRACT(EPOCH FROM lease_until - now())::float8 FROM tokenbroker_accounts
+            WHERE lease_holder IS NOT NULL AND lease_until > now() ORDER BY name LIMIT 1000
+            """, logger: logger
+        ).decode((String, String, Double).self) {
+            leases.append(
+                FleetReport.Lease(
+                    account: String(account.prefix(128)), holder: Self.hostName(holder), secondsLeft: Self.seconds(left)
+                ))
+        }
+        return FleetReport(schema: Int(schema ?? 0), hosts: hosts, leases: leases)
+    }
+
+    /// A number of seconds from the database, finite and within a day either way.
+    static func seconds(_ value: Double) -> Double {
+        value.isFinite ? min(max(value, -86_400), 86_400) : 0
+    }
+
+    /// Deletes the row of `name`, only while it is at `version` when one is given; `false` when
+    /// there was none (or it was at another version).
+    public func delete(_ name: String, at version: Int64?) async throws -> Bool {
         let rows = try await client.query(
-            "DELETE FROM tokenbroker_accounts WHERE name = \(name) RETURNING version", logger: logger)
+            """
+            DELETE FROM tokenbroker_accounts WHERE name = \(name) AND (\(version)::bigint IS NULL OR version = \(version))
+            RETURNING version
+            """, logger: logger)
         let deleted = try await rows.decode(Int64.self).first { _ in true } != nil
         seen.withLock { _ = $0.removeValue(forKey: name) }
         return deleted

@@ -12,11 +12,15 @@ public enum Operation: String, Sendable, CaseIterable, Codable {
     case setTokens = "set_tokens"
     case remove, refresh, logout, reload, login
     case lock, unlock, rekey
+    case share, unshare
+    case fleetStatus = "fleet_status"
 
     /// Operations reserved for the broker's owner (brokerctl).
     public var isOwnerOnly: Bool {
         switch self {
-        case .add, .setTokens, .remove, .refresh, .logout, .reload, .login, .lock, .unlock, .rekey: return true
+        case .add, .setTokens, .remove, .refresh, .logout, .reload, .login, .lock, .unlock, .rekey, .share, .unshare,
+            .fleetStatus:
+            return true
         case .hello, .token, .reject, .status, .subscribe: return false
         }
     }

@@ -19,7 +19,7 @@ struct Brokerctl: ParsableCommand {
         subcommands: [
             Status.self, Token.self, Watch.self, Login.self, Add.self, SetTokens.self, Remove.self, Refresh.self,
             Logout.self, Reload.self, Unlock.self, Lock.self, Rekey.self, GitCredential.self, DockerCredential.self,
-            KubeCredential.self, Exec.self, Header.self, Completion.self, Fleet.self,
+            KubeCredential.self, Exec.self, Header.self, Completion.self, Fleet.self, Share.self, Unshare.self,
         ])
 }
 
@@ -444,7 +444,8 @@ enum StatusTable {
         var rows = [["ACCOUNT", "PROVIDER", "STATE", "EXPIRES IN", "NEXT REFRESH", "LAST ERROR"]]
         for account in accounts {
             rows.append([
-                account.account, account.provider, account.state.replacing("_", with: " "),
+                account.account, account.provider + (account.shared == true ? " (shared)" : ""),
+                account.state.replacing("_", with: " "),
                 account.expiresAt.map { duration($0.timeIntervalSince(now)) } ?? "-",
                 account.nextRefreshAt.map { "in " + duration($0.timeIntervalSince(now)) } ?? "-",
                 account.lastError?.message ?? "",

@@ -1,4 +1,6 @@
 import ArgumentParser
+import BrokerClient
+import BrokerProtocol
 
 #if canImport(Glibc)
 import Glibc
@@ -9,7 +11,7 @@ struct Fleet: ParsableCommand {
         commandName: "fleet",
         abstract: "Set up a fleet: brokers on many hosts sharing accounts through one PostgreSQL database.",
         discussion: "See docs/fleet.md.",
-        subcommands: [FleetInit.self])
+        subcommands: [FleetInit.self, FleetStatus.self])
 }
 
 struct FleetInit: ParsableCommand {
@@ -56,5 +58,75 @@ struct FleetInit: ParsableCommand {
             The first broker to reach the database seals its canary with this key; a broker holding
             another key refuses to start.
             """)
+    }
+}
+
+struct FleetStatus: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "status",
+        abstract: "Show the fleet's database as the broker sees it: reachable or why not, its hosts, the leases held.")
+
+    @OptionGroup var options: GlobalOptions
+
+    func run() throws {
+        try options.run(.fleetStatus) { Self.render($0) }
+    }
+
+    static func render(_ status: FleetStatusResult) -> String {
+        var lines = [
+            "this host: \(status.host) (\(status.sharedAccounts) shared account\(status.sharedAccounts == 1 ? "" : "s"))",
+            status.reachable
+                ? "database: reachable, schema version \(status.schema ?? 0)"
+                : "database: unreachable: \(status.reason ?? "no reason given")",
+        ]
+        if !status.hosts.isEmpty {
+            lines.append("hosts:")
+            let width = status.hosts.map(\.host.count).max() ?? 0
+            lines += status.hosts.map {
+                "  \(padded($0.host, to: width))  seen \(StatusTable.duration(max(1, $0.seenSecondsAgo))) ago"
+            }
+        }
+        if !status.leases.isEmpty {
+            lines.append("leases:")
+            let width = status.leases.map(\.account.count).max() ?? 0
+            lines += status.leases.map {
+                "  \(padded($0.account, to: width))  held by \($0.holder), \(StatusTable.duration(max(1, $0.secondsLeft))) left"
+            }
+        }
+        return lines.joined(separator: "\n")
+    }
+}
+
+struct Share: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "share",
+        abstract: "Move a local account into the fleet's shared store, served by every broker of the fleet.",
+        discussion: """
+            The row is written to the database before the local copy is removed: a crash at any step
+            leaves the account in exactly one place. See docs/fleet.md.
+            """)
+
+    @OptionGroup var options: GlobalOptions
+    @Argument(help: "Account name.", completion: AccountNames.completion) var account: String
+
+    func run() throws {
+        try options.run(.share(account: account)) { "shared \($0.account) with the fleet (\($0.state))" }
+    }
+}
+
+struct Unshare: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "unshare",
+        abstract: "Move a shared account out of the fleet's store into this broker's vault.",
+        discussion: """
+            The other brokers of the fleet stop serving it at their next read of the database (within
+            a lease period). See docs/fleet.md.
+            """)
+
+    @OptionGroup var options: GlobalOptions
+    @Argument(help: "Account name.", completion: AccountNames.completion) var account: String
+
+    func run() throws {
+        try options.run(.unshare(account: account)) { "moved \($0.account) out of the fleet (\($0.state))" }
     }
 }

@@ -23,12 +23,14 @@ import Testing
         full.loggedOut = false
         full.declared = true
         full.grantedScope = "read write"
+        full.fleet = FleetMark(step: .sharing, version: 1, id: "9f2c")
         full.token?.pushed = true
         full.secrets.refreshURL = SecretBytes("https://api.example/refresh/a?b=\"c\"&d=\\e")
         var bare = AccountRecord(
             name: "bare \u{1F511} ü", provider: ProviderConfig(StaticSettings()), secrets: AccountSecrets(),
             token: nil, needsLogin: true, lastError: nil, lastRefreshAt: nil)
         bare.loggedOut = true
+        bare.fleet = FleetMark(step: .uncommitted, version: Int64.max - 1)
         let escaped = AccountRecord(
             name: "tab\there \"quoted\" back\\slash", provider: ProviderConfig(RefreshURLSettings(method: .get)),
             secrets: AccountSecrets(refreshURL: SecretBytes("https://r.example/x/\u{7}\u{1F}é\u{1F600}")),
@@ -206,6 +208,7 @@ import Testing
         case let secrets as AccountSecrets: missingFields(secrets, type: "AccountSecrets")
         case let token as AccessToken: missingFields(token, type: "AccessToken")
         case let error as AccountError: missingFields(error, type: "AccountError")
+        case let mark as FleetMark: missingFields(mark, type: "FleetMark")
         default: []
         }
     }
@@ -228,6 +231,7 @@ import Testing
         record.loggedOut = false
         record.declared = true
         record.grantedScope = "read write"
+        record.fleet = FleetMark(step: .unsharing, version: 3, id: "5e1d")
         let unset = Self.missingFields(record, type: "AccountRecord")
         #expect(unset.isEmpty, "set these fields in this test's record: \(unset)")
 

@@ -32,10 +32,10 @@ extension Broker {
         try await operations.status(account: account)
     }
 
-    public nonisolated func add(account: String?, provider: ProviderSpec?, tokens: TokenSet?) async throws(BrokerError)
-        -> AccountResult
+    public nonisolated func add(account: String?, provider: ProviderSpec?, tokens: TokenSet?, shared: Bool = false)
+        async throws(BrokerError) -> AccountResult
     {
-        try await operations.add(account: account, provider: provider, tokens: tokens)
+        try await operations.add(account: account, provider: provider, tokens: tokens, shared: shared)
     }
 
     public nonisolated func setTokens(account: String?, tokens: TokenSet?) async throws(BrokerError) -> AccountResult {

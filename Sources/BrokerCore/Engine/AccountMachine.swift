@@ -247,17 +247,36 @@ struct AccountMachine: Sendable {
         let next = Self.next(after: record, planner, now: now)
         guard let next, next <= now, !record.needsLogin, record.loggedOut != true else {
             if clientRefresh == serial { clientRefreshedAt = now }
-            failures = 0
-            if record.needsLogin {
-                settle(.denied, nextRefreshAt: nil)
-            } else if record.loggedOut == true {
-                settle(.loggedOut, nextRefreshAt: nil)
-            } else {
-                settle(.idle, nextRefreshAt: next)
-            }
-            return (true, [.publish(servableToken), .emit(.refreshed, message: "refreshed by another host")])
+            return (true, settleOnRow(next: next))
         }
         return (false, [.publish(servableToken)])
+    }
+
+    /// A shared account's row, newer than the record held, read while no refresh runs here
+    /// (another host's commit): the row's state is the account's. `nil` while a refresh runs.
+    mutating func sharedRowCommitted(_ row: AccountRecord, planner: RefreshPlanner, now: Date) -> [Effect]? {
+        guard refreshSerial == nil, !isLoggingOut else { return nil }
+        record = row
+        return settleOnRow(next: Self.next(after: record, planner, now: now))
+    }
+
+    /// A share a crash interrupted did not reach the store: the account stays local, unmarked.
+    mutating func settledFleetMark() {
+        record.fleet = nil
+    }
+
+    /// Settles on the row just taken: no failure, scheduled at `next` (denied or logged out when
+    /// the row says so).
+    private mutating func settleOnRow(next: Date?) -> [Effect] {
+        failures = 0
+        if record.needsLogin {
+            settle(.denied, nextRefreshAt: nil)
+        } else if record.loggedOut == true {
+            settle(.loggedOut, nextRefreshAt: nil)
+        } else {
+            settle(.idle, nextRefreshAt: next)
+        }
+        return [.publish(servableToken), .emit(.refreshed, message: "refreshed by another host")]
     }
 
     /// A narrowed refresh (`TokenKey`), which presented `presented`, got `grant`: the account

@@ -44,6 +44,9 @@ public struct AccountRecord: Codable, Sendable, Equatable {
     /// The scope of the tokens last pushed or signed in with (before any refresh); `nil` when
     /// they stated none, and in older vaults.
     public var grantedScope: String?
+    /// A step of a move to or from the fleet under way, or a refresh the fleet's database has not
+    /// taken (`FleetMark`); `nil` for an account of this broker alone.
+    public var fleet: FleetMark?
 
     /// This record with every date within `Bounds.representableDates` and its last error
     /// cleaned, so a vault written before numbers and texts were checked still loads,

@@ -17,6 +17,14 @@ public struct AccountSnapshot: Sendable, Equatable {
     public var lostScope: [String]?
     /// For a shared account (docs/fleet.md): what its row says.
     public var shared: SharedAccountStatus?
+
+    /// This snapshot as `degraded` when `degraded` holds (a shared account whose last refresh
+    /// the fleet's database has not taken yet) and the account is not refreshing.
+    func degraded(_ degraded: Bool) -> AccountSnapshot {
+        var snapshot = self
+        if degraded, snapshot.state != .refreshing { snapshot.state = .degraded }
+        return snapshot
+    }
 }
 
 /// A shared account's row as `status` shows it.
@@ -30,7 +38,7 @@ public struct SharedAccountStatus: Sendable, Equatable {
 
 /// The state of an account.
 public enum AccountState: String, Sendable {
-    case valid, refreshing, stale, unavailable
+    case valid, refreshing, stale, unavailable, degraded
     case needsLogin = "needs_login"
     case loggedOut = "logged_out"
 }

@@ -165,6 +165,7 @@ extension Broker {
         }
         Self.reportLoad(of: vault, logger: logger)
         accounts = Self.machines(for: contents, settings: settings, cache: cache, now: clock.now())
+        heldForFleet = Self.heldForFleet(in: contents)
         padlock.enter(.unlocked)
         if let configuration = pendingConfiguration {
             pendingConfiguration = nil

@@ -17,8 +17,11 @@ extension Broker {
         /// The accounts whose lease this broker holds now (its refresh under way).
         var holding: Set<String> = []
         /// A refresh the IdP answered whose commit did not reach the store: its record and the
-        /// version it goes over, committed by the account's next refresh (`takeSharedTurn`).
+        /// version it goes over, also in the vault (`FleetMark.Step.uncommitted`) and committed
+        /// by `commitPending` until it lands or the row moves on. The account is `degraded`.
         var pending: [String: (record: AccountRecord, over: Int64)] = [:]
+        /// The accounts whose pending commit a task retries now.
+        var retrying: Set<String> = []
     }
 
     /// What a shared account's refresh found before calling the IdP.
@@ -38,6 +41,7 @@ extension Broker {
     public func joinFleet(_ store: any SharedAccountStore, leaseSeconds: Double) async {
         if fleet == nil { fleet = FleetMembership(store: store, leaseSeconds: leaseSeconds) }
         await readSharedAccounts()
+        await settleFleetMarks()
     }
 
     /// What `status` shows of `name` when it is a shared account.
@@ -85,22 +89,47 @@ extension Broker {
                     metadata: ["account": "\(JSONText.quote(String(name.prefix(128))))", "reason": "\(reason)"])
             case .row(let row):
                 let name = row.record.name
-                guard (try? AccountName(name)) != nil, fleet?.versions[name] == nil || accounts[name] == nil else {
+                guard (try? AccountName(name)) != nil else { continue }
+                if fleet?.versions[name] != nil, accounts[name] != nil {
+                    adoptCommitted(row)
                     continue
                 }
-                guard accounts[name] == nil else {
+                guard accounts[name] == nil, heldForFleet[name] == nil else {
                     logger.warning(
                         "a local account has the name of a shared one; the local one is served",
                         metadata: ["account": "\(name)"])
                     continue
                 }
-                let machine = AccountMachine(record: row.record, planner: planner, now: now)
+                let machine = AccountMachine(record: Self.unmarked(row.record), planner: planner, now: now)
                 fleet?.versions[name] = row.version
                 fleet?.committedBy[name] = row.lastRefreshedBy
                 accounts[name] = machine
                 cache.publish(machine.servableToken.flatMap { try? PreparedToken(account: name, token: $0) }, for: name)
             }
         }
+    }
+
+    /// A row's record without the mark of the share that made it (`FleetMark`).
+    static func unmarked(_ record: AccountRecord) -> AccountRecord {
+        var record = record
+        record.fleet = nil
+        return record
+    }
+
+    /// Takes another host's commit of a served shared account, newer than the version held,
+    /// while no refresh of it runs here (one that runs takes the row itself).
+    func adoptCommitted(_ row: SharedRow) {
+        let name = row.record.name
+        guard let known = fleet?.versions[name], row.version > known, fleet?.pending[name] == nil,
+            let effects = accounts[name]?.sharedRowCommitted(
+                Self.unmarked(row.record), planner: planner, now: clock.now())
+        else { return }
+        fleet?.versions[name] = row.version
+        fleet?.committedBy[name] = row.lastRefreshedBy
+        try? run(effects, for: name)
+        logger.info(
+            "refreshed by another host",
+            metadata: ["account": "\(name)", "version": "\(row.version)", "host": "\(row.lastRefreshedBy ?? "-")"])
     }
 
     /// Creates `account` as a shared account: its row first (refused when the name is taken in
@@ -132,13 +161,12 @@ extension Broker {
     func removeShared(_ name: String) async throws(BrokerFailure) {
         guard let store = fleet?.store, fleet?.versions[name] != nil else { return }
         do {
-            _ = try await store.delete(name)
+            _ = try await store.delete(name, at: nil)
         } catch {
             throw .fleetUnavailable(reason: "\(error)")
         }
-        fleet?.versions[name] = nil
-        fleet?.committedBy[name] = nil
-        fleet?.pending[name] = nil
+        if fleet?.pending[name] != nil { try? saveToVault(removed: [name]) }
+        forgetShared(name)
     }
 
     /// Before a shared account's refresh calls the IdP: reads the row (another host may have
@@ -154,11 +182,10 @@ extension Broker {
         let deadline = clock.now().addingTimeInterval(wait)
         while true {
             do {
-                if let pending = self.fleet?.pending[name] {
-                    let committed = try await fleet.store.commit(pending.record, over: pending.over)
-                    self.fleet?.pending[name] = nil
-                    if committed {
-                        logger.notice("committed a refresh the database had missed", metadata: ["account": "\(name)"])
+                if self.fleet?.pending[name] != nil {
+                    await commitPending(name)
+                    guard self.fleet?.pending[name] == nil else {
+                        return .failed(.transient("the fleet's database has not taken the last refresh yet"))
                     }
                 }
                 guard let row = try await fleet.store.read(name) else {
@@ -200,7 +227,7 @@ extension Broker {
         fleet?.committedBy[name] = row.lastRefreshedBy
         guard
             let (finished, effects) = accounts[name]?.sharedRowRead(
-                row.record, serial: serial, planner: planner, now: clock.now())
+                Self.unmarked(row.record), serial: serial, planner: planner, now: clock.now())
         else { return .failure(.changedDuringRefresh(AccountName(known: name))) }
         try? run(effects, for: name)
         guard finished else { return nil }
@@ -251,7 +278,7 @@ extension Broker {
             }
         }
         guard let committed else {
-            fleet?.pending[name] = (record, version)
+            keepPending(record, over: version)
             let reason = "the fleet's database did not take the refresh: \(failure)"
             return finishRefresh(name, serial: serial, started: started, outcome: .failure(.transient(reason)))
         }
@@ -273,5 +300,71 @@ extension Broker {
                 "account": "\(name)", "version": "\(version + 1)", "idp_us": "\(Self.microseconds(idp))",
             ])
         return .success(())
+    }
+}
+
+extension Broker {
+    /// Keeps a rotated record the store did not take: in memory and in the vault (marked
+    /// `uncommitted`, so that a restart still commits it), and retries its commit until it lands
+    /// or the row moves on. A vault that cannot be written leaves it in memory only.
+    func keepPending(_ record: AccountRecord, over version: Int64) {
+        let name = record.name
+        fleet?.pending[name] = (record, version)
+        var marked = record
+        marked.fleet = FleetMark(step: .uncommitted, version: version)
+        try? saveToVault(changed: [marked])
+        logger.warning(
+            "the fleet's database did not take a refresh; kept to commit later", metadata: ["account": "\(name)"])
+        guard fleet?.retrying.insert(name).inserted == true else { return }
+        Task {
+            var delay = 1.0
+            while self.fleet?.pending[name] != nil {
+                await self.clock.sleep(for: .milliseconds(Int64(delay * 1000)))
+                await self.commitPending(name)
+                delay = min(delay * 2, 10)
+            }
+            self.fleet?.retrying.remove(name)
+        }
+    }
+
+    /// Commits the refresh of `name` the store did not take, over the version it went over: when
+    /// it lands, its token is served; when the row moved on, the row's state is taken. Either
+    /// way its copy in the vault goes. Stays pending while the store does not answer.
+    func commitPending(_ name: String) async {
+        guard let store = fleet?.store, let pending = fleet?.pending[name] else { return }
+        let committed: Bool
+        do {
+            committed = try await store.commit(pending.record, over: pending.over)
+        } catch {
+            return
+        }
+        guard fleet?.pending[name]?.over == pending.over else { return }
+        fleet?.pending[name] = nil
+        try? saveToVault(removed: [name])
+        if committed {
+            logger.notice("committed a refresh the fleet's database had missed", metadata: ["account": "\(name)"])
+            adoptCommitted(
+                SharedRow(
+                    record: pending.record, version: pending.over + 1, leaseHolder: nil, lastRefreshedBy: store.host))
+        } else if let row = try? await store.read(name) {
+            adoptCommitted(row)
+        }
+    }
+}
+
+extension Broker {
+    /// The fleet as this broker sees it now (`fleet_status`): the database's report, or why it
+    /// gave none.
+    public func fleetStatus() async throws(BrokerFailure) -> FleetStanding {
+        guard let fleet else { throw .noFleet }
+        let report: Result<FleetReport, FleetError>
+        do {
+            report = .success(try await fleet.store.report())
+        } catch let error as FleetError {
+            report = .failure(error)
+        } catch {
+            report = .failure(FleetError(String(describing: error)))
+        }
+        return FleetStanding(host: fleet.store.host, report: report, sharedAccounts: fleet.versions.count)
     }
 }

@@ -59,6 +59,9 @@ public actor Broker {
     /// The fleet's shared store and the shared accounts served from it (`joinFleet`); `nil`:
     /// every account is local.
     var fleet: FleetMembership?
+    /// Records of shared accounts the vault keeps for the fleet (an unshare or a commit a crash
+    /// interrupted, `FleetMark`): not served as local accounts; `settleFleetMarks` settles them.
+    var heldForFleet: [String: AccountRecord] = [:]
 
     /// Loads every account from `vault` (refusing a wrong key or tampered file) and schedules it;
     /// a vault that holds no key yet (passphrase mode) leaves the broker locked.
@@ -79,7 +82,9 @@ public actor Broker {
             padlock.enter(.locked, newVault: try vault.sealing() == nil)
             return
         }
-        accounts = Self.machines(for: try vault.load(), settings: settings, cache: cache, now: clock.now())
+        let contents = try vault.load()
+        accounts = Self.machines(for: contents, settings: settings, cache: cache, now: clock.now())
+        heldForFleet = Self.heldForFleet(in: contents)
         Self.reportLoad(of: vault, logger: logger)
     }
 
@@ -89,7 +94,7 @@ public actor Broker {
     {
         var machines: [String: AccountMachine] = [:]
         SecretArena.shared.storing {
-            for stored in contents?.accounts ?? [] {
+            for stored in contents?.accounts ?? [] where !isHeldForFleet(stored) {
                 let machine = AccountMachine(
                     record: stored.sanitized(), planner: RefreshPlanner(settings: settings), now: now)
                 machines[machine.record.name] = machine
@@ -101,6 +106,17 @@ public actor Broker {
             }
         }
         return machines
+    }
+
+    /// Whether `record` is a shared account's that the vault keeps for the fleet rather than a
+    /// local account (see `heldForFleet`).
+    static func isHeldForFleet(_ record: AccountRecord) -> Bool {
+        [.unsharing, .uncommitted].contains(record.fleet?.step)
+    }
+
+    /// The records of `contents` held for the fleet, by name.
+    static func heldForFleet(in contents: VaultContents?) -> [String: AccountRecord] {
+        Dictionary((contents?.accounts ?? []).filter(isHeldForFleet).map { ($0.name, $0) }) { $1 }
     }
 
     /// Logs what `vault.load()` settled: a save a crash interrupted, a format converted.
@@ -187,6 +203,8 @@ public actor Broker {
             state: machine.state(now: now), expiresAt: machine.record.token?.expiresAt,
             refreshExpiresAt: machine.record.secrets.refreshExpiresAt, nextRefreshAt: machine.nextRefreshAt,
             lastRefreshAt: machine.record.lastRefreshAt, lastError: machine.record.lastError,
-            lostScope: machine.record.lostScope, shared: sharedStatus(of: machine.record.name))
+            lostScope: machine.record.lostScope, shared: sharedStatus(of: machine.record.name)
+        )
+        .degraded(fleet?.pending[machine.record.name] != nil)
     }
 }

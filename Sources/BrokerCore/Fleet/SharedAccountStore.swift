@@ -53,6 +53,52 @@ public protocol SharedAccountStore: Sendable {
     /// Commits `record` as the version after `version` if the row is still at `version`, and
     /// ends the lease; `false` when the row moved on or is gone.
     func commit(_ record: AccountRecord, over version: Int64) async throws -> Bool
-    /// Deletes the row of `name`; `false` when there was none.
-    func delete(_ name: String) async throws -> Bool
+    /// The schema version, the hosts seen and the leases held now.
+    func report() async throws -> FleetReport
+    /// Deletes the row of `name`, only while it is at `version` when one is given; `false` when
+    /// there was none (or it was at another version).
+    func delete(_ name: String, at version: Int64?) async throws -> Bool
+}
+
+/// What the fleet's database holds about the fleet itself (`brokerctl fleet status`); seconds
+/// by the database's clock.
+public struct FleetReport: Sendable, Equatable {
+    public struct Host: Sendable, Equatable {
+        public var name: String
+        public var seenSecondsAgo: Double
+        public init(name: String, seenSecondsAgo: Double) {
+            self.name = name
+            self.seenSecondsAgo = seenSecondsAgo
+        }
+    }
+
+    public struct Lease: Sendable, Equatable {
+        public var account: String
+        public var holder: String
+        public var secondsLeft: Double
+        public init(account: String, holder: String, secondsLeft: Double) {
+            self.account = account
+            self.holder = holder
+            self.secondsLeft = secondsLeft
+        }
+    }
+
+    public var schema: Int
+    /// The most recently seen first.
+    public var hosts: [Host]
+    public var leases: [Lease]
+
+    public init(schema: Int, hosts: [Host], leases: [Lease]) {
+        self.schema = schema
+        self.hosts = hosts
+        self.leases = leases
+    }
+}
+
+/// The fleet as this broker sees it: its host, and the database's report or why there is none.
+public struct FleetStanding: Sendable {
+    public var host: String
+    public var report: Result<FleetReport, FleetError>
+    /// The shared accounts this broker serves.
+    public var sharedAccounts: Int
 }

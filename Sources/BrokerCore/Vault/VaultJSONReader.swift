@@ -73,6 +73,7 @@ final class VaultJSONReader {
         var lastRefreshAt: Date??
         var declared: Bool??
         var grantedScope: String??
+        var fleet: FleetMark??
         let read = Self.object(&lexer) { key, lexer in
             switch key {
             case "name": return Self.once(&name, lexer.string())
@@ -85,6 +86,7 @@ final class VaultJSONReader {
             case "lastRefreshAt": return Self.once(&lastRefreshAt, Self.optional(&lexer) { Self.date(&$0) })
             case "declared": return Self.once(&declared, Self.optional(&lexer) { Self.bool(&$0) })
             case "grantedScope": return Self.once(&grantedScope, Self.optional(&lexer) { $0.string() })
+            case "fleet": return Self.once(&fleet, Self.optional(&lexer) { Self.fleetMark(&$0) })
             default: return lexer.skipValue()
             }
         }
@@ -92,7 +94,23 @@ final class VaultJSONReader {
         return AccountRecord(
             name: name, provider: provider, secrets: secrets, token: token ?? nil, needsLogin: needsLogin,
             loggedOut: loggedOut ?? nil, lastError: lastError ?? nil, lastRefreshAt: lastRefreshAt ?? nil,
-            declared: declared ?? nil, grantedScope: grantedScope ?? nil)
+            declared: declared ?? nil, grantedScope: grantedScope ?? nil, fleet: fleet ?? nil)
+    }
+
+    private static func fleetMark(_ lexer: inout JSONLexer) -> FleetMark? {
+        var step: FleetMark.Step?
+        var version: Int64?
+        var id: String??
+        let read = object(&lexer) { key, lexer in
+            switch key {
+            case "step": return once(&step, lexer.string().flatMap(FleetMark.Step.init(rawValue:)))
+            case "version": return once(&version, whole(&lexer).flatMap { Int64(exactly: $0) })
+            case "id": return once(&id, optional(&lexer) { $0.string() })
+            default: return lexer.skipValue()
+            }
+        }
+        guard read, let step, let version else { return nil }
+        return FleetMark(step: step, version: version, id: id ?? nil)
     }
 
     /// Provider settings: decoded by `JSONDecoder` the first time their text is met.

@@ -123,7 +123,8 @@ public struct RequestDispatcher: Sendable {
             return access.mayUse(account) ? nil : account
         case .subscribe:
             return request.accounts?.first { !access.mayUse($0) }
-        case .hello, .add, .setTokens, .remove, .refresh, .logout, .reload, .login, .unlock, .lock, .rekey:
+        case .hello, .add, .setTokens, .remove, .refresh, .logout, .reload, .login, .unlock, .lock, .rekey, .share,
+            .unshare, .fleetStatus:
             return nil
         }
     }
@@ -235,6 +236,12 @@ public struct RequestDispatcher: Sendable {
             case .rekey:
                 return try success(
                     request, try await operations.rekey(to: request.to, passphrase: request.passphrase), encoder)
+            case .share:
+                return try success(request, try await operations.share(account: request.account), encoder)
+            case .unshare:
+                return try success(request, try await operations.unshare(account: request.account), encoder)
+            case .fleetStatus:
+                return try success(request, try await operations.fleetStatus(), encoder)
             case .subscribe, .login, nil:
                 throw BrokerError(.unknownOp, "unknown op")
             }

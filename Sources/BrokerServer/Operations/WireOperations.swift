@@ -93,6 +93,26 @@ public struct WireOperations: Sendable {
         return AccountResult(account: name.rawValue, state: "removed")
     }
 
+    /// `share`: a local account into the fleet's shared store.
+    public func share(account: String?) async throws(BrokerError) -> AccountResult {
+        let name = try WireTranslation.accountName(account)
+        return WireTranslation.result(
+            try await translating { () async throws(BrokerFailure) in try await broker.share(name) })
+    }
+
+    /// `unshare`: a shared account out of the fleet's store, into this broker's vault.
+    public func unshare(account: String?) async throws(BrokerError) -> AccountResult {
+        let name = try WireTranslation.accountName(account)
+        return WireTranslation.result(
+            try await translating { () async throws(BrokerFailure) in try await broker.unshare(name) })
+    }
+
+    /// `fleet_status`.
+    public func fleetStatus() async throws(BrokerError) -> FleetStatusResult {
+        WireTranslation.fleetStatus(
+            try await translating { () async throws(BrokerFailure) in try await broker.fleetStatus() })
+    }
+
     /// `refresh`.
     public func refreshNow(account: String?) async throws(BrokerError) -> AccountResult {
         let name = try WireTranslation.accountName(account)

@@ -105,6 +105,23 @@ public enum WireTranslation {
     }
 
     /// The result of an owner op that changed an account.
+    /// `fleet_status`'s answer from what the engine saw of the fleet.
+    public static func fleetStatus(_ standing: FleetStanding) -> FleetStatusResult {
+        switch standing.report {
+        case .success(let report):
+            return FleetStatusResult(
+                host: standing.host, reachable: true, schema: report.schema, sharedAccounts: standing.sharedAccounts,
+                hosts: report.hosts.map { FleetHost(host: $0.name, seenSecondsAgo: $0.seenSecondsAgo) },
+                leases: report.leases.map {
+                    FleetLease(account: $0.account, holder: $0.holder, secondsLeft: $0.secondsLeft)
+                })
+        case .failure(let error):
+            return FleetStatusResult(
+                host: standing.host, reachable: false, reason: error.description,
+                sharedAccounts: standing.sharedAccounts)
+        }
+    }
+
     public static func result(_ snapshot: AccountSnapshot) -> AccountResult {
         AccountResult(account: snapshot.name.rawValue, state: snapshot.state.rawValue)
     }

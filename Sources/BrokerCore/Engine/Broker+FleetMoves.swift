@@ -1,0 +1,212 @@
+import BrokerProtocol
+import FoundationEssentials
+import Logging
+
+/// Moving an account between this broker's vault and the fleet's shared store (docs/fleet.md,
+/// "Moving an account"), so that a crash at any step leaves it in exactly one usable place:
+/// before the step that could leave it in two places or none, the vault holds the record with
+/// a `FleetMark`, and `settleFleetMarks` finishes or undoes that step when the broker joins
+/// the fleet again.
+extension Broker {
+    /// The steps of `share` and `unshare`, each durable when it returns; a test stops a move
+    /// after any of them (as a crash would) to check where the account ends.
+    public enum FleetMoveStep: String, Sendable, CaseIterable {
+        /// The vault holds the record with its mark.
+        case marked
+        /// The store took the move: the row is inserted (`share`) or deleted (`unshare`).
+        case stored
+        /// The vault no longer holds the local copy (`share`) or its mark (`unshare`).
+        case settled
+    }
+
+    /// Moves the local account `account` into the shared store; from then on every broker of
+    /// the fleet serves it. The row is inserted before the local copy is removed.
+    public func share(_ account: AccountName, after step: (FleetMoveStep) throws(BrokerFailure) -> Void = { _ in })
+        async throws(BrokerFailure) -> AccountSnapshot
+    {
+        let name = account.rawValue
+        guard let store = fleet?.store else { throw .noFleet }
+        guard fleet?.versions[name] == nil else { throw .invalid("the account \(name) is shared already") }
+        let machine = try self.machine(name)
+        guard machine.record.declared != true else {
+            throw .invalid("the account \(name) is declared in broker.toml: it stays on this host")
+        }
+        try checkNotLoggingOut(machine)
+        await takeChainTurn(name)
+        defer { endChainTurn(name) }
+        guard var record = accounts[name]?.record, fleet?.versions[name] == nil else { throw .noSuchAccount(account) }
+        let mark = FleetMark(step: .sharing, version: 1, id: String(UInt64.random(in: 0...UInt64.max), radix: 16))
+        record.fleet = mark
+        try saveToVault(changed: [record])
+        try step(.marked)
+        let inserted: Bool
+        do {
+            inserted = try await store.insert(record)
+        } catch {
+            throw .fleetUnavailable(reason: "\(error)")
+        }
+        record.fleet = nil
+        guard inserted else {
+            try saveToVault(changed: [record])
+            throw .invalid("the fleet has an account named \(name) already")
+        }
+        fleet?.versions[name] = 1
+        fleet?.committedBy[name] = store.host
+        try step(.stored)
+        try saveToVault(removed: [name])
+        try step(.settled)
+        logger.info("account shared with the fleet", metadata: ["account": "\(name)"])
+        return describe(try self.machine(name), now: clock.now())
+    }
+
+    /// Moves the shared account `account` out of the store into this broker's vault, under the
+    /// account's lease so that no host refreshes it meanwhile: the record is kept in the vault
+    /// (marked) before its row is deleted. The other brokers stop serving it at their next read
+    /// of the store.
+    public func unshare(_ account: AccountName, after step: (FleetMoveStep) throws(BrokerFailure) -> Void = { _ in })
+        async throws(BrokerFailure) -> AccountSnapshot
+    {
+        let name = account.rawValue
+        guard let store = fleet?.store, let leaseSeconds = fleet?.leaseSeconds else { throw .noFleet }
+        guard fleet?.versions[name] != nil else { throw .invalid("the account \(name) is not shared") }
+        try checkNotLoggingOut(try machine(name))
+        await takeChainTurn(name)
+        defer { endChainTurn(name) }
+        let lease: SharedLease
+        do {
+            guard let taken = try await store.takeLease(name, seconds: leaseSeconds) else {
+                throw BrokerFailure.fleetUnavailable(reason: "another host is refreshing \(name); try again")
+            }
+            lease = taken
+        } catch let failure as BrokerFailure {
+            throw failure
+        } catch {
+            throw .fleetUnavailable(reason: "\(error)")
+        }
+        var record = lease.row.record
+        record.fleet = FleetMark(step: .unsharing, version: lease.row.version)
+        do {
+            try saveToVault(changed: [record])
+        } catch {
+            await store.release(name)
+            throw error
+        }
+        try step(.marked)
+        let deleted: Bool
+        do {
+            deleted = try await store.delete(name, at: lease.row.version)
+        } catch {
+            await store.release(name)
+            throw .fleetUnavailable(reason: "\(error)")
+        }
+        guard deleted else {
+            try? saveToVault(removed: [name])
+            throw .fleetUnavailable(reason: "\(name) changed on another host meanwhile; try again")
+        }
+        forgetShared(name)
+        try step(.stored)
+        record.fleet = nil
+        try saveToVault(changed: [record])
+        try step(.settled)
+        serveLocal(record)
+        logger.info("account moved out of the fleet", metadata: ["account": "\(name)"])
+        return describe(try self.machine(name), now: clock.now())
+    }
+
+    /// Finishes or undoes what a crash interrupted, from the marks the vault holds: a share
+    /// whose row is in the store drops the local copy, else it stays local; an unshare whose row
+    /// is still at the version read deletes it and the account stays local, while a row another
+    /// host moved on wins; a refresh the store has not taken is committed (`commitPending`).
+    /// Runs at each read of the store until every mark is settled.
+    func settleFleetMarks() async {
+        guard let store = fleet?.store, !padlock.isLocked else { return }
+        for name in accounts.keys.sorted() {
+            guard let mark = accounts[name]?.record.fleet, mark.step == .sharing else { continue }
+            let row: SharedRow?
+            do {
+                row = try await store.read(name)
+            } catch {
+                continue
+            }
+            guard accounts[name]?.record.fleet == mark else { continue }
+            if let row, row.record.fleet?.id == mark.id {
+                guard (try? saveToVault(removed: [name])) != nil else { continue }
+                accounts[name] = nil
+                logger.notice("finished sharing an account a crash interrupted", metadata: ["account": "\(name)"])
+                await readSharedAccounts()
+            } else {
+                accounts[name]?.settledFleetMark()
+                try? persist(changing: [name])
+            }
+        }
+        for (name, held) in heldForFleet.sorted(by: { $0.key < $1.key }) {
+            guard let mark = held.fleet else { continue }
+            switch mark.step {
+            case .unsharing:
+                await settleUnshare(held, mark: mark, store: store)
+            case .uncommitted:
+                fleet?.pending[name] = (held, mark.version)
+                heldForFleet[name] = nil
+                await commitPending(name)
+            case .sharing:
+                heldForFleet[name] = nil
+            }
+        }
+    }
+
+    /// An unshare a crash interrupted: its row deleted, or deleted now if still at the version
+    /// read (the account is local), or moved on by another host (the row wins).
+    private func settleUnshare(_ held: AccountRecord, mark: FleetMark, store: any SharedAccountStore) async {
+        let name = held.name
+        let row: SharedRow?
+        do {
+            row = try await store.read(name)
+            if let row, row.version == mark.version, try await !store.delete(name, at: mark.version) { return }
+        } catch {
+            return
+        }
+        heldForFleet[name] = nil
+        if let row, row.version != mark.version {
+            try? saveToVault(removed: [name])
+            logger.notice(
+                "dropped an unshare a crash interrupted: another host refreshed the account",
+                metadata: ["account": "\(name)"])
+            await readSharedAccounts()
+            return
+        }
+        var record = held
+        record.fleet = nil
+        guard (try? saveToVault(changed: [record])) != nil else { return }
+        forgetShared(name)
+        serveLocal(record)
+        logger.notice("finished unsharing an account a crash interrupted", metadata: ["account": "\(name)"])
+    }
+
+    /// Stops treating `name` as shared (its row is gone).
+    func forgetShared(_ name: String) {
+        fleet?.versions[name] = nil
+        fleet?.committedBy[name] = nil
+        fleet?.pending[name] = nil
+    }
+
+    /// Serves `record` as a local account, replacing what was served under its name.
+    private func serveLocal(_ record: AccountRecord) {
+        let now = clock.now()
+        let machine = AccountMachine(record: record, planner: planner, now: now)
+        accounts[record.name] = machine
+        tokenProviders[record.name] = nil
+        cache.publish(
+            machine.servableToken.flatMap { try? PreparedToken(account: record.name, token: $0) }, for: record.name)
+    }
+
+    /// Writes records to the vault, or removes them, outside the accounts served (a mark, or a
+    /// shared account's local copy).
+    func saveToVault(changed: [AccountRecord] = [], removed: [String] = []) throws(BrokerFailure) {
+        do {
+            try vault.save(changed: changed, removed: removed)
+        } catch {
+            logger.error("cannot save the vault", metadata: ["reason": "\(error)"])
+            throw .vaultNotSaved
+        }
+    }
+}

@@ -1,0 +1,133 @@
+import BrokerFleet
+import BrokerProtocol
+import Foundation
+import Logging
+import PostgresNIO
+import TestSupport
+import Testing
+
+@testable import BrokerCore
+
+/// `share` and `unshare` stopped after each of their steps, as a crash would stop them, then
+/// the broker started again on its vault as the crash left it, against a real PostgreSQL: the
+/// account ends in exactly one usable place (the store's row or the vault, never both, never
+/// neither), with its token, and another broker of the fleet agrees.
+@Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
+struct FleetMoveTests {
+    /// A move and the step it is stopped after (`nil`: it runs to its end).
+    struct Interruption: Sendable, CustomTestStringConvertible {
+        let unshare: Bool
+        let step: Broker.FleetMoveStep?
+        var testDescription: String {
+            "\(unshare ? "unshare" : "share") stopped after \(step?.rawValue ?? "nothing")"
+        }
+        static let all = [false, true].flatMap { unshare in
+            (Broker.FleetMoveStep.allCases.map(Optional.some) + [nil]).map { Interruption(unshare: unshare, step: $0) }
+        }
+    }
+
+    /// Where the account is once the restarted broker settled its marks.
+    enum Place: Equatable { case shared, local }
+
+    static let token = "at-moved-account"
+
+    /// Runs `body` with a broker of host `a` joined to a fresh database, and a maker of stores of
+    /// that database for any host (each with a lease holder of its own, as a process has).
+    static func withFleet(
+        _ body: (BrokerHarness, _ store: (String) -> PostgresFleetStore) async throws -> Void
+    ) async throws {
+        try await PostgresFleetStoreTests.withDatabase { _, client in
+            let key = PostgresFleetStoreTests.key()
+            let logger = Logger(label: "fleet-move-test")
+            let store = { (host: String) in PostgresFleetStore(client: client, key: key, host: host, logger: logger) }
+            try await store("a").prepare()
+            let harness = try await BrokerHarness.start()
+            defer { Task { await harness.stop() } }
+            await harness.broker.joinFleet(store("a"), leaseSeconds: 30)
+            try await body(harness, store)
+        }
+    }
+
+    @Test(arguments: Interruption.all)
+    func aMoveStoppedAfterAnyStepLeavesTheAccountInExactlyOnePlace(_ interruption: Interruption) async throws {
+        try await Self.withFleet { harness, store in
+            let name = try AccountName("api")
+            let tokens = TokenSet(accessToken: Self.token, expiresIn: 3600)
+            _ = try await harness.broker.add(
+                account: "api", provider: ProviderSpec(kind: "static"), tokens: tokens, shared: interruption.unshare)
+            let crash = BrokerFailure.invalid("stopped here by the test")
+            let stop = { (step: Broker.FleetMoveStep) throws(BrokerFailure) in
+                if step == interruption.step { throw crash }
+            }
+            do {
+                _ =
+                    interruption.unshare
+                    ? try await harness.broker.unshare(name, after: stop)
+                    : try await harness.broker.share(name, after: stop)
+                #expect(interruption.step == nil)
+            } catch {
+                #expect(interruption.step != nil, "the move failed: \(error)")
+            }
+
+            // The broker started again on the vault as it is now, with a lease holder of its own.
+            let restarted = try harness.restart()
+            await restarted.joinFleet(store("a"), leaseSeconds: 30)
+            let row = try await store("check").read("api")
+            let inVault = try #require(try await restarted.vault.load()).accounts.filter { $0.name == "api" }
+            let served = try #require(await restarted.snapshots().first { $0.name == name })
+            let place: Place = served.shared != nil ? .shared : .local
+            switch place {
+            case .shared:
+                #expect(row != nil, "a shared account has its row")
+                #expect(inVault.isEmpty, "and no copy in the vault")
+            case .local:
+                #expect(row == nil, "a local account has no row")
+                #expect(inVault.count == 1 && inVault.first?.fleet == nil, "and one unmarked copy in the vault")
+            }
+            // Where each stop leaves it: a share whose row was inserted is done; an unshare that
+            // kept its copy finishes (its row was still at the version read).
+            let expected: Place =
+                switch (interruption.unshare, interruption.step) {
+                case (false, .marked): .local
+                case (false, _): .shared
+                case (true, _): .local
+                }
+            #expect(place == expected)
+            #expect(try await restarted.token(account: "api", minTTL: 1).result.accessToken == Self.token)
+
+            // Another broker of the fleet serves the account exactly when it is shared.
+            let other = try await BrokerHarness.start()
+            defer { Task { await other.stop() } }
+            await other.broker.joinFleet(store("b"), leaseSeconds: 30)
+            let seen = await other.broker.snapshots().contains { $0.name == name }
+            #expect(seen == (place == .shared))
+        }
+    }
+
+    @Test func anUnshareStoppedBeforeItsDeleteLosesToAnotherHostsRefresh() async throws {
+        try await Self.withFleet { harness, store in
+            let name = try AccountName("api")
+            _ = try await harness.broker.add(
+                account: "api", provider: ProviderSpec(kind: "static"),
+                tokens: TokenSet(accessToken: Self.token, expiresIn: 3600), shared: true)
+            await #expect(throws: BrokerFailure.self) {
+                try await harness.broker.unshare(name) { step throws(BrokerFailure) in
+                    if step == .marked { throw .invalid("stopped here by the test") }
+                }
+            }
+            // Another host commits a newer version meanwhile (its refresh after the lease lapsed).
+            let other = store("b")
+            let row = try #require(try await other.read("api"))
+            var newer = row.record
+            newer.token?.value = SecretBytes("at-from-host-b")
+            #expect(try await other.commit(newer, over: row.version))
+
+            let restarted = try harness.restart()
+            await restarted.joinFleet(store("a"), leaseSeconds: 30)
+            let served = try #require(await restarted.snapshots().first { $0.name == name })
+            #expect(served.shared?.version == 2, "the row won")
+            #expect(try #require(try await restarted.vault.load()).accounts.isEmpty, "the kept copy is dropped")
+            #expect(try await restarted.token(account: "api", minTTL: 1).result.accessToken == "at-from-host-b")
+        }
+    }
+}
