@@ -147,10 +147,13 @@ extension Broker {
             case .uncommitted:
                 fleet?.pending[name] = (held, mark.version)
                 heldForFleet[name] = nil
-                await commitPending(name)
+                retryPending(name)
             case .sharing:
                 heldForFleet[name] = nil
             }
+        }
+        for name in fleet?.pending.keys.sorted() ?? [] {
+            await commitPending(name)
         }
     }
 

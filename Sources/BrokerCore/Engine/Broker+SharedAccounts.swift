@@ -94,7 +94,9 @@ extension Broker {
                     adoptCommitted(row)
                     continue
                 }
-                guard accounts[name] == nil, heldForFleet[name] == nil else {
+                // A record the vault keeps for the fleet is settled first (`settleFleetMarks`).
+                guard heldForFleet[name] == nil, fleet?.pending[name] == nil else { continue }
+                guard accounts[name] == nil else {
                     logger.warning(
                         "a local account has the name of a shared one; the local one is served",
                         metadata: ["account": "\(name)"])
@@ -315,6 +317,12 @@ extension Broker {
         try? saveToVault(changed: [marked])
         logger.warning(
             "the fleet's database did not take a refresh; kept to commit later", metadata: ["account": "\(name)"])
+        retryPending(name)
+    }
+
+    /// Tries the pending commit of `name` again after 1 s, doubling up to every 10 s, until it
+    /// is settled (one task per account).
+    func retryPending(_ name: String) {
         guard fleet?.retrying.insert(name).inserted == true else { return }
         Task {
             var delay = 1.0
@@ -341,6 +349,11 @@ extension Broker {
         guard fleet?.pending[name]?.over == pending.over else { return }
         fleet?.pending[name] = nil
         try? saveToVault(removed: [name])
+        // Kept across a restart: the account is served from its row once settled.
+        guard accounts[name] != nil else {
+            await readSharedAccounts()
+            return
+        }
         if committed {
             logger.notice("committed a refresh the fleet's database had missed", metadata: ["account": "\(name)"])
             adoptCommitted(

@@ -1,0 +1,61 @@
+import BrokerFleet
+import BrokerProtocol
+import Foundation
+import Logging
+import PostgresNIO
+import TestSupport
+import Testing
+
+@testable import BrokerCore
+
+/// A shared account's refresh whose commit the database refuses (its table renamed away, a
+/// real fault of PostgreSQL's): the rotated record is kept in the vault, the account is
+/// `degraded` and serves no token from that refresh, and a broker restarted on that vault
+/// commits it once the database takes it again; the IdP sees each refresh token once.
+@Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
+struct FleetPendingCommitTests {
+    @Test func aRefreshTheDatabaseMissedIsKeptAcrossARestartAndCommittedThen() async throws {
+        try await PostgresFleetStoreTests.withDatabase { server, client in
+            let key = PostgresFleetStoreTests.key()
+            let logger = Logger(label: "fleet-pending-test")
+            let store = { (host: String) in PostgresFleetStore(client: client, key: key, host: host, logger: logger) }
+            try await store("a").prepare()
+            let h = try await BrokerHarness.start()
+            defer { Task { await h.stop() } }
+            await h.broker.joinFleet(store("a"), leaseSeconds: 90)
+            _ = try await h.broker.add(
+                account: "api", provider: h.provider,
+                tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)
+            h.clock.advance(by: 3700)
+            let answers = h.idp.holdAnswers()
+            let broker = h.broker
+            let asked = Task { try await broker.token(account: "api", minTTL: 30) }
+            await answers.holding(1)
+            try await server.execute("ALTER TABLE tokenbroker_accounts RENAME TO tokenbroker_away")
+            answers.open()
+            // The commit is tried again while the lease (90 s, 3 IdP timeouts) runs, then kept.
+            await h.clock.sleepersReached(1)
+            h.clock.advance(by: 91)
+            let failed = await #expect(throws: BrokerError.self) { try await asked.value }
+            #expect(failed?.code == .unavailable)
+            #expect(try await h.state().state == "degraded")
+            let kept = try #require(try h.vaultCopy()).accounts.first { $0.name == "api" }
+            #expect(kept?.fleet?.step == .uncommitted && kept?.fleet?.version == 1)
+            let issued = try #require(h.idp.issuedAccessTokens.last)
+            #expect(kept?.token?.value.text == issued, "the vault keeps the refresh's record")
+
+            // Restarted while the database still refuses: the record stays held, nothing served.
+            let restarted = try h.restart()
+            await restarted.joinFleet(store("a"), leaseSeconds: 90)
+            #expect(await restarted.snapshots().isEmpty)
+            try await server.execute("ALTER TABLE tokenbroker_away RENAME TO tokenbroker_accounts")
+            // Its next read of the store (once a lease period) commits it, then serves it.
+            await restarted.joinFleet(store("a"), leaseSeconds: 90)
+            let row = try #require(try await store("check").read("api"))
+            #expect(row.version == 2 && row.record.token?.value.text == issued)
+            #expect(try await restarted.token(account: "api", minTTL: 30).result.accessToken == issued)
+            #expect(try #require(try await restarted.vault.load()).accounts.isEmpty, "the kept copy is gone")
+            #expect(h.idp.refreshCalls.count == 1 && h.idp.refreshCalls.allSatisfy(\.presentedCurrent))
+        }
+    }
+}
