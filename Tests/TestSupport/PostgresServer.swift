@@ -1,13 +1,14 @@
 import Foundation
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
 /// A real PostgreSQL server (Debian's `postgresql` package) of a test's own: a cluster made by
-/// `initdb` in a temporary directory, its `postgres` started on 127.0.0.1 at a free port with
-/// password (SCRAM) authentication for the user `tokenbroker`, owner of the database
-/// `tokenbroker`. PostgreSQL refuses to run as root, so under root both run as the system user
+/// `initdb` in a temporary directory, its `postgres` started on 127.0.0.1 at a free port (and on
+/// one more address when asked, e.g. a test network's bridge) with password (SCRAM) authentication
+/// for the user `tokenbroker`, owner of the database `tokenbroker`. PostgreSQL refuses to run as root, so under root both run as the system user
 /// `postgres` (through `setpriv`, which execs: the child is the server itself). `stop` stops it
 /// and waits for it; every test that starts one stops it on every path.
 public final class PostgresServer: Sendable {
@@ -17,18 +18,24 @@ public final class PostgresServer: Sendable {
     public let username = "tokenbroker"
     public let database = "tokenbroker"
     public let password: String
-    private let server: ChildProcess
+    /// The address the server listens on besides 127.0.0.1, if any.
+    public let listenAddress: String?
+    /// The running server; `nil` between `halt` and `resume`.
+    private let server: Mutex<ChildProcess?>
 
     /// Whether this machine has PostgreSQL's binaries (`scripts/install-deps` installs them).
     public static var isInstalled: Bool { access(binaries + "/postgres", X_OK) == 0 }
 
     /// Makes and starts a server on a thread of its own (`onOwnThread`): initdb and the wait
     /// for the server take seconds, which must not hold a thread every test's tasks share.
-    public static func start() async throws -> PostgresServer {
-        try await onOwnThread { try PostgresServer() }
+    /// `listenAddress`: an address to listen on besides 127.0.0.1, where every client of the
+    /// same /24 may log in (with the password).
+    public static func start(listenAddress: String? = nil) async throws -> PostgresServer {
+        try await onOwnThread { try PostgresServer(listenAddress: listenAddress) }
     }
 
-    private init() throws {
+    private init(listenAddress: String?) throws {
+        self.listenAddress = listenAddress
         let directory = try TemporaryDirectory()
         self.directory = directory
         password = UUID().uuidString
@@ -56,12 +63,19 @@ public final class PostgresServer: Sendable {
         }
         unlink(passwordFile)
         port = try freePort()
-        server = try ChildProcess.spawn(
-            Self.command(owner),
-            Self.arguments(owner) + [
-                Self.binaries + "/postgres", "-D", data, "-p", String(port), "-c", "listen_addresses=127.0.0.1",
-                "-c", "unix_socket_directories=" + directory.path, "-c", "max_connections=200",
-            ], environment: Self.environment, output: nil)
+        let server: ChildProcess
+        do {
+            if let listenAddress {
+                let hba = try String(contentsOfFile: data + "/pg_hba.conf", encoding: .utf8)
+                try (hba + "host all all \(listenAddress)/24 scram-sha-256\n").write(
+                    toFile: data + "/pg_hba.conf", atomically: false, encoding: .utf8)
+            }
+            server = try Self.spawnServer(data: data, port: port, listenAddress: listenAddress, in: directory.path)
+        } catch {
+            directory.remove()
+            throw error
+        }
+        self.server = Mutex(server)
         do {
             try Self.waitUntilAccepting(port: port, server: server)
             let created = try ChildProcess.run(
@@ -78,8 +92,47 @@ public final class PostgresServer: Sendable {
     /// Stops the server (a fast shutdown: clients are disconnected), waits for it and removes
     /// its directory.
     public func stop() {
-        stopServer(server)
+        halt()
         directory.remove()
+    }
+
+    /// Stops the server (a fast shutdown) and waits for it, keeping its data for `resume`; does
+    /// nothing when it is stopped already.
+    public func halt() {
+        let running = server.withLock { server in
+            defer { server = nil }
+            return server
+        }
+        if let running { stopServer(running) }
+    }
+
+    /// Starts the server again after `halt`, on the same port and data, and waits (on a thread
+    /// of its own) until it accepts connections.
+    public func resume() async throws {
+        try await onOwnThread {
+            try self.server.withLock { server in
+                guard server == nil else { return }
+                let started = try Self.spawnServer(
+                    data: self.directory.file("data"), port: self.port, listenAddress: self.listenAddress,
+                    in: self.directory.path)
+                server = started
+                try Self.waitUntilAccepting(port: self.port, server: started)
+            }
+        }
+    }
+
+    private static func spawnServer(data: String, port: Int, listenAddress: String?, in directory: String) throws
+        -> ChildProcess
+    {
+        let owner = try runAs()
+        let addresses = ["127.0.0.1"] + (listenAddress.map { [$0] } ?? [])
+        return try ChildProcess.spawn(
+            command(owner),
+            arguments(owner) + [
+                binaries + "/postgres", "-D", data, "-p", String(port), "-c",
+                "listen_addresses=" + addresses.joined(separator: ","), "-c", "unix_socket_directories=" + directory,
+                "-c", "max_connections=200",
+            ], environment: environment, output: nil)
     }
 
     /// Runs `pg_dump` of the database (data and schema) and returns what it printed, less the
