@@ -32,13 +32,31 @@ public final class FleetConnection: Sendable {
         // A statement (or a lock it waits for) that takes longer ends in an error, so that a
         // stalled database or another broker's stuck transaction cannot hold brokerd.
         configuration.options.additionalStartupParameters = [("statement_timeout", "10s"), ("lock_timeout", "10s")]
-        configuration.options.maximumConnections = 4
+        // One of them listens for the other brokers' notifications.
+        configuration.options.maximumConnections = 5
         let client = PostgresClient(
             configuration: configuration, eventLoopGroup: MultiThreadedEventLoopGroup.singleton,
             backgroundLogger: logger)
         self.client = client
         running = Task { await client.run() }
-        store = PostgresFleetStore(client: client, key: credentials.key, host: settings.host, logger: logger)
+        // A call waits for the database a third of a lease at most (at least one IdP timeout,
+        // since the lease is at least three), and never more than 10 s.
+        let deadline = Duration.milliseconds(Int64(min(10, max(1, settings.leaseSeconds / 3)) * 1000))
+        store = PostgresFleetStore(
+            client: client, key: credentials.key, host: settings.host, logger: logger, deadline: deadline)
+    }
+
+    /// Hands every notification of another broker (`FleetNotice`) to `handle` until the
+    /// listening connection ends (it throws then) or the task is cancelled.
+    public func listen(_ handle: @escaping @Sendable (FleetNotice) async -> Void) async throws {
+        let store = store
+        try await client.withConnection { connection in
+            try await connection.listen(on: PostgresFleetStore.channel) { notifications in
+                for try await notification in notifications {
+                    if let notice = store.notice(notification.payload) { await handle(notice) }
+                }
+            }
+        }
     }
 
     /// Makes or checks the schema (`PostgresFleetStore.prepare`) within `timeout`: `false` when

@@ -4,25 +4,51 @@ import ServiceLifecycle
 
 /// Keeps a broker in its fleet while brokerd runs: makes or checks the schema if the database
 /// did not answer at start (every 5 seconds until it does), then once a lease period notes this
-/// host and calls `sync` (which serves shared accounts added by other hosts). A fleet key that
-/// turns out to be another fleet's ends brokerd, having written nothing.
+/// host and calls `sync` (which serves shared accounts added by other hosts and takes their
+/// commits); meanwhile it listens for the other brokers' notifications and hands each to
+/// `notice`, calling `sync` again whenever it starts listening anew (a notification may have
+/// been missed). A fleet key that turns out to be another fleet's ends brokerd, having written
+/// nothing.
 public struct FleetUpkeep: Service {
     public let connection: FleetConnection
     public let prepared: Bool
     let logger: Logger
     let sync: @Sendable () async -> Void
+    let notice: @Sendable (FleetNotice) async -> Void
 
     public init(
-        connection: FleetConnection, prepared: Bool, logger: Logger, sync: @escaping @Sendable () async -> Void
+        connection: FleetConnection, prepared: Bool, logger: Logger, sync: @escaping @Sendable () async -> Void,
+        notice: @escaping @Sendable (FleetNotice) async -> Void
     ) {
         self.connection = connection
         self.prepared = prepared
         self.logger = logger
         self.sync = sync
+        self.notice = notice
     }
 
     public func run() async throws {
-        try await cancelWhenGracefulShutdown { try await keep() }
+        try await cancelWhenGracefulShutdown {
+            try await withThrowingDiscardingTaskGroup { group in
+                group.addTask { try await keep() }
+                group.addTask { await listen() }
+            }
+        }
+    }
+
+    /// Listens while brokerd runs; a listening connection that ends is opened again a second later.
+    private func listen() async {
+        var listened = false
+        while !Task.isCancelled {
+            if listened { await sync() }
+            listened = true
+            do {
+                try await connection.listen(notice)
+            } catch {
+                logger.debug("the fleet's notifications stopped", metadata: ["reason": "\(error)"])
+            }
+            guard (try? await EventLoopSleep.sleep(for: .seconds(1))) != nil else { return }
+        }
     }
 
     private func keep() async throws {

@@ -12,7 +12,9 @@ import Synchronization
 /// one that does not open, or is older than a version this broker saw, is refused by name and
 /// the others are served.
 public final class PostgresFleetStore: SharedAccountStore {
-    /// The channel every commit notifies, with the account's name as payload.
+    /// The channel every lease taken or released and every commit notifies; the payload is
+    /// `lease`, `release` or `commit`, the lease holder or host, and the account's name,
+    /// separated by spaces (names and holders have none).
     public static let channel = "tokenbroker_accounts"
 
     private let client: PostgresClient
@@ -23,13 +25,19 @@ public final class PostgresFleetStore: SharedAccountStore {
     /// so that two brokers given the same `host` never share a lease.
     private let holder: String
     private let logger: Logger
+    /// How long a call waits for the database: postgres-nio queues a query while no connection
+    /// can be made (the database down or cut off) and `statement_timeout` acts only on the
+    /// server, so without this a refresh would wait for the database's return.
+    private let deadline: Duration
     /// The highest version seen of each account, so that a row put back at an older version is
     /// refused.
     private let seen = Mutex<[String: Int64]>([:])
 
     /// A store on `client` (which its owner runs) for `host`, sealing with `key`.
-    public init(client: PostgresClient, key: SecretKey, host: String, logger: Logger) {
+    public init(client: PostgresClient, key: SecretKey, host: String, logger: Logger, deadline: Duration = .seconds(10))
+    {
         self.client = client
+        self.deadline = deadline
         self.key = key
         self.host = host
         self.holder = host + "/" + String(UInt64.random(in: 0...UInt64.max), radix: 16)
@@ -45,11 +53,11 @@ public final class PostgresFleetStore: SharedAccountStore {
 
     /// Records that this host was seen now (`brokerctl fleet status` lists the hosts).
     public func noteHost() async throws {
-        try await client.query(
+        _ = try await query(
             """
             INSERT INTO tokenbroker_hosts (host, last_seen) VALUES (\(host), now())
             ON CONFLICT (host) DO UPDATE SET last_seen = now()
-            """, logger: logger)
+            """)
     }
 
     /// The columns every read of rows takes; a lease is shown only while it runs.
@@ -84,9 +92,9 @@ public final class PostgresFleetStore: SharedAccountStore {
         return nil
     }
 
-    /// The rows `query` (a `selection`) finds, each checked.
-    private func readings(_ query: PostgresQuery) async throws -> [SharedReading] {
-        let rows = try await client.query(query, logger: logger)
+    /// The rows `selecting` (a `selection`) finds, each checked.
+    private func readings(_ selecting: PostgresQuery) async throws -> [SharedReading] {
+        let rows = try await query(selecting)
         var readings: [SharedReading] = []
         for try await (name, version, sealed, holder, refresher) in rows.decode(
             (String, Int64, ByteBuffer, String?, String?).self)
@@ -99,11 +107,11 @@ public final class PostgresFleetStore: SharedAccountStore {
     /// Adds `record` as a new shared account at version 1; `false` when the name is taken.
     public func insert(_ record: AccountRecord) async throws -> Bool {
         let sealed = ByteBuffer(bytes: try SharedRecord.seal(record, version: 1, key: key))
-        let rows = try await client.query(
+        let rows = try await query(
             """
             INSERT INTO tokenbroker_accounts (name, version, sealed, last_refreshed_by)
             VALUES (\(record.name), 1, \(sealed), \(host)) ON CONFLICT (name) DO NOTHING RETURNING version
-            """, logger: logger)
+            """)
         let inserted = try await rows.decode(Int64.self).first { _ in true } != nil
         if inserted { note(record.name, 1) }
         return inserted
@@ -112,12 +120,17 @@ public final class PostgresFleetStore: SharedAccountStore {
     /// Takes the lease of `name` for `seconds` when it is free, lapsed or this host's already;
     /// `nil` when another host holds it (or there is no such row). A refused row throws why.
     public func takeLease(_ name: String, seconds: Double) async throws -> SharedLease? {
-        let rows = try await client.query(
+        // One statement: the lease, and the notification that tells the other brokers a refresh
+        // starts (their held access token may be revoked by it).
+        let rows = try await query(
             """
-            UPDATE tokenbroker_accounts SET lease_holder = \(holder), lease_until = now() + make_interval(secs => \(seconds))
+            WITH taken AS (UPDATE tokenbroker_accounts SET lease_holder = \(holder),
+            lease_until = now() + make_interval(secs => \(seconds))
             WHERE name = \(name) AND (lease_holder IS NULL OR lease_until IS NULL OR lease_until <= now() OR lease_holder = \(holder))
-            RETURNING version, sealed, last_refreshed_by, EXTRACT(EPOCH FROM lease_until - now())::float8
-            """, logger: logger)
+            RETURNING version, sealed, last_refreshed_by, EXTRACT(EPOCH FROM lease_until - now())::float8 AS remaining)
+            SELECT version, sealed, last_refreshed_by, remaining FROM taken
+            CROSS JOIN LATERAL (SELECT pg_notify(\(Self.channel), 'lease ' || \(holder) || ' ' || \(name))) AS told
+            """)
         for try await (version, sealed, refresher, remaining) in rows.decode((Int64, ByteBuffer, String?, Double).self)
         {
             switch reading(name, version, sealed, host, refresher) {
@@ -136,9 +149,12 @@ public final class PostgresFleetStore: SharedAccountStore {
     /// Ends this host's lease of `name` without a change (a refresh that failed or was not
     /// needed). Best effort: a lease not released lapses.
     public func release(_ name: String) async {
-        _ = try? await client.query(
-            "UPDATE tokenbroker_accounts SET lease_holder = NULL, lease_until = NULL WHERE name = \(name) AND lease_holder = \(holder)",
-            logger: logger)
+        _ = try? await query(
+            """
+            WITH freed AS (UPDATE tokenbroker_accounts SET lease_holder = NULL, lease_until = NULL
+            WHERE name = \(name) AND lease_holder = \(holder) RETURNING name)
+            SELECT pg_notify(\(Self.channel), 'release ' || \(holder) || ' ' || name) FROM freed
+            """)
     }
 
     /// Commits `record` as the version after `version`, only if the row is still at `version`
@@ -148,18 +164,16 @@ public final class PostgresFleetStore: SharedAccountStore {
         let next = version + 1
         let sealed = ByteBuffer(bytes: try SharedRecord.seal(record, version: next, key: key))
         let name = record.name
-        let host = host
-        let committed = try await FleetTransaction.run(client, logger: logger) { connection in
-            let rows = try await connection.query(
-                """
-                UPDATE tokenbroker_accounts SET version = \(next), sealed = \(sealed), lease_holder = NULL,
-                lease_until = NULL, last_refreshed_by = \(host), updated_at = now()
-                WHERE name = \(name) AND version = \(version) RETURNING version
-                """, logger: logger)
-            guard try await rows.decode(Int64.self).first(where: { _ in true }) != nil else { return false }
-            try await connection.query("SELECT pg_notify(\(Self.channel), \(name))", logger: logger)
-            return true
-        }
+        // One statement, so one round trip: the swap and the notification commit together.
+        let rows = try await query(
+            """
+            WITH moved AS (UPDATE tokenbroker_accounts SET version = \(next), sealed = \(sealed), lease_holder = NULL,
+            lease_until = NULL, last_refreshed_by = \(host), updated_at = now()
+            WHERE name = \(name) AND version = \(version) RETURNING version)
+            SELECT version FROM moved
+            CROSS JOIN LATERAL (SELECT pg_notify(\(Self.channel), 'commit ' || \(holder) || ' ' || \(name))) AS told
+            """)
+        let committed = try await rows.decode(Int64.self).first { _ in true } != nil
         if committed { note(name, next) }
         return committed
     }
@@ -168,23 +182,23 @@ public final class PostgresFleetStore: SharedAccountStore {
     /// held now; seconds by the database's clock, bounded before they are converted.
     public func report() async throws -> FleetReport {
         let schema =
-            try await client.query("SELECT max(version) FROM tokenbroker_schema", logger: logger)
+            try await query("SELECT max(version) FROM tokenbroker_schema")
             .decode(Int32?.self).first { _ in true } ?? nil
         var hosts: [FleetReport.Host] = []
-        for try await (name, ago) in try await client.query(
+        for try await (name, ago) in try await query(
             """
             SELECT host, EXTRACT(EPOCH FROM now() - last_seen)::float8 FROM tokenbroker_hosts
             ORDER BY last_seen DESC LIMIT 1000
-            """, logger: logger
+            """
         ).decode((String, Double).self) {
             hosts.append(FleetReport.Host(name: Self.hostName(name), seenSecondsAgo: Self.seconds(ago)))
         }
         var leases: [FleetReport.Lease] = []
-        for try await (account, holder, left) in try await client.query(
+        for try await (account, holder, left) in try await query(
             """
             SELECT name, lease_holder, EXTRACT(EPOCH FROM lease_until - now())::float8 FROM tokenbroker_accounts
             WHERE lease_holder IS NOT NULL AND lease_until > now() ORDER BY name LIMIT 1000
-            """, logger: logger
+            """
         ).decode((String, String, Double).self) {
             leases.append(
                 FleetReport.Lease(
@@ -202,14 +216,33 @@ public final class PostgresFleetStore: SharedAccountStore {
     /// Deletes the row of `name`, only while it is at `version` when one is given; `false` when
     /// there was none (or it was at another version).
     public func delete(_ name: String, at version: Int64?) async throws -> Bool {
-        let rows = try await client.query(
+        let rows = try await query(
             """
             DELETE FROM tokenbroker_accounts WHERE name = \(name) AND (\(version)::bigint IS NULL OR version = \(version))
             RETURNING version
-            """, logger: logger)
+            """)
         let deleted = try await rows.decode(Int64.self).first { _ in true } != nil
         seen.withLock { _ = $0.removeValue(forKey: name) }
         return deleted
+    }
+
+    /// Runs `query`, giving up after the deadline (`FleetDeadline`).
+    private func query(_ query: PostgresQuery) async throws -> PostgresRowSequence {
+        let (client, logger) = (client, logger)
+        return try await FleetDeadline.run(within: deadline) { try await client.query(query, logger: logger) }
+    }
+
+    /// What a notification on `channel` says another broker did; `nil` for this broker's own
+    /// and for a payload not of that form.
+    public func notice(_ payload: String) -> FleetNotice? {
+        let parts = payload.split(separator: " ", maxSplits: 2).map(String.init)
+        guard parts.count == 3, parts[1] != holder else { return nil }
+        switch parts[0] {
+        case "lease": return .leased(parts[2])
+        case "release": return .released(parts[2])
+        case "commit": return .committed(parts[2])
+        default: return nil
+        }
     }
 
     /// Checks one row: it opens as its name and version under the fleet key, and is not older

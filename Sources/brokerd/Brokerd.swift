@@ -95,9 +95,10 @@ struct Brokerd: ParsableCommand {
             let broker = try Broker(
                 vault: vault, settings: configuration.settings, http: http, logger: logger, configPath: configPath)
             let fleet = connection.map { connection, prepared in
-                FleetUpkeep(connection: connection, prepared: prepared, logger: logger) {
-                    await broker.joinFleet(connection.store, leaseSeconds: connection.settings.leaseSeconds)
-                }
+                FleetUpkeep(
+                    connection: connection, prepared: prepared, logger: logger,
+                    sync: { await broker.joinFleet(connection.store, leaseSeconds: connection.settings.leaseSeconds) },
+                    notice: { await broker.fleetNotice($0) })
             }
             do {
                 try await broker.configure(configuration)

@@ -30,6 +30,9 @@ struct FleetPendingCommitTests {
             let answers = h.idp.holdAnswers()
             let broker = h.broker
             let asked = Task { try await broker.token(account: "api", minTTL: 30) }
+            // The holder gives the other brokers a moment before it calls the IdP.
+            await h.clock.sleepersReached(1)
+            h.clock.advance(by: 1)
             await answers.holding(1)
             try await server.execute("ALTER TABLE tokenbroker_accounts RENAME TO tokenbroker_away")
             answers.open()

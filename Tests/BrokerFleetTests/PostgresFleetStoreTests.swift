@@ -176,9 +176,17 @@ struct PostgresFleetStoreTests {
                     let row = try #require(try await a.read("api"))
                     #expect(row.version == 2 && row.lastRefreshedBy == "b" && row.leaseHolder == nil)
 
+                    // Every lease and the commit were announced, each as what it is to the other
+                    // broker and as nothing to its own.
                     var iterator = notifications.makeAsyncIterator()
-                    let notification = try await iterator.next()
-                    #expect(notification?.payload == "api", "b's commit was announced")
+                    var told: [(a: FleetNotice?, b: FleetNotice?)] = []
+                    for _ in 0..<3 {
+                        let payload = try #require(try await iterator.next()).payload
+                        told.append((a.notice(payload), b.notice(payload)))
+                    }
+                    #expect(told[0].a == nil && told[0].b == .leased("api"), "a's lease")
+                    #expect(told[1].a == .leased("api") && told[1].b == nil, "b's lease")
+                    #expect(told[2].a == .committed("api") && told[2].b == nil, "b's commit")
                 }
             }
         }

@@ -132,18 +132,12 @@ private final class Fleet: @unchecked Sendable {
 
     typealias T = FleetHostsTests
 
-    /// Found by this test: a host keeps serving its cached access token after another host's
-    /// rotation, which django-oauth-toolkit revoked (it deletes the previous access token when it
-    /// rotates), until its own refresh point: no LISTEN/NOTIFY yet (docs/fleet.md).
-    static let revokedTokenServed: Comment = """
-        brokerd: a host serves the access token another host's rotation revoked at the IdP until its own \
-        refresh is due (no LISTEN/NOTIFY, docs/fleet.md "State of this page")
-        """
-    /// Found by this test: with PostgreSQL stopped, a token request whose token needs a refresh
-    /// gets no answer (20 s and more) instead of `unavailable` within 15 s.
-    static let outageHangs: Comment = """
-        brokerd: with PostgreSQL down, a token request that needs a refresh hangs instead of \
-        answering unavailable within 15 s
+    /// Found by this test: after PostgreSQL comes back, every host serves again about 3.7 s later,
+    /// past the lease and an IdP timeout (3.3 s here): postgres-nio's pool waits out its
+    /// reconnection backoff before it opens a connection again.
+    static let slowReturn: Comment = """
+        brokerd: after PostgreSQL returns, recovery takes longer than a lease and an IdP timeout \
+        (postgres-nio's reconnection backoff)
         """
 
     /// The steady load for ten token lifetimes, then each fault in turn.
@@ -207,7 +201,7 @@ private final class Fleet: @unchecked Sendable {
         try await Task.sleep(for: .seconds(3 * T.lifetime))
         try await server.resume()
         load.enter("e (back)")
-        try await recovered("e", since: Date(), within: T.lease + T.requestTimeout, knownIssue: Self.outageHangs)
+        try await recovered("e", since: Date(), within: T.lease + T.requestTimeout, knownIssue: Self.slowReturn)
         load.enter("after")
         try await nextRotation()
         try await nextRotation()
@@ -310,35 +304,33 @@ private final class Fleet: @unchecked Sendable {
                     + "slowest \(String(format: "%.2f", slowest)) s")
             #expect(expired == 0, "phase \(phase): \(expired) answers held an expired token")
             #expect(errors["needs_login"] == nil, "phase \(phase): needs_login")
-            let outage = phase.hasPrefix("e") ? Self.outageHangs : nil
-            expect(
-                errors["stalled"] == nil && slowest <= 15, "phase \(phase): an answer took \(slowest) s",
-                knownIssue: outage)
+            #expect(errors["stalled"] == nil && slowest <= 15, "phase \(phase): an answer took \(slowest) s")
             switch phase {
             case "load", "a", "d", "e", "e (back)", "after":
                 // No credential rotated outside a commit here: every token served is live.
-                expect(
-                    invalid == 0, "phase \(phase): \(invalid) of \(tokens) tokens were not active when served",
-                    knownIssue: Self.revokedTokenServed)
+                #expect(invalid == 0, "phase \(phase): \(invalid) of \(tokens) tokens were not active when served")
             default:
                 // b, c: the IdP rotated (and so revoked the access token every host held) for a
                 // holder that did not commit; tokens are valid again from the recovery on.
-                expect(
-                    invalidAfterRecovery == 0, "phase \(phase): \(invalidAfterRecovery) inactive after recovery",
-                    knownIssue: Self.revokedTokenServed)
+                #expect(invalidAfterRecovery == 0, "phase \(phase): \(invalidAfterRecovery) inactive after recovery")
             }
             let allowed: Set<String> =
                 switch phase {
                 case "a", "b": ["no broker"]
-                case "e", "e (back)": ["unavailable"]
+                // c, d: a host that cannot reach the database while a rotation is under way has no
+                // token it knows the IdP still honours (docs/fleet.md, "Notifications").
+                case "c", "d", "e": ["unavailable"]
+                // As PostgreSQL returns, a client's refresh may have failed less than
+                // `minimum_refresh_interval` ago: `busy`, with a retry delay.
+                case "e (back)": ["unavailable", "busy"]
                 default: []
                 }
-            expect(Set(errors.keys).isSubset(of: allowed), "phase \(phase): errors \(errors)", knownIssue: outage)
+            #expect(Set(errors.keys).isSubset(of: allowed), "phase \(phase): errors \(errors)")
         }
         let unavailable = answers.contains {
             if case .error(.unavailable) = $0.outcome { $0.phase == "e" } else { false }
         }
-        expect(unavailable, "unavailable once the tokens expired in the outage", knownIssue: Self.outageHangs)
+        #expect(unavailable, "unavailable once the tokens expired in the outage")
 
         // The steady load: one IdP refresh per rotation, the family never revoked.
         if let afterLoad {

@@ -33,6 +33,18 @@ public enum SharedReading: Sendable {
     case refused(name: String, reason: String)
 }
 
+/// What another broker of the fleet did to a shared account, as its notification says
+/// (docs/fleet.md, "Notifications"); a broker's own are not told to it.
+public enum FleetNotice: Sendable, Equatable {
+    /// It took the account's lease: its refresh starts, and the IdP may revoke the access token
+    /// held (as django-oauth-toolkit does at each rotation).
+    case leased(String)
+    /// It ended its lease without a change (its refresh failed or was not needed).
+    case released(String)
+    /// It committed a new version of the row.
+    case committed(String)
+}
+
 /// Where the fleet's shared accounts live; the engine reads and writes them only through this
 /// (the PostgreSQL store, `BrokerFleet.PostgresFleetStore`). Every row read is checked: one
 /// that does not open, or is older than a version seen, is refused.
