@@ -45,6 +45,8 @@ struct Login: ParsableCommand {
     )
     var flow: LoginFlow?
     @Flag(help: "Do not open a browser; only print the URL.") var noBrowser = false
+    @Flag(help: "Then share the new account with the fleet, as brokerctl share does (docs/fleet.md).")
+    var shared = false
     @Option(help: "Seconds you have to sign in, 1-3600 (default: 180 for browser, the code's lifetime for device).")
     var timeout: Double?
     @Option(
@@ -95,6 +97,14 @@ struct Login: ParsableCommand {
                 }
             }
             screen.succeed(result)
+            if shared {
+                // An account shared already (signed in again) got its tokens in its row.
+                let moved = try GlobalOptions.reportingFailures(account: account, socket: connection.socket) {
+                    try client.perform(.status(account: account)).accounts.first?.shared == true
+                        ? nil : try client.perform(.share(account: account))
+                }
+                if let moved { StandardStream.error.write("shared \(moved.account) with the fleet\n") }
+            }
         } catch let cancelled as LoginCancelled {
             throw ExitCode(128 + cancelled.signal)
         }

@@ -19,6 +19,9 @@ extension Broker {
         }
         guard loginsRunning.insert(name).inserted else { throw .loginRunning(account) }
         let restoring = accounts[name] != nil
+        // A shared account's tokens go to its row (`replaceSharedTokens`) once the flow is over.
+        let shared = fleet?.versions[name] != nil
+        var sharedGrant: Grant?
         defer { loginsRunning.remove(name) }
         let context = LoginContext(
             account: account, settings: settings, clientSecret: secret, http: http, clock: clock,
@@ -31,7 +34,10 @@ extension Broker {
             if restoring && accounts[name] == nil { throw .noSuchAccount(account) }
             _ = try loginSettings(account, provider: config, clientSecret: secret)
             let snapshot: AccountSnapshot
-            if accounts[name] == nil {
+            if shared {
+                sharedGrant = grant
+                snapshot = describe(try machine(name), now: clock.now())
+            } else if accounts[name] == nil {
                 snapshot = try create(account, provider: config, clientSecret: secret) { record, _ in
                     apply(grant, to: &record)
                 }
@@ -41,13 +47,17 @@ extension Broker {
             logger.info("logged in", metadata: ["account": "\(name)", "flow": "\(options.flow.rawValue)"])
             return (snapshot, grant.token.idToken != nil)
         }
+        let kept: (snapshot: AccountSnapshot, hasIDToken: Bool)
         switch options.flow {
-        case .device: return try keep(try await DeviceAuthorization.run(context, timeout: options.timeout))
+        case .device: kept = try keep(try await DeviceAuthorization.run(context, timeout: options.timeout))
         case .browser:
             // The browser's page answers after the tokens are saved, with how that went.
-            return try await AuthorizationCodeLogin.run(
+            kept = try await AuthorizationCodeLogin.run(
                 context, redirectPort: options.redirectPort, timeout: options.timeout, keep: keep)
         }
+        guard let grant = sharedGrant else { return kept }
+        let snapshot = try await replaceSharedTokens(of: account) { record, _ in apply(grant, to: &record) }
+        return (snapshot, kept.hasIDToken)
     }
 
     /// The settings and client secret a login of `account` uses: an existing account's own

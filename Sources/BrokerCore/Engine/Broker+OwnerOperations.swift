@@ -56,9 +56,15 @@ extension Broker {
     }
 
     /// Replaces an account's tokens; clears a denial, a logout and any backoff.
-    public func setTokens(of account: AccountName, to tokens: TokenPush) throws(BrokerFailure) -> AccountSnapshot {
+    /// A shared account's are replaced fleet-wide (`replaceSharedTokens`).
+    public func setTokens(of account: AccountName, to tokens: TokenPush) async throws(BrokerFailure)
+        -> AccountSnapshot
+    {
         _ = try machine(account.rawValue)
         guard !tokens.isEmpty else { throw .nothingToPush }
+        if fleet?.versions[account.rawValue] != nil {
+            return try await replaceSharedTokens(of: account) { record, now in apply(tokens, to: &record, now: now) }
+        }
         return try replaceTokens(of: account) { record, now in apply(tokens, to: &record, now: now) }
     }
 

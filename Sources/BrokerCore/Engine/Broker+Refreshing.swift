@@ -99,8 +99,9 @@ extension Broker {
         let answered = ContinuousClock.now
         if case .leased(let row, let leaseEnd) = shared {
             guard case .success(let grant) = outcome else {
-                await fleet?.store.release(name)
-                return finishRefresh(name, serial: serial, started: started, outcome: outcome)
+                let result = finishRefresh(name, serial: serial, started: started, outcome: outcome)
+                await settleLease(name, after: outcome, over: row.version)
+                return result
             }
             return await commitShared(
                 name, serial: serial, started: started, grant: grant, over: row.version, leaseEnd: leaseEnd,

@@ -220,6 +220,9 @@ extension Broker {
             } catch {
                 return .failed(.transient("the fleet's database: \(error)"))
             }
+            // Another host holds the lease: its refresh may revoke the token held (a notification
+            // of its lease may have been lost), so none is served until its commit.
+            cache.publish(nil, for: name)
             guard clock.now() < deadline else {
                 return .failed(.transient("another host holds the fleet lease and has not committed"))
             }
@@ -402,9 +405,10 @@ extension Broker {
     public func fleetNotice(_ notice: FleetNotice) async {
         switch notice {
         case .leased(let name):
-            guard fleet?.versions[name] != nil, accounts[name]?.refreshSerial == nil else { return }
+            guard fleet?.versions[name] != nil, let machine = accounts[name] else { return }
             cache.publish(nil, for: name)
-            _ = startRefresh(name, forClient: false)
+            // A refresh under way here waits for that lease already.
+            if machine.refreshSerial == nil { _ = startRefresh(name, forClient: false) }
         case .released(let name):
             guard fleet?.versions[name] != nil, let machine = accounts[name], machine.refreshSerial == nil else {
                 return
@@ -416,5 +420,59 @@ extension Broker {
             }
             adoptCommitted(row)
         }
+    }
+}
+
+extension Broker {
+    /// Replaces a shared account's tokens fleet-wide: under its lease, the row's record filled
+    /// by `fill` (with no denial, logout or error) is committed as the next version, then served
+    /// here; the other brokers take the commit when told of it.
+    func replaceSharedTokens(of account: AccountName, filling fill: (inout AccountRecord, Date) -> Void)
+        async throws(BrokerFailure) -> AccountSnapshot
+    {
+        let name = account.rawValue
+        guard let store = fleet?.store, let leaseSeconds = fleet?.leaseSeconds else { throw .noFleet }
+        await takeChainTurn(name)
+        defer { endChainTurn(name) }
+        let lease: SharedLease?
+        do {
+            lease = try await store.takeLease(name, seconds: leaseSeconds)
+        } catch {
+            throw .fleetUnavailable(reason: "\(error)")
+        }
+        guard let lease else { throw .fleetUnavailable(reason: "another host is refreshing \(name); try again") }
+        let now = clock.now()
+        var filled = Self.unmarked(lease.row.record)
+        fill(&filled, now)
+        var fresh = AccountMachine(record: filled, planner: planner, now: now)
+        _ = fresh.tokensReplaced(by: filled, planner: planner, now: now)
+        let committed: Bool
+        do {
+            committed = try await store.commit(fresh.record, over: lease.row.version)
+        } catch {
+            await store.release(name)
+            throw .fleetUnavailable(reason: "\(error)")
+        }
+        guard committed else { throw .fleetUnavailable(reason: "\(name) changed on another host meanwhile; try again") }
+        fleet?.versions[name] = lease.row.version + 1
+        fleet?.committedBy[name] = store.host
+        return try replaceTokens(of: account) { record, _ in record = fresh.record }
+    }
+}
+
+extension Broker {
+    /// Ends the lease of a refresh the IdP did not grant: a denial is the row's from now on
+    /// (committed, so every broker of the fleet shows `needs_login`); any other failure changes
+    /// nothing (the lease is released, and its holder's backoff tries again).
+    func settleLease(_ name: String, after outcome: Result<Grant, RefreshFailure>, over version: Int64) async {
+        guard let store = fleet?.store else { return }
+        if case .failure(let failure) = outcome, failure.kind == .denial, let denied = accounts[name]?.record,
+            denied.needsLogin, (try? await store.commit(denied, over: version)) == true
+        {
+            fleet?.versions[name] = version + 1
+            fleet?.committedBy[name] = store.host
+            return
+        }
+        await store.release(name)
     }
 }

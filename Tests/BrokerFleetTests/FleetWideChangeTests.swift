@@ -1,0 +1,57 @@
+import BrokerFleet
+import BrokerProtocol
+import Foundation
+import Logging
+import PostgresNIO
+import TestSupport
+import Testing
+
+@testable import BrokerCore
+
+/// Changes to a shared account made on one broker reach the others through its row: tokens
+/// pushed with `set_tokens` are committed as a new version and served everywhere, and a refresh
+/// the IdP denies leaves the account `needs_login` on every host.
+@Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
+struct FleetWideChangeTests {
+    @Test func pushedTokensAndADenialAreTheWholeFleets() async throws {
+        try await PostgresFleetStoreTests.withDatabase { _, client in
+            let key = PostgresFleetStoreTests.key()
+            let logger = Logger(label: "fleet-wide-test")
+            let store = { (host: String) in PostgresFleetStore(client: client, key: key, host: host, logger: logger) }
+            try await store("a").prepare()
+            let a = try await BrokerHarness.start()
+            defer { Task { await a.stop() } }
+            let b = try await BrokerHarness.start()
+            defer { Task { await b.stop() } }
+            await a.broker.joinFleet(store("a"), leaseSeconds: 90)
+            await b.broker.joinFleet(store("b"), leaseSeconds: 90)
+            _ = try await a.broker.add(
+                account: "api", provider: a.provider,
+                tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)
+            await b.broker.joinFleet(store("b"), leaseSeconds: 90)
+            #expect(try await b.broker.token(account: "api", minTTL: 30).result.accessToken == "at-pushed")
+
+            // Pushed on b: committed as version 2, served by a once told of the commit.
+            _ = try await b.broker.setTokens(
+                account: "api", tokens: TokenSet(accessToken: "at-set-on-b", expiresIn: 3600, refreshToken: "rt-gone"))
+            #expect(try await store("check").read("api")?.version == 2)
+            await a.broker.fleetNotice(.committed("api"))
+            #expect(try await a.broker.token(account: "api", minTTL: 30).result.accessToken == "at-set-on-b")
+            #expect(try await a.state().version == 2)
+
+            // The IdP denies the pushed refresh token at a's refresh: the denial is the row's.
+            a.clock.advance(by: 3700)
+            let broker = a.broker
+            let asked = Task { try await broker.token(account: "api", minTTL: 30) }
+            // The lease holder gives the other brokers a moment before it calls the IdP.
+            await a.clock.sleepersReached(1)
+            a.clock.advance(by: 1)
+            let denied = await #expect(throws: BrokerError.self) { try await asked.value }
+            #expect(denied?.code == .needsLogin)
+            #expect(try await store("check").read("api")?.record.needsLogin == true)
+            await b.broker.fleetNotice(.committed("api"))
+            #expect(try await b.state().state == "needs_login")
+            #expect(a.idp.refreshCalls.count == 1, "one IdP call for the fleet")
+        }
+    }
+}
