@@ -21,7 +21,7 @@ struct FleetBench {
     /// The tools, the C load client's runs and the output.
     let figures: Figures
     /// Seconds an access token lives in the rotation runs: short, so that a run holds several.
-    let lifetime = 4
+    static let lifetime = 4
     /// Token lifetimes each rotation run lasts.
     let lifetimes = 6
     /// Clients asking each broker, all at once every `interval` seconds.
@@ -59,7 +59,7 @@ struct FleetBench {
     /// that the next run's brokers do not refresh it.
     private func rotations(brokers count: Int, server: PostgresServer, key: String) async throws {
         let account = "rotating-\(count)"
-        let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-\(account)", lifetime: lifetime)
+        let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-\(account)", lifetime: Self.lifetime)
         do {
             try await rotations(brokers: count, account: account, idp: idp, server: server, key: key)
         } catch {
@@ -90,8 +90,8 @@ struct FleetBench {
             try (0..<clientsPerBroker).map { _ in try RawConnection(path: broker.socketPath) }
         }
         for broker in brokers { try waitForToken(of: account, on: broker) }
-        figures.note("\(count) brokers share \(account); \(clients.count) clients for \(lifetimes * lifetime) s")
-        let failed = try askInTurns(clients, account: account, seconds: Double(lifetime * lifetimes))
+        figures.note("\(count) brokers share \(account); \(clients.count) clients for \(lifetimes * Self.lifetime) s")
+        let failed = try askInTurns(clients, account: account, seconds: Double(Self.lifetime * lifetimes))
         let calls = idp.refreshCalls
         let rotations = calls.filter(\.presentedCurrent).count
         guard rotations > 0 else { throw BenchError("\(account) was never refreshed") }

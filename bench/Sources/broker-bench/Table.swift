@@ -133,7 +133,8 @@ enum Table {
         [3, 10].flatMap { brokers in
             [
                 Row(
-                    figure: "fleet, \(brokers) brokers sharing one account (4 s tokens): IdP calls per rotation",
+                    figure:
+                        "fleet, \(brokers) brokers sharing one account (\(FleetBench.lifetime) s tokens): IdP calls per rotation",
                     key: "fleet_idp_calls_per_rotation_\(brokers)", unit: .mean, target: .atMost(1)),
                 Row(
                     figure: "fleet, \(brokers) brokers: refresh tokens presented twice",
