@@ -31,7 +31,7 @@ struct FleetBench {
     let refreshes = 30
     /// Load runs per account, interleaved and each round in the other order than the last, so
     /// that a drift of the shared machine hits both alike.
-    let rounds = 6
+    let rounds = 10
 
     func run() async throws {
         let server = try await PostgresServer.start()
