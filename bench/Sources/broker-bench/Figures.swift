@@ -186,12 +186,13 @@ struct Figures {
         }
     }
 
-    /// One closed-loop run of the C load client; the same parameters for every server.
-    private func load(_ socket: String, connections: Int) throws -> LoadClientResult {
+    /// One closed-loop run of the C load client asking for `account`'s token; the same parameters
+    /// for every server.
+    func load(_ socket: String, connections: Int, account: String = "bench-0") throws -> LoadClientResult {
         let (status, output, errors) = try ChildProcess.capture(
             tools.loadClient,
             [
-                "-s", socket, "-m", "line", "-p", #"{"id":1,"op":"token","account":"bench-0"}"#, "-e",
+                "-s", socket, "-m", "line", "-p", #"{"id":1,"op":"token","account":"\#(account)"}"#, "-e",
                 #""access_token""#, "-c", String(connections), "-n", "3000000", "-t", String(secondsPerLoad), "-w",
                 String(warmup),
             ], environment: ProcessInfo.processInfo.environment)
@@ -277,12 +278,12 @@ struct Figures {
     // MARK: Output
 
     /// One figure, on standard output at once (and on standard error, to follow the run).
-    private func emit(_ key: String, _ value: Double) {
+    func emit(_ key: String, _ value: Double) {
         write("\(key)=\(value)\n", to: STDOUT_FILENO)
         note("\(key)=\(value)")
     }
 
-    private func note(_ text: String) {
+    func note(_ text: String) {
         write("[figures \(Int(Monotonic.now() - began)) s] " + text + "\n", to: STDERR_FILENO)
     }
 
@@ -290,7 +291,7 @@ struct Figures {
         _ = Array(text.utf8).withUnsafeBytes { Glibc.write(descriptor, $0.baseAddress, $0.count) }
     }
 
-    private func median(_ values: [Double]) -> Double {
+    func median(_ values: [Double]) -> Double {
         values.isEmpty ? .nan : values.sorted()[values.count / 2]
     }
 }

@@ -8,6 +8,8 @@ enum Table {
     /// How a figure is shown: its unit, and the factor from the unit of its key.
     enum Unit {
         case milliseconds, microseconds, millisecondsFromMicroseconds, mebibytes, requestsPerSecond, wakeUps
+        /// A number of events, and a mean number per event (IdP calls per rotation).
+        case count, mean
 
         func show(_ value: Double) -> String {
             switch self {
@@ -16,7 +18,8 @@ enum Table {
             case .millisecondsFromMicroseconds: Table.decimal(value / 1000, places: 2) + " ms"
             case .mebibytes: Table.decimal(value, places: 1) + " MiB"
             case .requestsPerSecond: Table.decimal(value / 1000, places: 1) + "k req/s"
-            case .wakeUps: Table.decimal(value, places: 0)
+            case .wakeUps, .count: Table.decimal(value, places: 0)
+            case .mean: Table.decimal(value, places: 2)
             }
         }
 
@@ -29,7 +32,7 @@ enum Table {
             case .microseconds: "µs"
             case .mebibytes: "MiB"
             case .requestsPerSecond: "req/s"
-            case .wakeUps: ""
+            case .wakeUps, .count, .mean: ""
             }
         }
     }
@@ -82,7 +85,7 @@ enum Table {
                 key: "expired_1000_last_after_idp_ms", unit: .milliseconds, target: .atMost(10)),
         ] + idleRows + swiftNIORows + policyRows
         + cachedTokenRows(server: "loops1", label: "1 event loop: cached `token`")
-        + cachedTokenRows(server: "loops2", label: "2 event loops: cached `token`")
+        + cachedTokenRows(server: "loops2", label: "2 event loops: cached `token`") + fleetRows
 
     /// An idle brokerd's wake-ups over 60 s (`broker-bench idle`), beside ssh-agent's in the
     /// same run, and with a watchdog beside its pings.
@@ -121,6 +124,40 @@ enum Table {
             figure: "cached `token`, 3-executable policy, 1 connection, p50", key: "policy_1_p50_us",
             unit: .microseconds, yardstick: ("no policy", "token_1_p50_us"), target: .ratioAtMost(1.1)),
     ]
+
+    /// One account shared through the fleet's PostgreSQL (`broker-bench fleet`): one IdP call per
+    /// rotation with 3 and with 10 brokers, and no refresh token presented twice; a shared refresh
+    /// beside a local one, and its statements; cached tokens of a shared account as fast as of a
+    /// local one on the same broker.
+    static let fleetRows: [Row] =
+        [3, 10].flatMap { brokers in
+            [
+                Row(
+                    figure:
+                        "fleet, \(brokers) brokers sharing one account (\(FleetBench.lifetime) s tokens): IdP calls per rotation",
+                    key: "fleet_idp_calls_per_rotation_\(brokers)", unit: .mean, target: .atMost(1)),
+                Row(
+                    figure: "fleet, \(brokers) brokers: refresh tokens presented twice",
+                    key: "fleet_reused_refresh_tokens_\(brokers)", unit: .count, target: .atMost(0)),
+            ]
+        } + [
+            Row(
+                figure: "fleet: forced refresh (`refresh`) of a shared account, p50",
+                key: "fleet_refresh_latency_shared_ms",
+                unit: .milliseconds, yardstick: ("local account", "fleet_refresh_latency_local_ms"), target: .none),
+            Row(
+                figure: "fleet: added by the store to a refresh (shared p50 - local p50)",
+                key: "fleet_refresh_added_ms",
+                unit: .milliseconds, target: .none),
+            Row(
+                figure: "fleet: database round trips (statements) per shared refresh",
+                key: "fleet_db_round_trips_per_refresh", unit: .mean, target: .none),
+            Row(
+                figure: "fleet: cached `token` of a shared account, 64 connections, req/s",
+                key: "fleet_cached_shared_rps",
+                unit: .requestsPerSecond, yardstick: ("local account, same broker", "fleet_cached_local_rps"),
+                target: .ratioAtLeast(0.9)),
+        ]
 
     /// The four cached-token rows of one server (a key prefix of `broker-bench figures`). The
     /// requests per second at 64 connections stand beside the C floor without a target: the

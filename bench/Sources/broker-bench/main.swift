@@ -12,13 +12,15 @@ import Glibc
 // (Figures.swift, printed as a table by Table.swift), `broker-bench save`: durable saves with
 // 1,000 accounts (VaultSave.swift), `broker-bench idle`: an idle broker's wake-ups
 // (IdleWakeups.swift), and `broker-bench flood`: the latency of cached tokens
-// while one process floods the broker (Flood.swift). Run it through bench/run
-// (release build).
+// while one process floods the broker (Flood.swift), and `broker-bench fleet`: what sharing an
+// account through the fleet's PostgreSQL store costs (FleetBench.swift). Run it through
+// bench/run (release build).
 
 let usage = """
     usage: broker-bench figures PATH-TO-BROKERD PATH-TO-LOAD-CLIENT PATH-TO-ECHO-SERVER [SECONDS-PER-LOAD-RUN]
            broker-bench policy PATH-TO-BROKERD PATH-TO-LOAD-CLIENT [SECONDS-PER-LOAD-RUN]
            broker-bench fresh PATH-TO-BROKERD
+           broker-bench fleet PATH-TO-BROKERD PATH-TO-LOAD-CLIENT [SECONDS-PER-LOAD-RUN]
            broker-bench idle PATH-TO-BROKERD [SECONDS]
            broker-bench save
            broker-bench table < FIGURES
@@ -57,6 +59,9 @@ do {
     case "policy" where arguments.count >= 4:
         let tools = Figures.Tools(brokerd: arguments[2], loadClient: arguments[3], echoServer: "")
         try await Figures(tools: tools, secondsPerLoad: try seconds(at: 4, default: 2)).runPolicy()
+    case "fleet" where arguments.count >= 4:
+        let tools = Figures.Tools(brokerd: arguments[2], loadClient: arguments[3], echoServer: "")
+        try await FleetBench(figures: Figures(tools: tools, secondsPerLoad: try seconds(at: 4, default: 2))).run()
     case "fresh" where arguments.count >= 3:
         let tools = Figures.Tools(brokerd: arguments[2], loadClient: "", echoServer: "")
         try await Figures(tools: tools, secondsPerLoad: 2).runFresh()
