@@ -8,7 +8,7 @@ extension Operation {
     /// Operations a locked broker runs; every other one is answered `locked`.
     public var runsWhileLocked: Bool {
         switch self {
-        case .hello, .status, .lock, .unlock, .fleetStatus: return true
+        case .hello, .status, .lock, .unlock: return true
         default: return false
         }
     }

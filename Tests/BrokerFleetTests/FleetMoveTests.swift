@@ -1,7 +1,6 @@
 import BrokerFleet
 import BrokerProtocol
 import Foundation
-import Logging
 import PostgresNIO
 import TestSupport
 import Testing
@@ -31,26 +30,9 @@ struct FleetMoveTests {
 
     static let token = "at-moved-account"
 
-    /// Runs `body` with a broker of host `a` joined to a fresh database, and a maker of stores of
-    /// that database for any host (each with a lease holder of its own, as a process has).
-    static func withFleet(
-        _ body: (BrokerHarness, _ store: (String) -> PostgresFleetStore) async throws -> Void
-    ) async throws {
-        try await PostgresFleetStoreTests.withDatabase { _, client in
-            let key = PostgresFleetStoreTests.key()
-            let logger = Logger(label: "fleet-move-test")
-            let store = { (host: String) in PostgresFleetStore(client: client, key: key, host: host, logger: logger) }
-            try await store("a").prepare()
-            let harness = try await BrokerHarness.start()
-            defer { Task { await harness.stop() } }
-            await harness.broker.joinFleet(store("a"), leaseSeconds: 30)
-            try await body(harness, store)
-        }
-    }
-
     @Test(arguments: Interruption.all)
     func aMoveStoppedAfterAnyStepLeavesTheAccountInExactlyOnePlace(_ interruption: Interruption) async throws {
-        try await Self.withFleet { harness, store in
+        try await PostgresFleetStoreTests.withFleet { _, harness, store in
             let name = try AccountName("api")
             let tokens = TokenSet(accessToken: Self.token, expiresIn: 3600)
             _ = try await harness.broker.add(
@@ -71,7 +53,7 @@ struct FleetMoveTests {
 
             // The broker started again on the vault as it is now, with a lease holder of its own.
             let restarted = try harness.restart()
-            await restarted.joinFleet(store("a"), leaseSeconds: 30)
+            await restarted.joinFleet(store("a"), leaseSeconds: 90)
             let row = try await store("check").read("api")
             let inVault = try #require(try await restarted.vault.load()).accounts.filter { $0.name == "api" }
             let served = try #require(await restarted.snapshots().first { $0.name == name })
@@ -98,14 +80,14 @@ struct FleetMoveTests {
             // Another broker of the fleet serves the account exactly when it is shared.
             let other = try await BrokerHarness.start()
             defer { Task { await other.stop() } }
-            await other.broker.joinFleet(store("b"), leaseSeconds: 30)
+            await other.broker.joinFleet(store("b"), leaseSeconds: 90)
             let seen = await other.broker.snapshots().contains { $0.name == name }
             #expect(seen == (place == .shared))
         }
     }
 
     @Test func anUnshareStoppedBeforeItsDeleteLosesToAnotherHostsRefresh() async throws {
-        try await Self.withFleet { harness, store in
+        try await PostgresFleetStoreTests.withFleet { _, harness, store in
             let name = try AccountName("api")
             _ = try await harness.broker.add(
                 account: "api", provider: ProviderSpec(kind: "static"),
@@ -123,7 +105,7 @@ struct FleetMoveTests {
             #expect(try await other.commit(newer, over: row.version))
 
             let restarted = try harness.restart()
-            await restarted.joinFleet(store("a"), leaseSeconds: 30)
+            await restarted.joinFleet(store("a"), leaseSeconds: 90)
             let served = try #require(await restarted.snapshots().first { $0.name == name })
             #expect(served.shared?.version == 2, "the row won")
             #expect(try #require(try await restarted.vault.load()).accounts.isEmpty, "the kept copy is dropped")

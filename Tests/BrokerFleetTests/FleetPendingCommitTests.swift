@@ -1,7 +1,6 @@
 import BrokerFleet
 import BrokerProtocol
 import Foundation
-import Logging
 import PostgresNIO
 import TestSupport
 import Testing
@@ -15,14 +14,7 @@ import Testing
 @Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
 struct FleetPendingCommitTests {
     @Test func aRefreshTheDatabaseMissedIsKeptAcrossARestartAndCommittedThen() async throws {
-        try await PostgresFleetStoreTests.withDatabase { server, client in
-            let key = PostgresFleetStoreTests.key()
-            let logger = Logger(label: "fleet-pending-test")
-            let store = { (host: String) in PostgresFleetStore(client: client, key: key, host: host, logger: logger) }
-            try await store("a").prepare()
-            let h = try await BrokerHarness.start()
-            defer { Task { await h.stop() } }
-            await h.broker.joinFleet(store("a"), leaseSeconds: 90)
+        try await PostgresFleetStoreTests.withFleet { server, h, store in
             _ = try await h.broker.add(
                 account: "api", provider: h.provider,
                 tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)

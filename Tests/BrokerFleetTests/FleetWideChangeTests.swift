@@ -1,7 +1,6 @@
 import BrokerFleet
 import BrokerProtocol
 import Foundation
-import Logging
 import PostgresNIO
 import TestSupport
 import Testing
@@ -14,16 +13,9 @@ import Testing
 @Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
 struct FleetWideChangeTests {
     @Test func pushedTokensAndADenialAreTheWholeFleets() async throws {
-        try await PostgresFleetStoreTests.withDatabase { _, client in
-            let key = PostgresFleetStoreTests.key()
-            let logger = Logger(label: "fleet-wide-test")
-            let store = { (host: String) in PostgresFleetStore(client: client, key: key, host: host, logger: logger) }
-            try await store("a").prepare()
-            let a = try await BrokerHarness.start()
-            defer { Task { await a.stop() } }
+        try await PostgresFleetStoreTests.withFleet { _, a, store in
             let b = try await BrokerHarness.start()
             defer { Task { await b.stop() } }
-            await a.broker.joinFleet(store("a"), leaseSeconds: 90)
             await b.broker.joinFleet(store("b"), leaseSeconds: 90)
             _ = try await a.broker.add(
                 account: "api", provider: a.provider,

@@ -50,6 +50,23 @@ struct PostgresFleetStoreTests {
         }
     }
 
+    /// Runs `body` with a fresh database whose schema a broker of host `a` made, that broker
+    /// (in process) joined with a lease of 90 s, and a maker of stores of that database for any
+    /// host, each with a lease holder of its own, as a process has.
+    static func withFleet(
+        _ body: (PostgresServer, BrokerHarness, _ store: (String) -> PostgresFleetStore) async throws -> Void
+    ) async throws {
+        try await withDatabase { server, client in
+            let key = key()
+            let store = { (host: String) in PostgresFleetStore(client: client, key: key, host: host, logger: logger) }
+            try await store("a").prepare()
+            let harness = try await BrokerHarness.start()
+            defer { Task { await harness.stop() } }
+            await harness.broker.joinFleet(store("a"), leaseSeconds: 90)
+            try await body(server, harness, store)
+        }
+    }
+
     static func text(_ secret: SecretBytes?) -> String { secret?.text ?? "" }
 
     @Test func aSealedRecordOpensOnlyAsItsNameAndVersionUnderItsKey() throws {
