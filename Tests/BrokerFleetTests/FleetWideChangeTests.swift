@@ -8,11 +8,11 @@ import Testing
 @testable import BrokerCore
 
 /// Changes to a shared account made on one broker reach the others through its row: tokens
-/// pushed with `set_tokens` are committed as a new version and served everywhere, and a refresh
-/// the IdP denies leaves the account `needs_login` on every host.
+/// pushed with `set_tokens` are committed as a new version and served everywhere, a refresh the
+/// IdP denies leaves the account `needs_login` on every host, and a logout logs it out on all.
 @Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
 struct FleetWideChangeTests {
-    @Test func pushedTokensAndADenialAreTheWholeFleets() async throws {
+    @Test func pushedTokensADenialAndALogoutAreTheWholeFleets() async throws {
         try await PostgresFleetStoreTests.withFleet { _, a, store in
             let b = try await BrokerHarness.start()
             defer { Task { await b.stop() } }
@@ -44,6 +44,17 @@ struct FleetWideChangeTests {
             await b.broker.fleetNotice(.committed("api"))
             #expect(try await b.state().state == "needs_login")
             #expect(a.idp.refreshCalls.count == 1, "one IdP call for the fleet")
+
+            // Restored on b (its clock brought to a's), then logged out on a: logged out on b too.
+            b.clock.advance(by: 3701)
+            _ = try await b.broker.setTokens(
+                account: "api", tokens: TokenSet(accessToken: "at-again", expiresIn: 3600, refreshToken: "rt-x"))
+            await a.broker.fleetNotice(.committed("api"))
+            #expect(try await a.state().state == "valid")
+            _ = try await a.broker.logout(account: "api", force: true)
+            #expect(try await store("check").read("api")?.record.loggedOut == true)
+            await b.broker.fleetNotice(.committed("api"))
+            #expect(try await b.state().state == "logged_out")
         }
     }
 }

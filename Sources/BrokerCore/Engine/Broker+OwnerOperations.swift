@@ -134,7 +134,17 @@ extension Broker {
         _ = await refreshTasks[name]?.task.value
         await takeChainTurn(name)
         defer { endChainTurn(name) }
-        let current = try self.machine(name).record
+        // A shared account logs out fleet-wide: its row's credential is revoked under its lease,
+        // and the logged-out record is the row's next version (docs/fleet.md).
+        let lease: SharedLease?
+        do {
+            lease = try await logoutLease(name)
+        } catch {
+            accounts[name]?.logoutRefused()
+            throw error
+        }
+        let current: AccountRecord
+        if let lease { current = Self.unmarked(lease.row.record) } else { current = try self.machine(name).record }
 
         var revoked = false
         let answer = await provider(for: current).revoke(current)
@@ -143,6 +153,7 @@ extension Broker {
             revoked = revocation == .revoked
         case .failure(let failure) where !force:
             accounts[name]?.logoutRefused()
+            if lease != nil { await fleet?.store.release(name) }
             logger.warning(
                 "logout refused: cannot revoke", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
             let wait =
@@ -156,6 +167,7 @@ extension Broker {
         // Discarded in memory even if the vault cannot be saved: a revoked token must not be served.
         guard let effects = accounts[name]?.loggedOut() else { throw .noSuchAccount(account) }
         try run(effects, for: name)
+        if let lease, let record = accounts[name]?.record { await commitLogout(record, over: lease.row.version) }
         logger.info("logged out", metadata: ["account": "\(name)", "revoked": "\(revoked)"])
         return revoked ? .revoked : .discarded
     }

@@ -476,3 +476,37 @@ extension Broker {
         await store.release(name)
     }
 }
+
+extension Broker {
+    /// The lease a logout of `name` revokes under when it is a shared account; `nil` for a local
+    /// one. Throws `fleetUnavailable` when it cannot be had.
+    func logoutLease(_ name: String) async throws(BrokerFailure) -> SharedLease? {
+        guard fleet?.versions[name] != nil, let store = fleet?.store, let seconds = fleet?.leaseSeconds else {
+            return nil
+        }
+        let lease: SharedLease?
+        do {
+            lease = try await store.takeLease(name, seconds: seconds)
+        } catch {
+            throw .fleetUnavailable(reason: "\(error)")
+        }
+        guard let lease else { throw .fleetUnavailable(reason: "another host is refreshing \(name); try again") }
+        return lease
+    }
+
+    /// Commits a shared account's logged-out record over `version`, so that every broker of the
+    /// fleet shows it logged out; a row that moved on meanwhile is left (its credential was not
+    /// the one revoked), and the lease lapses.
+    func commitLogout(_ record: AccountRecord, over version: Int64) async {
+        guard let store = fleet?.store else { return }
+        do {
+            guard try await store.commit(record, over: version) else { return }
+            fleet?.versions[record.name] = version + 1
+            fleet?.committedBy[record.name] = store.host
+        } catch {
+            logger.warning(
+                "the fleet's database did not take a logout",
+                metadata: ["account": "\(record.name)", "reason": "\(error)"])
+        }
+    }
+}

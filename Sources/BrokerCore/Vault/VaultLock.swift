@@ -53,8 +53,11 @@ final class VaultLock: Sendable {
     }
 
     deinit {
-        close(descriptor)
+        // Forgotten before the file is closed: once closed, an unlinked lock file's inode may
+        // be given at once to another vault's new lock file (ext4 does), which would then be
+        // refused as held.
         Self.held.withLock { _ = $0.remove(identity) }
+        close(descriptor)
     }
 
     private static func refusal(_ vaultPath: String) -> VaultError {
