@@ -72,6 +72,7 @@ extension Broker {
         try checkNotLoggingOut(try machine(name))
         await takeChainTurn(name)
         defer { endChainTurn(name) }
+        try await checkNothingPending(name)
         let lease: SharedLease
         do {
             guard let taken = try await store.takeLease(name, seconds: leaseSeconds) else {

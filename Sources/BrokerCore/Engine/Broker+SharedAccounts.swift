@@ -484,6 +484,7 @@ extension Broker {
         guard fleet?.versions[name] != nil, let store = fleet?.store, let seconds = fleet?.leaseSeconds else {
             return nil
         }
+        try await checkNothingPending(name)
         let lease: SharedLease?
         do {
             lease = try await store.takeLease(name, seconds: seconds)
@@ -507,6 +508,19 @@ extension Broker {
             logger.warning(
                 "the fleet's database did not take a logout",
                 metadata: ["account": "\(record.name)", "reason": "\(error)"])
+        }
+    }
+}
+
+extension Broker {
+    /// Refuses an owner's change to a shared account (`unshare`, `logout`) while a refresh the
+    /// database missed is not committed: the row's credential is the one that refresh consumed,
+    /// and the live one is only in that pending record. Tries the commit once first.
+    func checkNothingPending(_ name: String) async throws(BrokerFailure) {
+        guard fleet?.pending[name] != nil else { return }
+        await commitPending(name)
+        guard fleet?.pending[name] == nil else {
+            throw .fleetUnavailable(reason: "the last refresh of \(name) is not in the fleet's database yet; try again")
         }
     }
 }

@@ -53,11 +53,14 @@ final class VaultLock: Sendable {
     }
 
     deinit {
-        // Forgotten before the file is closed: once closed, an unlinked lock file's inode may
-        // be given at once to another vault's new lock file (ext4 does), which would then be
-        // refused as held.
-        Self.held.withLock { _ = $0.remove(identity) }
-        close(descriptor)
+        // Closed and forgotten as one step under `held`'s lock: forgotten after the close, an
+        // unlinked lock file's inode could meanwhile be given to another vault's new lock file
+        // (ext4 does) and refused as held; forgotten before it, this process could lock the same
+        // file again, and the close would then drop that new lock (record locks are per process).
+        Self.held.withLock { held in
+            close(descriptor)
+            _ = held.remove(identity)
+        }
     }
 
     private static func refusal(_ vaultPath: String) -> VaultError {
