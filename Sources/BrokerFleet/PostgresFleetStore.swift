@@ -200,10 +200,10 @@ public final class PostgresFleetStore: SharedAccountStore {
             WHERE lease_holder IS NOT NULL AND lease_until > now() ORDER BY name LIMIT 1000
             """
         ).decode((String, String, Double).self) {
+            // A name from the database in clear: only one an account may have is shown.
+            guard (try? AccountName(account)) != nil else { continue }
             leases.append(
-                FleetReport.Lease(
-                    account: String(account.prefix(128)), holder: Self.hostName(holder), secondsLeft: Self.seconds(left)
-                ))
+                FleetReport.Lease(account: account, holder: Self.hostName(holder), secondsLeft: Self.seconds(left)))
         }
         return FleetReport(schema: Int(schema ?? 0), hosts: hosts, leases: leases)
     }

@@ -147,38 +147,19 @@ private final class Fleet: @unchecked Sendable {
 
         // a. The holder killed before its IdP call (its request held at the proxy, then dropped),
         // and restarted at once.
-        load.enter("a")
-        proxy.holdNext(.request)
-        var holder = try await proxy.waitForHeld(seconds: 2 * T.lifetime)
-        try await expectLeaseHeld(by: holder)
-        brokers[holder].crash()
-        var fault = Date()
-        proxy.release()
-        try await brokers[holder].start()
-        try await recovered("a", since: fault, within: T.lease + T.requestTimeout)
-        try await nextRotation()
+        try await killHolder(phase: "a", holding: .request, load)
 
         // b. The holder killed while the IdP answers: the IdP rotated, no broker ever saw it; the
         // next holder presents the same refresh token within the IdP's grace.
-        load.enter("b")
-        proxy.holdNext(.answer)
-        holder = try await proxy.waitForHeld(seconds: 2 * T.lifetime)
-        try await expectLeaseHeld(by: holder)
-        brokers[holder].crash()
-        fault = Date()
-        proxy.release()
-        try await brokers[holder].start()
-        try await recovered("b", since: fault, within: T.lease + T.requestTimeout)
-        try await nextRotation()
+        try await killHolder(phase: "b", holding: .answer, load)
 
         // c. The holder cut from the database after the IdP answered, before its commit; the link
         // restored two leases later.
         load.enter("c")
         proxy.holdNext(.answer)
-        holder = try await proxy.waitForHeld(seconds: 2 * T.lifetime)
-        let cut = holder
+        let cut = try await proxy.waitForHeld(seconds: 2 * T.lifetime)
         try await onOwnThread { try self.network.cut(host: cut) }
-        fault = Date()
+        let fault = Date()
         proxy.release()
         let others = (0..<T.hosts).filter { $0 != cut }
         try await recovered("c (other hosts)", since: fault, within: T.lease + T.requestTimeout, hosts: others)
@@ -204,6 +185,22 @@ private final class Fleet: @unchecked Sendable {
         try await recovered("e", since: Date(), within: T.lease + T.requestTimeout, knownIssue: Self.slowReturn)
         load.enter("after")
         try await nextRotation()
+        try await nextRotation()
+    }
+
+    /// Faults a and b: the lease holder killed while the proxy holds its refresh at `point`
+    /// (before the IdP sees it, or after the IdP answered), restarted at once; every host serves
+    /// again within a lease and an IdP timeout, and the chain goes on.
+    func killHolder(phase: String, holding point: TokenEndpointProxy.HoldPoint, _ load: FleetLoad) async throws {
+        load.enter(phase)
+        proxy.holdNext(point)
+        let holder = try await proxy.waitForHeld(seconds: 2 * T.lifetime)
+        try await expectLeaseHeld(by: holder)
+        brokers[holder].crash()
+        let fault = Date()
+        proxy.release()
+        try await brokers[holder].start()
+        try await recovered(phase, since: fault, within: T.lease + T.requestTimeout)
         try await nextRotation()
     }
 
