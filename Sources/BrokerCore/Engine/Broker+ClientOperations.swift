@@ -14,6 +14,11 @@ extension Broker {
     {
         let name = account.rawValue
         if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return token }
+        // Another host leased this shared account: its commit or release comes first.
+        if let lease = await leaseFollowed(name) {
+            await lease.value
+            if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return token }
+        }
         switch try await refreshForToken(name, minTTL: minTTL) {
         case .ready(let token):
             return token
@@ -49,13 +54,14 @@ extension Broker {
 
     /// Handles a token a resource server refused: refreshes once if it is still current (unless
     /// a client's request refreshed the account within `minimumRefreshInterval`), otherwise
-    /// returns the newer token at once.
+    /// returns the newer token at once. While another host holds a shared account's lease, its
+    /// commit is waited for as `token` does.
     public func reject(_ accessToken: SecretBytes, of account: AccountName, minTTL: TimeInterval)
         async throws(BrokerFailure) -> PreparedToken
     {
         let name = account.rawValue
         let machine = try self.machine(name)
-        guard machine.record.token?.value == accessToken else {
+        guard machine.record.token?.value == accessToken, leaseFollowed(name) == nil else {
             return try await token(for: account, minTTL: minTTL)
         }
         try checkRefreshable(machine)

@@ -22,6 +22,9 @@ extension Broker {
         var pending: [String: (record: AccountRecord, over: Int64)] = [:]
         /// The accounts whose pending commit a task retries now.
         var retrying: Set<String> = []
+        /// The accounts another host has just leased, each with the task that waits for its
+        /// commit or release (`followLease`); their clients wait for it too.
+        var following: [String: Task<Void, Never>] = [:]
     }
 
     /// How long a lease holder waits before it calls the IdP, so that the other brokers have
@@ -398,28 +401,74 @@ extension Broker {
 extension Broker {
     /// Acts on another broker's notification (docs/fleet.md, "Notifications"). When it takes an
     /// account's lease, its refresh may make the IdP revoke the access token held here (as
-    /// django-oauth-toolkit does at each rotation): the token leaves the cache and a refresh
-    /// starts here that waits for the other host's commit (it reads the row), so that clients
-    /// join it instead of being served a revoked token. A lease released without a change puts
-    /// the token back; a commit is read and taken at once.
+    /// django-oauth-toolkit does at each rotation): the token leaves the cache, and clients
+    /// wait for that host's commit or release (`followLease`) instead of being served a revoked
+    /// token. A lease released without a change puts the token back; a commit is read and taken
+    /// at once. A notification never makes this broker call the IdP: whoever sent it, the most
+    /// it costs is reads of the row.
     public func fleetNotice(_ notice: FleetNotice) async {
         switch notice {
         case .leased(let name):
-            guard fleet?.versions[name] != nil, let machine = accounts[name] else { return }
+            guard fleet?.versions[name] != nil, accounts[name] != nil else { return }
             cache.publish(nil, for: name)
-            // A refresh under way here waits for that lease already.
-            if machine.refreshSerial == nil { _ = startRefresh(name, forClient: false) }
+            followLease(name)
         case .released(let name):
-            guard fleet?.versions[name] != nil, let machine = accounts[name], machine.refreshSerial == nil else {
-                return
-            }
-            cache.publish(machine.servableToken.flatMap { try? PreparedToken(account: name, token: $0) }, for: name)
+            guard fleet?.versions[name] != nil else { return }
+            republish(name)
         case .committed(let name):
             guard fleet?.versions[name] != nil, let store = fleet?.store, let row = try? await store.read(name) else {
                 return
             }
             adoptCommitted(row)
         }
+    }
+
+    /// Puts the token held for `name` back in the cache, unless a refresh of it runs here.
+    private func republish(_ name: String) {
+        guard let machine = accounts[name], machine.refreshSerial == nil else { return }
+        cache.publish(machine.servableToken.flatMap { try? PreparedToken(account: name, token: $0) }, for: name)
+    }
+
+    /// Waits, in a task of its own, for the lease another host took on `name` to end: reads the
+    /// row every 0.2 s until it has a newer version (taken) or no lease holder (the held token
+    /// served again), for at most as long as a refresh here waits for another holder. When that
+    /// passes the cache stays empty, and the next client's refresh waits for the lease itself.
+    /// A refresh under way here reads the row on its own.
+    private func followLease(_ name: String) {
+        guard let fleet, fleet.following[name] == nil, accounts[name]?.refreshSerial == nil else { return }
+        let wait = min(fleet.leaseSeconds, 3 * settings.requestTimeout) + settings.requestTimeout
+        let deadline = clock.now().addingTimeInterval(wait)
+        self.fleet?.following[name] = Task {
+            await self.awaitLeaseEnd(name, until: deadline)
+            self.fleet?.following[name] = nil
+        }
+    }
+
+    private func awaitLeaseEnd(_ name: String, until deadline: Date) async {
+        while clock.now() < deadline {
+            await clock.sleep(for: .milliseconds(200))
+            guard let store = fleet?.store, let known = fleet?.versions[name], accounts[name] != nil else { return }
+            let row: SharedRow?
+            do {
+                row = try await store.read(name)
+            } catch {
+                continue
+            }
+            guard let row else { return }
+            if row.version > known {
+                adoptCommitted(row)
+                return
+            }
+            if row.leaseHolder == nil {
+                republish(name)
+                return
+            }
+        }
+    }
+
+    /// The wait of `name`'s clients for another host's lease (`followLease`), if one runs.
+    func leaseFollowed(_ name: String) -> Task<Void, Never>? {
+        fleet?.following[name]
     }
 }
 
