@@ -4,17 +4,22 @@ import NIOCore
 import NIOPosix
 import NIOSSL
 import PostgresNIO
+import Synchronization
 
 /// A broker's link to its fleet's database: a PostgreSQL client on brokerd's event loops,
-/// running from `init` to `close`, and the shared store on it.
+/// running from `init` to `close` (replaced by a fresh one after an outage, `reconnect`), and
+/// the shared store on it.
 public final class FleetConnection: Sendable {
     public let store: PostgresFleetStore
     public let settings: FleetSettings
-    private let client: PostgresClient
-    private let running: Task<Void, Never>
+    private let configuration: PostgresClient.Configuration
+    private let logger: Logger
+    /// The run of every client not stopped yet, by client.
+    private let running = Mutex<[ObjectIdentifier: Task<Void, Never>]>([:])
 
     public init(settings: FleetSettings, credentials: FleetCredentials, logger: Logger) throws {
         self.settings = settings
+        self.logger = logger
         let tls: PostgresClient.Configuration.TLS
         switch settings.transport {
         case .plain: tls = .disable
@@ -28,35 +33,77 @@ public final class FleetConnection: Sendable {
         var configuration = PostgresClient.Configuration(
             host: settings.databaseHost, port: settings.databasePort, username: settings.databaseUser,
             password: credentials.password, database: settings.databaseName, tls: tls)
+        // A call waits for the database a third of a lease at most (at least one IdP timeout,
+        // since the lease is at least three), and never more than 10 s.
+        let milliseconds = Int64(min(10, max(1, settings.leaseSeconds / 3)) * 1000)
+        let deadline = Duration.milliseconds(milliseconds)
         configuration.options.connectTimeout = .seconds(5)
-        // A statement (or a lock it waits for) that takes longer ends in an error, so that a
-        // stalled database or another broker's stuck transaction cannot hold brokerd.
-        configuration.options.additionalStartupParameters = [("statement_timeout", "10s"), ("lock_timeout", "10s")]
+        // A statement (or a lock it waits for) that takes longer than a call's deadline ends in an
+        // error, so that a stalled database or another broker's stuck transaction cannot hold
+        // brokerd, and a call given up on (`FleetDeadline`) cannot take effect much later.
+        configuration.options.additionalStartupParameters = [
+            ("statement_timeout", "\(milliseconds)ms"), ("lock_timeout", "\(milliseconds)ms"),
+        ]
         // One of them listens for the other brokers' notifications.
         configuration.options.maximumConnections = 5
+        self.configuration = configuration
+        store = PostgresFleetStore(
+            client: Self.start(configuration, logger: logger, in: running), key: credentials.key,
+            host: settings.host, logger: logger, deadline: deadline)
+    }
+
+    /// A new client on `configuration`, its run kept in `running`.
+    private static func start(
+        _ configuration: PostgresClient.Configuration, logger: Logger,
+        in running: borrowing Mutex<[ObjectIdentifier: Task<Void, Never>]>
+    ) -> PostgresClient {
         let client = PostgresClient(
             configuration: configuration, eventLoopGroup: MultiThreadedEventLoopGroup.singleton,
             backgroundLogger: logger)
-        self.client = client
-        running = Task { await client.run() }
-        // A call waits for the database a third of a lease at most (at least one IdP timeout,
-        // since the lease is at least three), and never more than 10 s.
-        let deadline = Duration.milliseconds(Int64(min(10, max(1, settings.leaseSeconds / 3)) * 1000))
-        store = PostgresFleetStore(
-            client: client, key: credentials.key, host: settings.host, logger: logger, deadline: deadline)
+        running.withLock { $0[ObjectIdentifier(client)] = Task { await client.run() } }
+        return client
     }
 
     /// Hands every notification of another broker (`FleetNotice`) to `handle` until the
     /// listening connection ends (it throws then) or the task is cancelled.
     public func listen(_ handle: @escaping @Sendable (FleetNotice) async -> Void) async throws {
         let store = store
-        try await client.withConnection { connection in
+        try await store.currentClient.withConnection { connection in
             try await connection.listen(on: PostgresFleetStore.channel) { notifications in
                 for try await notification in notifications {
                     if let notice = store.notice(notification.payload) { await handle(notice) }
                 }
             }
         }
+    }
+
+    /// After the listening connection ended: waits until the database's port accepts a
+    /// connection again (tried every 0.5 s), then sends every later call through a fresh
+    /// client. postgres-nio's pool waits out a backoff that grows with each failed attempt, to a
+    /// minute, so after a long outage the old client could come back that long after the
+    /// database did, past a lease. The old client is stopped once the calls it still runs have
+    /// had their deadline. Returns `false` when cancelled.
+    public func reconnect() async -> Bool {
+        repeat {
+            guard (try? await EventLoopSleep.sleep(for: .milliseconds(500))) != nil else { return false }
+        } while await !databaseAccepts()
+        let old = store.replaceClient(with: Self.start(configuration, logger: logger, in: running))
+        Task {
+            try? await EventLoopSleep.sleep(for: store.callDeadline)
+            running.withLock { $0.removeValue(forKey: ObjectIdentifier(old)) }?.cancel()
+        }
+        return true
+    }
+
+    /// Whether a TCP connection to the database's address can be made now (within 2 s).
+    private func databaseAccepts() async -> Bool {
+        guard
+            let channel = try? await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                .connectTimeout(.seconds(2))
+                .connect(host: settings.databaseHost, port: settings.databasePort).get()
+        else { return false }
+        try? await channel.close().get()
+        return true
     }
 
     /// Makes or checks the schema (`PostgresFleetStore.prepare`) within `timeout`: `false` when
@@ -84,9 +131,15 @@ public final class FleetConnection: Sendable {
         }
     }
 
-    /// Stops the client and waits for it.
+    /// Stops every client and waits for them.
     public func close() async {
-        running.cancel()
-        await running.value
+        let runs = running.withLock { runs in
+            defer { runs = [:] }
+            return runs
+        }
+        for run in runs.values {
+            run.cancel()
+            await run.value
+        }
     }
 }

@@ -36,7 +36,8 @@ public struct FleetUpkeep: Service {
         }
     }
 
-    /// Listens while brokerd runs; a listening connection that ends is opened again a second later.
+    /// Listens while brokerd runs; a listening connection that ends is opened again once the
+    /// database takes connections (`FleetConnection.reconnect`).
     private func listen() async {
         var listened = false
         while !Task.isCancelled {
@@ -47,7 +48,7 @@ public struct FleetUpkeep: Service {
             } catch {
                 logger.debug("the fleet's notifications stopped", metadata: ["reason": "\(error)"])
             }
-            guard (try? await EventLoopSleep.sleep(for: .seconds(1))) != nil else { return }
+            guard await connection.reconnect() else { return }
         }
     }
 

@@ -17,7 +17,8 @@ public final class PostgresFleetStore: SharedAccountStore {
     /// separated by spaces (names and holders have none).
     public static let channel = "tokenbroker_accounts"
 
-    private let client: PostgresClient
+    /// The client every call goes through; `FleetConnection.reconnect` puts a fresh one in.
+    private let client: Mutex<PostgresClient>
     private let key: SecretKey
     /// This broker's name in rows (`[fleet] host`).
     public let host: String
@@ -36,7 +37,7 @@ public final class PostgresFleetStore: SharedAccountStore {
     /// A store on `client` (which its owner runs) for `host`, sealing with `key`.
     public init(client: PostgresClient, key: SecretKey, host: String, logger: Logger, deadline: Duration = .seconds(10))
     {
-        self.client = client
+        self.client = Mutex(client)
         self.deadline = deadline
         self.key = key
         self.host = host
@@ -48,7 +49,7 @@ public final class PostgresFleetStore: SharedAccountStore {
     /// the fleet key is another fleet's. Returns the schema version.
     @discardableResult
     public func prepare() async throws -> Int32 {
-        try await FleetSchema.prepare(client, key: key, logger: logger)
+        try await FleetSchema.prepare(currentClient, key: key, logger: logger)
     }
 
     /// Records that this host was seen now (`brokerctl fleet status` lists the hosts).
@@ -228,9 +229,23 @@ public final class PostgresFleetStore: SharedAccountStore {
 
     /// Runs `query`, giving up after the deadline (`FleetDeadline`).
     private func query(_ query: PostgresQuery) async throws -> PostgresRowSequence {
-        let (client, logger) = (client, logger)
+        let (client, logger) = (currentClient, logger)
         return try await FleetDeadline.run(within: deadline) { try await client.query(query, logger: logger) }
     }
+
+    /// The client calls go through now.
+    var currentClient: PostgresClient { client.withLock { $0 } }
+
+    /// Sends every later call through `fresh`; returns the client used until now.
+    func replaceClient(with fresh: PostgresClient) -> PostgresClient {
+        client.withLock { client in
+            defer { client = fresh }
+            return client
+        }
+    }
+
+    /// How long a call waits for the database at most.
+    var callDeadline: Duration { deadline }
 
     /// What a notification on `channel` says another broker did; `nil` for this broker's own
     /// and for a payload not of that form.

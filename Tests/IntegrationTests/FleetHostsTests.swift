@@ -132,14 +132,6 @@ private final class Fleet: @unchecked Sendable {
 
     typealias T = FleetHostsTests
 
-    /// Found by this test: after PostgreSQL comes back, every host serves again about 3.7 s later,
-    /// past the lease and an IdP timeout (3.3 s here): postgres-nio's pool waits out its
-    /// reconnection backoff before it opens a connection again.
-    static let slowReturn: Comment = """
-        brokerd: after PostgreSQL returns, recovery takes longer than a lease and an IdP timeout \
-        (postgres-nio's reconnection backoff)
-        """
-
     /// The steady load for ten token lifetimes, then each fault in turn.
     func run(_ load: FleetLoad) async throws {
         try await Task.sleep(for: .seconds(10 * T.lifetime))
@@ -182,7 +174,7 @@ private final class Fleet: @unchecked Sendable {
         try await Task.sleep(for: .seconds(3 * T.lifetime))
         try await server.resume()
         load.enter("e (back)")
-        try await recovered("e", since: Date(), within: T.lease + T.requestTimeout, knownIssue: Self.slowReturn)
+        try await recovered("e", since: Date(), within: T.lease + T.requestTimeout)
         load.enter("after")
         try await nextRotation()
         try await nextRotation()
@@ -215,7 +207,7 @@ private final class Fleet: @unchecked Sendable {
     /// Waits until every one of `hosts` serves a token the IdP's introspection calls active;
     /// expects that within `seconds` of `start`, and notes the figure.
     func recovered(
-        _ phase: String, since start: Date, within seconds: Double, hosts: [Int]? = nil, knownIssue: Comment? = nil
+        _ phase: String, since start: Date, within seconds: Double, hosts: [Int]? = nil
     ) async throws {
         var pending = Set(hosts ?? Array(0..<T.hosts))
         let deadline = start.addingTimeInterval(seconds + 30)
@@ -233,20 +225,8 @@ private final class Fleet: @unchecked Sendable {
         }
         let took = Date().timeIntervalSince(start)
         print("fleet: \(phase): every host served a valid token \(String(format: "%.2f", took)) s after the fault")
-        expect(
-            pending.isEmpty && took <= seconds, "\(phase): hosts \(pending.sorted()) not serving within \(took) s",
-            knownIssue: knownIssue)
+        #expect(pending.isEmpty && took <= seconds, "\(phase): hosts \(pending.sorted()) not serving within \(took) s")
         if hosts == nil { recoveries.append((phase, pending.isEmpty ? Date() : nil)) }
-    }
-
-    /// `#expect`, or under `withKnownIssue` when the broker is known to fail it (docs/fleet.md,
-    /// "State of this page").
-    func expect(_ condition: Bool, _ message: String, knownIssue: Comment?) {
-        if let knownIssue {
-            withKnownIssue(knownIssue, isIntermittent: true) { #expect(condition, "\(message)") }
-        } else {
-            #expect(condition, "\(message)")
-        }
     }
 
     /// Waits (up to two lifetimes) until the IdP has made one more rotation: the chain goes on.
