@@ -66,15 +66,10 @@ struct FleetMoveTests {
                 #expect(row == nil, "a local account has no row")
                 #expect(inVault.count == 1 && inVault.first?.fleet == nil, "and one unmarked copy in the vault")
             }
-            // Where each stop leaves it: a share whose row was inserted is done; an unshare that
-            // kept its copy finishes (its row was still at the version read).
-            let expected: Place =
-                switch (interruption.unshare, interruption.step) {
-                case (false, .marked): .local
-                case (false, _): .shared
-                case (true, _): .local
-                }
-            #expect(place == expected)
+            // Where each stop leaves it: a share that marked its copy finishes (its row inserted
+            // then, unless there already); an unshare that kept its copy finishes too (its row was
+            // still at the version read).
+            #expect(place == (interruption.unshare ? .local : .shared))
             #expect(try await restarted.token(account: "api", minTTL: 1).result.accessToken == Self.token)
 
             // Another broker of the fleet serves the account exactly when it is shared.
@@ -83,6 +78,34 @@ struct FleetMoveTests {
             await other.broker.joinFleet(store("b"), leaseSeconds: 90)
             let seen = await other.broker.snapshots().contains { $0.name == name }
             #expect(seen == (place == .shared))
+        }
+    }
+
+    /// A share whose insert got no answer (the database stopped): the insert may land later, so
+    /// the account keeps its mark and serves its token, is not refreshed meanwhile (a refresh
+    /// would consume the credential the row may hold), and is shared once the database answers.
+    @Test func aShareTheDatabaseDidNotAnswerIsFinishedWhenItDoes() async throws {
+        try await PostgresFleetStoreTests.withFleet { server, harness, store in
+            let name = try AccountName("api")
+            _ = try await harness.broker.add(
+                account: "api", provider: harness.provider,
+                tokens: TokenSet(accessToken: Self.token, expiresIn: 3600, refreshToken: "rt-moved"))
+            server.halt()
+            let unanswered = await #expect(throws: BrokerFailure.self) { try await harness.broker.share(name) }
+            #expect(unanswered?.description.contains("the share completes once") == true)
+            #expect(try await harness.broker.token(account: "api", minTTL: 1).result.accessToken == Self.token)
+            let refused = await #expect(throws: BrokerFailure.self) { try await harness.broker.refreshNow(name) }
+            #expect(refused?.description.contains("is being shared") == true, "\(String(describing: refused))")
+            #expect(harness.idp.refreshCalls.isEmpty, "no refresh while the share is unsettled")
+
+            try await server.resume()
+            await harness.broker.joinFleet(store("a"), leaseSeconds: 90)
+            let row = try #require(try await store("check").read("api"), "the share finished")
+            #expect(row.record.secrets.refreshToken?.text == "rt-moved")
+            #expect(try #require(try harness.vaultCopy()).accounts.isEmpty, "no local copy left")
+            let served = try #require(await harness.broker.snapshots().first { $0.name == name })
+            #expect(served.shared?.version == 1)
+            #expect(try await harness.broker.token(account: "api", minTTL: 1).result.accessToken == Self.token)
         }
     }
 

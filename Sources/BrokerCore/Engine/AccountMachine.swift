@@ -260,9 +260,10 @@ struct AccountMachine: Sendable {
         return settleOnRow(next: Self.next(after: record, planner, now: now))
     }
 
-    /// A share a crash interrupted did not reach the store: the account stays local, unmarked.
-    mutating func settledFleetMark() {
-        record.fleet = nil
+    /// Marks the record with the share under way (`FleetMark`), or unmarks it once the share is
+    /// settled with the account local (`nil`).
+    mutating func markForFleet(_ mark: FleetMark?) {
+        record.fleet = mark
     }
 
     /// Settles on the row just taken: no failure, scheduled at `next` (denied or logged out when

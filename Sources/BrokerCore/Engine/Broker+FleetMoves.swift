@@ -43,7 +43,11 @@ extension Broker {
         do {
             inserted = try await store.insert(record)
         } catch {
-            throw .fleetUnavailable(reason: "\(error)")
+            // The insert may land yet (an abandoned query still runs in the database): the
+            // account keeps its mark, serves its token but no refresh (`checkShareSettled`), and
+            // `settleFleetMarks` finishes the share once the database answers.
+            accounts[name]?.markForFleet(mark)
+            throw .fleetUnavailable(reason: "\(error); the share completes once the fleet's database answers")
         }
         record.fleet = nil
         guard inserted else {
@@ -114,30 +118,36 @@ extension Broker {
         return describe(try self.machine(name), now: clock.now())
     }
 
-    /// Finishes or undoes what a crash interrupted, from the marks the vault holds: a share
-    /// whose row is in the store drops the local copy, else it stays local; an unshare whose row
+    /// Finishes or undoes what a crash interrupted, from the marks the vault holds: a share is
+    /// finished (its row inserted now, unless there already) and the local copy dropped, unless
+    /// the store has another account of its name, and then it stays local; an unshare whose row
     /// is still at the version read deletes it and the account stays local, while a row another
     /// host moved on wins; a refresh the store has not taken is committed (`commitPending`).
     /// Runs at each read of the store until every mark is settled.
     func settleFleetMarks() async {
         guard let store = fleet?.store, !padlock.isLocked else { return }
         for name in accounts.keys.sorted() {
-            guard let mark = accounts[name]?.record.fleet, mark.step == .sharing else { continue }
+            guard let marked = accounts[name]?.record, let mark = marked.fleet, mark.step == .sharing else { continue }
+            // Finished rather than undone: an insert that was sent may land at any time, so a row
+            // missing now proves nothing. The record is the vault's, which no refresh changed
+            // since it was marked (`checkShareSettled`).
             let row: SharedRow?
             do {
-                row = try await store.read(name)
+                row = try await store.insert(marked) ? nil : try await store.read(name)
             } catch {
                 continue
             }
             guard accounts[name]?.record.fleet == mark else { continue }
-            if let row, row.record.fleet?.id == mark.id {
+            if row == nil || row?.record.fleet?.id == mark.id {
                 guard (try? saveToVault(removed: [name])) != nil else { continue }
                 accounts[name] = nil
-                logger.notice("finished sharing an account a crash interrupted", metadata: ["account": "\(name)"])
+                logger.notice("finished sharing an account", metadata: ["account": "\(name)"])
                 await readSharedAccounts()
             } else {
-                accounts[name]?.settledFleetMark()
+                accounts[name]?.markForFleet(nil)
                 try? persist(changing: [name])
+                logger.warning(
+                    "the fleet has another account of this name; it stays local", metadata: ["account": "\(name)"])
             }
         }
         for (name, held) in heldForFleet.sorted(by: { $0.key < $1.key }) {

@@ -82,6 +82,10 @@ extension Broker {
         guard accounts[name]?.refreshSerial == serial else {
             return .failure(.changedDuringRefresh(AccountName(known: name)))
         }
+        if started.fleet?.step == .sharing {
+            let reason = BrokerFailure.shareUnsettled(AccountName(known: name)).description
+            return finishRefresh(name, serial: serial, started: started, outcome: .failure(.transient(reason)))
+        }
         // A shared account refreshes under its lease, from its row's credential (docs/fleet.md).
         let shared = fleet?.versions[name] != nil ? await takeSharedTurn(name, serial: serial) : nil
         if case .finished(let result) = shared { return result }
@@ -176,6 +180,9 @@ extension Broker {
     /// Fails fast for accounts that cannot be refreshed now, instead of calling the IdP.
     func checkRefreshable(_ machine: AccountMachine) throws(BrokerFailure) {
         try checkCredentialUsable(machine)
+        // A share not settled yet (`settleFleetMarks`): its row may hold this credential
+        // already, and a refresh here would consume it.
+        if machine.record.fleet?.step == .sharing { throw .shareUnsettled(AccountName(known: machine.record.name)) }
         guard machine.refreshesOnItsOwn else {
             throw .noTokenLongEnough(AccountName(known: machine.record.name), kind: machine.record.provider.kind)
         }

@@ -86,6 +86,9 @@ public enum BrokerFailure: Error, Sendable, Equatable, CustomStringConvertible {
     case noFleet
     /// The fleet's database could not be reached or refused the change; `reason` says why.
     case fleetUnavailable(reason: String)
+    /// The account's share did not reach the fleet's database yet (`settleFleetMarks`): it
+    /// serves its token but is not refreshed until the share is settled.
+    case shareUnsettled(AccountName)
 
     /// The broker holds no vault key (passphrase mode): only `unlock` helps.
     case locked
@@ -118,6 +121,9 @@ extension BrokerFailure {
             return "this broker shares no accounts: its broker.toml has no [fleet] table (docs/fleet.md)"
         case .fleetUnavailable(let reason):
             return "the fleet's database cannot take the change now (\(reason)); try again"
+        case .shareUnsettled(let name):
+            return "\(name) is being shared and is not refreshed until the fleet's database has taken it; "
+                + "brokerd finishes the share once the database answers (brokerctl fleet status)"
         case .accountExists(let name):
             return "an account named \(name) exists; remove it first (brokerctl remove \(name)) or push new tokens "
                 + "to it with \(Self.setTokens(name))"

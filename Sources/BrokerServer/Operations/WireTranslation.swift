@@ -198,7 +198,7 @@ extension BrokerError {
             self.init(.unavailable, message, retryAfterMs: 0)
         case .tokenTooShort, .lifetimeTooShort, .loginUnavailable:
             self.init(.unavailable, message)
-        case .fleetUnavailable:
+        case .fleetUnavailable, .shareUnsettled:
             self.init(.unavailable, message, retryAfterMs: 1000)
         case .revocationFailed(_, _, let retryAfter):
             self.init(.unavailable, message, retryAfterMs: retryAfter.map(Bounds.milliseconds))
