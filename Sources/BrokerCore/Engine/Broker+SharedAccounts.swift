@@ -105,9 +105,12 @@ extension Broker {
                 // A record the vault keeps for the fleet is settled first (`settleFleetMarks`).
                 guard heldForFleet[name] == nil, fleet?.pending[name] == nil else { continue }
                 guard accounts[name] == nil else {
-                    logger.warning(
-                        "a local account has the name of a shared one; the local one is served",
-                        metadata: ["account": "\(name)"])
+                    // A local record marked for a share is settled next (`settleFleetMarks`).
+                    if accounts[name]?.record.fleet == nil {
+                        logger.warning(
+                            "a local account has the name of a shared one; the local one is served",
+                            metadata: ["account": "\(name)"])
+                    }
                     continue
                 }
                 let machine = AccountMachine(record: Self.unmarked(row.record), planner: planner, now: now)
@@ -207,7 +210,10 @@ extension Broker {
                         await fleet.store.release(name)
                         return .finished(done)
                     }
-                    guard lease.remaining > .milliseconds(Int64(settings.requestTimeout * 1000)) else {
+                    // The IdP is called after the pause for the others' notices, and has its
+                    // timeout to answer: both within the lease.
+                    let needed = Duration.milliseconds(Int64(settings.requestTimeout * 1000)) + Self.noticeGrace
+                    guard lease.remaining > needed else {
                         await fleet.store.release(name)
                         return .failed(.transient("the fleet lease is shorter than an IdP call"))
                     }

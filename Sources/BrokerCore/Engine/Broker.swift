@@ -182,8 +182,10 @@ public actor Broker {
     /// Saves the accounts `names` as they are now (a name no longer here is removed), with any
     /// whose earlier save failed.
     func persist(changing names: some Collection<String>) throws(BrokerFailure) {
-        // A shared account's state is its row (`commitShared`), never the local vault.
-        unsaved.formUnion(names.filter { fleet?.versions[$0] == nil })
+        // A shared account's state is its row (`commitShared`), never the local vault: also one
+        // shared since its local save failed.
+        unsaved.formUnion(names)
+        unsaved = unsaved.filter { fleet?.versions[$0] == nil }
         guard !unsaved.isEmpty else { return }
         let changed = unsaved.sorted().compactMap { accounts[$0]?.record }
         let removed = unsaved.sorted().filter { accounts[$0] == nil }
