@@ -13,6 +13,8 @@ public final class FleetConnection: Sendable {
     public let store: PostgresFleetStore
     public let settings: FleetSettings
     private let configuration: PostgresClient.Configuration
+    /// A single connection's settings, for the probe of `reconnect`.
+    private let probe: PostgresConnection.Configuration
     private let logger: Logger
     /// The run of every client not stopped yet, by client.
     private let running = Mutex<[ObjectIdentifier: Task<Void, Never>]>([:])
@@ -21,14 +23,18 @@ public final class FleetConnection: Sendable {
         self.settings = settings
         self.logger = logger
         let tls: PostgresClient.Configuration.TLS
+        let probeTLS: PostgresConnection.Configuration.TLS
         switch settings.transport {
-        case .plain: tls = .disable
+        case .plain:
+            tls = .disable
+            probeTLS = .disable
         case .tls(let caFile):
             var configuration = TLSConfiguration.makeClientConfiguration()
             configuration.certificateVerification = .fullVerification
             configuration.minimumTLSVersion = .tlsv12
             if let caFile { configuration.trustRoots = .file(caFile) }
             tls = .require(configuration)
+            probeTLS = .require(try NIOSSLContext(configuration: configuration))
         }
         var configuration = PostgresClient.Configuration(
             host: settings.databaseHost, port: settings.databasePort, username: settings.databaseUser,
@@ -47,6 +53,11 @@ public final class FleetConnection: Sendable {
         // One of them listens for the other brokers' notifications.
         configuration.options.maximumConnections = 5
         self.configuration = configuration
+        var probe = PostgresConnection.Configuration(
+            host: settings.databaseHost, port: settings.databasePort, username: settings.databaseUser,
+            password: credentials.password, database: settings.databaseName, tls: probeTLS)
+        probe.options.connectTimeout = .seconds(2)
+        self.probe = probe
         store = PostgresFleetStore(
             client: Self.start(configuration, logger: logger, in: running), key: credentials.key,
             host: settings.host, logger: logger, deadline: deadline)
@@ -77,16 +88,17 @@ public final class FleetConnection: Sendable {
         }
     }
 
-    /// After the listening connection ended: waits until the database's port accepts a
-    /// connection again (tried every 0.5 s), then sends every later call through a fresh
+    /// After the listening connection ended: waits `pause`, then until the database takes a
+    /// login and a query again (tried every 0.5 s), then sends every later call through a fresh
     /// client. postgres-nio's pool waits out a backoff that grows with each failed attempt, to a
     /// minute, so after a long outage the old client could come back that long after the
     /// database did, past a lease. The old client is stopped once the calls it still runs have
     /// had their deadline. Returns `false` when cancelled.
-    public func reconnect() async -> Bool {
-        repeat {
+    public func reconnect(after pause: Duration) async -> Bool {
+        guard (try? await EventLoopSleep.sleep(for: pause)) != nil else { return false }
+        while await !databaseAnswers() {
             guard (try? await EventLoopSleep.sleep(for: .milliseconds(500))) != nil else { return false }
-        } while await !databaseAccepts()
+        }
         let old = store.replaceClient(with: Self.start(configuration, logger: logger, in: running))
         Task {
             try? await EventLoopSleep.sleep(for: store.callDeadline)
@@ -95,15 +107,17 @@ public final class FleetConnection: Sendable {
         return true
     }
 
-    /// Whether a TCP connection to the database's address can be made now (within 2 s).
-    private func databaseAccepts() async -> Bool {
+    /// Whether the database takes a login and answers a query now, on a connection of its own.
+    private func databaseAnswers() async -> Bool {
+        let group = MultiThreadedEventLoopGroup.singleton
         guard
-            let channel = try? await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-                .connectTimeout(.seconds(2))
-                .connect(host: settings.databaseHost, port: settings.databasePort).get()
+            let connection = try? await PostgresConnection.connect(
+                on: group.next(), configuration: probe, id: 0, logger: logger
+            ).get()
         else { return false }
-        try? await channel.close().get()
-        return true
+        let answered = (try? await connection.query("SELECT 1", logger: logger)) != nil
+        try? await connection.close()
+        return answered
     }
 
     /// Makes or checks the schema (`PostgresFleetStore.prepare`) within `timeout`: `false` when

@@ -37,18 +37,23 @@ public struct FleetUpkeep: Service {
     }
 
     /// Listens while brokerd runs; a listening connection that ends is opened again once the
-    /// database takes connections (`FleetConnection.reconnect`).
+    /// database answers (`FleetConnection.reconnect`), after a pause that doubles, up to 10 s,
+    /// each time one ends within 10 s of its start.
     private func listen() async {
         var listened = false
+        var pause = Duration.zero
         while !Task.isCancelled {
             if listened { await sync() }
             listened = true
+            let started = ContinuousClock.now
             do {
                 try await connection.listen(notice)
             } catch {
                 logger.debug("the fleet's notifications stopped", metadata: ["reason": "\(error)"])
             }
-            guard await connection.reconnect() else { return }
+            let quick = started.duration(to: .now) < .seconds(10)
+            pause = quick ? min(max(pause * 2, .milliseconds(500)), .seconds(10)) : .zero
+            guard await connection.reconnect(after: pause) else { return }
         }
     }
 

@@ -63,8 +63,8 @@ public final class PostgresFleetStore: SharedAccountStore {
 
     /// The columns every read of rows takes; a lease is shown only while it runs.
     static let selection =
-        "SELECT name, version, sealed, CASE WHEN lease_until > now() THEN lease_holder END, last_refreshed_by "
-        + "FROM tokenbroker_accounts"
+        "SELECT name, version, sealed, CASE WHEN lease_until > now() THEN lease_holder END, last_refreshed_by, "
+        + "lease_holder IS NOT NULL AND lease_until <= now() FROM tokenbroker_accounts"
 
     /// Every shared account, each row checked on its own.
     public func readAll() async throws -> [SharedReading] {
@@ -97,10 +97,10 @@ public final class PostgresFleetStore: SharedAccountStore {
     private func readings(_ selecting: PostgresQuery) async throws -> [SharedReading] {
         let rows = try await query(selecting)
         var readings: [SharedReading] = []
-        for try await (name, version, sealed, holder, refresher) in rows.decode(
-            (String, Int64, ByteBuffer, String?, String?).self)
+        for try await (name, version, sealed, holder, refresher, lapsed) in rows.decode(
+            (String, Int64, ByteBuffer, String?, String?, Bool?).self)
         {
-            readings.append(reading(name, version, sealed, holder, refresher))
+            readings.append(reading(name, version, sealed, holder, refresher, lapsed: lapsed == true))
         }
         return readings
     }
@@ -108,12 +108,19 @@ public final class PostgresFleetStore: SharedAccountStore {
     /// Adds `record` as a new shared account at version 1; `false` when the name is taken.
     public func insert(_ record: AccountRecord) async throws -> Bool {
         let sealed = ByteBuffer(bytes: try SharedRecord.seal(record, version: 1, key: key))
-        let rows = try await query(
-            """
-            INSERT INTO tokenbroker_accounts (name, version, sealed, last_refreshed_by)
-            VALUES (\(record.name), 1, \(sealed), \(host)) ON CONFLICT (name) DO NOTHING RETURNING version
-            """)
-        let inserted = try await rows.decode(Int64.self).first { _ in true } != nil
+        let inserted: Bool
+        do {
+            let rows = try await query(
+                """
+                INSERT INTO tokenbroker_accounts (name, version, sealed, last_refreshed_by)
+                VALUES (\(record.name), 1, \(sealed), \(host)) ON CONFLICT (name) DO NOTHING RETURNING version
+                """)
+            inserted = try await rows.decode(Int64.self).first { _ in true } != nil
+        } catch let error as PSQLError where error.code == .server {
+            // One statement, refused: nothing was inserted (`share` undoes its mark).
+            let state = error.serverInfo?[.sqlState].map { String($0.prefix(5).filter(\.isASCII)) } ?? "?"
+            throw FleetError("the database refused the insert (SQLSTATE \(state))", refusedByServer: true)
+        }
         if inserted { note(record.name, 1) }
         return inserted
     }
@@ -263,7 +270,8 @@ public final class PostgresFleetStore: SharedAccountStore {
     /// Checks one row: it opens as its name and version under the fleet key, and is not older
     /// than the newest version seen of it.
     private func reading(
-        _ name: String, _ version: Int64, _ sealed: ByteBuffer, _ holder: String?, _ refresher: String?
+        _ name: String, _ version: Int64, _ sealed: ByteBuffer, _ holder: String?, _ refresher: String?,
+        lapsed: Bool = false
     ) -> SharedReading {
         let newest = seen.withLock { $0[name] ?? 0 }
         guard version >= newest else {
@@ -277,7 +285,7 @@ public final class PostgresFleetStore: SharedAccountStore {
             return .row(
                 SharedRow(
                     record: record, version: version, leaseHolder: holder.map(Self.hostName),
-                    lastRefreshedBy: refresher.map(Self.hostName)))
+                    lastRefreshedBy: refresher.map(Self.hostName), leaseLapsed: lapsed))
         } catch {
             return .refused(name: name, reason: String(describing: error))
         }

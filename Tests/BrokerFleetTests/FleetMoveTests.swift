@@ -97,6 +97,17 @@ struct FleetMoveTests {
             let refused = await #expect(throws: BrokerFailure.self) { try await harness.broker.refreshNow(name) }
             #expect(refused?.description.contains("is being shared") == true, "\(String(describing: refused))")
             #expect(harness.idp.refreshCalls.isEmpty, "no refresh while the share is unsettled")
+            // Nor is it changed: the row, if the insert landed, would not have the change.
+            for change in ["remove", "share"] {
+                let unchanged = await #expect(throws: BrokerFailure.self, "\(change)") {
+                    if change == "remove" {
+                        try await harness.broker.remove(name)
+                    } else {
+                        _ = try await harness.broker.share(name)
+                    }
+                }
+                #expect(unchanged?.description.contains("is being shared") == true, "\(change)")
+            }
 
             try await server.resume()
             await harness.broker.joinFleet(store("a"), leaseSeconds: 90)
@@ -106,6 +117,31 @@ struct FleetMoveTests {
             let served = try #require(await harness.broker.snapshots().first { $0.name == name })
             #expect(served.shared?.version == 1)
             #expect(try await harness.broker.token(account: "api", minTTL: 1).result.accessToken == Self.token)
+        }
+    }
+
+    /// A share the database refused outright (it answered with an error) did not happen: the
+    /// account stays local, unmarked, and is refreshed and shared as any other.
+    @Test func aShareTheDatabaseRefusedLeavesTheAccountLocal() async throws {
+        try await PostgresFleetStoreTests.withFleet { server, harness, store in
+            let name = try AccountName("api")
+            _ = try await harness.broker.add(
+                account: "api", provider: harness.provider,
+                tokens: TokenSet(accessToken: Self.token, expiresIn: 3600, refreshToken: "rt-0"))
+            try await server.execute(
+                """
+                CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'no'; END $$;
+                CREATE TRIGGER refuse BEFORE INSERT ON tokenbroker_accounts FOR EACH ROW EXECUTE FUNCTION refuse();
+                """)
+            let refused = await #expect(throws: BrokerFailure.self) { try await harness.broker.share(name) }
+            #expect(refused?.description.contains("SQLSTATE P0001") == true, "\(String(describing: refused))")
+            #expect(try #require(try harness.vaultCopy()).accounts.first?.fleet == nil, "the vault's mark is gone")
+            _ = try await harness.broker.refreshNow(name)
+            #expect(harness.idp.refreshCalls.count == 1, "refreshed as a local account")
+
+            try await server.execute("DROP TRIGGER refuse ON tokenbroker_accounts")
+            _ = try await harness.broker.share(name)
+            #expect(try await store("check").read("api") != nil)
         }
     }
 

@@ -10,7 +10,7 @@ import Testing
 /// What another broker's notification of a lease makes a broker do (docs/fleet.md,
 /// "Notifications"): stop serving the cached token and wait for that host's commit or release,
 /// reading the row; never call the IdP itself, so a notification nobody's lease stands behind
-/// (a forged one) costs no refresh.
+/// (a forged one) costs no refresh, and a release the row does not show serves nothing.
 @Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
 struct FleetNoticeTests {
     @Test(.timeLimit(.minutes(1))) func aLeaseNoticeIsWaitedOutAndNeverCallsTheIdP() async throws {
@@ -32,13 +32,19 @@ struct FleetNoticeTests {
             b.clock.advance(by: 0.2)
             #expect(try await forged.value.result.accessToken == "at-pushed")
 
-            // Host c leases the account and releases it unchanged: the held token is served again.
+            // Host c leases the account; a forged release while c holds it serves nothing. Then c
+            // releases it unchanged: the held token is served again.
             let c = store("c")
             _ = try #require(try await c.takeLease("api", seconds: 90))
             await broker.fleetNotice(.leased("api"))
             let released = Task { try await broker.token(account: "api", minTTL: 30) }
             await b.clock.sleepersReached(1)
+            await broker.fleetNotice(.released("api"))
+            b.clock.advance(by: 0.2)
+            await b.clock.sleepersReached(1)
+            #expect(broker.cache.token(for: "api", minTTL: 30, now: b.clock.now()) == nil, "c holds the lease")
             await c.release("api")
+            await broker.fleetNotice(.released("api"))
             b.clock.advance(by: 0.2)
             #expect(try await released.value.result.accessToken == "at-pushed")
 
@@ -56,6 +62,33 @@ struct FleetNoticeTests {
 
             #expect(b.idp.refreshCalls.isEmpty, "a notice never makes a broker call the IdP")
             #expect(a.idp.refreshCalls.isEmpty)
+        }
+    }
+
+    /// A lease that ran out with no commit and no release (its holder may have rotated the
+    /// credential and died) puts no token back: the client's refresh takes the lease.
+    @Test(.timeLimit(.minutes(1))) func aLapsedLeaseServesNoTokenAndTheClientsRefreshTakesOver() async throws {
+        try await PostgresFleetStoreTests.withFleet { server, a, store in
+            _ = try await a.broker.add(
+                account: "api", provider: a.provider,
+                tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)
+            let broker = a.broker
+
+            // c's lease runs out (its end put in the past, by the database's clock).
+            _ = try #require(try await store("c").takeLease("api", seconds: 90))
+            await broker.fleetNotice(.leased("api"))
+            let asked = Task { try await broker.token(account: "api", minTTL: 30) }
+            await a.clock.sleepersReached(1)
+            try await server.execute("UPDATE tokenbroker_accounts SET lease_until = now() - interval '1 second'")
+            a.clock.advance(by: 0.2)
+            // The client's refresh: the lease, the pause for the others' notices, the IdP.
+            await a.clock.sleepersReached(1)
+            #expect(a.clock.asked.last == .milliseconds(300))
+            a.clock.advance(by: 0.3)
+            let token = try await asked.value.result.accessToken
+            #expect(token != "at-pushed", "a lapsed lease's token is not served again")
+            #expect(a.idp.refreshCalls.count == 1)
+            #expect(try await store("check").read("api")?.version == 2, "the refresh is committed")
         }
     }
 }

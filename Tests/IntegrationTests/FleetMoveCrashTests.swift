@@ -28,21 +28,29 @@ struct FleetMoveCrashTests {
             stdin: #"{"access_token": "\#(Self.token)", "expires_in": 3600}"#)
         #expect(added.status == 0, "\(added.stderr)")
 
-        // How long a whole move takes here: each kill lands at a random moment within it.
+        // How long a whole move takes here (the median of 8). Most kills wait for the move's first
+        // write to the vault (its mark), then land at a random moment within that time; one in
+        // four lands at a random moment from the request on.
         var shared = false
-        var longest = 0.0
-        for _ in 0..<4 {
+        var durations: [Double] = []
+        for _ in 0..<8 {
             let started = Date()
             try await Self.move(broker, shared: shared)
-            longest = max(longest, Date().timeIntervalSince(started))
+            durations.append(Date().timeIntervalSince(started))
             shared.toggle()
         }
+        let window = durations.sorted()[durations.count / 2]
 
         var tookEffect = 0
         for kill in 1...Self.kills {
             let client = try broker.client()
+            let before = Self.vaultState(broker)
             let moving = Task { [shared] in try await Self.move(client, shared: shared) }
-            try await Task.sleep(for: .microseconds(Int.random(in: 0...Int(longest * 1_000_000))))
+            if kill % 4 != 0 {
+                let end = Date().addingTimeInterval(5)
+                while Self.vaultState(broker) == before, Date() < end { try await Task.sleep(for: .microseconds(100)) }
+            }
+            try await Task.sleep(for: .microseconds(Int.random(in: 0...Int(window * 1_000_000))))
             broker.crash()
             _ = await moving.result
             client.close()
@@ -66,8 +74,17 @@ struct FleetMoveCrashTests {
             log.components(separatedBy: $0).count - 1
         }
         print(
-            "fleet move crash test: \(Self.kills) SIGKILLs within \(Int(longest * 1000)) ms of a move's start, "
+            "fleet move crash test: \(Self.kills) SIGKILLs, 3 in 4 within \(Int(window * 1000)) ms of a move's mark, "
                 + "\(tookEffect) moves took effect, settled at restart: \(settled[0]) shares, \(settled[1]) unshares")
+    }
+
+    /// The size and modification time of the vault's files: they change with each save.
+    private static func vaultState(_ broker: BrokerProcess) -> [Int] {
+        [broker.vaultPath, broker.vaultPath + ".log"].flatMap { path in
+            var info = stat()
+            guard stat(path, &info) == 0 else { return [-1] }
+            return [Int(info.st_size), info.st_mtim.tv_sec, info.st_mtim.tv_nsec]
+        }
     }
 
     /// Shares the account when local, unshares it when shared.

@@ -31,7 +31,7 @@ extension Broker {
         guard machine.record.declared != true else {
             throw .invalid("the account \(name) is declared in broker.toml: it stays on this host")
         }
-        try checkNotLoggingOut(machine)
+        try checkChangeable(machine)
         await takeChainTurn(name)
         defer { endChainTurn(name) }
         guard var record = accounts[name]?.record, fleet?.versions[name] == nil else { throw .noSuchAccount(account) }
@@ -43,10 +43,16 @@ extension Broker {
         do {
             inserted = try await store.insert(record)
         } catch {
-            // The insert may land yet (an abandoned query still runs in the database): the
-            // account keeps its mark, serves its token but no refresh (`checkShareSettled`), and
-            // `settleFleetMarks` finishes the share once the database answers.
+            if (error as? FleetError)?.refusedByServer == true {
+                record.fleet = nil
+                try? saveToVault(changed: [record])
+                throw .fleetUnavailable(reason: "\(error)")
+            }
+            // The insert may land yet (the query given up on may still reach the database): the
+            // account keeps its mark, serves its token but is neither refreshed nor changed
+            // (`checkShareSettled`), and the share is finished once the database answers.
             accounts[name]?.markForFleet(mark)
+            retry(name, .share)
             throw .fleetUnavailable(reason: "\(error); the share completes once the fleet's database answers")
         }
         record.fleet = nil
@@ -73,7 +79,7 @@ extension Broker {
         let name = account.rawValue
         guard let store = fleet?.store, let leaseSeconds = fleet?.leaseSeconds else { throw .noFleet }
         guard fleet?.versions[name] != nil else { throw .invalid("the account \(name) is not shared") }
-        try checkNotLoggingOut(try machine(name))
+        try checkChangeable(try machine(name))
         await takeChainTurn(name)
         defer { endChainTurn(name) }
         try await checkNothingPending(name)
@@ -126,29 +132,11 @@ extension Broker {
     /// Runs at each read of the store until every mark is settled.
     func settleFleetMarks() async {
         guard let store = fleet?.store, !padlock.isLocked else { return }
-        for name in accounts.keys.sorted() {
-            guard let marked = accounts[name]?.record, let mark = marked.fleet, mark.step == .sharing else { continue }
-            // Finished rather than undone: an insert that was sent may land at any time, so a row
-            // missing now proves nothing. The record is the vault's, which no refresh changed
-            // since it was marked (`checkShareSettled`).
-            let row: SharedRow?
-            do {
-                row = try await store.insert(marked) ? nil : try await store.read(name)
-            } catch {
-                continue
-            }
-            guard accounts[name]?.record.fleet == mark else { continue }
-            if row == nil || row?.record.fleet?.id == mark.id {
-                guard (try? saveToVault(removed: [name])) != nil else { continue }
-                accounts[name] = nil
-                logger.notice("finished sharing an account", metadata: ["account": "\(name)"])
-                await readSharedAccounts()
-            } else {
-                accounts[name]?.markForFleet(nil)
-                try? persist(changing: [name])
-                logger.warning(
-                    "the fleet has another account of this name; it stays local", metadata: ["account": "\(name)"])
-            }
+        for name in accounts.keys.sorted() where accounts[name]?.record.fleet?.step == .sharing {
+            // Under the account's chain, so that no share of it runs meanwhile.
+            await takeChainTurn(name)
+            await settleShare(name, store: store)
+            endChainTurn(name)
         }
         for (name, held) in heldForFleet.sorted(by: { $0.key < $1.key }) {
             guard let mark = held.fleet else { continue }
@@ -158,13 +146,41 @@ extension Broker {
             case .uncommitted:
                 fleet?.pending[name] = (held, mark.version)
                 heldForFleet[name] = nil
-                retryPending(name)
+                retry(name, .commit)
             case .sharing:
                 heldForFleet[name] = nil
             }
         }
         for name in fleet?.pending.keys.sorted() ?? [] {
             await commitPending(name)
+        }
+    }
+
+    /// A share not settled: finished rather than undone, since an insert that was sent may land
+    /// at any time (a row missing now proves nothing). The record is the one marked, which
+    /// nothing changed since (`checkShareSettled`). Left for the next try while the database
+    /// does not answer, or the row of that name is gone between the insert and the read.
+    private func settleShare(_ name: String, store: any SharedAccountStore) async {
+        guard let marked = accounts[name]?.record, let mark = marked.fleet, mark.step == .sharing else { return }
+        let inserted: Bool
+        let row: SharedRow?
+        do {
+            inserted = try await store.insert(marked)
+            row = inserted ? nil : try await store.read(name)
+        } catch {
+            return
+        }
+        guard accounts[name]?.record.fleet == mark, inserted || row != nil else { return }
+        if inserted || row?.record.fleet?.id == mark.id {
+            guard (try? saveToVault(removed: [name])) != nil else { return }
+            accounts[name] = nil
+            logger.notice("finished sharing an account", metadata: ["account": "\(name)"])
+            await readSharedAccounts()
+        } else {
+            accounts[name]?.markForFleet(nil)
+            try? persist(changing: [name])
+            logger.warning(
+                "the fleet has another account of this name; it stays local", metadata: ["account": "\(name)"])
         }
     }
 

@@ -69,7 +69,7 @@ extension Broker {
             guard let provider else { throw .loginNeedsProvider(account) }
             return (provider, clientSecret)
         }
-        try checkNotLoggingOut(machine)
+        try checkChangeable(machine)
         let record = machine.record
         if let provider, provider != record.provider { throw .loginSettingsDiffer(account) }
         if let clientSecret, clientSecret != record.secrets.clientSecret { throw .loginSettingsDiffer(account) }

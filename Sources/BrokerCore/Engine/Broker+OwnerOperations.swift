@@ -75,7 +75,7 @@ extension Broker {
     {
         let name = account.rawValue
         var machine = try self.machine(name)
-        try checkNotLoggingOut(machine)
+        try checkChangeable(machine)
         let now = clock.now()
         var record = machine.record
         fill(&record, now)
@@ -90,7 +90,7 @@ extension Broker {
     /// Deletes an account and its secrets.
     public func remove(_ account: AccountName) async throws(BrokerFailure) {
         let name = account.rawValue
-        try checkNotLoggingOut(try machine(name))
+        try checkChangeable(try machine(name))
         // A shared account is removed fleet-wide: its row first (docs/fleet.md).
         try await removeShared(name)
         guard let removed = accounts.removeValue(forKey: name) else { throw .noSuchAccount(account) }
@@ -125,7 +125,7 @@ extension Broker {
     public func logout(_ account: AccountName, force: Bool) async throws(BrokerFailure) -> LogoutOutcome {
         let name = account.rawValue
         var machine = try self.machine(name)
-        try checkNotLoggingOut(machine)
+        try checkChangeable(machine)
         // From here, nothing else may change or refresh the account: `set_tokens` and `remove`
         // are refused, and no refresh starts, so the record after each await is this one.
         guard machine.beginLogout() else { return .alreadyLoggedOut }

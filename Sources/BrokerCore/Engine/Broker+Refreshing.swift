@@ -180,9 +180,7 @@ extension Broker {
     /// Fails fast for accounts that cannot be refreshed now, instead of calling the IdP.
     func checkRefreshable(_ machine: AccountMachine) throws(BrokerFailure) {
         try checkCredentialUsable(machine)
-        // A share not settled yet (`settleFleetMarks`): its row may hold this credential
-        // already, and a refresh here would consume it.
-        if machine.record.fleet?.step == .sharing { throw .shareUnsettled(AccountName(known: machine.record.name)) }
+        try checkShareSettled(machine)
         guard machine.refreshesOnItsOwn else {
             throw .noTokenLongEnough(AccountName(known: machine.record.name), kind: machine.record.provider.kind)
         }
@@ -216,8 +214,17 @@ extension Broker {
         return .denied(name, signsIn: record.provider.signsIn)
     }
 
-    func checkNotLoggingOut(_ machine: AccountMachine) throws(BrokerFailure) {
+    /// Refuses a change to an account being logged out, or whose share is not settled.
+    func checkChangeable(_ machine: AccountMachine) throws(BrokerFailure) {
         if machine.isLoggingOut { throw .loggingOut(AccountName(known: machine.record.name)) }
+        try checkShareSettled(machine)
+    }
+
+    /// Refuses an account whose share is not settled (`settleFleetMarks`): its row may hold
+    /// its credential already, so a refresh here would consume it, and a change here (tokens,
+    /// a removal, a logout) would be lost to the row.
+    func checkShareSettled(_ machine: AccountMachine) throws(BrokerFailure) {
+        if machine.record.fleet?.step == .sharing { throw .shareUnsettled(AccountName(known: machine.record.name)) }
     }
 
     /// Refuses, without calling the IdP, a `minTTL` longer than the lifetime the IdP grants,

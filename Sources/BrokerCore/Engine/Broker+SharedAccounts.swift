@@ -20,11 +20,24 @@ extension Broker {
         /// version it goes over, also in the vault (`FleetMark.Step.uncommitted`) and committed
         /// by `commitPending` until it lands or the row moves on. The account is `degraded`.
         var pending: [String: (record: AccountRecord, over: Int64)] = [:]
-        /// The accounts whose pending commit a task retries now.
+        /// The accounts whose pending commit or unsettled share a task retries now (`retry`).
         var retrying: Set<String> = []
-        /// The accounts another host has just leased, each with the task that waits for its
-        /// commit or release (`followLease`); their clients wait for it too.
-        var following: [String: Task<Void, Never>] = [:]
+        /// The accounts another host has just leased, each with the wait for its commit or
+        /// release (`followLease`); their clients wait for it too.
+        var following: [String: LeaseFollow] = [:]
+    }
+
+    /// The wait of one account's clients for another host's lease to end.
+    struct LeaseFollow {
+        let task: Task<Void, Never>
+        /// The lease notices of the account since the wait began.
+        var leases = 1
+        /// The row's version held at the last lease notice: a newer one taken meanwhile (a
+        /// commit's notice) ends the wait.
+        var version: Int64
+        /// When the wait gives up: as long as a refresh here waits for another holder, counted
+        /// from the last lease notice.
+        var until: Date
     }
 
     /// How long a lease holder waits before it calls the IdP, so that the other brokers have
@@ -70,6 +83,7 @@ extension Broker {
             logger.warning("cannot read the shared accounts", metadata: ["reason": "\(error)"])
             return
         }
+        guard !padlock.isLocked else { return }
         let now = clock.now()
         // Rows gone (removed or unshared on another host): no longer served here.
         let present = Set(
@@ -133,7 +147,7 @@ extension Broker {
     /// while no refresh of it runs here (one that runs takes the row itself).
     func adoptCommitted(_ row: SharedRow) {
         let name = row.record.name
-        guard let known = fleet?.versions[name], row.version > known, fleet?.pending[name] == nil,
+        guard !padlock.isLocked, let known = fleet?.versions[name], row.version > known, fleet?.pending[name] == nil,
             let effects = accounts[name]?.sharedRowCommitted(
                 Self.unmarked(row.record), planner: planner, now: clock.now())
         else { return }
@@ -339,21 +353,39 @@ extension Broker {
         try? saveToVault(changed: [marked])
         logger.warning(
             "the fleet's database did not take a refresh; kept to commit later", metadata: ["account": "\(name)"])
-        retryPending(name)
+        retry(name, .commit)
     }
 
-    /// Tries the pending commit of `name` again after 1 s, doubling up to every 10 s, until it
-    /// is settled (one task per account).
-    func retryPending(_ name: String) {
+    /// What `retry` tries again until it is settled.
+    enum Unsettled {
+        /// A refresh the store did not take (`commitPending`).
+        case commit
+        /// A share whose insert got no answer (`settleFleetMarks`).
+        case share
+    }
+
+    /// Tries `what` of `name` again after 1 s, doubling up to every 10 s, until it is settled
+    /// (one task per account).
+    func retry(_ name: String, _ what: Unsettled) {
         guard fleet?.retrying.insert(name).inserted == true else { return }
         Task {
             var delay = 1.0
-            while self.fleet?.pending[name] != nil {
+            while self.isUnsettled(name, what) {
                 await self.clock.sleep(for: .milliseconds(Int64(delay * 1000)))
-                await self.commitPending(name)
+                switch what {
+                case .commit: await self.commitPending(name)
+                case .share: await self.settleFleetMarks()
+                }
                 delay = min(delay * 2, 10)
             }
             self.fleet?.retrying.remove(name)
+        }
+    }
+
+    private func isUnsettled(_ name: String, _ what: Unsettled) -> Bool {
+        switch what {
+        case .commit: fleet?.pending[name] != nil
+        case .share: accounts[name]?.record.fleet?.step == .sharing
         }
     }
 
@@ -408,19 +440,20 @@ extension Broker {
     /// Acts on another broker's notification (docs/fleet.md, "Notifications"). When it takes an
     /// account's lease, its refresh may make the IdP revoke the access token held here (as
     /// django-oauth-toolkit does at each rotation): the token leaves the cache, and clients
-    /// wait for that host's commit or release (`followLease`) instead of being served a revoked
-    /// token. A lease released without a change puts the token back; a commit is read and taken
-    /// at once. A notification never makes this broker call the IdP: whoever sent it, the most
-    /// it costs is reads of the row.
+    /// wait for that host's commit or release (`followLease`, which reads the row) instead of
+    /// being served a revoked token. A commit is read and taken at once. A notification never
+    /// makes this broker call the IdP or serve a token the row does not vouch for: whoever sent
+    /// it, the most it costs is reads of the row.
     public func fleetNotice(_ notice: FleetNotice) async {
+        guard !padlock.isLocked else { return }
         switch notice {
         case .leased(let name):
             guard fleet?.versions[name] != nil, accounts[name] != nil else { return }
             cache.publish(nil, for: name)
             followLease(name)
-        case .released(let name):
-            guard fleet?.versions[name] != nil else { return }
-            republish(name)
+        case .released:
+            // The wait sees the release in the row (`followLease`).
+            break
         case .committed(let name):
             guard fleet?.versions[name] != nil, let store = fleet?.store, let row = try? await store.read(name) else {
                 return
@@ -429,31 +462,43 @@ extension Broker {
         }
     }
 
-    /// Puts the token held for `name` back in the cache, unless a refresh of it runs here.
+    /// Puts the token held for `name` back in the cache, unless a refresh of it runs here or
+    /// the broker is locked.
     private func republish(_ name: String) {
-        guard let machine = accounts[name], machine.refreshSerial == nil else { return }
+        guard !padlock.isLocked, let machine = accounts[name], machine.refreshSerial == nil else { return }
         cache.publish(machine.servableToken.flatMap { try? PreparedToken(account: name, token: $0) }, for: name)
     }
 
-    /// Waits, in a task of its own, for the lease another host took on `name` to end: reads the
-    /// row every 0.2 s until it has a newer version (taken) or no lease holder (the held token
-    /// served again), for at most as long as a refresh here waits for another holder. When that
-    /// passes the cache stays empty, and the next client's refresh waits for the lease itself.
-    /// A refresh under way here reads the row on its own.
+    /// Waits, in a task of its own, for the lease another host took on `name` to end (a wait
+    /// already running counts this lease too): reads the row every 0.2 s until it has a newer
+    /// version (taken), or no lease running. A lease released puts the held token back; one
+    /// that lapsed does not (its holder may have rotated the credential without committing),
+    /// and the next client's refresh takes the lease; so too when the wait runs out. A refresh
+    /// under way here reads the row on its own.
     private func followLease(_ name: String) {
-        guard let fleet, fleet.following[name] == nil, accounts[name]?.refreshSerial == nil else { return }
+        guard let fleet, let version = fleet.versions[name], accounts[name]?.refreshSerial == nil else { return }
         let wait = min(fleet.leaseSeconds, 3 * settings.requestTimeout) + settings.requestTimeout
-        let deadline = clock.now().addingTimeInterval(wait)
-        self.fleet?.following[name] = Task {
-            await self.awaitLeaseEnd(name, until: deadline)
+        let until = clock.now().addingTimeInterval(wait)
+        if fleet.following[name] != nil {
+            self.fleet?.following[name]?.leases += 1
+            self.fleet?.following[name]?.version = version
+            self.fleet?.following[name]?.until = until
+            return
+        }
+        let task = Task {
+            await self.awaitLeaseEnd(name)
             self.fleet?.following[name] = nil
         }
+        self.fleet?.following[name] = LeaseFollow(task: task, version: version, until: until)
     }
 
-    private func awaitLeaseEnd(_ name: String, until deadline: Date) async {
-        while clock.now() < deadline {
+    private func awaitLeaseEnd(_ name: String) async {
+        while let follow = fleet?.following[name], clock.now() < follow.until, !padlock.isLocked {
             await clock.sleep(for: .milliseconds(200))
-            guard let store = fleet?.store, let known = fleet?.versions[name], accounts[name] != nil else { return }
+            guard let store = fleet?.store, let known = fleet?.versions[name], accounts[name] != nil,
+                let current = fleet?.following[name], known == current.version
+            else { return }
+            let leases = current.leases
             let row: SharedRow?
             do {
                 row = try await store.read(name)
@@ -465,16 +510,16 @@ extension Broker {
                 adoptCommitted(row)
                 return
             }
-            if row.leaseHolder == nil {
-                republish(name)
-                return
-            }
+            // A lease notice that came during the read makes what it read stale.
+            guard row.leaseHolder == nil, fleet?.following[name]?.leases == leases else { continue }
+            if !row.leaseLapsed { republish(name) }
+            return
         }
     }
 
     /// The wait of `name`'s clients for another host's lease (`followLease`), if one runs.
     func leaseFollowed(_ name: String) -> Task<Void, Never>? {
-        fleet?.following[name]
+        fleet?.following[name]?.task
     }
 }
 

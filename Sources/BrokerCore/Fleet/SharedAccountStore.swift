@@ -7,12 +7,18 @@ public struct SharedRow: Sendable {
     public let leaseHolder: String?
     /// The host that committed the row last.
     public let lastRefreshedBy: String?
+    /// A lease was taken and ran out, neither released nor ended by a commit: its holder may
+    /// have rotated the credential and not committed.
+    public let leaseLapsed: Bool
 
-    public init(record: AccountRecord, version: Int64, leaseHolder: String?, lastRefreshedBy: String?) {
+    public init(
+        record: AccountRecord, version: Int64, leaseHolder: String?, lastRefreshedBy: String?, leaseLapsed: Bool = false
+    ) {
         self.record = record
         self.version = version
         self.leaseHolder = leaseHolder
         self.lastRefreshedBy = lastRefreshedBy
+        self.leaseLapsed = leaseLapsed
     }
 }
 
