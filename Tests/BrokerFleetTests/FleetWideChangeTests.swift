@@ -10,6 +10,7 @@ import Testing
 /// Changes to a shared account made on one broker reach the others through its row: tokens
 /// pushed with `set_tokens` are committed as a new version and served everywhere, a refresh the
 /// IdP denies leaves the account `needs_login` on every host, and a logout logs it out on all.
+/// Rejects of the current token on two hosts at once make one refresh for the fleet.
 @Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
 struct FleetWideChangeTests {
     @Test func pushedTokensADenialAndALogoutAreTheWholeFleets() async throws {
@@ -55,6 +56,33 @@ struct FleetWideChangeTests {
             #expect(try await store("check").read("api")?.record.loggedOut == true)
             await b.broker.fleetNotice(.committed("api"))
             #expect(try await b.state().state == "logged_out")
+        }
+    }
+
+    @Test(.timeLimit(.minutes(1))) func rejectsOnTwoHostsAtOnceMakeOneRefresh() async throws {
+        try await PostgresFleetStoreTests.withFleet { _, a, store in
+            _ = try await a.broker.add(
+                account: "api", provider: a.provider,
+                tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)
+            let b = try await BrokerHarness.start()
+            defer { Task { await b.stop() } }
+            await b.broker.joinFleet(store("b"), leaseSeconds: 90)
+            let (brokerA, brokerB) = (a.broker, b.broker)
+
+            // a takes the lease (and pauses for the others' notices); b, rejecting meanwhile,
+            // waits for a's commit instead of refreshing.
+            let onA = Task { try await brokerA.reject(account: "api", accessToken: "at-pushed", minTTL: 30) }
+            await a.clock.sleepersReached(1)
+            let onB = Task { try await brokerB.reject(account: "api", accessToken: "at-pushed", minTTL: 30) }
+            await b.clock.sleepersReached(1)
+            a.clock.advance(by: 1)
+            let tokenA = try await onA.value.result.accessToken
+            b.clock.advance(by: 1)
+            let tokenB = try await onB.value.result.accessToken
+            #expect(tokenA != "at-pushed" && tokenB == tokenA, "both serve the one refresh's token")
+            // Every harness reaches the account's IdP (a's) through the in-process network.
+            #expect(a.idp.refreshCalls.count == 1, "one refresh for the fleet")
+            #expect(try await store("check").read("api")?.version == 2)
         }
     }
 }

@@ -1,6 +1,7 @@
 import BrokerClient
 import BrokerProtocol
 import Foundation
+import Synchronization
 import TestSupport
 import Testing
 
@@ -45,10 +46,17 @@ struct FleetMoveCrashTests {
         for kill in 1...Self.kills {
             let client = try broker.client()
             let before = Self.vaultState(broker)
-            let moving = Task { [shared] in try await Self.move(client, shared: shared) }
+            let ended = Mutex(false)
+            let moving = Task { [shared] in
+                defer { ended.withLock { $0 = true } }
+                try await Self.move(client, shared: shared)
+            }
             if kill % 4 != 0 {
-                let end = Date().addingTimeInterval(5)
-                while Self.vaultState(broker) == before, Date() < end { try await Task.sleep(for: .microseconds(100)) }
+                // Polled every millisecond, until the mark or the move's end (one refused writes
+                // nothing).
+                while Self.vaultState(broker) == before, !ended.withLock({ $0 }) {
+                    try await Task.sleep(for: .milliseconds(1))
+                }
             }
             try await Task.sleep(for: .microseconds(Int.random(in: 0...Int(window * 1_000_000))))
             broker.crash()

@@ -143,7 +143,7 @@ import Glibc
         let initial = "srt-\(UInt32.random(in: 0...UInt32.max))"
         // Sao Paulo is UTC-3: zone-less timestamps read as UTC would already have lapsed.
         let idp = try await SlidingTestIdP(
-            initialRefreshToken: initial, accessLifetime: 3600, refreshLifetime: 20, timeZone: "America/Sao_Paulo")
+            initialRefreshToken: initial, accessLifetime: 3600, refreshLifetime: 40, timeZone: "America/Sao_Paulo")
         let client = try broker.client()
         var provider = ProviderSpec(kind: "sliding")
         provider["endpoint"] = .string(idp.endpoint)
@@ -154,10 +154,11 @@ import Glibc
         client.close()
 
         // Nobody asks for a token; the access token is good for an hour. Each refresh token
-        // lives 20 s (the first one counts from the IdP's start, which a loaded machine may
+        // lives 40 s (the first one counts from the IdP's start, which a loaded machine may
         // take seconds to get past; the in-process IdP shares the test process with every
-        // other suite), so three refreshes in a row mean the window was kept open.
-        #expect(await eventually(timeout: 90) { idp.issuedRefreshTokens.count >= 3 })
+        // other suite, and 20 s left too little room in two CI runs), so three refreshes in a
+        // row mean the window was kept open.
+        #expect(await eventually(timeout: 150) { idp.issuedRefreshTokens.count >= 3 })
         #expect(idp.rejectedExpired == 0, "the broker let a refresh token lapse")
         #expect(idp.rejectedReuse == 0)
         let calls = idp.calls

@@ -131,6 +131,12 @@ extension Broker {
                 fleet?.versions[name] = row.version
                 fleet?.committedBy[name] = row.lastRefreshedBy
                 accounts[name] = machine
+                // A lease running or run out (a broker killed while it refreshed, this one's
+                // predecessor perhaps) may have revoked the row's token: served once it ends.
+                guard row.leaseHolder == nil, !row.leaseLapsed else {
+                    followLease(name)
+                    continue
+                }
                 cache.publish(machine.servableToken.flatMap { try? PreparedToken(account: name, token: $0) }, for: name)
             }
         }
@@ -219,6 +225,9 @@ extension Broker {
                     return .failed(.transient("the shared account is gone from the fleet's database"))
                 }
                 if let done = adopt(row, serial: serial) { return .finished(done) }
+                // Taking over a lease that ran out: the other brokers stopped serving the token
+                // at its notice and did not put it back, so no pause is owed them.
+                let pause = row.leaseLapsed ? .zero : Self.noticeGrace
                 if let lease = try await fleet.store.takeLease(name, seconds: fleet.leaseSeconds) {
                     if let done = adopt(lease.row, serial: serial) {
                         await fleet.store.release(name)
@@ -226,7 +235,7 @@ extension Broker {
                     }
                     // The IdP is called after the pause for the others' notices, and has its
                     // timeout to answer: both within the lease.
-                    let needed = Duration.milliseconds(Int64(settings.requestTimeout * 1000)) + Self.noticeGrace
+                    let needed = Duration.milliseconds(Int64(settings.requestTimeout * 1000)) + pause
                     guard lease.remaining > needed else {
                         await fleet.store.release(name)
                         return .failed(.transient("the fleet lease is shorter than an IdP call"))
@@ -237,7 +246,7 @@ extension Broker {
                     // "Notifications"): clients here wait for the commit from now on, and the
                     // other brokers, told of the lease, get a moment to do the same.
                     cache.publish(nil, for: name)
-                    await clock.sleep(for: Self.noticeGrace)
+                    if pause > .zero { await clock.sleep(for: pause) }
                     return .leased(lease.row, until: leaseEnd)
                 }
             } catch {
@@ -472,9 +481,9 @@ extension Broker {
     /// Waits, in a task of its own, for the lease another host took on `name` to end (a wait
     /// already running counts this lease too): reads the row every 0.2 s until it has a newer
     /// version (taken), or no lease running. A lease released puts the held token back; one
-    /// that lapsed does not (its holder may have rotated the credential without committing),
-    /// and the next client's refresh takes the lease; so too when the wait runs out. A refresh
-    /// under way here reads the row on its own.
+    /// that lapsed does not (its holder may have rotated the credential without committing,
+    /// unless the account never refreshes), and the next client's refresh takes the lease; so
+    /// too when the wait runs out. A refresh under way here reads the row on its own.
     private func followLease(_ name: String) {
         guard let fleet, let version = fleet.versions[name], accounts[name]?.refreshSerial == nil else { return }
         let wait = min(fleet.leaseSeconds, 3 * settings.requestTimeout) + settings.requestTimeout
@@ -512,7 +521,8 @@ extension Broker {
             }
             // A lease notice that came during the read makes what it read stale.
             guard row.leaseHolder == nil, fleet?.following[name]?.leases == leases else { continue }
-            if !row.leaseLapsed { republish(name) }
+            // An account that never refreshes had nothing rotated under the lapsed lease.
+            if !row.leaseLapsed || accounts[name]?.refreshesOnItsOwn == false { republish(name) }
             return
         }
     }
