@@ -107,17 +107,19 @@ public final class FleetConnection: Sendable {
         return true
     }
 
-    /// Whether the database takes a login and answers a query now, on a connection of its own.
+    /// Whether the database takes a login and answers a query now, on a connection of its own,
+    /// within 5 s (a probe given up on closes its connection when it ends).
     private func databaseAnswers() async -> Bool {
-        let group = MultiThreadedEventLoopGroup.singleton
-        guard
-            let connection = try? await PostgresConnection.connect(
-                on: group.next(), configuration: probe, id: 0, logger: logger
+        let (probe, logger) = (probe, logger)
+        let answered = try? await FleetDeadline.run(within: .seconds(5)) {
+            let connection = try await PostgresConnection.connect(
+                on: MultiThreadedEventLoopGroup.singleton.next(), configuration: probe, id: 0, logger: logger
             ).get()
-        else { return false }
-        let answered = (try? await connection.query("SELECT 1", logger: logger)) != nil
-        try? await connection.close()
-        return answered
+            let answered = (try? await connection.query("SELECT 1", logger: logger)) != nil
+            try? await connection.close()
+            return answered
+        }
+        return answered == true
     }
 
     /// Makes or checks the schema (`PostgresFleetStore.prepare`) within `timeout`: `false` when

@@ -117,9 +117,13 @@ public final class PostgresFleetStore: SharedAccountStore {
                 """)
             inserted = try await rows.decode(Int64.self).first { _ in true } != nil
         } catch let error as PSQLError where error.code == .server {
-            // One statement, refused: nothing was inserted (`share` undoes its mark).
             let state = error.serverInfo?[.sqlState].map { String($0.prefix(5).filter(\.isASCII)) } ?? "?"
-            throw FleetError("the database refused the insert (SQLSTATE \(state))", refusedByServer: true)
+            // One statement the server answered with an error: nothing was inserted (`share`
+            // undoes its mark), unless the error could follow a commit (a session ended: class
+            // 57 or 08, an internal error, anything worse than ERROR).
+            let refused =
+                error.serverInfo?[.severity] == "ERROR" && !["57", "08", "XX"].contains(String(state.prefix(2)))
+            throw FleetError("the database did not take the insert (SQLSTATE \(state))", refusedByServer: refused)
         }
         if inserted { note(record.name, 1) }
         return inserted

@@ -34,10 +34,16 @@ extension Broker {
         try checkChangeable(machine)
         await takeChainTurn(name)
         defer { endChainTurn(name) }
-        guard var record = accounts[name]?.record, fleet?.versions[name] == nil else { throw .noSuchAccount(account) }
+        // Checked again after the wait: a logout or another share may have come meanwhile.
+        guard let current = accounts[name], fleet?.versions[name] == nil else { throw .noSuchAccount(account) }
+        try checkChangeable(current)
+        var record = current.record
         let mark = FleetMark(step: .sharing, version: 1, id: String(UInt64.random(in: 0...UInt64.max), radix: 16))
         record.fleet = mark
         try saveToVault(changed: [record])
+        // From here the account is neither refreshed nor changed (`checkShareSettled`): the
+        // row may take its credential at any moment.
+        accounts[name]?.markForFleet(mark)
         try step(.marked)
         let inserted: Bool
         do {
@@ -45,17 +51,18 @@ extension Broker {
         } catch {
             if (error as? FleetError)?.refusedByServer == true {
                 record.fleet = nil
+                accounts[name]?.markForFleet(nil)
                 try? saveToVault(changed: [record])
                 throw .fleetUnavailable(reason: "\(error)")
             }
             // The insert may land yet (the query given up on may still reach the database): the
-            // account keeps its mark, serves its token but is neither refreshed nor changed
-            // (`checkShareSettled`), and the share is finished once the database answers.
-            accounts[name]?.markForFleet(mark)
+            // account keeps its mark, serves its token, and the share is finished once the
+            // database answers.
             retry(name, .share)
             throw .fleetUnavailable(reason: "\(error); the share completes once the fleet's database answers")
         }
         record.fleet = nil
+        accounts[name]?.markForFleet(nil)
         guard inserted else {
             try saveToVault(changed: [record])
             throw .invalid("the fleet has an account named \(name) already")

@@ -36,8 +36,8 @@ extension Broker {
         /// commit's notice) ends the wait.
         var version: Int64
         /// When the wait gives up: as long as a refresh here waits for another holder, counted
-        /// from the last lease notice.
-        var until: Date
+        /// from the first lease notice.
+        let until: Date
     }
 
     /// How long a lease holder waits before it calls the IdP, so that the other brokers have
@@ -114,6 +114,14 @@ extension Broker {
                 guard (try? AccountName(name)) != nil else { continue }
                 if fleet?.versions[name] != nil, accounts[name] != nil {
                     adoptCommitted(row)
+                    // Another host's lease, or one run out, whose notice this broker missed.
+                    let othersLease = row.leaseHolder != nil && fleet?.holding.contains(name) == false
+                    if othersLease || row.leaseLapsed, accounts[name]?.refreshSerial == nil,
+                        fleet?.following[name] == nil
+                    {
+                        cache.publish(nil, for: name)
+                        followLease(name)
+                    }
                     continue
                 }
                 // A record the vault keeps for the fleet is settled first (`settleFleetMarks`).
@@ -134,6 +142,8 @@ extension Broker {
                 // A lease running or run out (a broker killed while it refreshed, this one's
                 // predecessor perhaps) may have revoked the row's token: served once it ends.
                 guard row.leaseHolder == nil, !row.leaseLapsed else {
+                    // A local copy just settled into this row may have left its token cached.
+                    cache.publish(nil, for: name)
                     followLease(name)
                     continue
                 }
@@ -306,12 +316,8 @@ extension Broker {
             record = refreshed.record
         } else {
             machine = nil
+            record = Self.rotating(started, by: grant)
             record.token = grant.token
-            if let rotated = grant.refreshToken {
-                record.secrets.refreshToken = rotated
-                record.secrets.refreshExpiresAt = grant.refreshExpiresAt
-            }
-            if let rotated = grant.refreshURL { record.secrets.refreshURL = rotated }
         }
         var committed: Bool?
         var failure = ""
@@ -347,6 +353,19 @@ extension Broker {
                 "account": "\(name)", "version": "\(version + 1)", "idp_us": "\(Self.microseconds(idp))",
             ])
         return .success(())
+    }
+}
+
+extension Broker {
+    /// `record` with the credential `grant` rotated, if it did.
+    static func rotating(_ record: AccountRecord, by grant: Grant) -> AccountRecord {
+        var record = record
+        if let rotated = grant.refreshToken {
+            record.secrets.refreshToken = rotated
+            record.secrets.refreshExpiresAt = grant.refreshExpiresAt
+        }
+        if let rotated = grant.refreshURL { record.secrets.refreshURL = rotated }
+        return record
     }
 }
 
@@ -479,7 +498,7 @@ extension Broker {
     }
 
     /// Waits, in a task of its own, for the lease another host took on `name` to end (a wait
-    /// already running counts this lease too): reads the row every 0.2 s until it has a newer
+    /// already running counts this lease too, within its own deadline): reads the row every 0.2 s until it has a newer
     /// version (taken), or no lease running. A lease released puts the held token back; one
     /// that lapsed does not (its holder may have rotated the credential without committing,
     /// unless the account never refreshes), and the next client's refresh takes the lease; so
@@ -489,9 +508,9 @@ extension Broker {
         let wait = min(fleet.leaseSeconds, 3 * settings.requestTimeout) + settings.requestTimeout
         let until = clock.now().addingTimeInterval(wait)
         if fleet.following[name] != nil {
+            // The deadline stays the first lease's: a stream of notices cannot hold clients.
             self.fleet?.following[name]?.leases += 1
             self.fleet?.following[name]?.version = version
-            self.fleet?.following[name]?.until = until
             return
         }
         let task = Task {
