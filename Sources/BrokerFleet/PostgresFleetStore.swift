@@ -136,20 +136,24 @@ public final class PostgresFleetStore: SharedAccountStore {
         // starts (their held access token may be revoked by it).
         let rows = try await query(
             """
-            WITH taken AS (UPDATE tokenbroker_accounts SET lease_holder = \(holder),
+            WITH before AS (SELECT lease_holder IS NOT NULL AND lease_until <= now() AS lapsed
+            FROM tokenbroker_accounts WHERE name = \(name)),
+            taken AS (UPDATE tokenbroker_accounts SET lease_holder = \(holder),
             lease_until = now() + make_interval(secs => \(seconds))
             WHERE name = \(name) AND (lease_holder IS NULL OR lease_until IS NULL OR lease_until <= now() OR lease_holder = \(holder))
             RETURNING version, sealed, last_refreshed_by, EXTRACT(EPOCH FROM lease_until - now())::float8 AS remaining)
-            SELECT version, sealed, last_refreshed_by, remaining FROM taken
+            SELECT version, sealed, last_refreshed_by, remaining, (SELECT lapsed FROM before) FROM taken
             CROSS JOIN LATERAL (SELECT pg_notify(\(Self.channel), 'lease ' || \(holder) || ' ' || \(name))) AS told
             """)
-        for try await (version, sealed, refresher, remaining) in rows.decode((Int64, ByteBuffer, String?, Double).self)
+        for try await (version, sealed, refresher, remaining, lapsed) in rows.decode(
+            (Int64, ByteBuffer, String?, Double, Bool?).self)
         {
             switch reading(name, version, sealed, host, refresher) {
             case .row(let row):
                 // The database's figure, bounded before it is converted (a hostile one could be anything).
                 let seconds = max(0, Self.seconds(remaining))
-                return SharedLease(row: row, remaining: .milliseconds(Int64(seconds * 1000)))
+                return SharedLease(
+                    row: row, remaining: .milliseconds(Int64(seconds * 1000)), replacedLapsed: lapsed == true)
             case .refused(_, let reason):
                 await release(name)
                 throw FleetError("the shared account \(name) was refused: \(reason)")

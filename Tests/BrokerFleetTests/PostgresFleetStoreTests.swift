@@ -176,7 +176,7 @@ struct PostgresFleetStoreTests {
             try await client.withConnection { connection in
                 try await connection.listen(on: PostgresFleetStore.channel) { notifications in
                     let leaseA = try #require(try await a.takeLease("api", seconds: 1))
-                    #expect(leaseA.row.version == 1 && leaseA.remaining <= .seconds(1))
+                    #expect(leaseA.row.version == 1 && leaseA.remaining <= .seconds(1) && !leaseA.replacedLapsed)
                     #expect(try await b.takeLease("api", seconds: 1) == nil, "a holds it")
                     #expect(try await b.read("api")?.leaseHolder == "a")
 
@@ -186,8 +186,9 @@ struct PostgresFleetStoreTests {
 
                     // a stalls past its lease; b takes the lapsed lease and commits first.
                     try await Task.sleep(for: .milliseconds(1300))
+                    #expect(try await b.read("api")?.leaseLapsed == true)
                     let leaseB = try #require(try await b.takeLease("api", seconds: 30))
-                    #expect(leaseB.row.version == 1)
+                    #expect(leaseB.row.version == 1 && leaseB.replacedLapsed, "b took over a lapsed lease")
                     #expect(try await b.commit(Self.record("api"), over: 1))
                     #expect(try await a.commit(Self.record("api"), over: 1) == false, "a's compare-and-swap fails")
                     let row = try #require(try await a.read("api"))

@@ -235,10 +235,11 @@ extension Broker {
                     return .failed(.transient("the shared account is gone from the fleet's database"))
                 }
                 if let done = adopt(row, serial: serial) { return .finished(done) }
-                // Taking over a lease that ran out: the other brokers stopped serving the token
-                // at its notice and did not put it back, so no pause is owed them.
-                let pause = row.leaseLapsed ? .zero : Self.noticeGrace
                 if let lease = try await fleet.store.takeLease(name, seconds: fleet.leaseSeconds) {
+                    // Taking over a lease that ran out (as the database saw it when this one
+                    // was taken): the other brokers stopped serving the token at its notice and
+                    // did not put it back, so no pause is owed them.
+                    let pause = lease.replacedLapsed ? .zero : Self.noticeGrace
                     if let done = adopt(lease.row, serial: serial) {
                         await fleet.store.release(name)
                         return .finished(done)

@@ -26,10 +26,13 @@ public struct SharedRow: Sendable {
 public struct SharedLease: Sendable {
     public let row: SharedRow
     public let remaining: Duration
+    /// The lease this one replaced had run out, neither released nor ended by a commit.
+    public let replacedLapsed: Bool
 
-    public init(row: SharedRow, remaining: Duration) {
+    public init(row: SharedRow, remaining: Duration, replacedLapsed: Bool = false) {
         self.row = row
         self.remaining = remaining
+        self.replacedLapsed = replacedLapsed
     }
 }
 
