@@ -117,7 +117,10 @@ public final class PostgresFleetStore: SharedAccountStore {
                 """)
             inserted = try await rows.decode(Int64.self).first { _ in true } != nil
         } catch let error as PSQLError where error.code == .server {
-            let state = error.serverInfo?[.sqlState].map { String($0.prefix(5).filter(\.isASCII)) } ?? "?"
+            let state =
+                error.serverInfo?[.sqlState].map {
+                    String($0.prefix(5).filter { $0.isASCII && ($0.isLetter || $0.isNumber) })
+                } ?? "?"
             // One statement the server answered with an error: nothing was inserted (`share`
             // undoes its mark), unless the error could follow a commit (a session ended: class
             // 57 or 08, an internal error, anything worse than ERROR).

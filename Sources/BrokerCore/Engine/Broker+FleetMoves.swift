@@ -84,23 +84,13 @@ extension Broker {
         async throws(BrokerFailure) -> AccountSnapshot
     {
         let name = account.rawValue
-        guard let store = fleet?.store, let leaseSeconds = fleet?.leaseSeconds else { throw .noFleet }
+        guard let store = fleet?.store else { throw .noFleet }
         guard fleet?.versions[name] != nil else { throw .invalid("the account \(name) is not shared") }
         try checkChangeable(try machine(name))
         await takeChainTurn(name)
         defer { endChainTurn(name) }
         try await checkNothingPending(name)
-        let lease: SharedLease
-        do {
-            guard let taken = try await store.takeLease(name, seconds: leaseSeconds) else {
-                throw BrokerFailure.fleetUnavailable(reason: "another host is refreshing \(name); try again")
-            }
-            lease = taken
-        } catch let failure as BrokerFailure {
-            throw failure
-        } catch {
-            throw .fleetUnavailable(reason: "\(error)")
-        }
+        let lease = try await leaseForChange(name)
         var record = lease.row.record
         record.fleet = FleetMark(step: .unsharing, version: lease.row.version)
         do {

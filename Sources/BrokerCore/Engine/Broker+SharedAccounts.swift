@@ -561,16 +561,10 @@ extension Broker {
         async throws(BrokerFailure) -> AccountSnapshot
     {
         let name = account.rawValue
-        guard let store = fleet?.store, let leaseSeconds = fleet?.leaseSeconds else { throw .noFleet }
+        guard let store = fleet?.store else { throw .noFleet }
         await takeChainTurn(name)
         defer { endChainTurn(name) }
-        let lease: SharedLease?
-        do {
-            lease = try await store.takeLease(name, seconds: leaseSeconds)
-        } catch {
-            throw .fleetUnavailable(reason: "\(error)")
-        }
-        guard let lease else { throw .fleetUnavailable(reason: "another host is refreshing \(name); try again") }
+        let lease = try await leaseForChange(name)
         let now = clock.now()
         var filled = Self.unmarked(lease.row.record)
         fill(&filled, now)
@@ -611,10 +605,18 @@ extension Broker {
     /// The lease a logout of `name` revokes under when it is a shared account; `nil` for a local
     /// one. Throws `fleetUnavailable` when it cannot be had.
     func logoutLease(_ name: String) async throws(BrokerFailure) -> SharedLease? {
-        guard fleet?.versions[name] != nil, let store = fleet?.store, let seconds = fleet?.leaseSeconds else {
+        guard fleet?.versions[name] != nil else {
             return nil
         }
         try await checkNothingPending(name)
+        return try await leaseForChange(name)
+    }
+
+    /// The lease of the shared account `name` for a change an owner asked for (new tokens, a
+    /// logout, an unshare): refused with `fleetUnavailable` when the database does not answer
+    /// or another host holds it, never waited for.
+    func leaseForChange(_ name: String) async throws(BrokerFailure) -> SharedLease {
+        guard let store = fleet?.store, let seconds = fleet?.leaseSeconds else { throw .noFleet }
         let lease: SharedLease?
         do {
             lease = try await store.takeLease(name, seconds: seconds)
