@@ -145,7 +145,7 @@ import Glibc
             #expect(await login.finish() == 0, "\(login.stderr)")
             #expect(login.jsonLines.last as? [String: String] == ["event": "done", "account": "web", "state": "valid"])
             #expect(try Self.status(broker, "web")?["state"] as? String == "valid")
-            #expect(!TestBrowser.isListening(port), "the redirect listener is closed")
+            #expect(!TestBrowser.isListening(port, in: broker.pid), "the redirect listener is closed")
 
             // Another login receives the first login's code (with its own state, as an attacker
             // who saw the code would send it): the broker tries it and the IdP refuses it.
@@ -412,12 +412,12 @@ import Glibc
             let url = try #require(screen.first { $0.hasPrefix("http") })
             let port = try #require(URLComponents(string: url)?.port)
             #expect(port == fixedPort, "--redirect-port")
-            #expect(TestBrowser.isListening(port))
+            #expect(TestBrowser.isListening(port, in: broker.pid))
 
             try terminal.press("C-c")
             #expect(await eventually { terminal.exitStatus != nil })
             #expect(terminal.exitStatus == 130)
-            #expect(await eventually { !TestBrowser.isListening(port) }, "the listener is closed")
+            #expect(await eventually { !TestBrowser.isListening(port, in: broker.pid) }, "the listener is closed")
             #expect(try Self.status(broker, "tty") == nil)
         }
     }
@@ -436,7 +436,7 @@ import Glibc
             let port = try #require(URLComponents(string: url)?.port)
             #expect(await browser.finish() == 5, "\(browser.stdout)")
             #expect(browser.jsonLines.last?["code"] as? String == "needs_login")
-            #expect(!TestBrowser.isListening(port))
+            #expect(!TestBrowser.isListening(port, in: broker.pid))
             let device = try BackgroundBrokerctl(
                 broker, ["login", "late", "--flow", "device", "--timeout", "2"] + Self.provider(idp))
             #expect(await device.finish() == 5, "\(device.stderr)")

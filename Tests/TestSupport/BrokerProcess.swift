@@ -36,6 +36,8 @@ public final class BrokerProcess: @unchecked Sendable {
         if ProcessInfo.processInfo.environment["TB_KEEP"] == nil { try? FileManager.default.removeItem(at: root) }
     }
 
+    /// The running brokerd's PID, -1 when it is not running.
+    public var pid: pid_t { process?.pid ?? -1 }
     public var socketPath: String { root.appendingPathComponent("run/tokenbroker/broker.sock").path }
     public var configDirectory: URL { root.appendingPathComponent("config/tokenbroker") }
     public var stateDirectory: URL { root.appendingPathComponent("state/tokenbroker") }

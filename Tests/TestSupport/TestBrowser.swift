@@ -144,6 +144,27 @@ public final class TestBrowser: Sendable {
         }
     }
 
+    /// Whether process `pid` holds a socket listening on 127.0.0.1:`port`, from `/proc/net/tcp`
+    /// and the process's descriptors: unlike a connect, another process that took the port once it
+    /// was freed does not count.
+    public static func isListening(_ port: Int, in pid: pid_t) -> Bool {
+        guard let table = try? String(contentsOfFile: "/proc/\(pid)/net/tcp", encoding: .utf8) else { return false }
+        let local = String(format: "0100007F:%04X", port)
+        let inodes = Set(
+            table.split(separator: "\n").dropFirst().compactMap { line -> String? in
+                let fields = line.split(separator: " ")
+                guard fields.count > 9, fields[1] == local, fields[3] == "0A" else { return nil }
+                return "socket:[\(fields[9])]"
+            })
+        guard !inodes.isEmpty,
+            let descriptors = try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")
+        else { return false }
+        return descriptors.contains {
+            (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\($0)"))
+                .map(inodes.contains) ?? false
+        }
+    }
+
     /// GETs the IdP's authorization URL, expects its redirect, and returns where it points.
     public static func authorize(_ url: String) async throws -> String {
         let page = try await get(url)
