@@ -14,13 +14,7 @@ import Testing
 @Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
 struct FleetNoticeTests {
     @Test(.timeLimit(.minutes(1))) func aLeaseNoticeIsWaitedOutAndNeverCallsTheIdP() async throws {
-        try await PostgresFleetStoreTests.withFleet { _, a, store in
-            _ = try await a.broker.add(
-                account: "api", provider: a.provider,
-                tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)
-            let b = try await BrokerHarness.start()
-            defer { Task { await b.stop() } }
-            await b.broker.joinFleet(store("b"), leaseSeconds: 90)
+        try await PostgresFleetStoreTests.withSharedAccount { a, b, store in
             #expect(try await b.broker.token(account: "api", minTTL: 30).result.accessToken == "at-pushed")
             let broker = b.broker
 

@@ -60,13 +60,7 @@ struct FleetWideChangeTests {
     }
 
     @Test(.timeLimit(.minutes(1))) func rejectsOnTwoHostsAtOnceMakeOneRefresh() async throws {
-        try await PostgresFleetStoreTests.withFleet { _, a, store in
-            _ = try await a.broker.add(
-                account: "api", provider: a.provider,
-                tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)
-            let b = try await BrokerHarness.start()
-            defer { Task { await b.stop() } }
-            await b.broker.joinFleet(store("b"), leaseSeconds: 90)
+        try await PostgresFleetStoreTests.withSharedAccount { a, b, store in
             let (brokerA, brokerB) = (a.broker, b.broker)
 
             // a takes the lease (and pauses for the others' notices); b, rejecting meanwhile,

@@ -1,4 +1,5 @@
 import BrokerFleet
+import BrokerProtocol
 import Foundation
 import Logging
 import NIOCore
@@ -54,7 +55,7 @@ struct PostgresFleetStoreTests {
     /// (in process) joined with a lease of 90 s, and a maker of stores of that database for any
     /// host, each with a lease holder of its own, as a process has.
     static func withFleet(
-        _ body: (PostgresServer, BrokerHarness, _ store: (String) -> PostgresFleetStore) async throws -> Void
+        _ body: (PostgresServer, BrokerHarness, _ store: @escaping (String) -> PostgresFleetStore) async throws -> Void
     ) async throws {
         try await withDatabase { server, client in
             let key = key()
@@ -64,6 +65,22 @@ struct PostgresFleetStoreTests {
             defer { Task { await harness.stop() } }
             await harness.broker.joinFleet(store("a"), leaseSeconds: 90)
             try await body(server, harness, store)
+        }
+    }
+
+    /// `withFleet` with the shared account "api" (access token "at-pushed", refresh token
+    /// "rt-0") added on a, and a second broker b serving it from its row.
+    static func withSharedAccount(
+        _ body: (_ a: BrokerHarness, _ b: BrokerHarness, _ store: @escaping (String) -> PostgresFleetStore) async throws -> Void
+    ) async throws {
+        try await withFleet { _, a, store in
+            _ = try await a.broker.add(
+                account: "api", provider: a.provider,
+                tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)
+            let b = try await BrokerHarness.start()
+            defer { Task { await b.stop() } }
+            await b.broker.joinFleet(store("b"), leaseSeconds: 90)
+            try await body(a, b, store)
         }
     }
 

@@ -235,29 +235,32 @@ struct AccountMachine: Sendable {
     }
 
     /// Refresh `serial` of a shared account found the account's row newer than the record held:
-    /// another host refreshed it (docs/fleet.md). The row's record replaces the one held (the row
-    /// is the account's state, so nothing is saved here). When the row's token needs no refresh
-    /// yet the refresh ends, and `true` comes back with the effects; otherwise it goes on from the
-    /// row's credential. `nil` when the refresh was overtaken.
+    /// another host changed it (docs/fleet.md). The row's record replaces the one held (the row
+    /// is the account's state, so nothing is saved here). When the row brings another token that
+    /// needs no refresh yet (another host refreshed), the refresh ends, and `true` comes back with
+    /// the effects; otherwise it goes on from the row's credential. A row that moved on with the
+    /// same token (a scoped token's refresh rotated the credential) ends no refresh: the token
+    /// held was due, or refused, all the same. `nil` when the refresh was overtaken.
     mutating func sharedRowRead(_ row: AccountRecord, serial: Int, planner: RefreshPlanner, now: Date) -> (
         finished: Bool, effects: [Effect]
     )? {
         guard refreshSerial == serial else { return nil }
+        let newToken = row.token != record.token
         record = row
         let next = Self.next(after: record, planner, now: now)
-        guard let next, next <= now, !record.needsLogin, record.loggedOut != true else {
-            if clientRefresh == serial { clientRefreshedAt = now }
-            return (true, settleOnRow(next: next))
-        }
-        return (false, [.publish(servableToken)])
+        let ended = record.needsLogin || record.loggedOut == true
+        guard ended || (newToken && next.map { $0 > now } ?? true) else { return (false, [.publish(servableToken)]) }
+        if clientRefresh == serial { clientRefreshedAt = now }
+        return (true, settleOnRow(next: next, newToken: newToken))
     }
 
     /// A shared account's row, newer than the record held, read while no refresh runs here
     /// (another host's commit): the row's state is the account's. `nil` while a refresh runs.
     mutating func sharedRowCommitted(_ row: AccountRecord, planner: RefreshPlanner, now: Date) -> [Effect]? {
         guard refreshSerial == nil, !isLoggingOut else { return nil }
+        let newToken = row.token != record.token
         record = row
-        return settleOnRow(next: Self.next(after: record, planner, now: now))
+        return settleOnRow(next: Self.next(after: record, planner, now: now), newToken: newToken)
     }
 
     /// Marks the record with the share under way (`FleetMark`), or unmarks it once the share is
@@ -267,8 +270,8 @@ struct AccountMachine: Sendable {
     }
 
     /// Settles on the row just taken: no failure, scheduled at `next` (denied or logged out when
-    /// the row says so).
-    private mutating func settleOnRow(next: Date?) -> [Effect] {
+    /// the row says so); announced as a refresh only when it brought another token.
+    private mutating func settleOnRow(next: Date?, newToken: Bool) -> [Effect] {
         failures = 0
         if record.needsLogin {
             settle(.denied, nextRefreshAt: nil)
@@ -277,7 +280,7 @@ struct AccountMachine: Sendable {
         } else {
             settle(.idle, nextRefreshAt: next)
         }
-        return [.publish(servableToken), .emit(.refreshed, message: "refreshed by another host")]
+        return [.publish(servableToken)] + (newToken ? [.emit(.refreshed, message: "refreshed by another host")] : [])
     }
 
     /// A narrowed refresh (`TokenKey`), which presented `presented`, got `grant`: the account

@@ -86,12 +86,6 @@ extension Broker {
 
     /// Refuses accounts whose kind cannot narrow a token (only `oauth2` can).
     private func checkNarrowable(_ machine: AccountMachine) throws(BrokerFailure) {
-        // A narrowed refresh presents the account's refresh token outside its fleet lease and
-        // commit (docs/fleet.md): refused for a shared account until it goes through them.
-        guard fleet?.versions[machine.record.name] == nil else {
-            throw .invalid(
-                "\(machine.record.name) is a shared account; \"scope\" and \"resource\" do not apply to it yet")
-        }
         guard provider(for: machine.record) is any NarrowingTokenProvider else {
             throw .invalid(
                 "\(machine.record.name) is a \(machine.record.provider.kind) account; "
@@ -115,7 +109,7 @@ extension Broker {
         await takeChainTurn(name)
         defer { endChainTurn(name) }
         // Checked again after the wait: a logout, a denial or a removal may have come meanwhile.
-        let started: AccountRecord
+        var started: AccountRecord
         let provider: any NarrowingTokenProvider
         do throws(BrokerFailure) {
             let machine = try self.machine(name)
@@ -128,18 +122,41 @@ extension Broker {
         } catch {
             return .failure(error)
         }
+        // A shared account's scoped refresh presents the row's credential under the account's
+        // lease, as its own refresh does (docs/fleet.md, "One refresher").
+        var lease: (version: Int64, until: Date)?
+        if fleet?.versions[name] != nil {
+            switch await takeSharedTurn(name, serial: nil) {
+            case .leased(let row, let until):
+                started = row.record
+                lease = (row.version, until)
+            case .failed(let failure):
+                return narrowedRefreshFailed(refresh, failure, now: clock.now())
+            case .finished(let result):
+                return result
+            }
+        }
+        defer { if lease != nil { fleet?.holding.remove(name) } }
         let outcome = await provider.refresh(started, for: refresh.key, now: clock.now())
             .mapError(started.outsideText().clean)
+        if lease != nil, case .failure = outcome { await fleet?.store.release(name) }
         let now = clock.now()
         switch outcome {
         case .success(let grant):
-            // The rotated credential is the account's: saved before the next turn starts.
-            guard let effects = accounts[name]?.narrowedRefreshSucceeded(presented: started.secrets, grant: grant)
-            else { return .failure(.changedDuringRefresh(account)) }
             let prepared: PreparedToken
             do {
-                try run(effects, for: name)
                 prepared = try PreparedToken(account: name, token: grant.token)
+                if let lease {
+                    // Committed before the token is served anywhere; the account takes the row.
+                    try await commitNarrowed(
+                        Self.rotating(started, by: grant), over: lease.version, leaseEnd: lease.until)
+                } else {
+                    // The rotated credential is the account's: saved before the next turn starts.
+                    guard
+                        let effects = accounts[name]?.narrowedRefreshSucceeded(presented: started.secrets, grant: grant)
+                    else { return .failure(.changedDuringRefresh(account)) }
+                    try run(effects, for: name)
+                }
             } catch {
                 return .failure(error)
             }
@@ -155,17 +172,7 @@ extension Broker {
                 ])
             return .success(())
         case .failure(let failure) where failure.kind == .transient:
-            // The key waits (the IdP's Retry-After, or a jittered backoff); the account does not.
-            let delay = planner.backoff(failures: 1, retryAfter: failure.retryAfter)
-            narrowedBackoffs = narrowedBackoffs.filter { $0.value.until > now }
-            narrowedBackoffs[refresh] = (now.addingTimeInterval(delay), failure.message)
-            logger.warning(
-                "narrowed refresh failed",
-                metadata: [
-                    "account": "\(name)", "reason": "\(failure.message)",
-                    "retry_in_s": "\(Bounds.wholeSeconds(delay.rounded(.up)))",
-                ])
-            return .failure(.refreshFailing(reason: failure.message, retryAfter: delay))
+            return narrowedRefreshFailed(refresh, failure, now: now)
         case .failure(let failure):
             // A refusal of a narrowed refresh leaves the account as it is: its own refresh,
             // which asks for nothing new, tells whether the credential itself is still good.
@@ -173,6 +180,44 @@ extension Broker {
                 "the IdP refused a narrowed token", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
             return .failure(.targetRefused(account, reason: failure.message))
         }
+    }
+
+    /// A narrowed refresh that failed for a reason that may pass: the key waits (the IdP's
+    /// Retry-After, or a jittered backoff); the account does not.
+    private func narrowedRefreshFailed(_ refresh: NarrowedRefresh, _ failure: RefreshFailure, now: Date) -> Result<
+        Void, BrokerFailure
+    > {
+        let delay = planner.backoff(failures: 1, retryAfter: failure.retryAfter)
+        narrowedBackoffs = narrowedBackoffs.filter { $0.value.until > now }
+        narrowedBackoffs[refresh] = (now.addingTimeInterval(delay), failure.message)
+        logger.warning(
+            "narrowed refresh failed",
+            metadata: [
+                "account": "\(refresh.account)", "reason": "\(failure.message)",
+                "retry_in_s": "\(Bounds.wholeSeconds(delay.rounded(.up)))",
+            ])
+        return .failure(.refreshFailing(reason: failure.message, retryAfter: delay))
+    }
+
+    /// Commits the credential a shared account's narrowed refresh rotated (`record`, the row's
+    /// with it) over `version`, and the account takes the new row. One the database did not
+    /// answer is kept to commit later (`keepPending`); either way short of a commit, the
+    /// narrowed token is not served.
+    private func commitNarrowed(_ record: AccountRecord, over version: Int64, leaseEnd: Date)
+        async throws(BrokerFailure)
+    {
+        let name = record.name
+        let (committed, failure) = await commitWithinLease(record, over: version, leaseEnd: leaseEnd)
+        guard let committed else {
+            keepPending(record, over: version)
+            throw .refreshFailing(reason: "the fleet's database did not take the refresh: \(failure)", retryAfter: 1)
+        }
+        guard committed else {
+            if let row = try? await fleet?.store.read(name) { adoptCommitted(row) }
+            throw .refreshFailing(reason: "another host committed the account first", retryAfter: 1)
+        }
+        guard let host = fleet?.store.host else { return }
+        adoptCommitted(SharedRow(record: record, version: version + 1, leaseHolder: nil, lastRefreshedBy: host))
     }
 
     // MARK: The refresh-token chain

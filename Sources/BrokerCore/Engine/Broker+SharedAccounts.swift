@@ -216,8 +216,9 @@ extension Broker {
     /// refreshed it already, and then its token is served), then takes the lease, waiting for
     /// another holder's commit or the end of its lease, at most one lease and one IdP timeout.
     /// Under the lease the row is read again; the IdP is called only while the lease has more
-    /// than an IdP timeout left.
-    func takeSharedTurn(_ name: String, serial: Int) async -> SharedTurn {
+    /// than an IdP timeout left. `serial` is the account's own refresh; `nil` for a scoped
+    /// token's, which a newer row never ends (it is taken, and the refresh goes on from it).
+    func takeSharedTurn(_ name: String, serial: Int?) async -> SharedTurn {
         guard let fleet else { return .finished(.failure(.noSuchAccount(AccountName(known: name)))) }
         // Another holder is waited for at most 3 IdP timeouts (or its lease, if shorter) and one
         // more; then the refresh fails as an outage does, and its backoff tries again.
@@ -270,7 +271,7 @@ extension Broker {
                 return .failed(.transient("another host holds the fleet lease and has not committed"))
             }
             await clock.sleep(for: .milliseconds(200))
-            guard accounts[name]?.refreshSerial == serial else {
+            guard let machine = accounts[name], serial == nil || machine.refreshSerial == serial else {
                 return .finished(.failure(.changedDuringRefresh(AccountName(known: name))))
             }
         }
@@ -278,8 +279,12 @@ extension Broker {
 
     /// Takes `row` when it is newer than the version held; returns the refresh's result when
     /// that ends it (the row's token needs no refresh yet), `nil` when the refresh goes on.
-    private func adopt(_ row: SharedRow, serial: Int) -> Result<Void, BrokerFailure>? {
+    private func adopt(_ row: SharedRow, serial: Int?) -> Result<Void, BrokerFailure>? {
         let name = row.record.name
+        guard let serial else {
+            adoptCommitted(row)
+            return nil
+        }
         guard let known = fleet?.versions[name], row.version > known else { return nil }
         fleet?.versions[name] = row.version
         fleet?.committedBy[name] = row.lastRefreshedBy
@@ -320,17 +325,7 @@ extension Broker {
             record = Self.rotating(started, by: grant)
             record.token = grant.token
         }
-        var committed: Bool?
-        var failure = ""
-        while committed == nil {
-            do {
-                committed = try await store.commit(record, over: version)
-            } catch {
-                failure = "\(error)"
-                guard clock.now().addingTimeInterval(0.5) < leaseEnd else { break }
-                await clock.sleep(for: .milliseconds(500))
-            }
-        }
+        let (committed, failure) = await commitWithinLease(record, over: version, leaseEnd: leaseEnd)
         guard let committed else {
             keepPending(record, over: version)
             let reason = "the fleet's database did not take the refresh: \(failure)"
@@ -358,6 +353,25 @@ extension Broker {
 }
 
 extension Broker {
+    /// Commits `record` over `version` under this host's lease, trying again every 0.5 s while
+    /// the lease (`leaseEnd`) runs: whether the row took it (`false`: it moved on or is gone), or
+    /// `nil` and the database's last error when it never answered.
+    func commitWithinLease(_ record: AccountRecord, over version: Int64, leaseEnd: Date) async -> (
+        committed: Bool?, failure: String
+    ) {
+        guard let store = fleet?.store else { return (false, "") }
+        var failure = ""
+        while true {
+            do {
+                return (try await store.commit(record, over: version), "")
+            } catch {
+                failure = "\(error)"
+                guard clock.now().addingTimeInterval(0.5) < leaseEnd else { return (nil, failure) }
+                await clock.sleep(for: .milliseconds(500))
+            }
+        }
+    }
+
     /// `record` with the credential `grant` rotated, if it did.
     static func rotating(_ record: AccountRecord, by grant: Grant) -> AccountRecord {
         var record = record
