@@ -71,7 +71,8 @@ struct PostgresFleetStoreTests {
     /// `withFleet` with the shared account "api" (access token "at-pushed", refresh token
     /// "rt-0") added on a, and a second broker b serving it from its row.
     static func withSharedAccount(
-        _ body: (_ a: BrokerHarness, _ b: BrokerHarness, _ store: @escaping (String) -> PostgresFleetStore) async throws -> Void
+        _ body: (_ a: BrokerHarness, _ b: BrokerHarness, _ store: @escaping (String) -> PostgresFleetStore) async throws
+            -> Void
     ) async throws {
         try await withFleet { _, a, store in
             _ = try await a.broker.add(
