@@ -20,6 +20,7 @@ enum FleetSchema {
             """
             CREATE TABLE tokenbroker_accounts (
                 name text PRIMARY KEY,
+                share_id text NOT NULL,
                 version bigint NOT NULL CHECK (version >= 1),
                 sealed bytea NOT NULL,
                 lease_holder text,
@@ -29,6 +30,14 @@ enum FleetSchema {
             )
             """,
             "CREATE TABLE tokenbroker_hosts (host text PRIMARY KEY, last_seen timestamptz NOT NULL)",
+            """
+            CREATE TABLE tokenbroker_removed (
+                share_id text PRIMARY KEY,
+                name text NOT NULL,
+                version bigint NOT NULL,
+                removed_at timestamptz NOT NULL DEFAULT now()
+            )
+            """,
         ]
     ]
 

@@ -5,12 +5,13 @@ import PostgresNIO
 import Synchronization
 
 /// The fleet's shared store in PostgreSQL (docs/fleet.md). Each shared account is a row: its
-/// name, a version, its record sealed with the fleet key (`SharedRecord`: the name and version
-/// bound in), the lease holder and the lease's end, set by the database's clock. One broker at
-/// a time holds an account's lease and refreshes it; every commit compares and swaps the
-/// version, so a holder whose lease lapsed overwrites nothing newer. Every row read is checked:
-/// one that does not open, or is older than a version this broker saw, is refused by name and
-/// the others are served.
+/// name, its share's id, a version, its record sealed with the fleet key (`SharedRecord`: the
+/// name, share and version bound in), the lease holder and the lease's end, set by the
+/// database's clock. One broker at a time holds an account's lease and refreshes it; every
+/// commit compares and swaps the version, so a holder whose lease lapsed overwrites nothing
+/// newer. A removed row leaves its share id in `tokenbroker_removed`. Every row read is checked:
+/// one that does not open, is older than a version this broker saw of its share, or belongs to
+/// a share this broker saw end, is refused by name and the others are served.
 public final class PostgresFleetStore: SharedAccountStore {
     /// The channel every lease taken or released and every commit notifies; the payload is
     /// `lease`, `release` or `commit`, the lease holder or host, and the account's name,
@@ -30,9 +31,18 @@ public final class PostgresFleetStore: SharedAccountStore {
     /// can be made (the database down or cut off) and `statement_timeout` acts only on the
     /// server, so without this a refresh would wait for the database's return.
     private let deadline: Duration
-    /// The highest version seen of each account, so that a row put back at an older version is
-    /// refused.
-    private let seen = Mutex<[String: Int64]>([:])
+    /// What this broker has seen of the rows: kept for as long as it runs, so that a row rolled
+    /// back, or brought back after it was removed, is refused even once its name is gone.
+    private let seen = Mutex(Seen())
+
+    struct Seen {
+        /// The share of each account's row last read.
+        var shares: [String: String] = [:]
+        /// The highest version seen of each share.
+        var floors: [String: Int64] = [:]
+        /// The shares whose row was seen gone (removed or unshared, or replaced by another share).
+        var ended: Set<String> = []
+    }
 
     /// A store on `client` (which its owner runs) for `host`, sealing with `key`.
     public init(client: PostgresClient, key: SecretKey, host: String, logger: Logger, deadline: Duration = .seconds(10))
@@ -63,8 +73,8 @@ public final class PostgresFleetStore: SharedAccountStore {
 
     /// The columns every read of rows takes; a lease is shown only while it runs.
     static let selection =
-        "SELECT name, version, sealed, CASE WHEN lease_until > now() THEN lease_holder END, last_refreshed_by, "
-        + "lease_holder IS NOT NULL AND lease_until <= now() FROM tokenbroker_accounts"
+        "SELECT name, share_id, version, sealed, CASE WHEN lease_until > now() THEN lease_holder END, "
+        + "last_refreshed_by, lease_holder IS NOT NULL AND lease_until <= now() FROM tokenbroker_accounts"
 
     /// Every shared account, each row checked on its own.
     public func readAll() async throws -> [SharedReading] {
@@ -76,8 +86,10 @@ public final class PostgresFleetStore: SharedAccountStore {
                 case .refused(let name, _): name
                 }
             })
-        // An account gone from the store (unshared or removed) may come back at version 1.
-        seen.withLock { seen in seen = seen.filter { names.contains($0.key) } }
+        // An account gone from the store was removed or unshared: its share has ended.
+        seen.withLock { seen in
+            for (name, share) in seen.shares where !names.contains(name) { seen.end(name, share) }
+        }
         return readings
     }
 
@@ -89,7 +101,7 @@ public final class PostgresFleetStore: SharedAccountStore {
             case .refused(_, let reason): throw FleetError("the shared account \(name) was refused: \(reason)")
             }
         }
-        seen.withLock { _ = $0.removeValue(forKey: name) }
+        seen.withLock { seen in seen.shares[name].map { seen.end(name, $0) } }
         return nil
     }
 
@@ -97,23 +109,26 @@ public final class PostgresFleetStore: SharedAccountStore {
     private func readings(_ selecting: PostgresQuery) async throws -> [SharedReading] {
         let rows = try await query(selecting)
         var readings: [SharedReading] = []
-        for try await (name, version, sealed, holder, refresher, lapsed) in rows.decode(
-            (String, Int64, ByteBuffer, String?, String?, Bool?).self)
+        for try await (name, share, version, sealed, holder, refresher, lapsed) in rows.decode(
+            (String, String, Int64, ByteBuffer, String?, String?, Bool?).self)
         {
-            readings.append(reading(name, version, sealed, holder, refresher, lapsed: lapsed == true))
+            readings.append(reading(name, share, version, sealed, holder, refresher, lapsed: lapsed == true))
         }
         return readings
     }
 
-    /// Adds `record` as a new shared account at version 1; `false` when the name is taken.
-    public func insert(_ record: AccountRecord) async throws -> Bool {
-        let sealed = ByteBuffer(bytes: try SharedRecord.seal(record, version: 1, key: key))
+    /// Adds `record` as a new shared account at version 1, of share `share`; `false` when the
+    /// name is taken, or the share was removed already (a late retry of its insert).
+    public func insert(_ record: AccountRecord, share: String) async throws -> Bool {
+        let sealed = ByteBuffer(bytes: try SharedRecord.seal(record, share: share, version: 1, key: key))
         let inserted: Bool
         do {
             let rows = try await query(
                 """
-                INSERT INTO tokenbroker_accounts (name, version, sealed, last_refreshed_by)
-                VALUES (\(record.name), 1, \(sealed), \(host)) ON CONFLICT (name) DO NOTHING RETURNING version
+                INSERT INTO tokenbroker_accounts (name, share_id, version, sealed, last_refreshed_by)
+                SELECT \(record.name), \(share), 1, \(sealed), \(host)
+                WHERE NOT EXISTS (SELECT 1 FROM tokenbroker_removed WHERE share_id = \(share))
+                ON CONFLICT (name) DO NOTHING RETURNING version
                 """)
             inserted = try await rows.decode(Int64.self).first { _ in true } != nil
         } catch let error as PSQLError where error.code == .server {
@@ -128,8 +143,14 @@ public final class PostgresFleetStore: SharedAccountStore {
                 error.serverInfo?[.severity] == "ERROR" && !["57", "08", "XX"].contains(String(state.prefix(2)))
             throw FleetError("the database did not take the insert (SQLSTATE \(state))", refusedByServer: refused)
         }
-        if inserted { note(record.name, 1) }
+        if inserted { seen.withLock { $0.note(record.name, share, 1) } }
         return inserted
+    }
+
+    /// Whether the share `share` had a row that was since removed or unshared.
+    public func shareEnded(_ share: String) async throws -> Bool {
+        try await query("SELECT EXISTS (SELECT 1 FROM tokenbroker_removed WHERE share_id = \(share))")
+            .decode(Bool.self).first { _ in true } ?? false
     }
 
     /// Takes the lease of `name` for `seconds` when it is free, lapsed or this host's already;
@@ -144,14 +165,15 @@ public final class PostgresFleetStore: SharedAccountStore {
             taken AS (UPDATE tokenbroker_accounts SET lease_holder = \(holder),
             lease_until = now() + make_interval(secs => \(seconds))
             WHERE name = \(name) AND (lease_holder IS NULL OR lease_until IS NULL OR lease_until <= now() OR lease_holder = \(holder))
-            RETURNING version, sealed, last_refreshed_by, EXTRACT(EPOCH FROM lease_until - now())::float8 AS remaining)
-            SELECT version, sealed, last_refreshed_by, remaining, (SELECT lapsed FROM before) FROM taken
+            RETURNING share_id, version, sealed, last_refreshed_by,
+            EXTRACT(EPOCH FROM lease_until - now())::float8 AS remaining)
+            SELECT share_id, version, sealed, last_refreshed_by, remaining, (SELECT lapsed FROM before) FROM taken
             CROSS JOIN LATERAL (SELECT pg_notify(\(Self.channel), 'lease ' || \(holder) || ' ' || \(name))) AS told
             """)
-        for try await (version, sealed, refresher, remaining, lapsed) in rows.decode(
-            (Int64, ByteBuffer, String?, Double, Bool?).self)
+        for try await (share, version, sealed, refresher, remaining, lapsed) in rows.decode(
+            (String, Int64, ByteBuffer, String?, Double, Bool?).self)
         {
-            switch reading(name, version, sealed, host, refresher) {
+            switch reading(name, share, version, sealed, host, refresher) {
             case .row(let row):
                 // The database's figure, bounded before it is converted (a hostile one could be anything).
                 let seconds = max(0, Self.seconds(remaining))
@@ -181,19 +203,22 @@ public final class PostgresFleetStore: SharedAccountStore {
     /// moved on (or is gone): the caller takes the row's state instead.
     public func commit(_ record: AccountRecord, over version: Int64) async throws -> Bool {
         let next = version + 1
-        let sealed = ByteBuffer(bytes: try SharedRecord.seal(record, version: next, key: key))
         let name = record.name
+        guard let share = seen.withLock({ $0.shares[name] }) else {
+            throw FleetError("the shared account \(name) has not been read from the database yet")
+        }
+        let sealed = ByteBuffer(bytes: try SharedRecord.seal(record, share: share, version: next, key: key))
         // One statement, so one round trip: the swap and the notification commit together.
         let rows = try await query(
             """
             WITH moved AS (UPDATE tokenbroker_accounts SET version = \(next), sealed = \(sealed), lease_holder = NULL,
             lease_until = NULL, last_refreshed_by = \(host), updated_at = now()
-            WHERE name = \(name) AND version = \(version) RETURNING version)
+            WHERE name = \(name) AND share_id = \(share) AND version = \(version) RETURNING version)
             SELECT version FROM moved
             CROSS JOIN LATERAL (SELECT pg_notify(\(Self.channel), 'commit ' || \(holder) || ' ' || \(name))) AS told
             """)
         let committed = try await rows.decode(Int64.self).first { _ in true } != nil
-        if committed { note(name, next) }
+        if committed { seen.withLock { $0.note(name, share, next) } }
         return committed
     }
 
@@ -235,14 +260,19 @@ public final class PostgresFleetStore: SharedAccountStore {
     /// Deletes the row of `name`, only while it is at `version` when one is given; `false` when
     /// there was none (or it was at another version).
     public func delete(_ name: String, at version: Int64?) async throws -> Bool {
+        // One statement: the row goes and its share is noted as ended, together.
         let rows = try await query(
             """
-            DELETE FROM tokenbroker_accounts WHERE name = \(name) AND (\(version)::bigint IS NULL OR version = \(version))
-            RETURNING version
+            WITH gone AS (DELETE FROM tokenbroker_accounts
+            WHERE name = \(name) AND (\(version)::bigint IS NULL OR version = \(version))
+            RETURNING share_id, name, version),
+            noted AS (INSERT INTO tokenbroker_removed (share_id, name, version)
+            SELECT share_id, name, version FROM gone ON CONFLICT (share_id) DO NOTHING)
+            SELECT share_id FROM gone
             """)
-        let deleted = try await rows.decode(Int64.self).first { _ in true } != nil
-        seen.withLock { _ = $0.removeValue(forKey: name) }
-        return deleted
+        guard let share = try await rows.decode(String.self).first(where: { _ in true }) else { return false }
+        seen.withLock { $0.end(name, share) }
+        return true
     }
 
     /// Runs `query`, giving up after the deadline (`FleetDeadline`).
@@ -278,24 +308,29 @@ public final class PostgresFleetStore: SharedAccountStore {
         }
     }
 
-    /// Checks one row: it opens as its name and version under the fleet key, and is not older
-    /// than the newest version seen of it.
+    /// Checks one row: its share is not one seen to end, it opens as its name, share and
+    /// version under the fleet key, and is not older than the newest version seen of its share.
     private func reading(
-        _ name: String, _ version: Int64, _ sealed: ByteBuffer, _ holder: String?, _ refresher: String?,
-        lapsed: Bool = false
+        _ name: String, _ share: String, _ version: Int64, _ sealed: ByteBuffer, _ holder: String?,
+        _ refresher: String?, lapsed: Bool = false
     ) -> SharedReading {
-        let newest = seen.withLock { $0[name] ?? 0 }
+        guard SharedRecord.isShareID(share) else { return .refused(name: name, reason: "its share id is malformed") }
+        let (newest, ended) = seen.withLock { ($0.floors[share] ?? 0, $0.ended.contains(share)) }
+        guard !ended else {
+            return .refused(name: name, reason: "it belongs to a share that was removed (brought back)")
+        }
         guard version >= newest else {
             return .refused(
                 name: name,
                 reason: "it is at version \(version), older than version \(newest) seen before (rolled back)")
         }
         do {
-            let record = try SharedRecord.open(Array(buffer: sealed), name: name, version: version, key: key)
-            note(name, version)
+            let record = try SharedRecord.open(
+                Array(buffer: sealed), name: name, share: share, version: version, key: key)
+            seen.withLock { $0.note(name, share, version) }
             return .row(
                 SharedRow(
-                    record: record, version: version, leaseHolder: holder.map(Self.hostName),
+                    record: record, share: share, version: version, leaseHolder: holder.map(Self.hostName),
                     lastRefreshedBy: refresher.map(Self.hostName), leaseLapsed: lapsed))
         } catch {
             return .refused(name: name, reason: String(describing: error))
@@ -313,7 +348,19 @@ public final class PostgresFleetStore: SharedAccountStore {
                 }.prefix(64)))
     }
 
-    private func note(_ name: String, _ version: Int64) {
-        seen.withLock { $0[name] = max($0[name] ?? 0, version) }
+}
+
+extension PostgresFleetStore.Seen {
+    /// `name`'s row is of `share`, at `version` at least; another share it had has ended.
+    mutating func note(_ name: String, _ share: String, _ version: Int64) {
+        if let earlier = shares[name], earlier != share { ended.insert(earlier) }
+        shares[name] = share
+        floors[share] = max(floors[share] ?? 0, version)
+    }
+
+    /// `name`'s row of `share` is gone.
+    mutating func end(_ name: String, _ share: String) {
+        if shares[name] == share { shares[name] = nil }
+        ended.insert(share)
     }
 }

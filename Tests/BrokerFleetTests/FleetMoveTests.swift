@@ -81,17 +81,25 @@ struct FleetMoveTests {
         }
     }
 
+    /// Adds the local account "api" (refresh token "rt-moved") and shares it while the database
+    /// is halted: the failure the share answered, left halted.
+    static func shareWhileTheDatabaseIsHalted(_ server: PostgresServer, _ harness: BrokerHarness) async throws
+        -> BrokerFailure?
+    {
+        _ = try await harness.broker.add(
+            account: "api", provider: harness.provider,
+            tokens: TokenSet(accessToken: Self.token, expiresIn: 3600, refreshToken: "rt-moved"))
+        server.halt()
+        return await #expect(throws: BrokerFailure.self) { try await harness.broker.share(AccountName("api")) }
+    }
+
     /// A share whose insert got no answer (the database stopped): the insert may land later, so
     /// the account keeps its mark and serves its token, is not refreshed meanwhile (a refresh
     /// would consume the credential the row may hold), and is shared once the database answers.
     @Test func aShareTheDatabaseDidNotAnswerIsFinishedWhenItDoes() async throws {
         try await PostgresFleetStoreTests.withFleet { server, harness, store in
             let name = try AccountName("api")
-            _ = try await harness.broker.add(
-                account: "api", provider: harness.provider,
-                tokens: TokenSet(accessToken: Self.token, expiresIn: 3600, refreshToken: "rt-moved"))
-            server.halt()
-            let unanswered = await #expect(throws: BrokerFailure.self) { try await harness.broker.share(name) }
+            let unanswered = try await Self.shareWhileTheDatabaseIsHalted(server, harness)
             #expect(unanswered?.description.contains("the share completes once") == true)
             #expect(try await harness.broker.token(account: "api", minTTL: 1).result.accessToken == Self.token)
             let refused = await #expect(throws: BrokerFailure.self) { try await harness.broker.refreshNow(name) }
@@ -117,6 +125,44 @@ struct FleetMoveTests {
             let served = try #require(await harness.broker.snapshots().first { $0.name == name })
             #expect(served.shared?.version == 1)
             #expect(try await harness.broker.token(account: "api", minTTL: 1).result.accessToken == Self.token)
+        }
+    }
+
+    /// A share whose insert landed with its answer lost is recognised by its share id, which
+    /// commits keep: once another host committed over it, it is still finished, not left local
+    /// beside the row. Once another host removed it, the copy here is dropped, not inserted again.
+    @Test(arguments: ["committed", "removed"]) func aShareThatLandedUnansweredIsKnownByItsShareID(
+        after change: String
+    ) async throws {
+        try await PostgresFleetStoreTests.withFleet { server, harness, store in
+            let name = try AccountName("api")
+            _ = try await Self.shareWhileTheDatabaseIsHalted(server, harness)
+            try await server.resume()
+            // The insert lands with its answer lost (the one given up on may reach the database
+            // once it is back; if not, it is made here), and another host changes the row.
+            let marked = try #require(try harness.vaultCopy()?.accounts.first)
+            let share = try #require(marked.fleet?.id)
+            let other = store("b")
+            if try await !other.insert(marked, share: share) {
+                #expect(try await other.read("api")?.share == share)
+            }
+            if change == "committed" {
+                var unmarked = marked
+                unmarked.fleet = nil
+                #expect(try await other.commit(unmarked, over: 1))
+            } else {
+                #expect(try await other.delete("api", at: nil))
+            }
+
+            await harness.broker.joinFleet(store("a"), leaseSeconds: 90)
+            #expect(try #require(try harness.vaultCopy()).accounts.isEmpty, "no local copy left")
+            let served = await harness.broker.snapshots().first { $0.name == name }
+            if change == "committed" {
+                #expect(served?.shared?.version == 2, "served from the row")
+            } else {
+                #expect(served == nil, "the removed account is not served")
+                #expect(try await store("check").read("api") == nil, "nor inserted again")
+            }
         }
     }
 

@@ -87,19 +87,28 @@ struct PostgresFleetStoreTests {
 
     static func text(_ secret: SecretBytes?) -> String { secret?.text ?? "" }
 
-    @Test func aSealedRecordOpensOnlyAsItsNameAndVersionUnderItsKey() throws {
+    @Test func aSealedRecordOpensOnlyAsItsNameShareAndVersionUnderItsKey() throws {
         let key = Self.key()
         let record = Self.record("api")
-        let sealed = try SharedRecord.seal(record, version: 7, key: key)
-        let opened = try SharedRecord.open(sealed, name: "api", version: 7, key: key)
+        let share = SharedRecord.newShareID()
+        #expect(SharedRecord.isShareID(share) && share != SharedRecord.newShareID())
+        let sealed = try SharedRecord.seal(record, share: share, version: 7, key: key)
+        let opened = try SharedRecord.open(sealed, name: "api", share: share, version: 7, key: key)
         #expect(
             opened.name == "api" && Self.text(opened.secrets.refreshToken) == Self.text(record.secrets.refreshToken))
-        #expect(throws: FleetError.self) { try SharedRecord.open(sealed, name: "git", version: 7, key: key) }
-        #expect(throws: FleetError.self) { try SharedRecord.open(sealed, name: "api", version: 6, key: key) }
-        #expect(throws: FleetError.self) { try SharedRecord.open(sealed, name: "api", version: 7, key: Self.key()) }
+        for (name, otherShare, version, otherKey) in [
+            ("git", share, 7, key), ("api", share, 6, key), ("api", SharedRecord.newShareID(), 7, key),
+            ("api", share, 7, Self.key()),
+        ] as [(String, String, Int64, SecretKey)] {
+            #expect(throws: FleetError.self) {
+                try SharedRecord.open(sealed, name: name, share: otherShare, version: version, key: otherKey)
+            }
+        }
         var flipped = sealed
         flipped[flipped.count / 2] ^= 1
-        #expect(throws: FleetError.self) { try SharedRecord.open(flipped, name: "api", version: 7, key: key) }
+        #expect(throws: FleetError.self) {
+            try SharedRecord.open(flipped, name: "api", share: share, version: 7, key: key)
+        }
     }
 
     @Test func theSchemaIsMadeOnceAndAnotherFleetsKeyWritesNothing() async throws {
@@ -107,7 +116,7 @@ struct PostgresFleetStoreTests {
             let key = Self.key()
             let first = PostgresFleetStore(client: client, key: key, host: "a", logger: Self.logger)
             #expect(try await first.prepare() == 1)
-            #expect(try await first.insert(Self.record("api")))
+            #expect(try await first.insert(Self.record("api"), share: SharedRecord.newShareID()))
             let second = PostgresFleetStore(client: client, key: key, host: "b", logger: Self.logger)
             #expect(try await second.prepare() == 1, "an existing schema is checked, not made again")
             #expect(try await second.read("api")?.version == 1)
@@ -125,8 +134,8 @@ struct PostgresFleetStoreTests {
             let store = PostgresFleetStore(client: client, key: Self.key(), host: "a", logger: Self.logger)
             try await store.prepare()
             let record = Self.record("api")
-            #expect(try await store.insert(record))
-            #expect(try await store.insert(record) == false, "the name is taken")
+            #expect(try await store.insert(record, share: SharedRecord.newShareID()))
+            #expect(try await store.insert(record, share: SharedRecord.newShareID()) == false, "the name is taken")
             let row = try #require(try await store.read("api"))
             #expect(row.version == 1 && row.lastRefreshedBy == "a" && row.leaseHolder == nil)
             #expect(Self.text(row.record.secrets.refreshToken) == Self.text(record.secrets.refreshToken))
@@ -148,7 +157,9 @@ struct PostgresFleetStoreTests {
         try await Self.withDatabase { _, client in
             let store = PostgresFleetStore(client: client, key: Self.key(), host: "a", logger: Self.logger)
             try await store.prepare()
-            for name in ["api", "git", "web"] { #expect(try await store.insert(Self.record(name))) }
+            for name in ["api", "git", "web"] {
+                #expect(try await store.insert(Self.record(name), share: SharedRecord.newShareID()))
+            }
             let old = try await client.query("SELECT sealed FROM tokenbroker_accounts WHERE name = 'api'")
                 .decode(ByteBuffer.self).first { _ in true }
             #expect(try await store.commit(Self.record("api"), over: 1))
@@ -184,13 +195,45 @@ struct PostgresFleetStoreTests {
         }
     }
 
+    /// A removed row leaves its share ended: a late insert of that share is refused, a new share
+    /// of the name starts at version 1, and the removed row put back (at its last version) is
+    /// refused by a store that saw it go, as is its share's older row.
+    @Test func aRemovedShareIsNeitherInsertedAgainNorBroughtBack() async throws {
+        try await Self.withDatabase { _, client in
+            let store = PostgresFleetStore(client: client, key: Self.key(), host: "a", logger: Self.logger)
+            try await store.prepare()
+            let (first, second) = (SharedRecord.newShareID(), SharedRecord.newShareID())
+            #expect(try await store.insert(Self.record("api"), share: first))
+            #expect(try await store.commit(Self.record("api"), over: 1))
+            let last = try await client.query("SELECT sealed FROM tokenbroker_accounts WHERE name = 'api'")
+                .decode(ByteBuffer.self).first { _ in true }
+            #expect(try await store.shareEnded(first) == false)
+            #expect(try await store.delete("api", at: nil))
+            #expect(try await store.shareEnded(first))
+            #expect(try await store.insert(Self.record("api"), share: first) == false, "a late insert of that share")
+            #expect(try await store.read("api") == nil)
+
+            #expect(try await store.insert(Self.record("api"), share: second))
+            #expect(try await store.read("api")?.share == second)
+            #expect(try await store.commit(Self.record("api"), over: 1))
+            let lastSealed = try #require(last)
+            try await client.query(
+                "UPDATE tokenbroker_accounts SET share_id = \(first), version = 2, sealed = \(lastSealed) WHERE name = 'api'"
+            )
+            let error = await #expect(throws: FleetError.self) { try await store.read("api") }
+            #expect(error?.description.contains("a share that was removed") == true)
+            // The new share's commit compares its share too: it does not land on the old one.
+            #expect(try await store.commit(Self.record("api"), over: 2) == false)
+        }
+    }
+
     @Test func oneHostHoldsALeaseAndALapsedHolderCannotOverwriteANewerVersion() async throws {
         try await Self.withDatabase { _, client in
             let key = Self.key()
             let a = PostgresFleetStore(client: client, key: key, host: "a", logger: Self.logger)
             let b = PostgresFleetStore(client: client, key: key, host: "b", logger: Self.logger)
             try await a.prepare()
-            #expect(try await a.insert(Self.record("api")))
+            #expect(try await a.insert(Self.record("api"), share: SharedRecord.newShareID()))
             try await client.withConnection { connection in
                 try await connection.listen(on: PostgresFleetStore.channel) { notifications in
                     let leaseA = try #require(try await a.takeLease("api", seconds: 1))

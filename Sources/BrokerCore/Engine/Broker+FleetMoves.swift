@@ -38,7 +38,8 @@ extension Broker {
         guard let current = accounts[name], fleet?.versions[name] == nil else { throw .noSuchAccount(account) }
         try checkChangeable(current)
         var record = current.record
-        let mark = FleetMark(step: .sharing, version: 1, id: String(UInt64.random(in: 0...UInt64.max), radix: 16))
+        let share = SharedRecord.newShareID()
+        let mark = FleetMark(step: .sharing, version: 1, id: share)
         record.fleet = mark
         try saveToVault(changed: [record])
         // From here the account is neither refreshed nor changed (`checkShareSettled`): the
@@ -47,7 +48,7 @@ extension Broker {
         try step(.marked)
         let inserted: Bool
         do {
-            inserted = try await store.insert(record)
+            inserted = try await store.insert(record, share: share)
         } catch {
             if (error as? FleetError)?.refusedByServer == true {
                 record.fleet = nil
@@ -68,6 +69,7 @@ extension Broker {
             throw .invalid("the fleet has an account named \(name) already")
         }
         fleet?.versions[name] = 1
+        fleet?.shares[name] = share
         fleet?.committedBy[name] = store.host
         try step(.stored)
         try saveToVault(removed: [name])
@@ -155,25 +157,37 @@ extension Broker {
 
     /// A share not settled: finished rather than undone, since an insert that was sent may land
     /// at any time (a row missing now proves nothing). The record is the one marked, which
-    /// nothing changed since (`checkShareSettled`). Left for the next try while the database
-    /// does not answer, or the row of that name is gone between the insert and the read.
+    /// nothing changed since (`checkShareSettled`). The row is the share's own when it carries
+    /// the mark's id as its share (commits keep it); a share that landed and was since removed
+    /// or unshared on another host drops the copy here, since the account lives elsewhere or
+    /// nowhere now. Left for the next try while the database does not answer, or the row of
+    /// that name is gone between the insert and the read.
     private func settleShare(_ name: String, store: any SharedAccountStore) async {
-        guard let marked = accounts[name]?.record, let mark = marked.fleet, mark.step == .sharing else { return }
+        guard let marked = accounts[name]?.record, let mark = marked.fleet, mark.step == .sharing,
+            let share = mark.id
+        else { return }
         let inserted: Bool
         let row: SharedRow?
+        let ended: Bool
         do {
-            inserted = try await store.insert(marked)
+            inserted = try await store.insert(marked, share: share)
             row = inserted ? nil : try await store.read(name)
+            ended = inserted || row?.share == share ? false : try await store.shareEnded(share)
         } catch {
             return
         }
-        guard accounts[name]?.record.fleet == mark, inserted || row != nil else { return }
-        if inserted || row?.record.fleet?.id == mark.id {
+        guard accounts[name]?.record.fleet == mark else { return }
+        if inserted || row?.share == share || ended {
             guard (try? saveToVault(removed: [name])) != nil else { return }
-            accounts[name] = nil
-            logger.notice("finished sharing an account", metadata: ["account": "\(name)"])
+            if ended {
+                stopServing(
+                    name, "dropped an account whose share was removed or unshared on another host", now: clock.now())
+            } else {
+                accounts[name] = nil
+                logger.notice("finished sharing an account", metadata: ["account": "\(name)"])
+            }
             await readSharedAccounts()
-        } else {
+        } else if row != nil {
             accounts[name]?.markForFleet(nil)
             try? persist(changing: [name])
             logger.warning(
@@ -209,9 +223,20 @@ extension Broker {
         logger.notice("finished unsharing an account a crash interrupted", metadata: ["account": "\(name)"])
     }
 
+    /// Stops serving `name` here (its row is gone, or its copy here is not the live one): says
+    /// why in the log and tells subscribers it was removed.
+    func stopServing(_ name: String, _ why: String, now: Date) {
+        guard accounts.removeValue(forKey: name) != nil else { return }
+        tokenProviders[name] = nil
+        cache.publish(nil, for: name)
+        logger.info("\(why)", metadata: ["account": "\(name)"])
+        events.publish(AccountEvent(kind: .removed, account: AccountName(known: name), at: now))
+    }
+
     /// Stops treating `name` as shared (its row is gone).
     func forgetShared(_ name: String) {
         fleet?.versions[name] = nil
+        fleet?.shares[name] = nil
         fleet?.committedBy[name] = nil
         fleet?.pending[name] = nil
     }

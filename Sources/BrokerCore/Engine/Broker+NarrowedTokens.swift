@@ -216,8 +216,9 @@ extension Broker {
             if let row = try? await fleet?.store.read(name) { adoptCommitted(row) }
             throw .refreshFailing(reason: "another host committed the account first", retryAfter: 1)
         }
-        guard let host = fleet?.store.host else { return }
-        adoptCommitted(SharedRow(record: record, version: version + 1, leaseHolder: nil, lastRefreshedBy: host))
+        guard let host = fleet?.store.host, let share = fleet?.shares[name] else { return }
+        adoptCommitted(
+            SharedRow(record: record, share: share, version: version + 1, leaseHolder: nil, lastRefreshedBy: host))
     }
 
     // MARK: The refresh-token chain

@@ -12,6 +12,9 @@ extension Broker {
         let leaseSeconds: Double
         /// The version of each shared account's row this broker holds.
         var versions: [String: Int64] = [:]
+        /// The share of each of those rows (`SharedRow.share`): a row of another share under the
+        /// same name is another account, served anew.
+        var shares: [String: String] = [:]
         /// The host that committed each of those rows.
         var committedBy: [String: String] = [:]
         /// The accounts whose lease this broker holds now (its refresh under way).
@@ -95,13 +98,8 @@ extension Broker {
             })
         for name in fleet?.versions.keys.filter({ !present.contains($0) }) ?? []
         where accounts[name]?.refreshSerial == nil {
-            fleet?.versions[name] = nil
-            fleet?.pending[name] = nil
-            guard accounts.removeValue(forKey: name) != nil else { continue }
-            tokenProviders[name] = nil
-            cache.publish(nil, for: name)
-            logger.info("shared account removed by another host", metadata: ["account": "\(name)"])
-            events.publish(AccountEvent(kind: .removed, account: AccountName(known: name), at: now))
+            forgetShared(name)
+            stopServing(name, "shared account removed by another host", now: now)
         }
         for reading in readings {
             switch reading {
@@ -112,6 +110,11 @@ extension Broker {
             case .row(let row):
                 let name = row.record.name
                 guard (try? AccountName(name)) != nil else { continue }
+                if let known = fleet?.shares[name], known != row.share, accounts[name]?.refreshSerial == nil {
+                    // Removed and shared again between two reads: another account of that name.
+                    forgetShared(name)
+                    stopServing(name, "shared account replaced by a new share of that name", now: now)
+                }
                 if fleet?.versions[name] != nil, accounts[name] != nil {
                     adoptCommitted(row)
                     // Another host's lease, or one run out, whose notice this broker missed.
@@ -137,6 +140,7 @@ extension Broker {
                 }
                 let machine = AccountMachine(record: Self.unmarked(row.record), planner: planner, now: now)
                 fleet?.versions[name] = row.version
+                fleet?.shares[name] = row.share
                 fleet?.committedBy[name] = row.lastRefreshedBy
                 accounts[name] = machine
                 // A lease running or run out (a broker killed while it refreshed, this one's
@@ -163,7 +167,8 @@ extension Broker {
     /// while no refresh of it runs here (one that runs takes the row itself).
     func adoptCommitted(_ row: SharedRow) {
         let name = row.record.name
-        guard !padlock.isLocked, let known = fleet?.versions[name], row.version > known, fleet?.pending[name] == nil,
+        guard !padlock.isLocked, let known = fleet?.versions[name], row.version > known,
+            row.share == fleet?.shares[name], fleet?.pending[name] == nil,
             let effects = accounts[name]?.sharedRowCommitted(
                 Self.unmarked(row.record), planner: planner, now: clock.now())
         else { return }
@@ -188,13 +193,15 @@ extension Broker {
         var record = Self.newRecord(account, provider: provider, clientSecret: clientSecret)
         if let tokens { apply(tokens, to: &record, now: now) }
         let inserted: Bool
+        let share = SharedRecord.newShareID()
         do {
-            inserted = try await store.insert(record)
+            inserted = try await store.insert(record, share: share)
         } catch {
             throw .fleetUnavailable(reason: "\(error)")
         }
         guard inserted, accounts[name] == nil else { throw .accountExists(account) }
         fleet?.versions[name] = 1
+        fleet?.shares[name] = share
         fleet?.committedBy[name] = store.host
         return try serveNew(record, now: now)
     }
@@ -285,7 +292,9 @@ extension Broker {
             adoptCommitted(row)
             return nil
         }
-        guard let known = fleet?.versions[name], row.version > known else { return nil }
+        guard let known = fleet?.versions[name], row.version > known, row.share == fleet?.shares[name] else {
+            return nil
+        }
         fleet?.versions[name] = row.version
         fleet?.committedBy[name] = row.lastRefreshedBy
         guard
@@ -455,7 +464,8 @@ extension Broker {
             logger.notice("committed a refresh the fleet's database had missed", metadata: ["account": "\(name)"])
             adoptCommitted(
                 SharedRow(
-                    record: pending.record, version: pending.over + 1, leaseHolder: nil, lastRefreshedBy: store.host))
+                    record: pending.record, share: fleet?.shares[name] ?? "", version: pending.over + 1,
+                    leaseHolder: nil, lastRefreshedBy: store.host))
         } else if let row = try? await store.read(name) {
             adoptCommitted(row)
         }

@@ -1,6 +1,9 @@
 /// A shared account as its row holds it (docs/fleet.md, "Rows").
 public struct SharedRow: Sendable {
     public let record: AccountRecord
+    /// The share the row belongs to (`SharedRecord.newShareID`): set when the account was
+    /// shared, never changed by a commit.
+    public let share: String
     /// Grows by one with every commit; the same on every host once they have read it.
     public let version: Int64
     /// The host holding the account's lease while the lease runs.
@@ -12,9 +15,11 @@ public struct SharedRow: Sendable {
     public let leaseLapsed: Bool
 
     public init(
-        record: AccountRecord, version: Int64, leaseHolder: String?, lastRefreshedBy: String?, leaseLapsed: Bool = false
+        record: AccountRecord, share: String, version: Int64, leaseHolder: String?, lastRefreshedBy: String?,
+        leaseLapsed: Bool = false
     ) {
         self.record = record
+        self.share = share
         self.version = version
         self.leaseHolder = leaseHolder
         self.lastRefreshedBy = lastRefreshedBy
@@ -64,20 +69,23 @@ public protocol SharedAccountStore: Sendable {
     func readAll() async throws -> [SharedReading]
     /// The shared account `name`; `nil` when it has no row. A refused row throws why.
     func read(_ name: String) async throws -> SharedRow?
-    /// Adds `record` as a new shared account at version 1; `false` when the name is taken.
-    func insert(_ record: AccountRecord) async throws -> Bool
+    /// Adds `record` as a new shared account at version 1, of share `share`; `false` when the
+    /// name is taken, or that share was removed already (a late retry of its insert).
+    func insert(_ record: AccountRecord, share: String) async throws -> Bool
+    /// Whether the share `share` had a row that was since removed or unshared.
+    func shareEnded(_ share: String) async throws -> Bool
     /// Takes `name`'s lease for `seconds` when it is free, lapsed or this host's already; `nil`
     /// when another host holds it or there is no such row.
     func takeLease(_ name: String, seconds: Double) async throws -> SharedLease?
     /// Ends this host's lease of `name` without a change.
     func release(_ name: String) async
-    /// Commits `record` as the version after `version` if the row is still at `version`, and
-    /// ends the lease; `false` when the row moved on or is gone.
+    /// Commits `record` as the version after `version` if the row is still at `version` (of the
+    /// share last read), and ends the lease; `false` when the row moved on or is gone.
     func commit(_ record: AccountRecord, over version: Int64) async throws -> Bool
     /// The schema version, the hosts seen and the leases held now.
     func report() async throws -> FleetReport
-    /// Deletes the row of `name`, only while it is at `version` when one is given; `false` when
-    /// there was none (or it was at another version).
+    /// Deletes the row of `name`, only while it is at `version` when one is given, and notes its
+    /// share as ended; `false` when there was none (or it was at another version).
     func delete(_ name: String, at version: Int64?) async throws -> Bool
 }
 
