@@ -10,7 +10,8 @@ import Testing
 /// A shared account's refresh whose commit the database refuses (its table renamed away, a
 /// real fault of PostgreSQL's): the rotated record is kept in the vault, the account is
 /// `degraded` and serves no token from that refresh, and a broker restarted on that vault
-/// commits it once the database takes it again; the IdP sees each refresh token once.
+/// commits it once the database takes it again; the IdP sees each refresh token once. A logout
+/// the database did not take is kept and committed the same way.
 @Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
 struct FleetPendingCommitTests {
     @Test func aRefreshTheDatabaseMissedIsKeptAcrossARestartAndCommittedThen() async throws {
@@ -51,6 +52,35 @@ struct FleetPendingCommitTests {
             #expect(try await restarted.token(account: "api", minTTL: 30).result.accessToken == issued)
             #expect(try #require(try await restarted.vault.load()).accounts.isEmpty, "the kept copy is gone")
             #expect(h.idp.refreshCalls.count == 1 && h.idp.refreshCalls.allSatisfy(\.presentedCurrent))
+        }
+    }
+
+    @Test(.timeLimit(.minutes(1))) func aLogoutTheDatabaseMissedIsCommittedOnceItAnswers() async throws {
+        try await PostgresFleetStoreTests.withFleet { server, h, store in
+            var provider = h.provider
+            provider["revocation_endpoint"] = .string(h.idp.revocationEndpoint)
+            _ = try await h.broker.add(
+                account: "api", provider: provider,
+                tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)
+            let revocation = h.idp.holdRevocations()
+            let broker = h.broker
+            let logout = Task { try await broker.logout(account: "api", force: false) }
+            await revocation.holding(1)
+            try await server.execute("ALTER TABLE tokenbroker_accounts RENAME TO tokenbroker_away")
+            revocation.open()
+            #expect(try await logout.value.revoked)
+            #expect(try await h.state().state == "degraded", "logged out here, not yet in the fleet's database")
+            let kept = try #require(try h.vaultCopy()).accounts.first { $0.name == "api" }
+            #expect(kept?.fleet?.step == .uncommitted && kept?.loggedOut == true, "kept to commit later")
+
+            // Once the database answers, the next try (here the next read of the store) commits
+            // it: logged out fleet-wide.
+            try await server.execute("ALTER TABLE tokenbroker_away RENAME TO tokenbroker_accounts")
+            await h.broker.joinFleet(store("a"), leaseSeconds: 90)
+            let row = try await store("check").read("api")
+            #expect(row?.version == 2 && row?.record.loggedOut == true && row?.record.secrets.refreshToken == nil)
+            #expect(try #require(try h.vaultCopy()).accounts.isEmpty, "the kept copy is gone")
+            #expect(try await h.state().state == "logged_out")
         }
     }
 }

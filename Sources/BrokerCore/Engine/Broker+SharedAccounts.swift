@@ -19,7 +19,7 @@ extension Broker {
         var committedBy: [String: String] = [:]
         /// The accounts whose lease this broker holds now (its refresh under way).
         var holding: Set<String> = []
-        /// A refresh the IdP answered whose commit did not reach the store: its record and the
+        /// A refresh the IdP answered (or a logout) whose commit did not reach the store: its record and the
         /// version it goes over, also in the vault (`FleetMark.Step.uncommitted`) and committed
         /// by `commitPending` until it lands or the row moves on. The account is `degraded`.
         var pending: [String: (record: AccountRecord, over: Int64)] = [:]
@@ -404,7 +404,7 @@ extension Broker {
         marked.fleet = FleetMark(step: .uncommitted, version: version)
         try? saveToVault(changed: [marked])
         logger.warning(
-            "the fleet's database did not take a refresh; kept to commit later", metadata: ["account": "\(name)"])
+            "the fleet's database did not take a change; kept to commit later", metadata: ["account": "\(name)"])
         retry(name, .commit)
     }
 
@@ -653,7 +653,8 @@ extension Broker {
 
     /// Commits a shared account's logged-out record over `version`, so that every broker of the
     /// fleet shows it logged out; a row that moved on meanwhile is left (its credential was not
-    /// the one revoked), and the lease lapses.
+    /// the one revoked), and the lease lapses. One the database did not answer is kept and
+    /// committed later, as a refresh's is (`keepPending`).
     func commitLogout(_ record: AccountRecord, over version: Int64) async {
         guard let store = fleet?.store else { return }
         do {
@@ -661,9 +662,7 @@ extension Broker {
             fleet?.versions[record.name] = version + 1
             fleet?.committedBy[record.name] = store.host
         } catch {
-            logger.warning(
-                "the fleet's database did not take a logout",
-                metadata: ["account": "\(record.name)", "reason": "\(error)"])
+            keepPending(record, over: version)
         }
     }
 }
