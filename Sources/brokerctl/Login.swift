@@ -96,15 +96,16 @@ struct Login: ParsableCommand {
                     throw error
                 }
             }
-            screen.succeed(result)
-            if shared {
-                // An account shared already (signed in again) got its tokens in its row.
-                let moved = try GlobalOptions.reportingFailures(account: account, socket: connection.socket) {
+            // With --shared, the login is over once the account is in the fleet's database: it
+            // is told done only then (an account shared already got its tokens in its row).
+            let moved =
+                shared
+                ? try GlobalOptions.reportingFailures(account: account, socket: connection.socket) {
                     try client.perform(.status(account: account)).accounts.first?.shared == true
                         ? nil : try client.perform(.share(account: account))
-                }
-                if let moved { StandardStream.error.write("shared \(moved.account) with the fleet\n") }
-            }
+                } : nil
+            screen.succeed(result)
+            if let moved { StandardStream.error.write("shared \(moved.account) with the fleet\n") }
         } catch let cancelled as LoginCancelled {
             throw ExitCode(128 + cancelled.signal)
         }

@@ -9,6 +9,53 @@ import Testing
 /// there within a lease, and `fleet status` names both hosts.
 @Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
 struct FleetMoveCommandTests {
+    /// `brokerctl login NAME --shared` says `done` only once the account is in the fleet's
+    /// database; when the database does not answer, it fails instead, and the share completes
+    /// once the database is back.
+    @Test func aSharedLoginIsDoneOnlyOnceTheAccountIsInTheFleet() async throws {
+        let (server, keys, key) = try await FleetSharingTests.fleet()
+        defer {
+            server.stop()
+            keys.remove()
+        }
+        let idp = try await OAuth2TestIdP()
+        do {
+            idp.setDeviceTiming(interval: 1)
+            // A lease of 6 s: a call to the database is given up after 2 s.
+            let a = try FleetStartTests.broker(
+                on: server, key: key, host: "a", broker: "request_timeout = 2", fleet: "lease_seconds = 6")
+            try await a.start()
+            defer { a.stop() }
+            for (name, reachable) in [("web", true), ("late", false)] {
+                let login = try BackgroundBrokerctl(
+                    a, ["login", name, "--flow", "device", "--shared", "--json"] + LoginCommandTests.provider(idp))
+                let code = try await login.jsonEvent("device_code")
+                if !reachable { server.halt() }
+                let link = try #require(code["verification_uri_complete"] as? String)
+                #expect(try await idp.decide(.approve, at: link) == 200)
+                let status = await login.finish()
+                let done = login.jsonLines.contains { $0["event"] as? String == "done" }
+                if reachable {
+                    #expect(status == 0 && done, "\(login.stderr)")
+                    #expect(login.stderr.contains("shared web with the fleet"))
+                    #expect(try await server.dump().contains("\nweb\t"), "the row is there")
+                } else {
+                    #expect(status != 0 && !done, "no done while the share is not settled: \(login.stdout)")
+                    #expect(login.stderr.contains("the share completes once"), "\(login.stderr)")
+                    try await server.resume()
+                    let landed = await eventually(timeout: 30) {
+                        (try? await server.dump().contains("\nlate\t")) == true
+                    }
+                    #expect(landed, "the share completes once the database answers")
+                }
+            }
+        } catch {
+            await idp.shutdown()
+            throw error
+        }
+        await idp.shutdown()
+    }
+
     @Test func aSharedAccountIsServedByTheOtherHostAndAnUnsharedOneStopsThere() async throws {
         let (server, keys, key) = try await FleetSharingTests.fleet()
         defer {
