@@ -11,7 +11,8 @@ import Testing
 /// real fault of PostgreSQL's): the rotated record is kept in the vault, the account is
 /// `degraded` and serves no token from that refresh, and a broker restarted on that vault
 /// commits it once the database takes it again; the IdP sees each refresh token once. A logout
-/// the database did not take is kept and committed the same way.
+/// the database did not take is kept and committed the same way, and a kept commit leaves
+/// memory when the vault locks and lands after the unlock.
 @Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
 struct FleetPendingCommitTests {
     @Test func aRefreshTheDatabaseMissedIsKeptAcrossARestartAndCommittedThen() async throws {
@@ -52,6 +53,41 @@ struct FleetPendingCommitTests {
             #expect(try await restarted.token(account: "api", minTTL: 30).result.accessToken == issued)
             #expect(try #require(try await restarted.vault.load()).accounts.isEmpty, "the kept copy is gone")
             #expect(h.idp.refreshCalls.count == 1 && h.idp.refreshCalls.allSatisfy(\.presentedCurrent))
+        }
+    }
+
+    @Test func aCommitTheDatabaseMissedLeavesMemoryAtLockAndLandsAfterTheUnlock() async throws {
+        try await PostgresFleetStoreTests.withFleet { server, h, store in
+            _ = try await h.broker.add(
+                account: "api", provider: h.provider,
+                tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)
+            _ = try await h.broker.rekey(to: "passphrase", passphrase: "pw")
+            h.clock.advance(by: 3700)
+            let answers = h.idp.holdAnswers()
+            let broker = h.broker
+            let asked = Task { try await broker.token(account: "api", minTTL: 30) }
+            await h.clock.sleepersReached(1)
+            h.clock.advance(by: 1)
+            await answers.holding(1)
+            try await server.execute("ALTER TABLE tokenbroker_accounts RENAME TO tokenbroker_away")
+            answers.open()
+            await h.clock.sleepersReached(1)
+            h.clock.advance(by: 91)
+            await #expect(throws: BrokerError.self) { try await asked.value }
+            #expect(await broker.fleet?.pending.keys.sorted() == ["api"])
+
+            // Locked: no record of the account left in memory; the vault keeps the commit.
+            _ = try await broker.lockVault()
+            #expect(await broker.fleet?.pending.isEmpty == true)
+            #expect(await broker.heldForFleet.isEmpty)
+            try await server.execute("ALTER TABLE tokenbroker_away RENAME TO tokenbroker_accounts")
+            _ = try await broker.unlock(passphrase: "pw")
+            await broker.joinFleet(store("a"), leaseSeconds: 90)
+            let issued = try #require(h.idp.issuedAccessTokens.last)
+            let row = try #require(try await store("check").read("api"))
+            #expect(row.version == 2 && row.record.token?.value.text == issued)
+            #expect(try await broker.token(account: "api", minTTL: 30).result.accessToken == issued)
+            #expect(h.idp.refreshCalls.count == 1)
         }
     }
 

@@ -100,6 +100,7 @@ extension Broker {
         if !unsaved.isEmpty, (try? persist(changing: [])) == nil {
             logger.error("locked with changes the vault could not save", metadata: ["accounts": "\(unsaved.count)"])
         }
+        forgetFleetAtLock()
         let shown = accounts.values.map {
             Padlock.LockedAccount(name: $0.record.name, kind: $0.record.provider.kind)
         }

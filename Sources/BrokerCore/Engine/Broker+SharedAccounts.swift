@@ -473,6 +473,30 @@ extension Broker {
 }
 
 extension Broker {
+    /// Before the vault locks: a commit the database missed goes to the vault with its mark
+    /// (saved there when it was kept, unless that save failed), and every shared account's
+    /// record leaves memory with the local ones: a locked broker holds no credential. After the
+    /// unlock, the next read of the store serves the shared accounts again and commits what was
+    /// kept.
+    func forgetFleetAtLock() {
+        guard let fleet else { return }
+        let kept = fleet.pending.map { name, pending in
+            var record = pending.record
+            record.fleet = FleetMark(step: .uncommitted, version: pending.over)
+            return record
+        }
+        if !kept.isEmpty, (try? saveToVault(changed: kept)) == nil {
+            logger.error(
+                "locked with a fleet commit the vault could not keep; it is lost",
+                metadata: ["accounts": "\(kept.count)"])
+        }
+        for follow in fleet.following.values { follow.task.cancel() }
+        self.fleet = FleetMembership(store: fleet.store, leaseSeconds: fleet.leaseSeconds)
+        heldForFleet = [:]
+    }
+}
+
+extension Broker {
     /// The fleet as this broker sees it now (`fleet_status`): the database's report, or why it
     /// gave none.
     public func fleetStatus() async throws(BrokerFailure) -> FleetStanding {
