@@ -15,25 +15,33 @@ import Testing
 /// memory when the vault locks and lands after the unlock.
 @Suite(.serialized, .enabled(if: PostgresServer.isInstalled, "needs Debian's postgresql (scripts/install-deps)"))
 struct FleetPendingCommitTests {
+    /// An hour later, a client's token starts a refresh of "api" whose commit the database
+    /// refuses (its table renamed away, left so): the failure the client got.
+    static func refreshWhoseCommitTheDatabaseMisses(_ server: PostgresServer, _ h: BrokerHarness) async throws
+        -> BrokerError?
+    {
+        h.clock.advance(by: 3700)
+        let answers = h.idp.holdAnswers()
+        let broker = h.broker
+        let asked = Task { try await broker.token(account: "api", minTTL: 30) }
+        // The holder gives the other brokers a moment before it calls the IdP.
+        await h.clock.sleepersReached(1)
+        h.clock.advance(by: 1)
+        await answers.holding(1)
+        try await server.execute("ALTER TABLE tokenbroker_accounts RENAME TO tokenbroker_away")
+        answers.open()
+        // The commit is tried again while the lease (90 s, 3 IdP timeouts) runs, then kept.
+        await h.clock.sleepersReached(1)
+        h.clock.advance(by: 91)
+        return await #expect(throws: BrokerError.self) { try await asked.value }
+    }
+
     @Test func aRefreshTheDatabaseMissedIsKeptAcrossARestartAndCommittedThen() async throws {
         try await PostgresFleetStoreTests.withFleet { server, h, store in
             _ = try await h.broker.add(
                 account: "api", provider: h.provider,
                 tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)
-            h.clock.advance(by: 3700)
-            let answers = h.idp.holdAnswers()
-            let broker = h.broker
-            let asked = Task { try await broker.token(account: "api", minTTL: 30) }
-            // The holder gives the other brokers a moment before it calls the IdP.
-            await h.clock.sleepersReached(1)
-            h.clock.advance(by: 1)
-            await answers.holding(1)
-            try await server.execute("ALTER TABLE tokenbroker_accounts RENAME TO tokenbroker_away")
-            answers.open()
-            // The commit is tried again while the lease (90 s, 3 IdP timeouts) runs, then kept.
-            await h.clock.sleepersReached(1)
-            h.clock.advance(by: 91)
-            let failed = await #expect(throws: BrokerError.self) { try await asked.value }
+            let failed = try await Self.refreshWhoseCommitTheDatabaseMisses(server, h)
             #expect(failed?.code == .unavailable)
             #expect(try await h.state().state == "degraded")
             let kept = try #require(try h.vaultCopy()).accounts.first { $0.name == "api" }
@@ -62,18 +70,8 @@ struct FleetPendingCommitTests {
                 account: "api", provider: h.provider,
                 tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)
             _ = try await h.broker.rekey(to: "passphrase", passphrase: "pw")
-            h.clock.advance(by: 3700)
-            let answers = h.idp.holdAnswers()
+            _ = try await Self.refreshWhoseCommitTheDatabaseMisses(server, h)
             let broker = h.broker
-            let asked = Task { try await broker.token(account: "api", minTTL: 30) }
-            await h.clock.sleepersReached(1)
-            h.clock.advance(by: 1)
-            await answers.holding(1)
-            try await server.execute("ALTER TABLE tokenbroker_accounts RENAME TO tokenbroker_away")
-            answers.open()
-            await h.clock.sleepersReached(1)
-            h.clock.advance(by: 91)
-            await #expect(throws: BrokerError.self) { try await asked.value }
             #expect(await broker.fleet?.pending.keys.sorted() == ["api"])
 
             // Locked: no record of the account left in memory; the vault keeps the commit.
