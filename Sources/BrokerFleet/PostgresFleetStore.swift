@@ -74,7 +74,9 @@ public final class PostgresFleetStore: SharedAccountStore {
     /// The columns every read of rows takes; a lease is shown only while it runs.
     static let selection =
         "SELECT name, share_id, version, sealed, CASE WHEN lease_until > now() THEN lease_holder END, "
-        + "last_refreshed_by, lease_holder IS NOT NULL AND lease_until <= now() FROM tokenbroker_accounts"
+        + "last_refreshed_by, lease_holder IS NOT NULL AND lease_until <= now(), "
+        + "EXISTS (SELECT 1 FROM tokenbroker_removed r WHERE r.share_id = tokenbroker_accounts.share_id) "
+        + "FROM tokenbroker_accounts"
 
     /// Every shared account, each row checked on its own.
     public func readAll() async throws -> [SharedReading] {
@@ -109,10 +111,11 @@ public final class PostgresFleetStore: SharedAccountStore {
     private func readings(_ selecting: PostgresQuery) async throws -> [SharedReading] {
         let rows = try await query(selecting)
         var readings: [SharedReading] = []
-        for try await (name, share, version, sealed, holder, refresher, lapsed) in rows.decode(
-            (String, String, Int64, ByteBuffer, String?, String?, Bool?).self)
+        for try await (name, share, version, sealed, holder, refresher, lapsed, removed) in rows.decode(
+            (String, String, Int64, ByteBuffer, String?, String?, Bool?, Bool).self)
         {
-            readings.append(reading(name, share, version, sealed, holder, refresher, lapsed: lapsed == true))
+            readings.append(
+                reading(name, share, version, sealed, holder, refresher, lapsed: lapsed == true, removed: removed))
         }
         return readings
     }
@@ -167,13 +170,14 @@ public final class PostgresFleetStore: SharedAccountStore {
             WHERE name = \(name) AND (lease_holder IS NULL OR lease_until IS NULL OR lease_until <= now() OR lease_holder = \(holder))
             RETURNING share_id, version, sealed, last_refreshed_by,
             EXTRACT(EPOCH FROM lease_until - now())::float8 AS remaining)
-            SELECT share_id, version, sealed, last_refreshed_by, remaining, (SELECT lapsed FROM before) FROM taken
+            SELECT share_id, version, sealed, last_refreshed_by, remaining, (SELECT lapsed FROM before),
+            EXISTS (SELECT 1 FROM tokenbroker_removed r WHERE r.share_id = taken.share_id) FROM taken
             CROSS JOIN LATERAL (SELECT pg_notify(\(Self.channel), 'lease ' || \(holder) || ' ' || \(name))) AS told
             """)
-        for try await (share, version, sealed, refresher, remaining, lapsed) in rows.decode(
-            (String, Int64, ByteBuffer, String?, Double, Bool?).self)
+        for try await (share, version, sealed, refresher, remaining, lapsed, removed) in rows.decode(
+            (String, Int64, ByteBuffer, String?, Double, Bool?, Bool).self)
         {
-            switch reading(name, share, version, sealed, host, refresher) {
+            switch reading(name, share, version, sealed, host, refresher, removed: removed) {
             case .row(let row):
                 // The database's figure, bounded before it is converted (a hostile one could be anything).
                 let seconds = max(0, Self.seconds(remaining))
@@ -198,15 +202,13 @@ public final class PostgresFleetStore: SharedAccountStore {
             """)
     }
 
-    /// Commits `record` as the version after `version`, only if the row is still at `version`
-    /// (compare and swap), ends the lease, and notifies the other brokers. `false` when the row
-    /// moved on (or is gone): the caller takes the row's state instead.
-    public func commit(_ record: AccountRecord, over version: Int64) async throws -> Bool {
+    /// Commits `record` as the version after `version`, only if the row is still of share
+    /// `share` at `version` (compare and swap), ends the lease, and notifies the other brokers.
+    /// `false` when the row moved on (or is gone, or of another share): the caller takes the
+    /// row's state instead.
+    public func commit(_ record: AccountRecord, share: String, over version: Int64) async throws -> Bool {
         let next = version + 1
         let name = record.name
-        guard let share = seen.withLock({ $0.shares[name] }) else {
-            throw FleetError("the shared account \(name) has not been read from the database yet")
-        }
         let sealed = ByteBuffer(bytes: try SharedRecord.seal(record, share: share, version: next, key: key))
         // One statement, so one round trip: the swap and the notification commit together.
         let rows = try await query(
@@ -308,15 +310,16 @@ public final class PostgresFleetStore: SharedAccountStore {
         }
     }
 
-    /// Checks one row: its share is not one seen to end, it opens as its name, share and
-    /// version under the fleet key, and is not older than the newest version seen of its share.
+    /// Checks one row: its share is not one seen to end here or noted as removed in the
+    /// database, it opens as its name, share and version under the fleet key, and is not older
+    /// than the newest version seen of its share.
     private func reading(
         _ name: String, _ share: String, _ version: Int64, _ sealed: ByteBuffer, _ holder: String?,
-        _ refresher: String?, lapsed: Bool = false
+        _ refresher: String?, lapsed: Bool = false, removed: Bool
     ) -> SharedReading {
         guard SharedRecord.isShareID(share) else { return .refused(name: name, reason: "its share id is malformed") }
         let (newest, ended) = seen.withLock { ($0.floors[share] ?? 0, $0.ended.contains(share)) }
-        guard !ended else {
+        guard !ended, !removed else {
             return .refused(name: name, reason: "it belongs to a share that was removed (brought back)")
         }
         guard version >= newest else {

@@ -98,12 +98,20 @@ struct Login: ParsableCommand {
             }
             // With --shared, the login is over once the account is in the fleet's database: it
             // is told done only then (an account shared already got its tokens in its row).
-            let moved =
-                shared
-                ? try GlobalOptions.reportingFailures(account: account, socket: connection.socket) {
-                    try client.perform(.status(account: account)).accounts.first?.shared == true
-                        ? nil : try client.perform(.share(account: account))
-                } : nil
+            var moved: AccountResult?
+            if shared {
+                do {
+                    moved = try GlobalOptions.reportingFailures(account: account, socket: connection.socket) {
+                        try client.perform(.status(account: account)).accounts.first?.shared == true
+                            ? nil : try client.perform(.share(account: account))
+                    }
+                } catch {
+                    StandardStream.error.write(
+                        "signed in: \(account) is on this host, not yet in the fleet (see above; brokerctl share \(account))\n"
+                    )
+                    throw error
+                }
+            }
             screen.succeed(result)
             if let moved { StandardStream.error.write("shared \(moved.account) with the fleet\n") }
         } catch let cancelled as LoginCancelled {

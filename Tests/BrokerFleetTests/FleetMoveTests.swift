@@ -149,7 +149,7 @@ struct FleetMoveTests {
             if change == "committed" {
                 var unmarked = marked
                 unmarked.fleet = nil
-                #expect(try await other.commit(unmarked, over: 1))
+                #expect(try await other.commit(unmarked, share: share, over: 1))
             } else {
                 #expect(try await other.delete("api", at: nil))
             }
@@ -207,7 +207,7 @@ struct FleetMoveTests {
             let row = try #require(try await other.read("api"))
             var newer = row.record
             newer.token?.value = SecretBytes("at-from-host-b")
-            #expect(try await other.commit(newer, over: row.version))
+            #expect(try await other.commit(newer, share: row.share, over: row.version))
 
             let restarted = try harness.restart()
             await restarted.joinFleet(store("a"), leaseSeconds: 90)

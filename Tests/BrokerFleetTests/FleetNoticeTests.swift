@@ -49,7 +49,7 @@ struct FleetNoticeTests {
             await b.clock.sleepersReached(1)
             var refreshed = lease.row.record
             refreshed.token?.value = SecretBytes("at-from-c")
-            #expect(try await c.commit(refreshed, over: lease.row.version))
+            #expect(try await c.commit(refreshed, share: lease.row.share, over: lease.row.version))
             b.clock.advance(by: 0.2)
             #expect(try await committed.value.result.accessToken == "at-from-c")
             #expect(try await b.state().version == 2)
@@ -63,9 +63,7 @@ struct FleetNoticeTests {
     /// credential and died) puts no token back: the client's refresh takes the lease.
     @Test(.timeLimit(.minutes(1))) func aLapsedLeaseServesNoTokenAndTheClientsRefreshTakesOver() async throws {
         try await PostgresFleetStoreTests.withFleet { server, a, store in
-            _ = try await a.broker.add(
-                account: "api", provider: a.provider,
-                tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)
+            try await PostgresFleetStoreTests.addSharedAccount(to: a)
             let broker = a.broker
 
             // c's lease runs out (its end put in the past, by the database's clock).

@@ -38,9 +38,7 @@ struct FleetPendingCommitTests {
 
     @Test func aRefreshTheDatabaseMissedIsKeptAcrossARestartAndCommittedThen() async throws {
         try await PostgresFleetStoreTests.withFleet { server, h, store in
-            _ = try await h.broker.add(
-                account: "api", provider: h.provider,
-                tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)
+            try await PostgresFleetStoreTests.addSharedAccount(to: h)
             let failed = try await Self.refreshWhoseCommitTheDatabaseMisses(server, h)
             #expect(failed?.code == .unavailable)
             #expect(try await h.state().state == "degraded")
@@ -66,9 +64,7 @@ struct FleetPendingCommitTests {
 
     @Test func aCommitTheDatabaseMissedLeavesMemoryAtLockAndLandsAfterTheUnlock() async throws {
         try await PostgresFleetStoreTests.withFleet { server, h, store in
-            _ = try await h.broker.add(
-                account: "api", provider: h.provider,
-                tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)
+            try await PostgresFleetStoreTests.addSharedAccount(to: h)
             _ = try await h.broker.rekey(to: "passphrase", passphrase: "pw")
             _ = try await Self.refreshWhoseCommitTheDatabaseMisses(server, h)
             let broker = h.broker

@@ -18,9 +18,7 @@ struct FleetWideChangeTests {
             let b = try await BrokerHarness.start()
             defer { Task { await b.stop() } }
             await b.broker.joinFleet(store("b"), leaseSeconds: 90)
-            _ = try await a.broker.add(
-                account: "api", provider: a.provider,
-                tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)
+            try await PostgresFleetStoreTests.addSharedAccount(to: a)
             await b.broker.joinFleet(store("b"), leaseSeconds: 90)
             #expect(try await b.broker.token(account: "api", minTTL: 30).result.accessToken == "at-pushed")
 
@@ -56,6 +54,30 @@ struct FleetWideChangeTests {
             #expect(try await store("check").read("api")?.record.loggedOut == true)
             await b.broker.fleetNotice(.committed("api"))
             #expect(try await b.state().state == "logged_out")
+        }
+    }
+
+    /// A refresh under way commits over the share it leased, never over a new share of the
+    /// same name (the account removed and shared again meanwhile), even once this broker has
+    /// read the new row.
+    @Test(.timeLimit(.minutes(1))) func aRefreshDoesNotCommitOverANewShareOfItsName() async throws {
+        try await PostgresFleetStoreTests.withFleet { _, a, store in
+            try await PostgresFleetStoreTests.addSharedAccount(to: a)
+            let broker = a.broker
+            let rejected = Task { try await broker.reject(account: "api", accessToken: "at-pushed", minTTL: 30) }
+            // a holds the lease (its pause for the others' notices) when another host removes
+            // the account and shares a new one under its name; a then reads the store.
+            await a.clock.sleepersReached(1)
+            let other = store("x")
+            #expect(try await other.delete("api", at: nil))
+            let replacement = PostgresFleetStoreTests.record("api")
+            #expect(try await other.insert(replacement, share: SharedRecord.newShareID()))
+            await broker.joinFleet(store("a"), leaseSeconds: 90)
+            a.clock.advance(by: 1)
+            _ = try? await rejected.value
+            let row = try #require(try await store("check").read("api"))
+            #expect(row.version == 1, "the new share's row is untouched")
+            #expect(row.record.token?.value.text == replacement.token?.value.text)
         }
     }
 

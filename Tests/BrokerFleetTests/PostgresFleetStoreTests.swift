@@ -68,6 +68,13 @@ struct PostgresFleetStoreTests {
         }
     }
 
+    /// Adds the shared account "api" on `harness` (access token "at-pushed", refresh token "rt-0").
+    static func addSharedAccount(to harness: BrokerHarness) async throws {
+        _ = try await harness.broker.add(
+            account: "api", provider: harness.provider,
+            tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)
+    }
+
     /// `withFleet` with the shared account "api" (access token "at-pushed", refresh token
     /// "rt-0") added on a, and a second broker b serving it from its row.
     static func withSharedAccount(
@@ -75,9 +82,7 @@ struct PostgresFleetStoreTests {
             -> Void
     ) async throws {
         try await withFleet { _, a, store in
-            _ = try await a.broker.add(
-                account: "api", provider: a.provider,
-                tokens: TokenSet(accessToken: "at-pushed", expiresIn: 3600, refreshToken: "rt-0"), shared: true)
+            try await PostgresFleetStoreTests.addSharedAccount(to: a)
             let b = try await BrokerHarness.start()
             defer { Task { await b.stop() } }
             await b.broker.joinFleet(store("b"), leaseSeconds: 90)
@@ -157,12 +162,15 @@ struct PostgresFleetStoreTests {
         try await Self.withDatabase { _, client in
             let store = PostgresFleetStore(client: client, key: Self.key(), host: "a", logger: Self.logger)
             try await store.prepare()
+            let apiShare = SharedRecord.newShareID()
             for name in ["api", "git", "web"] {
-                #expect(try await store.insert(Self.record(name), share: SharedRecord.newShareID()))
+                #expect(
+                    try await store.insert(
+                        Self.record(name), share: name == "api" ? apiShare : SharedRecord.newShareID()))
             }
             let old = try await client.query("SELECT sealed FROM tokenbroker_accounts WHERE name = 'api'")
                 .decode(ByteBuffer.self).first { _ in true }
-            #expect(try await store.commit(Self.record("api"), over: 1))
+            #expect(try await store.commit(Self.record("api"), share: apiShare, over: 1))
 
             // git's sealed bytes flipped; web's replaced by api's (with api's version).
             try await client.query(
@@ -200,11 +208,12 @@ struct PostgresFleetStoreTests {
     /// refused by a store that saw it go, as is its share's older row.
     @Test func aRemovedShareIsNeitherInsertedAgainNorBroughtBack() async throws {
         try await Self.withDatabase { _, client in
-            let store = PostgresFleetStore(client: client, key: Self.key(), host: "a", logger: Self.logger)
+            let key = Self.key()
+            let store = PostgresFleetStore(client: client, key: key, host: "a", logger: Self.logger)
             try await store.prepare()
             let (first, second) = (SharedRecord.newShareID(), SharedRecord.newShareID())
             #expect(try await store.insert(Self.record("api"), share: first))
-            #expect(try await store.commit(Self.record("api"), over: 1))
+            #expect(try await store.commit(Self.record("api"), share: first, over: 1))
             let last = try await client.query("SELECT sealed FROM tokenbroker_accounts WHERE name = 'api'")
                 .decode(ByteBuffer.self).first { _ in true }
             #expect(try await store.shareEnded(first) == false)
@@ -215,7 +224,7 @@ struct PostgresFleetStoreTests {
 
             #expect(try await store.insert(Self.record("api"), share: second))
             #expect(try await store.read("api")?.share == second)
-            #expect(try await store.commit(Self.record("api"), over: 1))
+            #expect(try await store.commit(Self.record("api"), share: second, over: 1))
             let lastSealed = try #require(last)
             try await client.query(
                 "UPDATE tokenbroker_accounts SET share_id = \(first), version = 2, sealed = \(lastSealed) WHERE name = 'api'"
@@ -223,7 +232,12 @@ struct PostgresFleetStoreTests {
             let error = await #expect(throws: FleetError.self) { try await store.read("api") }
             #expect(error?.description.contains("a share that was removed") == true)
             // The new share's commit compares its share too: it does not land on the old one.
-            #expect(try await store.commit(Self.record("api"), over: 2) == false)
+            #expect(try await store.commit(Self.record("api"), share: second, over: 2) == false)
+            // A restarted broker's store, which never saw the share end, refuses it too: the
+            // database notes the share as removed.
+            let fresh = PostgresFleetStore(client: client, key: key, host: "c", logger: Self.logger)
+            let again = await #expect(throws: FleetError.self) { try await fresh.read("api") }
+            #expect(again?.description.contains("a share that was removed") == true)
         }
     }
 
@@ -233,7 +247,8 @@ struct PostgresFleetStoreTests {
             let a = PostgresFleetStore(client: client, key: key, host: "a", logger: Self.logger)
             let b = PostgresFleetStore(client: client, key: key, host: "b", logger: Self.logger)
             try await a.prepare()
-            #expect(try await a.insert(Self.record("api"), share: SharedRecord.newShareID()))
+            let share = SharedRecord.newShareID()
+            #expect(try await a.insert(Self.record("api"), share: share))
             try await client.withConnection { connection in
                 try await connection.listen(on: PostgresFleetStore.channel) { notifications in
                     let leaseA = try #require(try await a.takeLease("api", seconds: 1))
@@ -250,8 +265,10 @@ struct PostgresFleetStoreTests {
                     #expect(try await b.read("api")?.leaseLapsed == true)
                     let leaseB = try #require(try await b.takeLease("api", seconds: 30))
                     #expect(leaseB.row.version == 1 && leaseB.replacedLapsed, "b took over a lapsed lease")
-                    #expect(try await b.commit(Self.record("api"), over: 1))
-                    #expect(try await a.commit(Self.record("api"), over: 1) == false, "a's compare-and-swap fails")
+                    #expect(try await b.commit(Self.record("api"), share: share, over: 1))
+                    #expect(
+                        try await a.commit(Self.record("api"), share: share, over: 1) == false,
+                        "a's compare-and-swap fails")
                     let row = try #require(try await a.read("api"))
                     #expect(row.version == 2 && row.lastRefreshedBy == "b" && row.leaseHolder == nil)
 

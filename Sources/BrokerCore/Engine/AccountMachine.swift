@@ -270,14 +270,18 @@ struct AccountMachine: Sendable {
     }
 
     /// Settles on the row just taken: no failure, scheduled at `next` (denied or logged out when
-    /// the row says so); announced as a refresh only when it brought another token.
+    /// the row says so); announced as a refresh only when it brought another token. A row that
+    /// moved on with the same token (a scoped token's refresh rotated the credential) leaves the
+    /// account's state and schedule as they were.
     private mutating func settleOnRow(next: Date?, newToken: Bool) -> [Effect] {
-        failures = 0
         if record.needsLogin {
+            failures = 0
             settle(.denied, nextRefreshAt: nil)
         } else if record.loggedOut == true {
+            failures = 0
             settle(.loggedOut, nextRefreshAt: nil)
-        } else {
+        } else if newToken {
+            failures = 0
             settle(.idle, nextRefreshAt: next)
         }
         return [.publish(servableToken)] + (newToken ? [.emit(.refreshed, message: "refreshed by another host")] : [])

@@ -143,7 +143,7 @@ extension Broker {
             case .unsharing:
                 await settleUnshare(held, mark: mark, store: store)
             case .uncommitted:
-                fleet?.pending[name] = (held, mark.version)
+                fleet?.pending[name] = (held, mark.id, mark.version)
                 heldForFleet[name] = nil
                 retry(name, .commit)
             case .sharing:
@@ -233,8 +233,10 @@ extension Broker {
         events.publish(AccountEvent(kind: .removed, account: AccountName(known: name), at: now))
     }
 
-    /// Stops treating `name` as shared (its row is gone).
+    /// Stops treating `name` as shared (its row is gone): a commit kept for it leaves the vault
+    /// too, since no row will take it.
     func forgetShared(_ name: String) {
+        if fleet?.pending[name] != nil { try? saveToVault(removed: [name]) }
         fleet?.versions[name] = nil
         fleet?.shares[name] = nil
         fleet?.committedBy[name] = nil

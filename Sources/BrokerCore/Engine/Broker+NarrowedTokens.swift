@@ -124,12 +124,17 @@ extension Broker {
         }
         // A shared account's scoped refresh presents the row's credential under the account's
         // lease, as its own refresh does (docs/fleet.md, "One refresher").
-        var lease: (version: Int64, until: Date)?
+        var lease: (row: SharedRow, until: Date)?
         if fleet?.versions[name] != nil {
             switch await takeSharedTurn(name, serial: nil) {
             case .leased(let row, let until):
+                // The row's state is the account's: a denial or a logout committed elsewhere.
+                guard !row.record.needsLogin, row.record.loggedOut != true else {
+                    await fleet?.store.release(name)
+                    return .failure(.changedDuringRefresh(account))
+                }
                 started = row.record
-                lease = (row.version, until)
+                lease = (row, until)
             case .failed(let failure):
                 return narrowedRefreshFailed(refresh, failure, now: clock.now())
             case .finished(let result):
@@ -139,24 +144,35 @@ extension Broker {
         defer { if lease != nil { fleet?.holding.remove(name) } }
         let outcome = await provider.refresh(started, for: refresh.key, now: clock.now())
             .mapError(started.outsideText().clean)
-        if lease != nil, case .failure = outcome { await fleet?.store.release(name) }
+        if lease != nil, case .failure(let failure) = outcome {
+            await fleet?.store.release(name)
+            // Refused by the IdP: nothing rotated, so the account's own token, withdrawn here
+            // when the lease was taken, is served again (a transient failure may hide a
+            // rotation, and leaves it to the account's own refresh, as that refresh's does).
+            if failure.kind != .transient { republish(name) }
+        }
         let now = clock.now()
         switch outcome {
         case .success(let grant):
+            if let lease {
+                // Committed before the token is served anywhere; the account takes the row.
+                let rotated = Self.rotating(started, by: grant)
+                if let failure = await commitNarrowed(rotated, over: lease.row, leaseEnd: lease.until) {
+                    return narrowedRefreshFailed(refresh, failure, now: now)
+                }
+            } else {
+                // The rotated credential is the account's: saved before the next turn starts.
+                guard let effects = accounts[name]?.narrowedRefreshSucceeded(presented: started.secrets, grant: grant)
+                else { return .failure(.changedDuringRefresh(account)) }
+                do {
+                    try run(effects, for: name)
+                } catch {
+                    return .failure(error)
+                }
+            }
             let prepared: PreparedToken
             do {
                 prepared = try PreparedToken(account: name, token: grant.token)
-                if let lease {
-                    // Committed before the token is served anywhere; the account takes the row.
-                    try await commitNarrowed(
-                        Self.rotating(started, by: grant), over: lease.version, leaseEnd: lease.until)
-                } else {
-                    // The rotated credential is the account's: saved before the next turn starts.
-                    guard
-                        let effects = accounts[name]?.narrowedRefreshSucceeded(presented: started.secrets, grant: grant)
-                    else { return .failure(.changedDuringRefresh(account)) }
-                    try run(effects, for: name)
-                }
             } catch {
                 return .failure(error)
             }
@@ -200,25 +216,25 @@ extension Broker {
     }
 
     /// Commits the credential a shared account's narrowed refresh rotated (`record`, the row's
-    /// with it) over `version`, and the account takes the new row. One the database did not
-    /// answer is kept to commit later (`keepPending`); either way short of a commit, the
-    /// narrowed token is not served.
-    private func commitNarrowed(_ record: AccountRecord, over version: Int64, leaseEnd: Date)
-        async throws(BrokerFailure)
-    {
-        let name = record.name
-        let (committed, failure) = await commitWithinLease(record, over: version, leaseEnd: leaseEnd)
+    /// with it) over the leased `row`, and the account takes the new row; `nil` then. One the
+    /// database did not answer is kept to commit later (`keepPending`); short of a commit, the
+    /// narrowed token is not served, and why comes back.
+    private func commitNarrowed(_ record: AccountRecord, over row: SharedRow, leaseEnd: Date) async -> RefreshFailure? {
+        let (committed, failure) = await commitWithinLease(
+            record, share: row.share, over: row.version, leaseEnd: leaseEnd)
         guard let committed else {
-            keepPending(record, over: version)
-            throw .refreshFailing(reason: "the fleet's database did not take the refresh: \(failure)", retryAfter: 1)
+            keepPending(record, share: row.share, over: row.version)
+            return .transient("the fleet's database did not take the refresh: \(failure)")
         }
         guard committed else {
-            if let row = try? await fleet?.store.read(name) { adoptCommitted(row) }
-            throw .refreshFailing(reason: "another host committed the account first", retryAfter: 1)
+            if let moved = try? await fleet?.store.read(record.name) { adoptCommitted(moved) }
+            return .transient("another host committed the account first")
         }
-        guard let host = fleet?.store.host, let share = fleet?.shares[name] else { return }
+        guard let host = fleet?.store.host else { return nil }
         adoptCommitted(
-            SharedRow(record: record, share: share, version: version + 1, leaseHolder: nil, lastRefreshedBy: host))
+            SharedRow(
+                record: record, share: row.share, version: row.version + 1, leaseHolder: nil, lastRefreshedBy: host))
+        return nil
     }
 
     // MARK: The refresh-token chain

@@ -167,7 +167,9 @@ extension Broker {
         // Discarded in memory even if the vault cannot be saved: a revoked token must not be served.
         guard let effects = accounts[name]?.loggedOut() else { throw .noSuchAccount(account) }
         try run(effects, for: name)
-        if let lease, let record = accounts[name]?.record { await commitLogout(record, over: lease.row.version) }
+        if let lease, let record = accounts[name]?.record {
+            await commitLogout(record, share: lease.row.share, over: lease.row.version)
+        }
         logger.info("logged out", metadata: ["account": "\(name)", "revoked": "\(revoked)"])
         return revoked ? .revoked : .discarded
     }

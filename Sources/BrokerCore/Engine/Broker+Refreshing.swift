@@ -104,11 +104,12 @@ extension Broker {
         if case .leased(let row, let leaseEnd) = shared {
             guard case .success(let grant) = outcome else {
                 let result = finishRefresh(name, serial: serial, started: started, outcome: outcome)
-                await settleLease(name, after: outcome, over: row.version)
+                await settleLease(name, after: outcome, share: row.share, over: row.version)
                 return result
             }
             return await commitShared(
-                name, serial: serial, started: started, grant: grant, over: row.version, leaseEnd: leaseEnd,
+                name, serial: serial, started: started, grant: grant, share: row.share, over: row.version,
+                leaseEnd: leaseEnd,
                 idp: asked.duration(to: answered))
         }
         return finishRefresh(

@@ -22,7 +22,7 @@ extension Broker {
         /// A refresh the IdP answered (or a logout) whose commit did not reach the store: its record and the
         /// version it goes over, also in the vault (`FleetMark.Step.uncommitted`) and committed
         /// by `commitPending` until it lands or the row moves on. The account is `degraded`.
-        var pending: [String: (record: AccountRecord, over: Int64)] = [:]
+        var pending: [String: (record: AccountRecord, share: String?, over: Int64)] = [:]
         /// The accounts whose pending commit or unsettled share a task retries now (`retry`).
         var retrying: Set<String> = []
         /// The accounts another host has just leased, each with the wait for its commit or
@@ -215,7 +215,6 @@ extension Broker {
         } catch {
             throw .fleetUnavailable(reason: "\(error)")
         }
-        if fleet?.pending[name] != nil { try? saveToVault(removed: [name]) }
         forgetShared(name)
     }
 
@@ -242,8 +241,17 @@ extension Broker {
                 guard let row = try await fleet.store.read(name) else {
                     return .failed(.transient("the shared account is gone from the fleet's database"))
                 }
+                // A row of another share is another account (removed and shared again): the
+                // next read of the store serves it in place of this one.
+                guard row.share == self.fleet?.shares[name] else {
+                    return .finished(.failure(.changedDuringRefresh(AccountName(known: name))))
+                }
                 if let done = adopt(row, serial: serial) { return .finished(done) }
                 if let lease = try await fleet.store.takeLease(name, seconds: fleet.leaseSeconds) {
+                    guard lease.row.share == self.fleet?.shares[name] else {
+                        await fleet.store.release(name)
+                        return .finished(.failure(.changedDuringRefresh(AccountName(known: name))))
+                    }
                     // Taking over a lease that ran out (as the database saw it when this one
                     // was taken): the other brokers stopped serving the token at its notice and
                     // did not put it back, so no pause is owed them.
@@ -316,7 +324,8 @@ extension Broker {
     /// the lease (`leaseEnd`) runs, then kept for the next refresh, the old token served
     /// meanwhile. A row another host moved on is taken instead.
     func commitShared(
-        _ name: String, serial: Int, started: AccountRecord, grant: Grant, over version: Int64, leaseEnd: Date,
+        _ name: String, serial: Int, started: AccountRecord, grant: Grant, share: String, over version: Int64,
+        leaseEnd: Date,
         idp: Duration
     ) async -> Result<Void, BrokerFailure> {
         guard let store = fleet?.store else { return .failure(.changedDuringRefresh(AccountName(known: name))) }
@@ -334,9 +343,9 @@ extension Broker {
             record = Self.rotating(started, by: grant)
             record.token = grant.token
         }
-        let (committed, failure) = await commitWithinLease(record, over: version, leaseEnd: leaseEnd)
+        let (committed, failure) = await commitWithinLease(record, share: share, over: version, leaseEnd: leaseEnd)
         guard let committed else {
-            keepPending(record, over: version)
+            keepPending(record, share: share, over: version)
             let reason = "the fleet's database did not take the refresh: \(failure)"
             return finishRefresh(name, serial: serial, started: started, outcome: .failure(.transient(reason)))
         }
@@ -365,14 +374,14 @@ extension Broker {
     /// Commits `record` over `version` under this host's lease, trying again every 0.5 s while
     /// the lease (`leaseEnd`) runs: whether the row took it (`false`: it moved on or is gone), or
     /// `nil` and the database's last error when it never answered.
-    func commitWithinLease(_ record: AccountRecord, over version: Int64, leaseEnd: Date) async -> (
+    func commitWithinLease(_ record: AccountRecord, share: String, over version: Int64, leaseEnd: Date) async -> (
         committed: Bool?, failure: String
     ) {
         guard let store = fleet?.store else { return (false, "") }
         var failure = ""
         while true {
             do {
-                return (try await store.commit(record, over: version), "")
+                return (try await store.commit(record, share: share, over: version), "")
             } catch {
                 failure = "\(error)"
                 guard clock.now().addingTimeInterval(0.5) < leaseEnd else { return (nil, failure) }
@@ -397,11 +406,11 @@ extension Broker {
     /// Keeps a rotated record the store did not take: in memory and in the vault (marked
     /// `uncommitted`, so that a restart still commits it), and retries its commit until it lands
     /// or the row moves on. A vault that cannot be written leaves it in memory only.
-    func keepPending(_ record: AccountRecord, over version: Int64) {
+    func keepPending(_ record: AccountRecord, share: String?, over version: Int64) {
         let name = record.name
-        fleet?.pending[name] = (record, version)
+        fleet?.pending[name] = (record, share, version)
         var marked = record
-        marked.fleet = FleetMark(step: .uncommitted, version: version)
+        marked.fleet = FleetMark(step: .uncommitted, version: version, id: share)
         try? saveToVault(changed: [marked])
         logger.warning(
             "the fleet's database did not take a change; kept to commit later", metadata: ["account": "\(name)"])
@@ -447,8 +456,14 @@ extension Broker {
     func commitPending(_ name: String) async {
         guard let store = fleet?.store, let pending = fleet?.pending[name] else { return }
         let committed: Bool
+        let share: String
         do {
-            committed = try await store.commit(pending.record, over: pending.over)
+            // A mark kept without its share (an older brokerd's) goes over the row's share.
+            var known = pending.share
+            if known == nil { known = try await store.read(name)?.share }
+            guard let known else { return }
+            share = known
+            committed = try await store.commit(pending.record, share: share, over: pending.over)
         } catch {
             return
         }
@@ -464,7 +479,7 @@ extension Broker {
             logger.notice("committed a refresh the fleet's database had missed", metadata: ["account": "\(name)"])
             adoptCommitted(
                 SharedRow(
-                    record: pending.record, share: fleet?.shares[name] ?? "", version: pending.over + 1,
+                    record: pending.record, share: share, version: pending.over + 1,
                     leaseHolder: nil, lastRefreshedBy: store.host))
         } else if let row = try? await store.read(name) {
             adoptCommitted(row)
@@ -482,7 +497,7 @@ extension Broker {
         guard let fleet else { return }
         let kept = fleet.pending.map { name, pending in
             var record = pending.record
-            record.fleet = FleetMark(step: .uncommitted, version: pending.over)
+            record.fleet = FleetMark(step: .uncommitted, version: pending.over, id: pending.share)
             return record
         }
         if !kept.isEmpty, (try? saveToVault(changed: kept)) == nil {
@@ -541,7 +556,7 @@ extension Broker {
 
     /// Puts the token held for `name` back in the cache, unless a refresh of it runs here or
     /// the broker is locked.
-    private func republish(_ name: String) {
+    func republish(_ name: String) {
         guard !padlock.isLocked, let machine = accounts[name], machine.refreshSerial == nil else { return }
         cache.publish(machine.servableToken.flatMap { try? PreparedToken(account: name, token: $0) }, for: name)
     }
@@ -620,7 +635,7 @@ extension Broker {
         _ = fresh.tokensReplaced(by: filled, planner: planner, now: now)
         let committed: Bool
         do {
-            committed = try await store.commit(fresh.record, over: lease.row.version)
+            committed = try await store.commit(fresh.record, share: lease.row.share, over: lease.row.version)
         } catch {
             await store.release(name)
             throw .fleetUnavailable(reason: "\(error)")
@@ -636,10 +651,12 @@ extension Broker {
     /// Ends the lease of a refresh the IdP did not grant: a denial is the row's from now on
     /// (committed, so every broker of the fleet shows `needs_login`); any other failure changes
     /// nothing (the lease is released, and its holder's backoff tries again).
-    func settleLease(_ name: String, after outcome: Result<Grant, RefreshFailure>, over version: Int64) async {
+    func settleLease(
+        _ name: String, after outcome: Result<Grant, RefreshFailure>, share: String, over version: Int64
+    ) async {
         guard let store = fleet?.store else { return }
         if case .failure(let failure) = outcome, failure.kind == .denial, let denied = accounts[name]?.record,
-            denied.needsLogin, (try? await store.commit(denied, over: version)) == true
+            denied.needsLogin, (try? await store.commit(denied, share: share, over: version)) == true
         {
             fleet?.versions[name] = version + 1
             fleet?.committedBy[name] = store.host
@@ -679,14 +696,14 @@ extension Broker {
     /// fleet shows it logged out; a row that moved on meanwhile is left (its credential was not
     /// the one revoked), and the lease lapses. One the database did not answer is kept and
     /// committed later, as a refresh's is (`keepPending`).
-    func commitLogout(_ record: AccountRecord, over version: Int64) async {
+    func commitLogout(_ record: AccountRecord, share: String, over version: Int64) async {
         guard let store = fleet?.store else { return }
         do {
-            guard try await store.commit(record, over: version) else { return }
+            guard try await store.commit(record, share: share, over: version) else { return }
             fleet?.versions[record.name] = version + 1
             fleet?.committedBy[record.name] = store.host
         } catch {
-            keepPending(record, over: version)
+            keepPending(record, share: share, over: version)
         }
     }
 }

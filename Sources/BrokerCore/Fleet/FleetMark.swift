@@ -17,8 +17,9 @@ public struct FleetMark: Codable, Sendable, Equatable {
     public var step: Step
     /// The row's version the step is about (`sharing`: 1, the version a new row gets).
     public var version: Int64
-    /// `sharing`: random, also in the row's record, so that a broker tells its own new row
-    /// from another host's row of the same name.
+    /// The share (`SharedRecord.newShareID`): for `sharing`, the new row's, so that a broker
+    /// tells its own new row from another host's row of the same name; for `uncommitted`, the
+    /// share of the row the commit goes over.
     public var id: String?
 
     public init(step: Step, version: Int64, id: String? = nil) {

@@ -79,9 +79,9 @@ public protocol SharedAccountStore: Sendable {
     func takeLease(_ name: String, seconds: Double) async throws -> SharedLease?
     /// Ends this host's lease of `name` without a change.
     func release(_ name: String) async
-    /// Commits `record` as the version after `version` if the row is still at `version` (of the
-    /// share last read), and ends the lease; `false` when the row moved on or is gone.
-    func commit(_ record: AccountRecord, over version: Int64) async throws -> Bool
+    /// Commits `record` as the version after `version` if the row is still of share `share` at
+    /// `version`, and ends the lease; `false` when the row moved on or is gone.
+    func commit(_ record: AccountRecord, share: String, over version: Int64) async throws -> Bool
     /// The schema version, the hosts seen and the leases held now.
     func report() async throws -> FleetReport
     /// Deletes the row of `name`, only while it is at `version` when one is given, and notes its
