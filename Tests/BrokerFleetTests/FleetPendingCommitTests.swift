@@ -85,7 +85,10 @@ struct FleetPendingCommitTests {
         }
     }
 
-    @Test(.timeLimit(.minutes(1))) func aLogoutTheDatabaseMissedIsCommittedOnceItAnswers() async throws {
+    /// Meanwhile (`afterADenial`), another host may have refreshed with the revoked credential
+    /// and committed the denial: the logout stands over it.
+    @Test(.timeLimit(.minutes(1)), arguments: [false, true])
+    func aLogoutTheDatabaseMissedIsCommittedOnceItAnswers(afterADenial: Bool) async throws {
         try await PostgresFleetStoreTests.withFleet { server, h, store in
             var provider = h.provider
             provider["revocation_endpoint"] = .string(h.idp.revocationEndpoint)
@@ -106,9 +109,17 @@ struct FleetPendingCommitTests {
             // Once the database answers, the next try (here the next read of the store) commits
             // it: logged out fleet-wide.
             try await server.execute("ALTER TABLE tokenbroker_away RENAME TO tokenbroker_accounts")
+            if afterADenial {
+                let other = store("b")
+                let before = try #require(try await other.read("api"))
+                var denied = before.record
+                denied.needsLogin = true
+                #expect(try await other.commit(denied, share: before.share, over: before.version))
+            }
             await h.broker.joinFleet(store("a"), leaseSeconds: 90)
             let row = try await store("check").read("api")
-            #expect(row?.version == 2 && row?.record.loggedOut == true && row?.record.secrets.refreshToken == nil)
+            #expect(row?.version == (afterADenial ? 3 : 2))
+            #expect(row?.record.loggedOut == true && row?.record.secrets.refreshToken == nil)
             #expect(try #require(try h.vaultCopy()).accounts.isEmpty, "the kept copy is gone")
             #expect(try await h.state().state == "logged_out")
         }

@@ -482,8 +482,21 @@ extension Broker {
                     record: pending.record, share: share, version: pending.over + 1,
                     leaseHolder: nil, lastRefreshedBy: store.host))
         } else if let row = try? await store.read(name) {
-            adoptCommitted(row)
+            adoptCommitted(await loggedOutOver(row, by: pending.record) ?? row)
         }
+    }
+
+    /// A logout the database missed, over a row that moved on to `needs_login` meanwhile:
+    /// another host's refresh presented the credential the logout revoked. The logout stands:
+    /// committed over that row, which is returned; `nil` otherwise (any other change wins).
+    private func loggedOutOver(_ row: SharedRow, by kept: AccountRecord) async -> SharedRow? {
+        guard kept.loggedOut == true, row.record.needsLogin, let store = fleet?.store else { return nil }
+        var machine = AccountMachine(record: Self.unmarked(row.record), planner: planner, now: clock.now())
+        _ = machine.loggedOut()
+        guard (try? await store.commit(machine.record, share: row.share, over: row.version)) == true else { return nil }
+        return SharedRow(
+            record: machine.record, share: row.share, version: row.version + 1, leaseHolder: nil,
+            lastRefreshedBy: store.host)
     }
 }
 
