@@ -75,7 +75,8 @@ public final class PostgresFleetStore: SharedAccountStore {
     static let selection =
         "SELECT name, share_id, version, sealed, CASE WHEN lease_until > now() THEN lease_holder END, "
         + "last_refreshed_by, lease_holder IS NOT NULL AND lease_until <= now(), "
-        + "EXISTS (SELECT 1 FROM tokenbroker_removed r WHERE r.share_id = tokenbroker_accounts.share_id) "
+        + "EXISTS (SELECT 1 FROM tokenbroker_removed r WHERE r.share_id = tokenbroker_accounts.share_id), "
+        + "CASE WHEN lease_until > now() THEN EXTRACT(EPOCH FROM lease_until - now())::float8 END "
         + "FROM tokenbroker_accounts"
 
     /// Every shared account, each row checked on its own.
@@ -111,11 +112,13 @@ public final class PostgresFleetStore: SharedAccountStore {
     private func readings(_ selecting: PostgresQuery) async throws -> [SharedReading] {
         let rows = try await query(selecting)
         var readings: [SharedReading] = []
-        for try await (name, share, version, sealed, holder, refresher, lapsed, removed) in rows.decode(
-            (String, String, Int64, ByteBuffer, String?, String?, Bool?, Bool).self)
+        for try await (name, share, version, sealed, holder, refresher, lapsed, removed, left) in rows.decode(
+            (String, String, Int64, ByteBuffer, String?, String?, Bool?, Bool, Double?).self)
         {
             readings.append(
-                reading(name, share, version, sealed, holder, refresher, lapsed: lapsed == true, removed: removed))
+                reading(
+                    name, share, version, sealed, holder, refresher, lapsed: lapsed == true, removed: removed,
+                    left: left.map(Self.seconds)))
         }
         return readings
     }
@@ -315,7 +318,7 @@ public final class PostgresFleetStore: SharedAccountStore {
     /// than the newest version seen of its share.
     private func reading(
         _ name: String, _ share: String, _ version: Int64, _ sealed: ByteBuffer, _ holder: String?,
-        _ refresher: String?, lapsed: Bool = false, removed: Bool
+        _ refresher: String?, lapsed: Bool = false, removed: Bool, left: Double? = nil
     ) -> SharedReading {
         guard SharedRecord.isShareID(share) else { return .refused(name: name, reason: "its share id is malformed") }
         let (newest, ended) = seen.withLock { ($0.floors[share] ?? 0, $0.ended.contains(share)) }
@@ -334,7 +337,7 @@ public final class PostgresFleetStore: SharedAccountStore {
             return .row(
                 SharedRow(
                     record: record, share: share, version: version, leaseHolder: holder.map(Self.hostName),
-                    lastRefreshedBy: refresher.map(Self.hostName), leaseLapsed: lapsed))
+                    lastRefreshedBy: refresher.map(Self.hostName), leaseLapsed: lapsed, leaseRemaining: left))
         } catch {
             return .refused(name: name, reason: String(describing: error))
         }

@@ -116,6 +116,21 @@ struct PostgresFleetStoreTests {
         }
     }
 
+    /// A broker waiting for another host's lease reads the row every 0.2 s, or just after the
+    /// lease it read runs out, if that is sooner.
+    @Test func aWaitForALeaseReadsTheRowAsTheLeaseRunsOut() {
+        func pause(_ left: Double?) -> Duration {
+            Broker.pollPause(
+                after: SharedRow(
+                    record: Self.record("api"), share: SharedRecord.newShareID(), version: 1, leaseHolder: nil,
+                    lastRefreshedBy: nil, leaseRemaining: left))
+        }
+        #expect(Broker.pollPause(after: nil) == .milliseconds(200))
+        #expect(pause(nil) == .milliseconds(200) && pause(5) == .milliseconds(200) && pause(.nan) == .milliseconds(200))
+        #expect(pause(0.05) == .milliseconds(70))
+        #expect(pause(-1) == .milliseconds(20))
+    }
+
     @Test func theSchemaIsMadeOnceAndAnotherFleetsKeyWritesNothing() async throws {
         try await Self.withDatabase { server, client in
             let key = Self.key()
@@ -254,7 +269,8 @@ struct PostgresFleetStoreTests {
                     let leaseA = try #require(try await a.takeLease("api", seconds: 1))
                     #expect(leaseA.row.version == 1 && leaseA.remaining <= .seconds(1) && !leaseA.replacedLapsed)
                     #expect(try await b.takeLease("api", seconds: 1) == nil, "a holds it")
-                    #expect(try await b.read("api")?.leaseHolder == "a")
+                    let held = try #require(try await b.read("api"))
+                    #expect(held.leaseHolder == "a" && (held.leaseRemaining ?? 0) > 0 && held.leaseRemaining! <= 1)
 
                     // Another broker given the same host name is another holder all the same.
                     let twin = PostgresFleetStore(client: client, key: key, host: "a", logger: Self.logger)

@@ -230,6 +230,7 @@ extension Broker {
         // more; then the refresh fails as an outage does, and its backoff tries again.
         let wait = min(fleet.leaseSeconds, 3 * settings.requestTimeout) + settings.requestTimeout
         let deadline = clock.now().addingTimeInterval(wait)
+        var lastRead: SharedRow?
         while true {
             do {
                 if self.fleet?.pending[name] != nil {
@@ -241,6 +242,7 @@ extension Broker {
                 guard let row = try await fleet.store.read(name) else {
                     return .failed(.transient("the shared account is gone from the fleet's database"))
                 }
+                lastRead = row
                 // A row of another share is another account (removed and shared again): the
                 // next read of the store serves it in place of this one.
                 guard row.share == self.fleet?.shares[name] else {
@@ -285,7 +287,7 @@ extension Broker {
             guard clock.now() < deadline else {
                 return .failed(.transient("another host holds the fleet lease and has not committed"))
             }
-            await clock.sleep(for: .milliseconds(200))
+            await clock.sleep(for: Self.pollPause(after: lastRead))
             guard let machine = accounts[name], serial == nil || machine.refreshSerial == serial else {
                 return .finished(.failure(.changedDuringRefresh(AccountName(known: name))))
             }
@@ -575,8 +577,8 @@ extension Broker {
     }
 
     /// Waits, in a task of its own, for the lease another host took on `name` to end (a wait
-    /// already running counts this lease too, within its own deadline): reads the row every 0.2 s until it has a newer
-    /// version (taken), or no lease running. A lease released puts the held token back; one
+    /// already running counts this lease too, within its own deadline): reads the row every
+    /// 0.2 s (`pollPause`) until it has a newer version (taken), or no lease running. A lease released puts the held token back; one
     /// that lapsed does not (its holder may have rotated the credential without committing,
     /// unless the account never refreshes), and the next client's refresh takes the lease; so
     /// too when the wait runs out. A refresh under way here reads the row on its own.
@@ -598,8 +600,9 @@ extension Broker {
     }
 
     private func awaitLeaseEnd(_ name: String) async {
+        var pause = Self.pollPause(after: nil)
         while let follow = fleet?.following[name], clock.now() < follow.until, !padlock.isLocked {
-            await clock.sleep(for: .milliseconds(200))
+            await clock.sleep(for: pause)
             guard let store = fleet?.store, let known = fleet?.versions[name], accounts[name] != nil,
                 let current = fleet?.following[name], known == current.version
             else { return }
@@ -616,11 +619,22 @@ extension Broker {
                 return
             }
             // A lease notice that came during the read makes what it read stale.
-            guard row.leaseHolder == nil, fleet?.following[name]?.leases == leases else { continue }
+            guard row.leaseHolder == nil, fleet?.following[name]?.leases == leases else {
+                pause = Self.pollPause(after: row)
+                continue
+            }
             // An account that never refreshes had nothing rotated under the lapsed lease.
             if !row.leaseLapsed || accounts[name]?.refreshesOnItsOwn == false { republish(name) }
             return
         }
+    }
+
+    /// How long a broker waiting for another host's lease waits before it reads the row again:
+    /// 0.2 s, or until just after the lease `row` showed runs out, if that is sooner.
+    static func pollPause(after row: SharedRow?) -> Duration {
+        let poll = 0.2
+        guard let left = row?.leaseRemaining, left.isFinite else { return .milliseconds(Int64(poll * 1000)) }
+        return .milliseconds(Int64(min(poll, max(0.02, left + 0.02)) * 1000))
     }
 
     /// The wait of `name`'s clients for another host's lease (`followLease`), if one runs.

@@ -13,11 +13,15 @@ public struct SharedRow: Sendable {
     /// A lease was taken and ran out, neither released nor ended by a commit: its holder may
     /// have rotated the credential and not committed.
     public let leaseLapsed: Bool
+    /// How long the running lease has left, by the database's clock (`nil`: none runs), so that
+    /// a broker waiting for its end reads the row again as it runs out.
+    public let leaseRemaining: Double?
 
     public init(
         record: AccountRecord, share: String, version: Int64, leaseHolder: String?, lastRefreshedBy: String?,
-        leaseLapsed: Bool = false
+        leaseLapsed: Bool = false, leaseRemaining: Double? = nil
     ) {
+        self.leaseRemaining = leaseRemaining
         self.record = record
         self.share = share
         self.version = version
