@@ -104,7 +104,8 @@ struct FleetSharingTests {
             #expect(versions.min()! >= 2 && versions.max()! - versions.min()! <= 1, "\(versions)")
             #expect(["a", "b"].contains(statusA.lastRefreshedBy ?? ""))
             #expect([nil, "a"].contains(statusA.leaseHolder), "\(statusA.leaseHolder ?? "")")
-            #expect(Int64(calls.count) + 1 >= versions.max()!, "one version per refresh at most")
+            // The IdP's calls counted after the versions were read: refreshes go on meanwhile.
+            #expect(Int64(idp.refreshCalls.count) + 1 >= versions.max()!, "one version per refresh at most")
 
             // Removed on b: gone from the store, and from a within a lease or two.
             #expect(try await server.dump().contains("\napi\t"), "the row is there")
