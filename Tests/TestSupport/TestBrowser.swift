@@ -148,8 +148,9 @@ public final class TestBrowser: Sendable {
     /// and the process's descriptors: unlike a connect, another process that took the port once it
     /// was freed does not count.
     public static func isListening(_ port: Int, in pid: pid_t) -> Bool {
-        guard let table = try? String(contentsOfFile: "/proc/\(pid)/net/tcp", encoding: .utf8) else { return false }
-        let local = String(format: "0100007F:%04X", port)
+        guard let table = procFile("/proc/\(pid)/net/tcp") else { return false }
+        let hex = String(port, radix: 16, uppercase: true)
+        let local = "0100007F:" + String(repeating: "0", count: max(0, 4 - hex.count)) + hex
         let inodes = Set(
             table.split(separator: "\n").dropFirst().compactMap { line -> String? in
                 let fields = line.split(separator: " ")
@@ -162,6 +163,22 @@ public final class TestBrowser: Sendable {
         return descriptors.contains {
             (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\($0)"))
                 .map(inodes.contains) ?? false
+        }
+    }
+
+    /// The whole of a `/proc` file, read until its end: the kernel makes such files a page at a
+    /// time, and a read sized by their (zero) length stops after the first page.
+    static func procFile(_ path: String) -> String? {
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else { return nil }
+        defer { close(descriptor) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let count = chunk.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
+            if count < 0, errno == EINTR { continue }
+            guard count > 0 else { return count == 0 ? String(decoding: bytes, as: UTF8.self) : nil }
+            bytes += chunk[..<count]
         }
     }
 

@@ -470,6 +470,11 @@ extension Broker {
             return
         }
         guard fleet?.pending[name]?.over == pending.over else { return }
+        // The row that moved on, or the logout kept here committed over it (`loggedOutOver`).
+        var moved: SharedRow?
+        if !committed, let row = try? await store.read(name) {
+            moved = await loggedOutOver(row, by: pending.record, share: share, over: pending.over) ?? row
+        }
         fleet?.pending[name] = nil
         try? saveToVault(removed: [name])
         // Kept across a restart: the account is served from its row once settled.
@@ -483,16 +488,21 @@ extension Broker {
                 SharedRow(
                     record: pending.record, share: share, version: pending.over + 1,
                     leaseHolder: nil, lastRefreshedBy: store.host))
-        } else if let row = try? await store.read(name) {
-            adoptCommitted(await loggedOutOver(row, by: pending.record) ?? row)
+        } else if let moved {
+            adoptCommitted(moved)
         }
     }
 
-    /// A logout the database missed, over a row that moved on to `needs_login` meanwhile:
-    /// another host's refresh presented the credential the logout revoked. The logout stands:
-    /// committed over that row, which is returned; `nil` otherwise (any other change wins).
-    private func loggedOutOver(_ row: SharedRow, by kept: AccountRecord) async -> SharedRow? {
-        guard kept.loggedOut == true, row.record.needsLogin, let store = fleet?.store else { return nil }
+    /// A logout the database missed (`kept`, to go over version `version` of share `share`),
+    /// over a row whose only change since is another host's `needs_login` (its refresh presented
+    /// the credential the logout revoked), with no lease running. The logout stands: committed
+    /// over that row, which is returned; `nil` otherwise (any other change wins).
+    private func loggedOutOver(_ row: SharedRow, by kept: AccountRecord, share: String, over version: Int64) async
+        -> SharedRow?
+    {
+        guard kept.loggedOut == true, row.record.needsLogin, row.share == share, row.version == version + 1,
+            row.leaseHolder == nil, let store = fleet?.store
+        else { return nil }
         var machine = AccountMachine(record: Self.unmarked(row.record), planner: planner, now: clock.now())
         _ = machine.loggedOut()
         guard (try? await store.commit(machine.record, share: row.share, over: row.version)) == true else { return nil }
@@ -611,6 +621,7 @@ extension Broker {
             do {
                 row = try await store.read(name)
             } catch {
+                pause = Self.pollPause(after: nil)
                 continue
             }
             guard let row else { return }
