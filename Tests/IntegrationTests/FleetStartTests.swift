@@ -92,6 +92,67 @@ struct FleetStartTests {
         #expect(try await server.dump() == before, "the stranger wrote nothing")
     }
 
+    /// TLS to a database on another host, its certificate named by the IP address: a broker
+    /// given the CA that signed it (`ca_file`) joins the fleet; one given another CA does not,
+    /// and says why. The server takes TLS connections only on that address.
+    @Test(.enabled(if: NetworkNamespaces.isAvailable, "needs root and iproute2"))
+    func tlsToTheDatabaseVerifiesItsCertificateByIPAddress() async throws {
+        let network = try await NetworkNamespaces.make(hosts: 1)
+        defer { network.remove() }
+        let server = try await PostgresServer.start(listenAddress: network.bridgeAddress)
+        defer { server.stop() }
+        let files = try TemporaryDirectory()
+        defer { files.remove() }
+        try Self.makeCertificates(in: files, for: network.bridgeAddress)
+        try await server.requireTLS(certificate: files.file("server.crt"), key: files.file("server.key"))
+        #expect(try Self.fleetInit(files.file("fleet.key")).status == 0)
+
+        let database = "postgresql://\(server.username)@\(network.bridgeAddress):\(server.port)/\(server.database)"
+        for (authority, trusted) in [("ca.crt", true), ("other-ca.crt", false)] {
+            let broker = try Self.broker(
+                on: server, key: files.file("fleet.key"), host: "tls", database: database,
+                fleet: "ca_file = \"\(files.file(authority))\"")
+            try await broker.start()
+            defer { broker.stop() }
+            #expect(broker.log.contains("joined the fleet") == trusted, "\(authority)")
+            if trusted {
+                let report = try broker.brokerctl(["fleet", "status", "--json"])
+                let status = try JSONDecoder().decode(FleetStatusResult.self, from: Data(report.stdout.utf8))
+                #expect(status.reachable && status.schema == 1, "\(report.stdout)")
+            } else {
+                #expect(broker.log.contains("CERTIFICATE_VERIFY_FAILED"), "the TLS handshake refused the server")
+            }
+        }
+    }
+
+    /// A CA, a server certificate it signs for `address` (subjectAltName IP), and another CA,
+    /// made with openssl in `directory`.
+    static func makeCertificates(in directory: TemporaryDirectory, for address: String) throws {
+        try Data("subjectAltName=IP:\(address)\n".utf8).write(to: URL(fileURLWithPath: directory.file("san.ext")))
+        let key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+        let steps: [[String]] = [
+            ["req", "-x509"] + key + ["-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=test CA"],
+            ["req", "-x509"] + key + [
+                "-keyout", "other-ca.key", "-out", "other-ca.crt", "-days", "2", "-subj", "/CN=test CA",
+            ],
+            ["req"] + key + ["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=database"],
+            [
+                "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", "server.crt", "-days", "2", "-extfile", "san.ext",
+            ],
+        ]
+        for step in steps {
+            let arguments = step.map {
+                [
+                    "ca.key", "ca.crt", "other-ca.key", "other-ca.crt", "server.key", "server.csr", "server.crt",
+                    "san.ext",
+                ].contains($0) ? directory.file($0) : $0
+            }
+            let made = try ChildProcess.run("/usr/bin/openssl", arguments, environment: ["PATH": "/usr/bin:/bin"])
+            guard made.status == 0 else { throw HarnessError("openssl \(step[0]) failed: \(made.output)") }
+        }
+    }
+
     @Test func aDatabaseURLWithAPasswordIsRefusedWithoutShowingIt() throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }

@@ -155,6 +155,50 @@ public final class PostgresServer: Sendable {
         try await onOwnThread { try self.executeHere(sql) }
     }
 
+    /// Turns TLS on with `certificate` and `key` (copied beside the data, the server's user's own,
+    /// mode 0600) and has the extra address (`listenAddress`) take TLS connections only
+    /// (`hostssl`); returns once the server has reloaded its configuration.
+    public func requireTLS(certificate: String, key: String) async throws {
+        guard let listenAddress else { throw HarnessError("TLS is asked of the extra address only") }
+        try await onOwnThread {
+            let owner = try Self.runAs()
+            for (source, name) in [(certificate, "server.crt"), (key, "server.key")] {
+                let path = self.directory.file(name)
+                try FileManager.default.copyItem(atPath: source, toPath: path)
+                let owned = owner.map { chown(path, $0.uid, $0.gid) == 0 } ?? true
+                guard owned, chmod(path, 0o600) == 0 else {
+                    throw HarnessError("cannot hand \(path) to the postgres user: \(String(cString: strerror(errno)))")
+                }
+            }
+            let hba = self.directory.file("data") + "/pg_hba.conf"
+            let rules = try String(contentsOfFile: hba, encoding: .utf8).replacingOccurrences(
+                of: "host all all \(listenAddress)/24", with: "hostssl all all \(listenAddress)/24")
+            try rules.write(toFile: hba, atomically: false, encoding: .utf8)
+            for setting in [
+                "ssl_cert_file = '\(self.directory.file("server.crt"))'",
+                "ssl_key_file = '\(self.directory.file("server.key"))'", "ssl = on",
+            ] {
+                try self.executeHere("ALTER SYSTEM SET " + setting)
+            }
+            try self.executeHere("SELECT pg_reload_conf()")
+            // The reload is a signal: the settings take effect a moment later.
+            let deadline = ContinuousClock.now + .seconds(30)
+            while try !self.queryHere("SHOW ssl").contains("on") {
+                guard ContinuousClock.now < deadline else { throw HarnessError("postgres did not turn TLS on") }
+                usleep(20_000)
+            }
+        }
+    }
+
+    private func queryHere(_ sql: String) throws -> String {
+        let result = try ChildProcess.run(
+            Self.binaries + "/psql",
+            ["-h", "127.0.0.1", "-p", String(port), "-U", username, "-At", "-c", sql, database],
+            environment: Self.environment.merging(["PGPASSWORD": password]) { $1 }, timeout: 60)
+        guard result.status == 0 else { throw HarnessError("psql failed: \(result.output)") }
+        return result.output
+    }
+
     private func executeHere(_ sql: String) throws {
         let result = try ChildProcess.run(
             Self.binaries + "/psql",
