@@ -411,12 +411,18 @@ extension Broker {
     func keepPending(_ record: AccountRecord, share: String?, over version: Int64) {
         let name = record.name
         fleet?.pending[name] = (record, share, version)
-        var marked = record
-        marked.fleet = FleetMark(step: .uncommitted, version: version, id: share)
-        try? saveToVault(changed: [marked])
+        try? saveToVault(changed: [Self.markedUncommitted(record, share: share, over: version)])
         logger.warning(
             "the fleet's database did not take a change; kept to commit later", metadata: ["account": "\(name)"])
         retry(name, .commit)
+    }
+
+    /// `record` as the vault keeps a commit the database missed: marked `uncommitted`, with the
+    /// share and version it goes over.
+    static func markedUncommitted(_ record: AccountRecord, share: String?, over version: Int64) -> AccountRecord {
+        var marked = record
+        marked.fleet = FleetMark(step: .uncommitted, version: version, id: share)
+        return marked
     }
 
     /// What `retry` tries again until it is settled.
@@ -520,18 +526,16 @@ extension Broker {
     /// kept.
     func forgetFleetAtLock() {
         guard let fleet else { return }
-        let kept = fleet.pending.map { name, pending in
-            var record = pending.record
-            record.fleet = FleetMark(step: .uncommitted, version: pending.over, id: pending.share)
-            return record
-        }
+        let kept = fleet.pending.values.map { Self.markedUncommitted($0.record, share: $0.share, over: $0.over) }
         if !kept.isEmpty, (try? saveToVault(changed: kept)) == nil {
             logger.error(
                 "locked with a fleet commit the vault could not keep; it is lost",
                 metadata: ["accounts": "\(kept.count)"])
         }
         for follow in fleet.following.values { follow.task.cancel() }
-        self.fleet = FleetMembership(store: fleet.store, leaseSeconds: fleet.leaseSeconds)
+        // The retry tasks still running stop at their next turn (nothing pending); kept as
+        // running, so that none is started twice beside them after the unlock.
+        self.fleet = FleetMembership(store: fleet.store, leaseSeconds: fleet.leaseSeconds, retrying: fleet.retrying)
         heldForFleet = [:]
     }
 }
