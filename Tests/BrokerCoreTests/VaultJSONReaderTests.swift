@@ -227,6 +227,7 @@ import Testing
     @Test func aRecordWithEveryFieldSetSurvivesTheReader() throws {
         var record = AccountRecord.sample("every-field")
         record.secrets.refreshURL = SecretBytes("https://r.example/refresh/1")
+        record.secrets.dpopKey = try DPoPKey.generate()
         record.token?.pushed = false
         record.loggedOut = false
         record.declared = true

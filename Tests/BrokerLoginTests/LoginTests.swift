@@ -268,7 +268,7 @@ import Testing
             account: try AccountName("work"),
             settings: OAuth2Settings(
                 tokenEndpoint: URL(string: "https://idp.example/token")!, clientID: "c", clientAuth: .none, scope: nil),
-            clientSecret: nil, http: http, clock: TestClock(), defaultLifetime: 600, progress: { _ in })
+            clientSecret: nil, dpopKey: nil, http: http, clock: TestClock(), defaultLifetime: 600, progress: { _ in })
         for reply in [IdPReply(status: 200, body: Data(body.utf8)), IdPReply(status: 302, body: Data())] {
             // A redirect is not followed and not taken for an answer either.
             do {

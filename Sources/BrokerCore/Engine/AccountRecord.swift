@@ -25,6 +25,8 @@ public struct AccountSecrets: Codable, Sendable, Equatable {
     public var refreshURL: SecretBytes?
     public var refreshExpiresAt: Date?
     public var clientSecret: SecretBytes?
+    /// The account's DPoP key (`dpop` set), made by the broker; `nil` for bearer accounts.
+    public var dpopKey: DPoPKey? = nil
 }
 
 /// Everything the vault keeps about one account.
@@ -79,6 +81,14 @@ extension AccountRecord {
         else { return nil }
         let lost = Set(expected.split(separator: " ")).subtracting(granted.split(separator: " "))
         return lost.isEmpty ? nil : lost.map(String.init).sorted()
+    }
+
+    /// Gives the record a DPoP key when its settings ask for one (`dpop`) and it has none yet:
+    /// when it is created, receives tokens, or signs in. The key then stays until the account
+    /// is removed, so a restart or a refresh never changes the thumbprint its tokens are bound to.
+    mutating func makeDPoPKeyIfWanted() throws(BrokerFailure) {
+        guard secrets.dpopKey == nil, (provider.settings as? OAuth2Settings)?.dpop != nil else { return }
+        secrets.dpopKey = try DPoPKey.generate()
     }
 
     /// Whether the record holds a credential an IdP would accept (not just settings).

@@ -23,8 +23,17 @@ extension Broker {
         let shared = fleet?.versions[name] != nil
         var sharedGrant: Grant?
         defer { loginsRunning.remove(name) }
+        // The key the IdP binds the tokens to: the account's own, or one made for it now.
+        var keyed: AccountRecord
+        if let record = accounts[name]?.record {
+            keyed = record
+        } else {
+            keyed = try Self.newRecord(account, provider: config, clientSecret: secret)
+        }
+        try keyed.makeDPoPKeyIfWanted()
+        let dpopKey = keyed.secrets.dpopKey
         let context = LoginContext(
-            account: account, settings: settings, clientSecret: secret, http: http, clock: clock,
+            account: account, settings: settings, clientSecret: secret, dpopKey: dpopKey, http: http, clock: clock,
             defaultLifetime: self.settings.defaultLifetime, progress: progress)
         /// Stores what the IdP granted (saved to the vault before it returns).
         func keep(_ grant: Grant) throws(BrokerFailure) -> (snapshot: AccountSnapshot, hasIDToken: Bool) {
@@ -39,10 +48,10 @@ extension Broker {
                 snapshot = describe(try machine(name), now: clock.now())
             } else if accounts[name] == nil {
                 snapshot = try create(account, provider: config, clientSecret: secret) { record, _ in
-                    apply(grant, to: &record)
+                    apply(grant, to: &record, dpopKey: dpopKey)
                 }
             } else {
-                snapshot = try replaceTokens(of: account) { record, _ in apply(grant, to: &record) }
+                snapshot = try replaceTokens(of: account) { record, _ in apply(grant, to: &record, dpopKey: dpopKey) }
             }
             logger.info("logged in", metadata: ["account": "\(name)", "flow": "\(options.flow.rawValue)"])
             return (snapshot, grant.token.idToken != nil)
@@ -56,7 +65,7 @@ extension Broker {
                 context, redirectPort: options.redirectPort, timeout: options.timeout, keep: keep)
         }
         guard let grant = sharedGrant else { return kept }
-        let snapshot = try await replaceSharedTokens(of: account) { record, _ in apply(grant, to: &record) }
+        let snapshot = try await replaceSharedTokens(of: account) { record, _ in apply(grant, to: &record, dpopKey: dpopKey) }
         return (snapshot, kept.hasIDToken)
     }
 

@@ -22,18 +22,21 @@ extension Broker {
         guard !padlock.isLocked else { throw .locked }
         guard accounts[account.rawValue] == nil else { throw .accountExists(account) }
         let now = clock.now()
-        var record = Self.newRecord(account, provider: provider, clientSecret: clientSecret)
+        var record = try Self.newRecord(account, provider: provider, clientSecret: clientSecret)
         fill(&record, now)
         return try serveNew(record, now: now)
     }
 
-    /// A new account's record: `provider` and the client secret, no token yet.
+    /// A new account's record: `provider`, the client secret and a DPoP key when `provider`
+    /// asks for one; no token yet.
     static func newRecord(_ account: AccountName, provider: ProviderConfig, clientSecret: SecretBytes?)
-        -> AccountRecord
+        throws(BrokerFailure) -> AccountRecord
     {
-        AccountRecord(
+        var record = AccountRecord(
             name: account.rawValue, provider: provider, secrets: AccountSecrets(clientSecret: clientSecret), token: nil,
             needsLogin: false, lastError: nil, lastRefreshAt: nil)
+        try record.makeDPoPKeyIfWanted()
+        return record
     }
 
     /// Starts serving a new account: its machine, its effects (the save among them, which a
@@ -79,6 +82,7 @@ extension Broker {
         let now = clock.now()
         var record = machine.record
         fill(&record, now)
+        try record.makeDPoPKeyIfWanted()
         let effects = machine.tokensReplaced(by: record, planner: planner, now: now)
         accounts[name] = machine
         try run(effects, for: name)
@@ -192,8 +196,10 @@ extension Broker {
     }
 
     /// Puts the tokens a login obtained into `record`: they replace every token and refresh
-    /// credential it held (a login without an id token leaves none).
-    func apply(_ grant: Grant, to record: inout AccountRecord) {
+    /// credential it held (a login without an id token leaves none). `dpopKey`, the key the
+    /// login proved, is the one they are bound to.
+    func apply(_ grant: Grant, to record: inout AccountRecord, dpopKey: DPoPKey?) {
+        if let dpopKey { record.secrets.dpopKey = dpopKey }
         record.token = grant.token
         record.grantedScope = grant.token.scope
         record.secrets.refreshToken = grant.refreshToken

@@ -190,7 +190,7 @@ extension Broker {
         guard !padlock.isLocked else { throw .locked }
         guard accounts[name] == nil else { throw .accountExists(account) }
         let now = clock.now()
-        var record = Self.newRecord(account, provider: provider, clientSecret: clientSecret)
+        var record = try Self.newRecord(account, provider: provider, clientSecret: clientSecret)
         if let tokens { apply(tokens, to: &record, now: now) }
         let inserted: Bool
         let share = SharedRecord.newShareID()
@@ -673,6 +673,7 @@ extension Broker {
         let now = clock.now()
         var filled = Self.unmarked(lease.row.record)
         fill(&filled, now)
+        try filled.makeDPoPKeyIfWanted()
         var fresh = AccountMachine(record: filled, planner: planner, now: now)
         _ = fresh.tokensReplaced(by: filled, planner: planner, now: now)
         let committed: Bool

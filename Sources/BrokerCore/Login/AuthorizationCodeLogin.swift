@@ -25,7 +25,8 @@ enum AuthorizationCodeLogin {
         let wait = timeout ?? LoginOptions.defaultTimeout
         let deadline = ContinuousClock.now + .seconds(wait)
         let listener = try await LoopbackRedirect(port: redirectPort ?? 0, state: pkce.state, until: deadline) {
-            authorizationURL(endpoint, settings: context.settings, pkce: pkce, redirectURI: $0)
+            authorizationURL(
+                endpoint, settings: context.settings, pkce: pkce, redirectURI: $0, dpopKey: context.dpopKey)
         }
         // The client gets the start link, not the authorization URL: it carries neither `state`
         // nor `code_challenge`, and only the browser that opens it can finish the login.
@@ -72,13 +73,16 @@ enum AuthorizationCodeLogin {
     }
 
     /// `endpoint` with the request of RFC 6749 section 4.1.1 and RFC 7636 section 4.3 added to
-    /// any query it has.
-    static func authorizationURL(_ endpoint: URL, settings: OAuth2Settings, pkce: PKCE, redirectURI: String) -> String {
+    /// any query it has, and `dpop_jkt` (RFC 9449 section 10) for an account with a DPoP key.
+    static func authorizationURL(
+        _ endpoint: URL, settings: OAuth2Settings, pkce: PKCE, redirectURI: String, dpopKey: DPoPKey? = nil
+    ) -> String {
         var pairs = [
             ("response_type", "code"), ("client_id", settings.clientID), ("redirect_uri", redirectURI),
         ]
         if let scope = settings.scope { pairs.append(("scope", scope)) }
         pairs += [("state", pkce.state), ("code_challenge", pkce.challenge), ("code_challenge_method", "S256")]
+        if let dpopKey { pairs.append(("dpop_jkt", dpopKey.thumbprint)) }
         let base = endpoint.absoluteString
         let separator = endpoint.query == nil ? "?" : "&"
         return base + separator + FormEncoding.encode(pairs)

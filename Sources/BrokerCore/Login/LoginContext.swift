@@ -28,6 +28,9 @@ struct LoginContext: Sendable {
     let account: AccountName
     let settings: OAuth2Settings
     let clientSecret: SecretBytes?
+    /// The account's DPoP key, when its tokens are bound to one: the token endpoint gets a
+    /// proof of it with every grant, and the authorization request its thumbprint.
+    let dpopKey: DPoPKey?
     let http: IdPClient
     let clock: any WallClock
     let defaultLifetime: TimeInterval
@@ -51,11 +54,14 @@ struct LoginContext: Sendable {
         }
     }
 
-    /// POSTs `form` with the client's authentication to `url`.
-    func post(_ form: [(String, String)], to url: URL) async -> Result<IdPReply, RefreshFailure> {
+    /// POSTs `form` with the client's authentication to `url`; with `proving`, with a DPoP
+    /// proof of the account's key (the token endpoint's requests).
+    func post(_ form: [(String, String)], to url: URL, proving: Bool = false) async -> Result<IdPReply, RefreshFailure>
+    {
         var form = form
         let headers = settings.authenticate(&form, secret: clientSecret?.text)
-        return await http.post(url, headers: headers, body: FormEncoding.encode(form))
+        let proof = proving ? dpopKey.map { (key: $0, at: clock.now()) } : nil
+        return await http.post(url, headers: headers, body: FormEncoding.encode(form), proof: proof)
     }
 
     /// Sends a grant to the token endpoint and reads the tokens it answers with; `refusal`
@@ -72,7 +78,7 @@ struct LoginContext: Sendable {
         case .success(let url): endpoint = url
         case .failure(let failure): throw .loginUnavailable(reason: clean(failure.message))
         }
-        switch await post(form, to: endpoint) {
+        switch await post(form, to: endpoint, proving: true) {
         case .success(let reply): return reply
         case .failure(let failure): throw .loginUnavailable(reason: clean(failure.message))
         }

@@ -8,6 +8,13 @@ struct IdPReply: Sendable {
     var body: Data
     /// `Retry-After`, in seconds, from either of its two forms.
     var retryAfter: TimeInterval?
+    /// `DPoP-Nonce` (RFC 9449 section 8), as sent.
+    var dpopNonce: String? = nil
+
+    /// Whether the IdP refused a DPoP proof for lacking its nonce (RFC 9449 section 8).
+    var asksForDPoPNonce: Bool {
+        (status == 400 || status == 401) && JSONValue.object(decoding: body)?["error"]?.text == "use_dpop_nonce"
+    }
 }
 
 /// The IdP client every provider, login and discovery shares: which URLs may be called (https,
@@ -19,6 +26,8 @@ public final class IdPClient: Sendable {
     private let requestTimeout: TimeInterval
     /// Discovered OIDC token endpoints, shared by every account that names an issuer.
     let discovery = DiscoveryCache()
+    /// The nonce each IdP last gave for DPoP proofs.
+    let dpopNonces = DPoPNonces()
 
     /// The broker's client: HTTP over the network.
     public convenience init(settings: BrokerSettings) {
@@ -56,16 +65,43 @@ public final class IdPClient: Sendable {
             return .success(
                 IdPReply(
                     status: answer.status, body: answer.body,
-                    retryAfter: answer.headers.first(name: "Retry-After").flatMap(Self.retryAfter)))
+                    retryAfter: answer.headers.first(name: "Retry-After").flatMap(Self.retryAfter),
+                    dpopNonce: answer.headers.first(name: "DPoP-Nonce")))
         case .failure(let failure):
             let name = target ?? "the IdP at \(Self.hostAndPort(url))"
             return .failure(.transient("cannot reach \(name): \(failure.reason)"))
         }
     }
 
-    /// A form POST to a token endpoint.
-    func post(_ url: URL, headers: HTTPHeaders, body: String) async -> Result<IdPReply, RefreshFailure> {
-        await send(method: .POST, url: url, headers: headers, body: body)
+    /// A form POST to a token endpoint; with `proof`, carrying a DPoP proof (RFC 9449 section 5)
+    /// of that key made at that time, with the last nonce the IdP gave. An answer that asks for
+    /// a new nonce is retried once with it.
+    func post(_ url: URL, headers: HTTPHeaders, body: String, proof: (key: DPoPKey, at: Date)? = nil)
+        async -> Result<IdPReply, RefreshFailure>
+    {
+        guard let (proofKey, now) = proof else { return await send(method: .POST, url: url, headers: headers, body: body) }
+        let first = await post(url, headers: headers, body: body, proof: proofKey, now: now)
+        guard case .success(let answer) = first.reply, answer.asksForDPoPNonce,
+            let nonce = dpopNonces.nonce(for: url), nonce != first.nonce
+        else { return first.reply }
+        return await post(url, headers: headers, body: body, proof: proofKey, now: now).reply
+    }
+
+    /// One POST with a proof carrying the IdP's last nonce; keeps the nonce the answer gives.
+    private func post(_ url: URL, headers: HTTPHeaders, body: String, proof key: DPoPKey, now: Date) async -> (
+        reply: Result<IdPReply, RefreshFailure>, nonce: String?
+    ) {
+        // The proof's `htu`: the endpoint without query and fragment (RFC 9449 section 4.2).
+        let target = DPoPTarget.checkedURL(url.absoluteString) ?? url.absoluteString
+        let nonce = dpopNonces.nonce(for: url)
+        guard let proof = key.proof(method: "POST", url: target, now: now, nonce: nonce) else {
+            return (.failure(.denial("the account's DPoP key cannot sign; log in again")), nonce)
+        }
+        var headers = headers
+        headers.replaceOrAdd(name: "DPoP", value: proof)
+        let reply = await send(method: .POST, url: url, headers: headers, body: body)
+        if case .success(let answer) = reply, let given = answer.dpopNonce { dpopNonces.remember(given, for: url) }
+        return (reply, nonce)
     }
 
     /// `host:port` of `url`, the port given or the scheme's, for messages about reaching it.

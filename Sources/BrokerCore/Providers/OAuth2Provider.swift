@@ -29,6 +29,9 @@ public struct OAuth2Settings: Codable, Sendable, Equatable {
     /// Where `login --flow device` asks for a user code (RFC 8628 section 3.1); discovered from
     /// `issuer` when `nil`.
     public var deviceAuthorizationEndpoint: URL? = nil
+    /// The DPoP algorithm (RFC 9449) the account's tokens are bound with, `ES256`; `nil`: bearer
+    /// tokens. The key is made by the broker (`DPoPKey`).
+    public var dpop: String? = nil
 }
 
 extension OAuth2Settings: ProviderSettings {
@@ -38,7 +41,7 @@ extension OAuth2Settings: ProviderSettings {
         ProviderField(name: "client_id", type: .text), .clientSecret, ProviderField(name: "client_auth", type: .text),
         ProviderField(name: "scope", type: .text), ProviderField(name: "revocation_endpoint", type: .text),
         ProviderField(name: "authorization_endpoint", type: .text),
-        ProviderField(name: "device_authorization_endpoint", type: .text),
+        ProviderField(name: "device_authorization_endpoint", type: .text), ProviderField(name: "dpop", type: .text),
     ]
     static let renewal = Renewal.refreshes
     static var refreshCredential: (name: String, secret: KeyPath<AccountSecrets, SecretBytes?>)? {
@@ -84,6 +87,10 @@ extension OAuth2Settings: ProviderSettings {
         revocationEndpoint = try Self.endpoint("revocation_endpoint", in: fields)
         authorizationEndpoint = try Self.endpoint("authorization_endpoint", in: fields)
         deviceAuthorizationEndpoint = try Self.endpoint("device_authorization_endpoint", in: fields)
+        dpop = try fields.text("dpop")
+        if let dpop, dpop != DPoPKey.algorithm {
+            throw .invalid("\"dpop\" is \"\(DPoPKey.algorithm)\", the algorithm every DPoP IdP accepts")
+        }
     }
 
     /// The optional endpoint URL of `field`, checked like the token endpoint.
@@ -147,13 +154,14 @@ struct OAuth2Provider: NarrowingTokenProvider {
     let defaultLifetime: TimeInterval
 
     func refresh(_ record: AccountRecord, now: Date) async -> Result<Grant, RefreshFailure> {
-        await post(refreshing: record, scope: settings.scope, resource: nil).flatMap {
+        await post(refreshing: record, scope: settings.scope, resource: nil, now: now).flatMap {
             Self.interpret($0, now: now, defaultLifetime: defaultLifetime)
         }
     }
 
-    /// The refresh grant of `record` (RFC 6749 section 6) with `scope` and `resource` (RFC 8707).
-    private func post(refreshing record: AccountRecord, scope: String?, resource: String?) async -> Result<
+    /// The refresh grant of `record` (RFC 6749 section 6) with `scope` and `resource` (RFC 8707),
+    /// with a DPoP proof made at `now` when the account has a key.
+    private func post(refreshing record: AccountRecord, scope: String?, resource: String?, now: Date) async -> Result<
         IdPReply, RefreshFailure
     > {
         guard let refreshToken = record.secrets.refreshToken else {
@@ -169,14 +177,15 @@ struct OAuth2Provider: NarrowingTokenProvider {
         case .success(let value): endpoint = value
         case .failure(let failure): return .failure(failure)
         }
-        return await http.post(endpoint, headers: headers, body: FormEncoding.encode(form))
+        let proof = record.secrets.dpopKey.map { (key: $0, at: now) }
+        return await http.post(endpoint, headers: headers, body: FormEncoding.encode(form), proof: proof)
     }
 
     /// The refresh grant narrowed to `key`: its scopes (the configured scope when it names
     /// none) and its resource. The token's `scope` is what the IdP granted, or what was asked.
     func refresh(_ record: AccountRecord, for key: TokenKey, now: Date) async -> Result<Grant, RefreshFailure> {
         let scope = key.scopeText ?? settings.scope
-        return await post(refreshing: record, scope: scope, resource: key.resource).flatMap { reply in
+        return await post(refreshing: record, scope: scope, resource: key.resource, now: now).flatMap { reply in
             if let refusal = Self.targetRefusal(reply) { return .failure(refusal) }
             return Self.interpret(reply, now: now, defaultLifetime: defaultLifetime).map { grant in
                 var grant = grant

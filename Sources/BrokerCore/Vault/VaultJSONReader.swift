@@ -130,19 +130,21 @@ final class VaultJSONReader {
         var refreshURL: SecretBytes??
         var refreshExpiresAt: Date??
         var clientSecret: SecretBytes??
+        var dpopKey: DPoPKey??
         let read = object(&lexer) { key, lexer in
             switch key {
             case "refreshToken": return once(&refreshToken, optional(&lexer) { secret(&$0) })
             case "refreshURL": return once(&refreshURL, optional(&lexer) { secret(&$0) })
             case "refreshExpiresAt": return once(&refreshExpiresAt, optional(&lexer) { date(&$0) })
             case "clientSecret": return once(&clientSecret, optional(&lexer) { secret(&$0) })
+            case "dpopKey": return once(&dpopKey, optional(&lexer) { secret(&$0).flatMap { try? DPoPKey(scalar: $0) } })
             default: return lexer.skipValue()
             }
         }
         guard read else { return nil }
         return AccountSecrets(
             refreshToken: refreshToken ?? nil, refreshURL: refreshURL ?? nil,
-            refreshExpiresAt: refreshExpiresAt ?? nil, clientSecret: clientSecret ?? nil)
+            refreshExpiresAt: refreshExpiresAt ?? nil, clientSecret: clientSecret ?? nil, dpopKey: dpopKey ?? nil)
     }
 
     private static func token(_ lexer: inout JSONLexer) -> AccessToken? {

@@ -1,0 +1,92 @@
+import BrokerProtocol
+import Crypto
+import FoundationEssentials
+
+/// An account's DPoP key (RFC 9449): a P-256 key pair made inside brokerd, whose private half
+/// lives only in guarded memory and the vault, and never leaves the process. It signs the
+/// proofs of the account's requests at its IdP, and the proofs programs ask for beside a token
+/// (`protocol/PROTOCOL.md`, `token`). The private scalar is handed to swift-crypto only for
+/// the length of one signature; the copy BoringSSL makes is cleansed when freed (and brokerd's
+/// allocator wipes every freed block).
+public final class DPoPKey: Sendable {
+    /// The one algorithm keys are made for: ES256, which every DPoP IdP accepts.
+    public static let algorithm = "ES256"
+
+    /// The private scalar, 32 bytes as base64url text (the vault keeps it so).
+    let scalar: SecretBytes
+    /// The public key's RFC 7638 thumbprint, base64url (the `cnf.jkt` of tokens bound to it).
+    public let thumbprint: String
+    /// The proof's JOSE header, base64url: the same for every proof of this key.
+    private let header: String
+
+    /// The key whose private scalar `scalar` holds; fails when it is not a P-256 scalar.
+    init(scalar: SecretBytes) throws(BrokerFailure) {
+        guard let key = Self.privateKey(scalar) else {
+            throw .invalid("the vault holds a DPoP key that is not a P-256 private key")
+        }
+        let point = Array(key.publicKey.rawRepresentation)
+        let x = Base64URL.encode(Array(point[0..<32]))
+        let y = Base64URL.encode(Array(point[32..<64]))
+        // RFC 7638 section 3.2: the required members only, in lexicographic order, no spaces.
+        let members = #"{"crv":"P-256","kty":"EC","x":""# + x + #"","y":""# + y + #""}"#
+        thumbprint = Base64URL.encode(Sodium.sha256(Array(members.utf8)))
+        let jwk = #"{"kty":"EC","crv":"P-256","x":""# + x + #"","y":""# + y + #""}"#
+        header = Base64URL.encode(Array((#"{"typ":"dpop+jwt","alg":"ES256","jwk":"# + jwk + "}").utf8))
+        self.scalar = scalar
+    }
+
+    /// A new key from the system's random source.
+    public static func generate() throws(BrokerFailure) -> DPoPKey {
+        var raw = P256.Signing.PrivateKey().rawRepresentation
+        defer { Sodium.wipe(&raw) }
+        return try DPoPKey(scalar: SecretBytes(Base64URL.encode(Array(raw))))
+    }
+
+    /// A proof (RFC 9449 section 4.2) for a request of `method` to `url` (given without query
+    /// or fragment) at `now`: a fresh 128-bit `jti`, `iat` in whole seconds, `ath` when the
+    /// request carries `accessToken`, `nonce` when the server gave one. `nil` only if the
+    /// scalar could not be read back, which a key made by `init` rules out.
+    func proof(method: String, url: String, now: Date, nonce: String? = nil, accessTokenHash: String? = nil)
+        -> String?
+    {
+        var claims = #"{"jti":""# + Base64URL.encode(Sodium.randomBytes(16)) + #"","htm":"#
+        claims += JSONText.quote(method) + #","htu":"# + JSONText.quote(url)
+        claims += #","iat":"# + String(Int64(now.timeIntervalSince1970.rounded(.down)))
+        if let accessTokenHash { claims += #","ath":""# + accessTokenHash + #"""# }
+        if let nonce { claims += #","nonce":"# + JSONText.quote(nonce) }
+        claims += "}"
+        let input = header + "." + Base64URL.encode(Array(claims.utf8))
+        guard let key = Self.privateKey(scalar), let signature = try? key.signature(for: Array(input.utf8)) else {
+            return nil
+        }
+        return input + "." + Base64URL.encode(Array(signature.rawRepresentation))
+    }
+
+    /// The `ath` of `accessToken` (RFC 9449 section 4.2): base64url of its SHA-256.
+    static func accessTokenHash(_ accessToken: SecretBytes) -> String {
+        accessToken.withUnsafeBytes { Base64URL.encode(Sodium.sha256(Array($0))) }
+    }
+
+    /// swift-crypto's key for `scalar`, read through a buffer wiped before return.
+    private static func privateKey(_ scalar: SecretBytes) -> P256.Signing.PrivateKey? {
+        guard var raw = scalar.withUnsafeBytes({ Base64URL.decode(String(decoding: $0, as: UTF8.self)) }) else {
+            return nil
+        }
+        defer { Sodium.wipe(&raw) }
+        guard raw.count == 32 else { return nil }
+        return try? P256.Signing.PrivateKey(rawRepresentation: raw)
+    }
+}
+
+extension DPoPKey: Equatable {
+    public static func == (lhs: DPoPKey, rhs: DPoPKey) -> Bool { lhs.scalar == rhs.scalar }
+}
+
+extension DPoPKey: Codable {
+    /// The vault's form: the private scalar as base64url text.
+    public convenience init(from decoder: any Decoder) throws {
+        try self.init(scalar: SecretBytes(from: decoder))
+    }
+
+    public func encode(to encoder: any Encoder) throws { try scalar.encode(to: encoder) }
+}
