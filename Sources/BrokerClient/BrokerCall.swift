@@ -35,10 +35,11 @@ extension BrokerCall where Result == TokenResult {
     /// narrowed to `scope` (space-separated) and bound to `resource` (an absolute URI) when
     /// given: `oauth2` accounts only; the result's `scope` is what the IdP granted.
     public static func token(
-        account: String, minTTL: TimeInterval? = nil, scope: String? = nil, resource: String? = nil
+        account: String, minTTL: TimeInterval? = nil, scope: String? = nil, resource: String? = nil,
+        dpop: DPoPRequest? = nil
     ) -> Self {
         var request = Request(id: nil, op: "token", account: account, minTTL: minTTL)
-        (request.scope, request.resource) = (scope, resource)
+        (request.scope, request.resource, request.dpop) = (scope, resource, dpop)
         return Self(request)
     }
 

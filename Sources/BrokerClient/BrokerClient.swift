@@ -68,6 +68,18 @@ public final class BrokerClient: Sendable {
         try await perform(.token(account: account, minTTL: minTTL, scope: scope, resource: resource))
     }
 
+    /// The two headers of a request to `url` with `method` under a DPoP-bound token of
+    /// `account` (RFC 9449 section 7.1): `Authorization: DPoP <token>` and `DPoP: <proof>`,
+    /// the proof made by the broker for that one request (with the resource server's `nonce`
+    /// when it asked for one). An account of bearer tokens is `bad_request`.
+    public func dpopHeaders(
+        account: String, method: String, url: String, nonce: String? = nil, minTTL: TimeInterval? = nil
+    ) async throws -> DPoPHeaders {
+        try DPoPHeaders(
+            await perform(.token(account: account, minTTL: minTTL, dpop: DPoPRequest(htm: method, htu: url, nonce: nonce)))
+        )
+    }
+
     /// Reports that a resource server refused `accessToken` (got with `scope` and `resource`);
     /// returns the token to use instead.
     public func reject(

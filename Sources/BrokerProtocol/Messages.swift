@@ -62,6 +62,8 @@ public struct Request: Codable, Sendable {
     public var resource: String?
     /// `add`: create the account in the fleet's shared store, served by every broker of the fleet.
     public var shared: Bool?
+    /// `token`: the request a DPoP proof is wanted for, answered beside the token (RFC 9449).
+    public var dpop: DPoPRequest?
 
     public init(
         id: RequestID?, op: String, account: String? = nil, minTTL: Double? = nil, accessToken: String? = nil,
@@ -88,12 +90,46 @@ public struct Request: Codable, Sendable {
 
     enum CodingKeys: String, CodingKey {
         case id, op, account, accounts, versions, client, provider, tokens, force, flow, timeout, passphrase, to
-        case scope, resource, shared
+        case scope, resource, shared, dpop
         case minTTL = "min_ttl"
         case accessToken = "access_token"
         case secretsFile = "secrets_file"
         case redirectPort = "redirect_port"
         case idToken = "id_token"
+    }
+}
+
+/// The `dpop` object of `status`: the algorithm and the public key's RFC 7638 thumbprint
+/// (base64url, the `cnf.jkt` of the tokens bound to it), never anything of the private key;
+/// `issued_token_type` when the IdP answered a DPoP request with another type (`Bearer`).
+public struct DPoPKeyStatus: Codable, Sendable, Equatable {
+    public var algorithm: String
+    public var thumbprint: String
+    public var issuedTokenType: String?
+
+    public init(algorithm: String, thumbprint: String, issuedTokenType: String? = nil) {
+        self.algorithm = algorithm
+        self.thumbprint = thumbprint
+        self.issuedTokenType = issuedTokenType
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case algorithm, thumbprint
+        case issuedTokenType = "issued_token_type"
+    }
+}
+
+/// The `dpop` object of a `token` request: the method and URL of the one request the program is
+/// about to make with the token, and the resource server's nonce when it gave one.
+public struct DPoPRequest: Codable, Sendable, Equatable {
+    public var htm: String?
+    public var htu: String?
+    public var nonce: String?
+
+    public init(htm: String?, htu: String?, nonce: String? = nil) {
+        self.htm = htm
+        self.htu = htu
+        self.nonce = nonce
     }
 }
 
@@ -208,10 +244,12 @@ public struct TokenResult: Codable, Sendable, Equatable {
     public var expiresIn: Int
     public var idToken: String?
     public var scope: String?
+    /// The DPoP proof a `token` request with `dpop` asked for.
+    public var dpopProof: String?
 
     public init(
         account: String, accessToken: String, tokenType: String, expiresAt: Date, expiresIn: Int,
-        idToken: String? = nil, scope: String? = nil
+        idToken: String? = nil, scope: String? = nil, dpopProof: String? = nil
     ) {
         self.account = account
         self.accessToken = accessToken
@@ -220,12 +258,14 @@ public struct TokenResult: Codable, Sendable, Equatable {
         self.expiresIn = expiresIn
         self.idToken = idToken
         self.scope = scope
+        self.dpopProof = dpopProof
     }
 
     enum CodingKeys: String, CodingKey {
         case account, scope
         case accessToken = "access_token"
         case tokenType = "token_type"
+        case dpopProof = "dpop_proof"
         case expiresAt = "expires_at"
         case expiresIn = "expires_in"
         case idToken = "id_token"
@@ -271,6 +311,8 @@ public struct AccountStatus: Codable, Sendable, Equatable {
     public var lastRefreshedBy: String?
     /// This broker's fleet host name while it holds the shared account's lease.
     public var leaseHolder: String?
+    /// The DPoP key of an account whose tokens are bound to one (RFC 9449); absent otherwise.
+    public var dpop: DPoPKeyStatus?
 
     public init(
         account: String, provider: String, state: String, expiresAt: Date? = nil, refreshExpiresAt: Date? = nil,
@@ -291,7 +333,7 @@ public struct AccountStatus: Codable, Sendable, Equatable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case account, provider, state, git, docker, shared, version
+        case account, provider, state, git, docker, shared, version, dpop
         case lostScope = "lost_scope"
         case lastRefreshedBy = "last_refreshed_by"
         case leaseHolder = "lease_holder"

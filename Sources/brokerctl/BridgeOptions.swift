@@ -32,11 +32,21 @@ struct BridgeOptions: ParsableArguments {
         try GlobalOptions.client(socket: socket, timeout: timeout)
     }
 
-    /// The token of `account`, valid for `--min-ttl` seconds (narrowed as `narrowing` says).
-    /// (A `Narrowing` only exists parsed: reading an unparsed option group traps.)
+    /// The bearer token of `account`, valid for `--min-ttl` seconds (narrowed as `narrowing`
+    /// says). A DPoP-bound token is refused: a tool that sends only `Authorization` would be
+    /// refused by the resource server, with a less clear error. (A `Narrowing` only exists
+    /// parsed: reading an unparsed option group traps.)
     func token(of account: String, narrowing: Narrowing? = nil) throws -> TokenResult {
+        let token = try self.token(of: account, narrowing: narrowing, dpop: nil)
+        guard token.tokenType.lowercased() != "dpop" else { throw BridgeFailure.dpopBound(account) }
+        return token
+    }
+
+    /// The token of `account`, with a proof for `dpop` when given.
+    func token(of account: String, narrowing: Narrowing?, dpop: DPoPRequest?) throws -> TokenResult {
         try client().perform(
-            .token(account: account, minTTL: minTTL, scope: narrowing?.scope, resource: narrowing?.resource))
+            .token(
+                account: account, minTTL: minTTL, scope: narrowing?.scope, resource: narrowing?.resource, dpop: dpop))
     }
 
     /// The accounts the caller may use, with their bridge settings.
@@ -58,6 +68,13 @@ struct Narrowing: ParsableArguments {
 struct BridgeFailure: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }
+
+    /// A bridge asked for the token of an account whose tokens are DPoP-bound.
+    static func dpopBound(_ account: String) -> BridgeFailure {
+        BridgeFailure(
+            "the account \(account)'s tokens are DPoP-bound (RFC 9449): each request needs a proof, which this tool "
+                + "cannot send; use brokerctl header \(account) --method METHOD --url URL, or a client's dpop_headers")
+    }
 }
 
 /// A descriptor (standard input by default) read to its end with bounds: a helper's input

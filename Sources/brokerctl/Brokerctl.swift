@@ -200,21 +200,31 @@ struct Token: ParsableCommand {
     @Flag(help: "Print the account's OpenID Connect id token instead (exit 4 when its IdP issued none).")
     var idToken = false
     @OptionGroup var narrowing: Narrowing
+    @Option(help: "DPoP: the HTTP method of the request to prove (with --dpop-url; the proof follows the token).")
+    var dpopMethod: String?
+    @Option(help: "DPoP: the URL of the request to prove (https, or http on loopback).") var dpopURL: String?
+    @Option(help: "DPoP: the nonce the resource server gave.") var dpopNonce: String?
 
     func validate() throws {
-        if idToken, narrowing.scope != nil || narrowing.resource != nil {
-            throw ValidationError("--id-token takes no --scope or --resource")
+        if idToken, narrowing.scope != nil || narrowing.resource != nil || dpopMethod != nil {
+            throw ValidationError("--id-token takes no --scope, --resource or --dpop-method")
         }
+        if (dpopMethod == nil) != (dpopURL == nil) {
+            throw ValidationError("give --dpop-method and --dpop-url together")
+        }
+        if dpopNonce != nil, dpopMethod == nil { throw ValidationError("--dpop-nonce goes with --dpop-method") }
     }
 
     func run() throws {
         if idToken {
             try options.run(.idToken(account: account, minTTL: minTTL)) { $0.idToken }
         } else {
+            let dpop = dpopMethod.map { DPoPRequest(htm: $0, htu: dpopURL, nonce: dpopNonce) }
             try options.run(
-                .token(account: account, minTTL: minTTL, scope: narrowing.scope, resource: narrowing.resource)
-            ) {
-                $0.accessToken
+                .token(
+                    account: account, minTTL: minTTL, scope: narrowing.scope, resource: narrowing.resource, dpop: dpop)
+            ) { token in
+                token.dpopProof.map { token.accessToken + "\n" + $0 } ?? token.accessToken
             }
         }
     }
@@ -461,8 +471,8 @@ enum StatusTable {
 
     /// For each account that waits for its owner (`needs_login`, `logged_out`), the command
     /// that restores it: `brokerctl login` for oauth2 accounts, `brokerctl set-tokens` for the
-    /// others; and each account whose scope the IdP narrowed; preceded by a blank line when
-    /// there are any.
+    /// others; each account whose scope the IdP narrowed; each account's DPoP key (and an IdP
+    /// that issued bearer tokens to it); preceded by a blank line when there are any.
     static func hints(_ accounts: [AccountStatus], socket: String?) -> [String] {
         let socketOption = socket.map { " --socket " + ShellWord.quoted($0) } ?? ""
         let restore = accounts.filter { ["needs_login", "logged_out"].contains($0.state) }.map { account in
@@ -473,7 +483,13 @@ enum StatusTable {
         let narrowed = accounts.compactMap { account in
             account.lostScope.map { "\(account.account): the IdP no longer grants the scope \($0)" }
         }
-        let hints = restore + narrowed
+        let dpop = accounts.compactMap { account in
+            account.dpop.map { key in
+                "\(account.account): DPoP \(key.algorithm), key thumbprint \(key.thumbprint)"
+                    + (key.issuedTokenType.map { "; the IdP ignored it and issued a \($0) token" } ?? "")
+            }
+        }
+        let hints = restore + narrowed + dpop
         return hints.isEmpty ? [] : [""] + hints
     }
 

@@ -21,6 +21,8 @@ struct ProviderOptions: ParsableArguments {
     var authorizationEndpoint: String?
     @Option(help: "oauth2: the RFC 8628 device authorization endpoint for brokerctl login (discovered with --issuer).")
     var deviceAuthorizationEndpoint: String?
+    @Option(help: "oauth2: ES256 to bind the account's tokens to a key the broker makes and keeps (DPoP, RFC 9449).")
+    var dpop: String?
     @Option(help: "refresh_url: GET (default) or POST.") var method: String?
     @Option(help: "sliding: the refresh endpoint URL.") var endpoint: String?
     @Option(help: "sliding: IANA time zone of timestamps without a zone (default UTC).") var timezone: String?
@@ -36,7 +38,8 @@ struct ProviderOptions: ParsableArguments {
             ("token_endpoint", tokenEndpoint), ("issuer", issuer), ("client_id", clientID), ("client_auth", clientAuth),
             ("scope", scope), ("revocation_endpoint", revocationEndpoint),
             ("authorization_endpoint", authorizationEndpoint),
-            ("device_authorization_endpoint", deviceAuthorizationEndpoint), ("method", method), ("endpoint", endpoint),
+            ("device_authorization_endpoint", deviceAuthorizationEndpoint), ("dpop", dpop), ("method", method),
+            ("endpoint", endpoint),
             ("timezone", timezone), ("path", path),
         ]
         var spec = ProviderSpec(kind: kind)

@@ -91,6 +91,14 @@ extension AccountRecord {
         secrets.dpopKey = try DPoPKey.generate()
     }
 
+    /// The DPoP key's public facts for `status`, with the type of the current token when an IdP
+    /// issued one that is not `DPoP` (pushed tokens are what the owner gave, not reported).
+    var dpopStatus: DPoPStatus? {
+        guard let key = secrets.dpopKey else { return nil }
+        let type = token.flatMap { $0.pushed == true || $0.type.lowercased() == "dpop" ? nil : $0.type }
+        return DPoPStatus(algorithm: DPoPKey.algorithm, thumbprint: key.thumbprint, otherTokenType: type)
+    }
+
     /// Whether the record holds a credential an IdP would accept (not just settings).
     var holdsCredential: Bool {
         secrets.refreshToken != nil || secrets.refreshURL != nil || token != nil

@@ -17,6 +17,8 @@ public struct AccountSnapshot: Sendable, Equatable {
     public var lostScope: [String]?
     /// For a shared account (docs/fleet.md): what its row says.
     public var shared: SharedAccountStatus?
+    /// For an account whose tokens are bound to a DPoP key: the key's public facts.
+    public var dpop: DPoPStatus?
 
     /// This snapshot as `degraded` when `degraded` holds (a shared account whose last refresh
     /// the fleet's database has not taken yet) and the account is not refreshing.
@@ -34,6 +36,17 @@ public struct SharedAccountStatus: Sendable, Equatable {
     public var lastRefreshedBy: String?
     /// This host's name while it holds the account's lease.
     public var leaseHolder: String?
+}
+
+/// An account's DPoP key as `status` shows it: nothing of the private key.
+public struct DPoPStatus: Sendable, Equatable {
+    /// The algorithm, `ES256`.
+    public var algorithm: String
+    /// The public key's RFC 7638 thumbprint, base64url: the `cnf.jkt` of the tokens bound to it.
+    public var thumbprint: String
+    /// Whether the IdP answered the last DPoP request with a token of another type (`Bearer`):
+    /// an IdP that ignores DPoP. The account keeps working with what it issued.
+    public var otherTokenType: String?
 }
 
 /// The state of an account.

@@ -249,8 +249,7 @@ extension Broker {
         let machine = AccountMachine(record: record, planner: planner, now: now)
         accounts[record.name] = machine
         tokenProviders[record.name] = nil
-        cache.publish(
-            machine.servableToken.flatMap { try? PreparedToken(account: record.name, token: $0) }, for: record.name)
+        republish(machine, as: record.name)
     }
 
     /// Writes records to the vault, or removes them, outside the accounts served (a mark, or a

@@ -172,7 +172,7 @@ extension Broker {
             }
             let prepared: PreparedToken
             do {
-                prepared = try PreparedToken(account: name, token: grant.token)
+                prepared = try PreparedToken(account: name, token: grant.token, dpopKey: started.secrets.dpopKey)
             } catch {
                 return .failure(error)
             }

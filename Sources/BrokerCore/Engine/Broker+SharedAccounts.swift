@@ -151,7 +151,7 @@ extension Broker {
                     followLease(name)
                     continue
                 }
-                cache.publish(machine.servableToken.flatMap { try? PreparedToken(account: name, token: $0) }, for: name)
+                republish(machine, as: name)
             }
         }
     }
@@ -587,7 +587,16 @@ extension Broker {
     /// the broker is locked.
     func republish(_ name: String) {
         guard !padlock.isLocked, let machine = accounts[name], machine.refreshSerial == nil else { return }
-        cache.publish(machine.servableToken.flatMap { try? PreparedToken(account: name, token: $0) }, for: name)
+        republish(machine, as: name)
+    }
+
+    /// Puts `machine`'s servable token in the cache as `name`'s (none when it has none, or no
+    /// guarded memory can hold its answer: a request then refreshes).
+    func republish(_ machine: AccountMachine, as name: String) {
+        cache.publish(
+            machine.servableToken.flatMap {
+                try? PreparedToken(account: name, token: $0, dpopKey: machine.record.secrets.dpopKey)
+            }, for: name)
     }
 
     /// Waits, in a task of its own, for the lease another host took on `name` to end (a wait

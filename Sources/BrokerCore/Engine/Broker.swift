@@ -101,7 +101,8 @@ public actor Broker {
                 if let token = machine.servableToken {
                     // Out of guarded memory, the token is not cached: a request for it refreshes.
                     cache.publish(
-                        try? PreparedToken(account: machine.record.name, token: token), for: machine.record.name)
+                        try? PreparedToken(
+                            account: machine.record.name, token: token, dpopKey: machine.record.secrets.dpopKey), for: machine.record.name)
                 }
             }
         }
@@ -158,7 +159,8 @@ public actor Broker {
                 tokenFiles.update(name, token: token, logger: logger)
                 do {
                     cache.publish(
-                        try token.map { token throws(BrokerFailure) in try PreparedToken(account: name, token: token) },
+                        try token.map { token throws(BrokerFailure) in try PreparedToken(account: name, token: token, dpopKey: accounts[name]?.record.secrets.dpopKey)
+                        },
                         for: name)
                 } catch {
                     // Not the token it replaces either: that one is superseded.
@@ -205,7 +207,8 @@ public actor Broker {
             state: machine.state(now: now), expiresAt: machine.record.token?.expiresAt,
             refreshExpiresAt: machine.record.secrets.refreshExpiresAt, nextRefreshAt: machine.nextRefreshAt,
             lastRefreshAt: machine.record.lastRefreshAt, lastError: machine.record.lastError,
-            lostScope: machine.record.lostScope, shared: sharedStatus(of: machine.record.name)
+            lostScope: machine.record.lostScope, shared: sharedStatus(of: machine.record.name),
+            dpop: machine.record.dpopStatus
         )
         .degraded(fleet?.pending[machine.record.name] != nil)
     }

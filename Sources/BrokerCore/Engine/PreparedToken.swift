@@ -10,11 +10,15 @@ public struct PreparedToken: Sendable {
     public let token: AccessToken
     /// `"account":…,"access_token":…,…,"expires_at":"…"` without braces or `expires_in`.
     private let fields: SecretBytes
+    /// The account's DPoP key, which signs the proofs asked for beside the token, and the
+    /// token's `ath`; `nil` for a bearer account.
+    private let dpop: (key: DPoPKey, accessTokenHash: String)?
 
     /// Fails when no guarded memory can hold the answer.
-    public init(account: String, token: AccessToken) throws(BrokerFailure) {
+    public init(account: String, token: AccessToken, dpopKey: DPoPKey?) throws(BrokerFailure) {
         self.account = account
         self.token = token
+        dpop = dpopKey.map { ($0, DPoPKey.accessTokenHash(token.value)) }
         var bytes: [UInt8] = []
         bytes.reserveCapacity(256 + account.utf8.count + 2 * (token.value.count + (token.idToken?.count ?? 0)))
         bytes += #""account":"#.utf8
@@ -57,22 +61,40 @@ public struct PreparedToken: Sendable {
     /// Bytes a success line takes at most, for sizing the buffer it is written into.
     public var lineCapacity: Int { fields.count + 64 }
 
-    /// Writes the complete success line for request `id`, newline included, into `buffer`.
-    public func write(id: RequestID?, now: Date, into buffer: inout ByteBuffer) {
-        buffer.reserveCapacity(minimumWritableBytes: lineCapacity)
+    /// Whether the account's tokens are bound to a DPoP key, which can sign proofs for them.
+    public var provesPossession: Bool { dpop != nil }
+
+    /// A DPoP proof for `target` with this token's `ath`, signed at `now`; `nil` for a bearer
+    /// account.
+    public func proof(for target: DPoPTarget, now: Date) -> String? {
+        guard let dpop else { return nil }
+        return dpop.key.proof(
+            method: target.method, url: target.url, now: now, nonce: target.nonce, accessTokenHash: dpop.accessTokenHash)
+    }
+
+    /// Writes the complete success line for request `id`, newline included, into `buffer`,
+    /// with `proof` as `dpop_proof` when given.
+    public func write(id: RequestID?, now: Date, proof: String? = nil, into buffer: inout ByteBuffer) {
+        buffer.reserveCapacity(minimumWritableBytes: lineCapacity + (proof?.utf8.count ?? 0))
         buffer.writeStaticString(#"{"id":"#)
         buffer.writeString(JSONText.encode(id ?? .null))
         buffer.writeStaticString(#","ok":true,"result":{"#)
         fields.withUnsafeBytes { _ = buffer.writeBytes($0) }
+        if let proof {
+            // A proof is base64url and dots: nothing in it needs escaping.
+            buffer.writeStaticString(#","dpop_proof":""#)
+            buffer.writeString(proof)
+            buffer.writeStaticString(#"""#)
+        }
         buffer.writeStaticString(#","expires_in":"#)
         buffer.writeString(String(expiresIn(at: now)))
         buffer.writeStaticString("}}\n")
     }
 
     /// The complete success line for request `id`, newline included (the slow path's answer).
-    public func line(id: RequestID?, now: Date) -> [UInt8] {
+    public func line(id: RequestID?, now: Date, proof: String? = nil) -> [UInt8] {
         var buffer = ByteBufferAllocator().buffer(capacity: lineCapacity)
-        write(id: id, now: now, into: &buffer)
+        write(id: id, now: now, proof: proof, into: &buffer)
         return Array(buffer.readableBytesView)
     }
 }

@@ -115,6 +115,15 @@ public struct RequestDispatcher: Sendable {
         return operation == .login ? .login(request) : .deferred(request)
     }
 
+    /// The checked request of a `dpop` object (`bad_request` naming the field it refuses).
+    static func target(_ dpop: DPoPRequest) throws(BrokerError) -> DPoPTarget {
+        do {
+            return try DPoPTarget(method: dpop.htm, url: dpop.htu, nonce: dpop.nonce)
+        } catch {
+            throw BrokerError(error)
+        }
+    }
+
     /// The first account `request` names that the caller may not use, if any.
     private func refusedAccount(of request: Request, _ operation: Operation, access: inout CallerAccess) -> String? {
         switch operation {
@@ -178,17 +187,27 @@ public struct RequestDispatcher: Sendable {
                     protocol: protocolVersion, server: Self.serverName, ops: Operation.allCases.map(\.rawValue))
                 return try success(request, hello, encoder)
             case .token where request.idToken == true:
-                if request.scope != nil || request.resource != nil {
-                    throw BrokerError(.badRequest, "\"id_token\" takes no \"scope\" or \"resource\"")
+                if request.scope != nil || request.resource != nil || request.dpop != nil {
+                    throw BrokerError(.badRequest, "\"id_token\" takes no \"scope\", \"resource\" or \"dpop\"")
                 }
                 let idToken = try await operations.idToken(
                     account: try AccountField.required(request.account), minTTL: minTTL(request.minTTL))
                 return try success(request, idToken, encoder)
             case .token:
+                // The proof's target is checked before any token is fetched or refreshed.
+                let target = try request.dpop.map { dpop throws(BrokerError) in try Self.target(dpop) }
                 let token = try await operations.token(
                     account: try AccountField.required(request.account), minTTL: minTTL(request.minTTL),
                     scope: request.scope, resource: request.resource, caller: caller.peer.uid)
-                return token.line(id: request.id, now: broker.clock.now())
+                let now = broker.clock.now()
+                guard let target else { return token.line(id: request.id, now: now) }
+                guard let proof = token.proof(for: target, now: now) else {
+                    throw BrokerError(
+                        .badRequest,
+                        "the account \(JSONText.quote(token.account)) has no DPoP key: its tokens are bearer tokens (set dpop = \"ES256\" and sign in again)"
+                    )
+                }
+                return token.line(id: request.id, now: now, proof: proof)
             case .reject:
                 guard let accessToken = request.accessToken else {
                     throw BrokerError(.badRequest, "the field \"access_token\" is required")

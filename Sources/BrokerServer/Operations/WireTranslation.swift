@@ -101,6 +101,9 @@ public enum WireTranslation {
             status.lastRefreshedBy = shared.lastRefreshedBy
             status.leaseHolder = shared.leaseHolder
         }
+        status.dpop = snapshot.dpop.map {
+            DPoPKeyStatus(algorithm: $0.algorithm, thumbprint: $0.thumbprint, issuedTokenType: $0.otherTokenType)
+        }
         return status
     }
 
