@@ -20,6 +20,7 @@ from .errors import (
     NotFound,
     TokenRefused,
     UnknownOp,
+    UseDPoPNonce,
     Unavailable,
     UnsupportedVersion,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "Token",
     "TokenRefused",
     "UnknownOp",
+    "UseDPoPNonce",
     "Unavailable",
     "UnsupportedVersion",
     "default_socket",

@@ -4,10 +4,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterator, List, Optional, Sequence, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, TypeVar
 
 from .connection import Connection, checked_seconds
-from .errors import BrokerConnectionError, TokenRefused, error_from_wire
+from .errors import BrokerConnectionError, TokenRefused, UseDPoPNonce, error_from_wire
 from .paths import default_socket
 
 T = TypeVar("T")
@@ -104,6 +104,35 @@ class Client:
         except TokenRefused:
             replacement = self.reject(account, token.access_token, min_ttl, scope, resource)
             return body(replacement.access_token)
+
+    def dpop_headers(
+        self, account: str, method: str, url: str, nonce: Optional[str] = None, min_ttl: float = 30
+    ) -> Dict[str, str]:
+        """The headers of one request of ``method`` to ``url`` under ``account``'s DPoP-bound
+        token (RFC 9449): ``{"Authorization": "DPoP <token>", "DPoP": <proof>}``, the proof made
+        by the broker for that request, with the resource server's ``nonce`` when it gave one.
+        Make a new pair for every request: a resource server refuses a proof used twice."""
+        for label, text in (("method", method), ("url", url), ("nonce", nonce)):
+            if text is not None and not isinstance(text, str):
+                raise TypeError(f"{label} must be a string")
+        dpop = {"htm": method, "htu": url}
+        if nonce is not None:
+            dpop["nonce"] = nonce
+        result = self.request("token", dpop=dpop, **_token_fields(account, min_ttl, None, None))
+        token = _token(result)
+        return {"Authorization": f"{token.token_type} {token.access_token}", "DPoP": _text(result, "dpop_proof", True)}
+
+    def with_dpop(
+        self, account: str, method: str, url: str, body: Callable[[Dict[str, str]], T], min_ttl: float = 30
+    ) -> T:
+        """Returns ``body(headers)`` with the headers of :meth:`dpop_headers`. If ``body`` raises
+        :class:`UseDPoPNonce` (see :meth:`UseDPoPNonce.check`: the resource server answered 401
+        with ``error="use_dpop_nonce"`` and a ``DPoP-Nonce``), calls ``body`` once more with a
+        proof carrying that nonce; a second demand propagates."""
+        try:
+            return body(self.dpop_headers(account, method, url, min_ttl=min_ttl))
+        except UseDPoPNonce as demand:
+            return body(self.dpop_headers(account, method, url, nonce=demand.nonce, min_ttl=min_ttl))
 
     def status(self, account: Optional[str] = None) -> List[dict]:
         """The state of ``account``, or of every account this process may use, as the broker's

@@ -1,6 +1,6 @@
 """The broker's error codes (protocol section 10) as exceptions, one class per code."""
 
-from typing import Dict, Optional, Type
+from typing import Dict, Mapping, Optional, Type
 
 
 class BrokerError(Exception):
@@ -93,6 +93,30 @@ class BrokerConnectionError(ConnectionError):
 class TokenRefused(Exception):
     """Raised by a :meth:`Client.with_token` body when the resource server refused the token
     (e.g. HTTP 401): the token is rejected and the body runs once more with a fresh one."""
+
+
+class UseDPoPNonce(Exception):
+    """Raised by a :meth:`Client.with_dpop` body when the resource server asked for a DPoP nonce
+    (RFC 9449 section 9): the body runs once more with a proof that carries ``nonce``."""
+
+    def __init__(self, nonce: str):
+        super().__init__("the resource server asked for a DPoP nonce")
+        self.nonce = nonce
+
+    @classmethod
+    def check(cls, status: int, headers: Mapping[str, str]) -> None:
+        """Raises when an answer of ``status`` with ``headers`` (any mapping; names are matched
+        without regard to case) demands a nonce: 401, ``WWW-Authenticate: DPoP`` naming
+        ``error="use_dpop_nonce"``, and a ``DPoP-Nonce`` of at most 1,024 printable characters."""
+        if status != 401:
+            return
+        lowered = {str(name).lower(): str(value) for name, value in headers.items()}
+        challenge = lowered.get("www-authenticate", "")
+        nonce = lowered.get("dpop-nonce", "")
+        if not challenge.lower().startswith("dpop") or 'error="use_dpop_nonce"' not in challenge:
+            return
+        if 0 < len(nonce) <= 1024 and all(0x21 <= ord(c) <= 0x7E and c not in '"\\' for c in nonce):
+            raise cls(nonce)
 
 
 ERRORS_BY_CODE: Dict[str, Type[BrokerError]] = {
