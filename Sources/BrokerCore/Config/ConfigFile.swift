@@ -67,7 +67,21 @@ public enum ConfigFile {
             wlcgAccount: try wlcgAccount(table["broker"]?.table?["wlcg_account"], path: path),
             bridges: try AccountBridges.parse(accounts: table["accounts"]?.table, path: path), fleet: fleet)
         try checkNoTokenFileAroundRules(configuration, path: path)
+        try checkNoTokenFileOfDPoPAccounts(configuration, path: path)
         return configuration
+    }
+
+    /// Refuses a token file of an account whose tokens are DPoP-bound (`dpop`): a program
+    /// reading the file could not make the proof each request needs (docs/dpop.md).
+    private static func checkNoTokenFileOfDPoPAccounts(_ configuration: BrokerConfiguration, path: String) throws {
+        let bound = configuration.accounts.filter { $0.value.fields["dpop"] != nil }.keys
+        let why = "its tokens are DPoP-bound, and a program reading a file cannot make the proof each request needs"
+        if let name = bound.sorted().first(where: { configuration.exportFiles[$0] != nil }) {
+            throw ConfigError(description: "\(path): accounts.\(name).export_file is refused: \(why)")
+        }
+        if let name = configuration.wlcgAccount, bound.contains(name) {
+            throw ConfigError(description: "\(path): broker.wlcg_account = \"\(name)\" is refused: \(why)")
+        }
     }
 
     /// Refuses a token file (`export_file`, `wlcg_account`) of an account whose access rule names

@@ -54,7 +54,14 @@ struct TokenFiles {
     /// Writes `token` into each file of `account`, or removes them when it holds none.
     func update(_ account: String, token: AccessToken?, logger: Logger) {
         for path in paths[account] ?? [] {
-            if let token {
+            // A DPoP-bound token is useless without a proof, which a program reading a file
+            // cannot make: the file is removed rather than kept with it.
+            if let token, token.type.lowercased() == "dpop" {
+                logger.warning(
+                    "no token file for a DPoP-bound token: use brokerctl header --method --url, or a client's dpop_headers",
+                    metadata: ["account": "\(account)", "path": "\(JSONText.quote(path))"])
+                Self.remove(path, logger: logger)
+            } else if let token {
                 Self.write(token.value, to: path, account: account, logger: logger)
             } else {
                 Self.remove(path, logger: logger)
