@@ -5,7 +5,8 @@
 /// It only gates the hot path, and never disagrees with the full path (`JSONLine.problem(in:)`
 /// then the decoder over `Request`): whatever it returns, the full path would read the same
 /// `id`, `op`, `account`, `min_ttl` and `access_token` from the same line. Anything it cannot
-/// vouch for yields `nil` and the full path decides: text outside RFC 8259, nested values, a repeated key, a
+/// vouch for yields `nil` and the full path decides: text outside RFC 8259, nested values (but a
+/// `dpop` object of strings), a repeated key, a
 /// field of `Request` it does not read, a value of the wrong type, an `id` number that is not
 /// a plain integer within 64 bits (the decoder turns `1.0` into `1` and `1e2` into `100`).
 public struct FlatRequest: Equatable, Sendable {
@@ -15,6 +16,8 @@ public struct FlatRequest: Equatable, Sendable {
     public var minTTL: Double?
     /// The token a `reject` names.
     public var accessToken: String?
+    /// The request a `token` wants a DPoP proof for: a flat object of strings.
+    public var dpop: DPoPRequest?
 
     /// The fields the fast path reads, as the full path read them from `request`.
     public init(_ request: Request) {
@@ -23,6 +26,7 @@ public struct FlatRequest: Equatable, Sendable {
         account = request.account
         minTTL = request.minTTL
         accessToken = request.accessToken
+        dpop = request.dpop
     }
 
     private init() {}
@@ -32,6 +36,7 @@ public struct FlatRequest: Equatable, Sendable {
     public static func == (lhs: FlatRequest, rhs: FlatRequest) -> Bool {
         lhs.id.map(JSONText.encode) == rhs.id.map(JSONText.encode) && lhs.op == rhs.op && lhs.account == rhs.account
             && lhs.minTTL?.bitPattern == rhs.minTTL?.bitPattern && lhs.accessToken == rhs.accessToken
+            && lhs.dpop == rhs.dpop
     }
 
     /// Lines with more unknown members than this are left to the full path, which keeps the
@@ -84,9 +89,13 @@ public struct FlatRequest: Equatable, Sendable {
         case string(String)
         case number(String, isInteger: Bool)
         case literal
+        case dpop(DPoPRequest)
 
         init?(_ lexer: inout JSONLexer) {
-            if lexer.peek() == JSONLexer.Byte.quote {
+            if lexer.peek() == JSONLexer.Byte.openBrace {
+                guard let dpop = Self.dpop(&lexer) else { return nil }
+                self = .dpop(dpop)
+            } else if lexer.peek() == JSONLexer.Byte.quote {
                 guard let text = lexer.string() else { return nil }
                 self = .string(text)
             } else if let (text, isInteger) = lexer.number() {
@@ -96,6 +105,26 @@ public struct FlatRequest: Equatable, Sendable {
             } else {
                 return nil
             }
+        }
+
+        /// An object whose members are `htm`, `htu` and `nonce`, strings, each at most once;
+        /// `nil` for any other object, which the full path reads.
+        private static func dpop(_ lexer: inout JSONLexer) -> DPoPRequest? {
+            guard lexer.skip(JSONLexer.Byte.openBrace) else { return nil }
+            var dpop = DPoPRequest(htm: nil, htu: nil)
+            if lexer.skip(JSONLexer.Byte.closeBrace) { return dpop }
+            repeat {
+                guard let key = lexer.string(), lexer.skip(JSONLexer.Byte.colon),
+                    lexer.peek() == JSONLexer.Byte.quote, let value = lexer.string()
+                else { return nil }
+                switch key {
+                case "htm" where dpop.htm == nil: dpop.htm = value
+                case "htu" where dpop.htu == nil: dpop.htu = value
+                case "nonce" where dpop.nonce == nil: dpop.nonce = value
+                default: return nil
+                }
+            } while lexer.skip(JSONLexer.Byte.comma)
+            return lexer.skip(JSONLexer.Byte.closeBrace) ? dpop : nil
         }
     }
 
@@ -108,6 +137,7 @@ public struct FlatRequest: Equatable, Sendable {
         case .minTTL: return 8
         case .client: return 16
         case .accessToken: return 32
+        case .dpop: return 64
         default: return nil
         }
     }
@@ -127,6 +157,7 @@ public struct FlatRequest: Equatable, Sendable {
             guard let seconds = Double(text), seconds.isFinite, seconds != 0 || isInteger else { return false }
             minTTL = seconds
         case (.accessToken, .string(let text)): accessToken = text
+        case (.dpop, .dpop(let request)): dpop = request
         case (.client, .string): break
         default: return false
         }

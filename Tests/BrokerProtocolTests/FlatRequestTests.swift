@@ -20,6 +20,9 @@ import Testing
         #"{"id":-0,"op":"token","account":"api","min_ttl":-0}"#,
         #"{"id":9223372036854775807,"op":"token","account":"api","min_ttl":1e-300}"#,
         #"{"id":-9223372036854775808,"op":"token","account":"api","min_ttl":0}"#,
+        #"{"id":2,"op":"token","account":"api","dpop":{"htm":"GET","htu":"https://api.example/v1?q=1"}}"#,
+        #"{"id":3,"op":"token","account":"api","dpop":{"nonce":"n-1","htu":"x","htm":"POST"},"min_ttl":5}"#,
+        #"{"id":4,"op":"token","account":"api","dpop":{}}"#,
         "{}",
     ])
     func agreesWithTheFullPath(line: String) throws {
@@ -33,6 +36,13 @@ import Testing
         // The id-token answer is the full path's: the scanner must not answer it with the access token.
         #"{"id":1,"op":"token","account":"api","id_token":true}"#,
         #"{"id":1,"op":"token","account":"api","id_token":false}"#,
+        // A `dpop` object the scanner cannot vouch for: another member, another type, a repeat.
+        #"{"id":1,"op":"token","account":"api","dpop":{"htm":"GET","htu":"https://a/","x":1}}"#,
+        #"{"id":1,"op":"token","account":"api","dpop":{"htm":"GET","htm":"PUT"}}"#,
+        #"{"id":1,"op":"token","account":"api","dpop":{"htm":7}}"#,
+        #"{"id":1,"op":"token","account":"api","dpop":{"htm":null}}"#,
+        #"{"id":1,"op":"token","account":"api","dpop":null}"#,
+        #"{"id":1,"op":"token","account":"api","dpop":"GET"}"#,
         #"{"id":1,"op":"login","account":"api","flow":"device","timeout":60}"#,
         #"{"id":true,"op":"token"}"#,
         #"{"id":null,"op":"token"}"#,
@@ -189,6 +199,13 @@ struct LineGenerator {
             [
                 "0", "-0", "60", "0.5", "1e2", "-1", "1e-400", "4.9406564584124654e-324", "1.7976931348623157e308",
                 "0.0", "0e5",
+            ]
+        ),
+        (
+            "dpop",
+            [
+                #"{"htm":"GET","htu":"https://a.example/p"}"#, #"{"nonce":"n","htm":"PUT"}"#, "{}",
+                #"{"htm":"GET","htm":"PUT"}"#, #"{"htm":1}"#, #"{"htu":"u","y":"z"}"#, "null", #""GET""#,
             ]
         ),
         ("client", [#""x""#]), ("access_token", [#""at""#]), ("force", ["true"]), ("accounts", [#"["a"]"#, "[]"]),

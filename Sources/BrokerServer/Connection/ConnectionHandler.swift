@@ -213,8 +213,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
         switch decision {
         case .immediate(let bytes):
             write(bytes, context: context)
-        case .cached(let token, let id, let now):
-            write(token, id: id, now: now, context: context)
+        case .cached(let token, let id, let now, let proof):
+            write(token, id: id, now: now, proof: proof, context: context)
         case .awaitToken(let key, let id):
             awaitToken(key, id: id, context: context)
         case .deferred(let request):
@@ -280,7 +280,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
         // Not held any more: the connection closed (and gave back its requests).
         guard tickets.remove(ticket) != nil else { return }
         switch outcome {
-        case .success(let token): write(token, id: id, now: dispatcher.broker.clock.now(), context: context)
+        case .success(let token): write(token, id: id, now: dispatcher.broker.clock.now(), proof: nil, context: context)
         case .failure(let shared): write(shared.line(id: id), context: context)
         }
         flushIfPending(context: context)
@@ -347,9 +347,10 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     /// Writes the answer to request `id` with `token`, from guarded memory straight into the
     /// outgoing buffer.
-    private func write(_ token: PreparedToken, id: RequestID?, now: Date, context: ChannelHandlerContext) {
-        var buffer = context.channel.allocator.buffer(capacity: token.lineCapacity)
-        token.write(id: id, now: now, into: &buffer)
+    private func write(_ token: PreparedToken, id: RequestID?, now: Date, proof: String?, context: ChannelHandlerContext)
+    {
+        var buffer = context.channel.allocator.buffer(capacity: token.lineCapacity + (proof?.utf8.count ?? 0))
+        token.write(id: id, now: now, proof: proof, into: &buffer)
         context.write(wrapOutboundOut(buffer), promise: nil)
         flushPending = true
     }

@@ -27,8 +27,9 @@ public struct RequestDispatcher: Sendable {
     /// What to do with one line: answer it now (`immediate`) or run it on the broker (`deferred`).
     enum Decision {
         case immediate([UInt8])
-        /// A cached token, written from guarded memory straight into the outgoing buffer.
-        case cached(PreparedToken, id: RequestID?, now: Date)
+        /// A cached token, written from guarded memory straight into the outgoing buffer, with the
+        /// DPoP proof asked for.
+        case cached(PreparedToken, id: RequestID?, now: Date, proof: String?)
         /// A plain `token` request that missed the cache, or a plain `reject`: wait on the event
         /// loop with the other requests for the same token (`waiters`) until `fetchToken` has it.
         case awaitToken(RefreshWaiters.Key, id: RequestID?)
@@ -48,21 +49,28 @@ public struct RequestDispatcher: Sendable {
     func decide(line: UnsafeRawBufferPointer, access: inout CallerAccess, decoder: JSONDecoder, now: Date) -> Decision {
         let flat = FlatRequest.parse(line)
         if let flat, flat.op == Operation.token.rawValue {
+            // A `dpop` the full path would refuse is refused by it, as is any cache miss with one.
+            let target = flat.dpop.map { try? Self.target($0) }
             if let account = try? AccountField.required(flat.account) {
                 guard access.mayUse(account) else { return .immediate(forbidden(id: flat.id, account: account)) }
-                if let seconds = try? minTTL(flat.minTTL) {
+                if target != .some(nil), let seconds = try? minTTL(flat.minTTL) {
                     if let token = broker.cache.token(for: account, minTTL: seconds, now: now) {
-                        return .cached(token, id: flat.id, now: now)
+                        guard let target = target ?? nil else { return .cached(token, id: flat.id, now: now, proof: nil) }
+                        guard let proof = token.proof(for: target, now: now) else {
+                            return .immediate(errorLine(id: flat.id, Self.noDPoPKey(token.account)))
+                        }
+                        return .cached(token, id: flat.id, now: now, proof: proof)
                     }
-                    if !broker.padlock.isLocked {
+                    if !broker.padlock.isLocked, target == nil {
                         return .awaitToken(RefreshWaiters.Key(account: account, minTTL: seconds), id: flat.id)
                     }
                 }
             }
             if broker.padlock.isLocked { return .immediate(errorLine(id: flat.id, BrokerError(BrokerFailure.locked))) }
             // The scanner read every field a token request has, as the decoder would: no second read.
-            return .deferred(
-                Request(id: flat.id, op: Operation.token.rawValue, account: flat.account, minTTL: flat.minTTL))
+            var request = Request(id: flat.id, op: Operation.token.rawValue, account: flat.account, minTTL: flat.minTTL)
+            request.dpop = flat.dpop
+            return .deferred(request)
         }
         // A `reject` the full path would run waits with the others that reject the same token,
         // for one refresh (an error the full path would give, it gives).
@@ -113,6 +121,13 @@ public struct RequestDispatcher: Sendable {
             return .subscribe(ack: line, id: id, events: events)
         }
         return operation == .login ? .login(request) : .deferred(request)
+    }
+
+    /// The refusal of a proof for an account of bearer tokens.
+    static func noDPoPKey(_ account: String) -> BrokerError {
+        BrokerError(
+            .badRequest,
+            "the account \(JSONText.quote(account)) has no DPoP key: its tokens are bearer tokens (set dpop = \"ES256\")")
     }
 
     /// The checked request of a `dpop` object (`bad_request` naming the field it refuses).
@@ -201,12 +216,7 @@ public struct RequestDispatcher: Sendable {
                     scope: request.scope, resource: request.resource, caller: caller.peer.uid)
                 let now = broker.clock.now()
                 guard let target else { return token.line(id: request.id, now: now) }
-                guard let proof = token.proof(for: target, now: now) else {
-                    throw BrokerError(
-                        .badRequest,
-                        "the account \(JSONText.quote(token.account)) has no DPoP key: its tokens are bearer tokens (set dpop = \"ES256\" and sign in again)"
-                    )
-                }
+                guard let proof = token.proof(for: target, now: now) else { throw Self.noDPoPKey(token.account) }
                 return token.line(id: request.id, now: now, proof: proof)
             case .reject:
                 guard let accessToken = request.accessToken else {
