@@ -34,11 +34,17 @@ public struct MemoryScan: Sendable {
     /// Reads every readable mapping of `pid` but the kernel's (`[vvar]`, `[vsyscall]`), skipping
     /// ranges the kernel refuses, and searches them for each needle.
     public init(pid: pid_t, needles: [String]) throws {
+        try self.init(pid: pid, labeled: needles.map { ($0, Array($0.utf8)) })
+    }
+
+    /// Searches for byte strings that need not be text (a raw key), each found under its label.
+    public init(pid: pid_t, labeled: [(label: String, bytes: [UInt8])]) throws {
         mappings = Self.parse(try Self.readWhole("/proc/\(pid)/smaps"))
         let descriptor = open("/proc/\(pid)/mem", O_RDONLY | O_CLOEXEC)
         guard descriptor >= 0 else { throw HarnessError("cannot open /proc/\(pid)/mem: errno \(errno)") }
         defer { close(descriptor) }
-        let patterns = needles.map { Array($0.utf8) }
+        let needles = labeled.map(\.label)
+        let patterns = labeled.map(\.bytes)
         let overlap = (patterns.map(\.count).max() ?? 1) - 1
         let chunk = 1 << 20
         var buffer = [UInt8](repeating: 0, count: chunk + overlap)
@@ -76,7 +82,7 @@ public struct MemoryScan: Sendable {
         scannedBytes = scanned
     }
 
-    /// The mappings where `needle` was found, once per occurrence.
+    /// The mappings where `needle` (or the bytes of that label) was found, once per occurrence.
     public func places(of needle: String) -> [MemoryMapping] { (places[needle] ?? []).map { mappings[$0] } }
 
     /// The occurrences of `needle` outside guarded pages.
