@@ -142,13 +142,14 @@ import Testing
     // MARK: The IdP and the resource server
 
     /// Runs `body` with a test IdP (in DPoP mode unless `dpop` is false) and a resource server
-    /// for its tokens, both on 127.0.0.1; both are stopped on every way out.
+    /// for its tokens, both on 127.0.0.1 unless served in process; both are stopped on every way out.
     static func withServers(
-        dpop: Bool = true, nonce: Bool = false, _ body: (OAuth2TestIdP, DPoPResourceServer) async throws -> Void
+        serving: TestIdPServing = .http, dpop: Bool = true, nonce: Bool = false,
+        _ body: (OAuth2TestIdP, DPoPResourceServer) async throws -> Void
     ) async throws {
-        let idp = try await OAuth2TestIdP()
+        let idp = try await OAuth2TestIdP(serving: serving)
         if dpop { idp.requireDPoP(nonce: nonce) }
-        let server = try await DPoPResourceServer(idp: idp)
+        let server = try await DPoPResourceServer(idp: idp, serving: serving)
         do {
             try await body(idp, server)
         } catch {
@@ -167,8 +168,9 @@ import Testing
         return try #require(reply.field("access_token"))
     }
 
-    @Test func theResourceServerTakesOnlyAProofOfTheTokensKeyForThisRequest() async throws {
-        try await Self.withServers { idp, server in
+    @Test(arguments: [TestIdPServing.http, .inProcess])
+    func theResourceServerTakesOnlyAProofOfTheTokensKeyForThisRequest(serving: TestIdPServing) async throws {
+        try await Self.withServers(serving: serving) { idp, server in
             let broker = DPoPTestSigner()
             let attacker = DPoPTestSigner()
             let token = try await Self.boundToken(idp, for: broker)
@@ -260,8 +262,9 @@ import Testing
         }
     }
 
-    @Test func theIdPsNonceDance() async throws {
-        try await Self.withServers(nonce: true) { idp, _ in
+    @Test(arguments: [TestIdPServing.http, .inProcess])
+    func theIdPsNonceDance(serving: TestIdPServing) async throws {
+        try await Self.withServers(serving: serving, nonce: true) { idp, _ in
             let signer = DPoPTestSigner()
             let first = try await idp.refresh("rt-0", proof: signer.proof(url: idp.tokenEndpoint))
             #expect(first.status == 400 && first.field("error") == "use_dpop_nonce")

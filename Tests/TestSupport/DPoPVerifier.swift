@@ -45,6 +45,9 @@ public struct DPoPRefusal: Error, Sendable, Equatable, CustomStringConvertible {
 /// for ES256 keys only, with its own memory of the `jti`s it accepted (section 11.1): the other
 /// side of the broker's proofs, strict enough that a test passing against it means something.
 public final class DPoPVerifier: Sendable {
+    /// The refusal's name as callers inside the verifier's namespace spell it.
+    public typealias DPoPRefusal = TestSupport.DPoPRefusal
+
     /// The largest proof looked at: a real one is well under 1 KiB.
     public static let maximumSize = 8192
 

@@ -85,8 +85,8 @@ extension OAuth2TestIdP {
         }
     }
 
-    /// Makes the IdP take proofs but answer `token_type` Bearer with unbound tokens, as an IdP
-    /// that ignores DPoP does.
+    /// Makes the IdP answer `token_type` Bearer with unbound tokens, as an IdP that ignores DPoP
+    /// does; in DPoP mode it still checks the proofs, so a test sees that the client sent good ones.
     public func answerBearer(_ yes: Bool) { state.withLock { $0.dpop.answersBearer = yes } }
 
     /// The nonce proofs must carry now, if one is demanded.
