@@ -114,7 +114,9 @@ public final class DPoPVerifier: Sendable {
         if let nonce {
             guard payload["nonce"] as? String == nonce else { throw .nonce }
         }
-        let thumbprint = Self.thumbprint(x: x, y: y)
+        // Of the key's bytes, not of the text sent: base64url spelled with other trailing bits
+        // is the same key.
+        let thumbprint = Self.thumbprint(x: Self.base64URL(xBytes), y: Self.base64URL(yBytes))
         if let jkt, jkt != thumbprint { throw .jkt }
         guard seen.withLock({ $0.insert(jti).inserted }) else { throw .replayed }
         return thumbprint
