@@ -31,6 +31,8 @@ extension OAuth2TestIdP {
         var challenge: String
         var scope: String?
         var used = false
+        /// The `dpop_jkt` of its authorization request (RFC 9449 section 10).
+        var dpopJKT: String? = nil
     }
 
     /// Everything the login endpoints keep.
@@ -222,6 +224,7 @@ extension OAuth2TestIdP {
     /// and no redirect; then a redirect with a code (or `access_denied`).
     private static func authorize(_ query: [String: String], state: inout State, clientID: String) -> Answer {
         state.login.authorizationRequests += 1
+        state.dpop.authorizationJKT = query["dpop_jkt"]
         guard query["client_id"] == clientID, let redirect = query["redirect_uri"], isRegistered(redirect) else {
             return Answer(status: .badRequest, body: "unknown client or unregistered redirect_uri")
         }
@@ -238,7 +241,8 @@ extension OAuth2TestIdP {
         if state.login.decision == .deny { return back("error=access_denied" + returnedState) }
         let code = "code-\(randomSuffix())-\(randomSuffix())"
         state.login.codes[code] = IssuedCode(
-            clientID: clientID, redirectURI: redirect, challenge: challenge, scope: query["scope"])
+            clientID: clientID, redirectURI: redirect, challenge: challenge, scope: query["scope"],
+            dpopJKT: query["dpop_jkt"])
         return back("code=\(code)" + returnedState)
     }
 
@@ -261,6 +265,7 @@ extension OAuth2TestIdP {
         guard let verifier = form["code_verifier"], s256(verifier) == issued.challenge else {
             return refuse("code_verifier does not match", &state)
         }
+        guard state.dpop.allows(boundTo: issued.dpopJKT) else { return refuse("DPoP key is not dpop_jkt", &state) }
         state.login.grantedScope = issued.scope
         return Answer(
             status: .ok, body: issue(&state, idToken: hasOpenID(issued.scope), clientID: clientID), delay: delay)

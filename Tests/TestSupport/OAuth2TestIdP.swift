@@ -13,6 +13,7 @@ import NIOHTTP1
 /// carry an id token. With `setOriginalGrant`, it holds a refresh's `scope` to the scopes of
 /// the original grant (RFC 6749 section 6: `invalid_scope` otherwise), states the granted scope
 /// in every answer, and, with `setResources`, refuses other resources (RFC 8707 `invalid_target`).
+/// With `requireDPoP`, it is a DPoP authorization server (RFC 9449, `OAuth2TestIdP+DPoP.swift`).
 public final class OAuth2TestIdP: Sendable {
     /// How the endpoint answers the next requests.
     public enum Behavior: Sendable, Equatable {
@@ -75,6 +76,8 @@ public final class OAuth2TestIdP: Sendable {
         var revokesOnRotation = false
         /// When each access token was issued, until when it lives, and when a rotation revoked it.
         var accessTokenTimes: [String: (issued: Date, expires: Date, revoked: Date?)] = [:]
+        /// DPoP mode (`OAuth2TestIdP+DPoP.swift`), off by default.
+        var dpop = DPoPState()
     }
 
     /// One request the revocation endpoint received.
@@ -140,8 +143,12 @@ public final class OAuth2TestIdP: Sendable {
                 )
             }
             var answer = Self.answer(
-                FormBody.parse(request.body), client: client, state: state, clientID: clientID, clientSecret: secret)
-            answer.gate = state.withLock { $0.tokenGate }
+                FormBody.parse(request.body), client: client, state: state, clientID: clientID, clientSecret: secret,
+                dpop: DPoPRequest(request))
+            state.withLock { state in
+                answer.gate = state.tokenGate
+                answer.headers += state.dpop.nonceHeaders
+            }
             return answer
         }
     }
@@ -227,10 +234,12 @@ public final class OAuth2TestIdP: Sendable {
                 let device =
                     state.login.offersDeviceEndpoint
                     ? #""device_authorization_endpoint":"\#(base)/device/code","# : ""
+                // RFC 9449 section 5.1.
+                let dpop = state.dpop.required ? #","dpop_signing_alg_values_supported":["ES256"]"# : ""
                 let body = """
                     {"issuer":"\(base + issuerPath)","token_endpoint":"\(base)/token","revocation_endpoint":"\(base)/revoke",\
                     "authorization_endpoint":"\(base)/authorize",\(device)\
-                    "grant_types_supported":["refresh_token","authorization_code"]}
+                    "grant_types_supported":["refresh_token","authorization_code"]\(dpop)}
                     """
                 return Answer(status: .ok, body: body)
             }
@@ -275,7 +284,7 @@ public final class OAuth2TestIdP: Sendable {
 
     fileprivate static func answer(
         _ form: [String: String], client: (id: String?, secret: String?), state: Box<State>, clientID: String,
-        clientSecret: String
+        clientSecret: String, dpop: DPoPRequest
     ) -> Answer {
         let presentedID = client.id
         let presentedSecret = client.secret
@@ -301,6 +310,9 @@ public final class OAuth2TestIdP: Sendable {
             guard presentedID == clientID, presentedSecret == nil || presentedSecret == clientSecret else {
                 return Answer(status: .unauthorized, body: #"{"error":"invalid_client"}"#, delay: delay)
             }
+            if let refusal = dpopRefusal(dpop, publicClient: presentedSecret == nil, state: &state, delay: delay) {
+                return refusal
+            }
             switch form["grant_type"] {
             case "refresh_token": break
             case Self.deviceGrantType: return deviceGrant(form, state: &state, clientID: clientID, delay: delay)
@@ -312,6 +324,12 @@ public final class OAuth2TestIdP: Sendable {
                 return Answer(
                     status: .badRequest,
                     body: #"{"error":"invalid_grant","error_description":"refresh token is not valid"}"#, delay: delay)
+            }
+            guard state.dpop.allows(boundTo: state.dpop.refreshBindings[state.currentRefreshToken]) else {
+                return Answer(
+                    status: .badRequest,
+                    body: #"{"error":"invalid_grant","error_description":"refresh token bound to another DPoP key"}"#,
+                    delay: delay)
             }
             if let refusal = refusal(of: form, state: state) {
                 return Answer(status: .badRequest, body: refusal, delay: delay)
@@ -362,8 +380,9 @@ public final class OAuth2TestIdP: Sendable {
         state.accessTokenTimes[access] = (now, now.addingTimeInterval(Double(state.lifetime)), nil)
         state.issuedAccessTokens.append(access)
         state.issuedRefreshTokens.append(refresh)
+        state.dpop.bind(access: access, refresh: refresh)
         var body =
-            #"{"access_token":"\#(access)","token_type":"Bearer","expires_in":\#(state.lifetime),"refresh_token":"\#(refresh)""#
+            #"{"access_token":"\#(access)","token_type":"\#(state.dpop.tokenType)","expires_in":\#(state.lifetime),"refresh_token":"\#(refresh)""#
         if idToken {
             let token = makeIDToken(&state, clientID: clientID)
             body += #","id_token":"\#(token)""#
