@@ -65,6 +65,14 @@ import Testing
         #expect(failure.message.contains("\(status)"))
     }
 
+    /// `use_dpop_nonce` left after the retry with the IdP's newest nonce (RFC 9449 section 8)
+    /// says nothing of the credential: transient, never `needs_login`.
+    @Test(arguments: [400, 401])
+    func aSecondDemandForADPoPNonceIsTransient(status: Int) throws {
+        let failure = try #require(interpret(status, #"{"error":"use_dpop_nonce"}"#).failure)
+        #expect(failure.kind == .transient)
+    }
+
     /// The code is quoted as the IdP sent it; the broker cleans it before anyone sees it.
     @Test func theDenialMessageNamesTheOAuthErrorCodeOnlyInPrintableForm() throws {
         let failure = try #require(interpret(400, #"{"error":"invalid_grant\u0000\n\u001b[31m"}"#).failure)

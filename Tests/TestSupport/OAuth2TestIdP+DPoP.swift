@@ -17,6 +17,8 @@ extension OAuth2TestIdP {
         /// The nonce proofs must carry; `nil`: none is demanded.
         var nonce: String?
         var verifier = DPoPVerifier()
+        /// The time proofs' `iat` is held to: the engine tests' manual clock, or the real one.
+        var clock: @Sendable () -> Date = { Date() }
         var proofsSeen = 0
         var refusals: [String] = []
         /// The key thumbprint each access token and refresh token is bound to.
@@ -69,10 +71,11 @@ extension OAuth2TestIdP {
     // MARK: Controls and observations
 
     /// From now on, token requests need a DPoP proof and get DPoP-bound tokens; with `nonce`,
-    /// proofs must carry the nonce this IdP issues.
-    public func requireDPoP(nonce: Bool = false) {
+    /// proofs must carry the nonce this IdP issues. `clock` is the time their `iat` must be near.
+    public func requireDPoP(nonce: Bool = false, clock: @escaping @Sendable () -> Date = { Date() }) {
         state.withLock { state in
             state.dpop.required = true
+            state.dpop.clock = clock
             state.dpop.nonce = nonce ? Self.newNonce() : nil
         }
     }
@@ -134,7 +137,7 @@ extension OAuth2TestIdP {
         guard state.dpop.required else { return nil }
         do throws(DPoPRefusal) {
             state.dpop.presentedKey = try state.dpop.verifier.verify(
-                proofs: request.proofs, method: request.method, url: request.url, now: Date(),
+                proofs: request.proofs, method: request.method, url: request.url, now: state.dpop.clock(),
                 nonce: state.dpop.nonce)
             state.dpop.presentedByPublicClient = publicClient
             return nil

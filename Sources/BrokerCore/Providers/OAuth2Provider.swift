@@ -279,6 +279,10 @@ struct OAuth2Provider: NarrowingTokenProvider {
                         }
                     }
                 }
+        case _ where reply.asksForDPoPNonce:
+            // Asked for a nonce again after the retry with the last one: the IdP's nonces turn
+            // over, not the credential; the next attempt carries the newest.
+            return .failure(.transient("the token endpoint asked for a new DPoP nonce twice in a row"))
         case 400, 401:
             let code = (object?["error"]?.text).map { " (\($0))" } ?? ""
             return .failure(.denial("the token endpoint refused the refresh: HTTP \(reply.status)\(code)"))
