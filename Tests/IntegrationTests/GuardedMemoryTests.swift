@@ -215,6 +215,84 @@ import Glibc
         await idp.shutdown()
     }
 
+    /// The DPoP private key (docs/dpop.md), made by brokerd and read here from the stopped
+    /// broker's vault: after a restart, refreshes with proofs and proofs for programs, it is in
+    /// guarded pages only, as the vault's base64url text, and its raw 32 bytes (what the signing
+    /// library is handed for each signature) nowhere; a removed account's key is nowhere; after
+    /// a rekey to a passphrase and `lock`, no key is anywhere.
+    @Test func aDPoPKeyIsOnlyInGuardedPagesAndNowhereAfterRemoveOrLock() async throws {
+        let broker = try BrokerProcess()
+        try await broker.start()
+        defer { broker.stop() }
+        let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-0-" + longRandomHex())
+        idp.requireDPoP(nonce: true)
+        idp.issueLongTokens()
+        let socketPath = broker.socketPath
+        let provider =
+            #"{"kind":"oauth2","token_endpoint":"\#(idp.tokenEndpoint)","client_id":"\#(idp.clientID)","dpop":"ES256"}"#
+        let added = try await onOwnThread {
+            let connection = try RawConnection(path: socketPath)
+            return ["kept", "gone"].allSatisfy { account in
+                Self.succeeds(
+                    connection, #"{"id":1,"op":"add","account":"\#(account)","provider":\#(provider),"tokens":{}}"#)
+            }
+        }
+        #expect(added)
+        broker.stop()
+        let keys = try broker.storedDPoPKeys()
+        let (kept, gone) = (try #require(keys["kept"]), try #require(keys["gone"]))
+        let raw = { (text: String) -> [UInt8] in
+            var standard = text.replacing("-", with: "+").replacing("_", with: "/")
+            while standard.count % 4 != 0 { standard += "=" }
+            return Array(Data(base64Encoded: standard) ?? Data())
+        }
+        #expect(raw(kept).count == 32 && raw(gone).count == 32)
+
+        try await broker.start()
+        let pushed = "rt-p-" + longRandomHex()
+        idp.acceptRefreshToken(pushed)
+        let url = "https://api.example/v1/items"
+        let refused = try await onOwnThread {
+            let connection = try RawConnection(path: socketPath)
+            var refused: [String] = []
+            let lines = [
+                #"{"id":2,"op":"set_tokens","account":"kept","tokens":{"refresh_token":"\#(pushed)"}}"#,
+                #"{"id":3,"op":"refresh","account":"kept"}"#, #"{"id":4,"op":"refresh","account":"kept"}"#,
+                #"{"id":5,"op":"token","account":"kept","dpop":{"htm":"GET","htu":"\#(url)"}}"#,
+                #"{"id":6,"op":"token","account":"kept","dpop":{"htm":"POST","htu":"\#(url)","nonce":"n"}}"#,
+                #"{"id":7,"op":"remove","account":"gone"}"#,
+            ]
+            for line in lines where !Self.succeeds(connection, line) { refused.append(line) }
+            return refused
+        }
+        #expect(refused.isEmpty, "refused: \(refused)")
+        #expect(idp.dpopProofsSeen >= 2, "the refreshes carried proofs")
+        try await Task.sleep(for: .milliseconds(300))
+        let pid = try #require(broker.process?.pid)
+        let needles = [
+            ("kept", Array(kept.utf8)), ("gone", Array(gone.utf8)), ("kept raw", raw(kept)), ("gone raw", raw(gone)),
+        ]
+        let scan = try await onOwnThread { try MemoryScan(pid: pid, labeled: needles) }
+        #expect(scan.scannedBytes > 1 << 20, "the scan read the broker's memory")
+        #expect(!scan.places(of: "kept").isEmpty, "the live key is in memory")
+        #expect(scan.unguardedPlaces(of: "kept").isEmpty, "the live key in \(scan.unguardedPlaces(of: "kept"))")
+        for label in ["gone", "kept raw", "gone raw"] {
+            #expect(scan.places(of: label).isEmpty, "\(label) in \(scan.places(of: label))")
+        }
+        Self.report("live DPoP keys", ["kept"], scan)
+
+        let rekeyed = try await broker.brokerctlOnOwnThread(["rekey", "--to", "passphrase"], stdin: "pp-dpop\n")
+        #expect(rekeyed.status == 0, "\(rekeyed.stderr)")
+        #expect(try await broker.brokerctlOnOwnThread(["lock"]).status == 0)
+        try await Task.sleep(for: .milliseconds(300))
+        let locked = try await onOwnThread { try MemoryScan(pid: pid, labeled: needles) }
+        for (label, _) in needles {
+            #expect(locked.places(of: label).isEmpty, "\(label) after lock in \(locked.places(of: label))")
+        }
+        Self.report("DPoP keys after lock", ["kept"], locked)
+        await idp.shutdown()
+    }
+
     /// Sends `line` and tells whether the answer is a success.
     static func succeeds(_ connection: RawConnection, _ line: String) -> Bool {
         guard connection.send(line + "\n"), let answer = connection.readObject() else { return false }
