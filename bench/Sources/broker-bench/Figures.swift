@@ -44,6 +44,11 @@ struct Figures {
         try await freshTokens()
     }
 
+    /// Only the cached-token figures with and without a DPoP proof (`broker-bench dpop`).
+    func runDPoP() async throws {
+        try await cachedTokens(brokers: [.shipped, .dpop], againstEcho: false)
+    }
+
     /// Only the cached-token figures with and without an access policy (`broker-bench policy`).
     func runPolicy() async throws {
         try await cachedTokens(brokers: [.shipped, .policy], againstEcho: false)
@@ -102,12 +107,22 @@ struct Figures {
         var eventLoops: Int?
         /// Whether the account is behind a rule of three executables, the load client last.
         var policy = false
+        /// Whether the account is a DPoP one, asked for a proof with every token.
+        var dpop = false
 
         static let shipped = BrokerSetup(name: "token")
         static let policy = BrokerSetup(name: "policy", policy: true)
+        static let dpop = BrokerSetup(name: "dpop", dpop: true)
         static let all = [
-            shipped, policy, BrokerSetup(name: "loops1", eventLoops: 1), .init(name: "loops2", eventLoops: 2),
+            shipped, policy, dpop, BrokerSetup(name: "loops1", eventLoops: 1), .init(name: "loops2", eventLoops: 2),
         ]
+
+        /// The request the load client sends.
+        var line: String {
+            dpop
+                ? #"{"id":1,"op":"token","account":"bench-0","dpop":{"htm":"GET","htu":"https://api.example/v1/items"}}"#
+                : #"{"id":1,"op":"token","account":"bench-0"}"#
+        }
     }
 
     /// Cached `token` requests from the C load client at 64 connections and at 1: against the C
@@ -116,7 +131,7 @@ struct Figures {
     private func cachedTokens(brokers setups: [BrokerSetup], againstEcho: Bool) async throws {
         let workspace = try TemporaryDirectory()
         defer { workspace.remove() }
-        var servers: [(name: String, path: String, process: ChildProcess)] = []
+        var servers: [(name: String, path: String, process: ChildProcess, line: String)] = []
         var echo: ChildProcess?
         defer { echo?.stop() }
         if againstEcho {
@@ -124,7 +139,7 @@ struct Figures {
             let process = try ChildProcess.spawn(tools.echoServer, [echoPath, "900"], environment: [:])
             echo = process
             _ = try RawConnection(path: echoPath, waitingUpTo: 5)
-            servers.append(("echo", echoPath, process))
+            servers.append(("echo", echoPath, process, BrokerSetup.shipped.line))
         }
         var brokers: [BrokerProcess] = []
         defer { brokers.forEach { $0.stop() } }
@@ -142,8 +157,12 @@ struct Figures {
             try await broker.start(
                 environment: setup.eventLoops.map { ["TOKENBROKER_EVENT_LOOPS": String($0)] } ?? [:])
             guard let process = broker.process else { throw BenchError("brokerd \(setup.name) is not running") }
-            servers.append((setup.name, broker.socketPath, process))
-            try broker.addStaticAccounts(range: 0..<1)
+            servers.append((setup.name, broker.socketPath, process, setup.line))
+            if setup.dpop {
+                try broker.addDPoPAccount(name: "bench-0")
+            } else {
+                try broker.addStaticAccounts(range: 0..<1)
+            }
         }
         if let shipped = servers.first(where: { $0.name == BrokerSetup.shipped.name }) {
             emit("default_event_loops", Double(shipped.process.threads(named: "NIO-SGLTN-")))
@@ -159,7 +178,7 @@ struct Figures {
                 CommandLine.arguments[0], ["echo-server", path, "1", String(answer.utf8.count + 1)], environment: [:])
             nioEcho = process
             _ = try RawConnection(path: path, waitingUpTo: 5)
-            servers.insert(("nioecho", path, process), at: 1)
+            servers.insert(("nioecho", path, process, BrokerSetup.shipped.line), at: 1)
         }
 
         var runs: [String: [LoadClientResult]] = [:]
@@ -168,7 +187,7 @@ struct Figures {
             for server in servers {
                 for connections in [64, 1] {
                     let cpuBefore = server.process.cpuSeconds()
-                    let result = try load(server.path, connections: connections)
+                    let result = try load(server.path, connections: connections, line: server.line)
                     let cpu = (server.process.cpuSeconds() - cpuBefore) * 1e6 / Double(result.completed + warmup)
                     cpuPerRequest["\(server.name)_\(connections)", default: []].append(cpu)
                     note(
@@ -186,13 +205,15 @@ struct Figures {
         }
     }
 
-    /// One closed-loop run of the C load client asking for `account`'s token; the same parameters
-    /// for every server.
-    func load(_ socket: String, connections: Int, account: String = "bench-0") throws -> LoadClientResult {
+    /// One closed-loop run of the C load client sending `line` (a request for `account`'s token
+    /// by default); the same parameters for every server.
+    func load(_ socket: String, connections: Int, account: String = "bench-0", line: String? = nil) throws
+        -> LoadClientResult
+    {
         let (status, output, errors) = try ChildProcess.capture(
             tools.loadClient,
             [
-                "-s", socket, "-m", "line", "-p", #"{"id":1,"op":"token","account":"\#(account)"}"#, "-e",
+                "-s", socket, "-m", "line", "-p", line ?? #"{"id":1,"op":"token","account":"\#(account)"}"#, "-e",
                 #""access_token""#, "-c", String(connections), "-n", "3000000", "-t", String(secondsPerLoad), "-w",
                 String(warmup),
             ], environment: ProcessInfo.processInfo.environment)

@@ -42,6 +42,7 @@ enum Table {
         case ratioAtMost(Double)
         case ratioAtLeast(Double)
         case atMost(Double)
+        case atLeast(Double)
         /// At most the yardstick plus this much (wake-ups beyond the watchdog's pings).
         case atMostYardstickPlus(Double)
         /// No target: shown to explain another figure.
@@ -83,7 +84,7 @@ enum Table {
             Row(
                 figure: "expired token, 1,000 waiting clients: last served after the IdP's answer",
                 key: "expired_1000_last_after_idp_ms", unit: .milliseconds, target: .atMost(10)),
-        ] + idleRows + swiftNIORows + policyRows
+        ] + idleRows + swiftNIORows + policyRows + dpopRows
         + cachedTokenRows(server: "loops1", label: "1 event loop: cached `token`")
         + cachedTokenRows(server: "loops2", label: "2 event loops: cached `token`") + fleetRows
 
@@ -123,6 +124,20 @@ enum Table {
         Row(
             figure: "cached `token`, 3-executable policy, 1 connection, p50", key: "policy_1_p50_us",
             unit: .microseconds, yardstick: ("no policy", "token_1_p50_us"), target: .ratioAtMost(1.1)),
+    ]
+
+    /// Cached tokens of a DPoP account asked with a `dpop` object, each answer with a fresh proof
+    /// (an ES256 signature), beside plain cached tokens of the same run (docs/dpop.md).
+    static let dpopRows: [Row] = [
+        Row(
+            figure: "cached `token` with a DPoP proof, 64 connections, proofs/s", key: "dpop_64_rps",
+            unit: .requestsPerSecond, yardstick: ("plain token", "token_64_rps"), target: .atLeast(25_000)),
+        Row(
+            figure: "cached `token` with a DPoP proof, 1 connection, p50", key: "dpop_1_p50_us", unit: .microseconds,
+            yardstick: ("plain token", "token_1_p50_us"), target: .ratioAtMost(2)),
+        Row(
+            figure: "cached `token` with a DPoP proof, 1 connection, p99", key: "dpop_1_p99_us", unit: .microseconds,
+            yardstick: ("plain token", "token_1_p99_us"), target: .none),
     ]
 
     /// One account shared through the fleet's PostgreSQL (`broker-bench fleet`): one IdP call per
@@ -226,6 +241,7 @@ enum Table {
         case .ratioAtMost(let ratio): target = "≤ \(decimal(ratio, places: 1))x \(yardstickName)"
         case .ratioAtLeast(let ratio): target = "≥ \(decimal(ratio, places: 1))x \(yardstickName)"
         case .atMost(let limit): target = "≤ \(decimal(limit, places: 0)) \(row.unit.symbol)"
+        case .atLeast(let limit): target = "≥ \(decimal(limit, places: 0)) \(row.unit.symbol)"
         case .atMostYardstickPlus(let extra): target = "≤ \(yardstickName) + \(decimal(extra, places: 0))"
         case .none: target = "-"
         }
@@ -237,6 +253,7 @@ enum Table {
         case .ratioAtMost(let limit): met = ratio.map { $0 <= limit }
         case .ratioAtLeast(let limit): met = ratio.map { $0 >= limit }
         case .atMost(let limit): met = row.unit.shown(measured) <= limit
+        case .atLeast(let limit): met = row.unit.shown(measured) >= limit
         case .atMostYardstickPlus(let extra): met = yardstick.map { measured <= $0 + extra }
         case .none: met = nil
         }

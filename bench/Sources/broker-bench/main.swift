@@ -19,6 +19,7 @@ import Glibc
 let usage = """
     usage: broker-bench figures PATH-TO-BROKERD PATH-TO-LOAD-CLIENT PATH-TO-ECHO-SERVER [SECONDS-PER-LOAD-RUN]
            broker-bench policy PATH-TO-BROKERD PATH-TO-LOAD-CLIENT [SECONDS-PER-LOAD-RUN]
+           broker-bench dpop PATH-TO-BROKERD PATH-TO-LOAD-CLIENT [SECONDS-PER-LOAD-RUN]
            broker-bench fresh PATH-TO-BROKERD
            broker-bench fleet PATH-TO-BROKERD PATH-TO-LOAD-CLIENT [SECONDS-PER-LOAD-RUN]
            broker-bench idle PATH-TO-BROKERD [SECONDS]
@@ -59,6 +60,9 @@ do {
     case "policy" where arguments.count >= 4:
         let tools = Figures.Tools(brokerd: arguments[2], loadClient: arguments[3], echoServer: "")
         try await Figures(tools: tools, secondsPerLoad: try seconds(at: 4, default: 2)).runPolicy()
+    case "dpop" where arguments.count >= 4:
+        let tools = Figures.Tools(brokerd: arguments[2], loadClient: arguments[3], echoServer: "")
+        try await Figures(tools: tools, secondsPerLoad: try seconds(at: 4, default: 2)).runDPoP()
     case "fleet" where arguments.count >= 4:
         let tools = Figures.Tools(brokerd: arguments[2], loadClient: arguments[3], echoServer: "")
         try await FleetBench(figures: Figures(tools: tools, secondsPerLoad: try seconds(at: 4, default: 2))).run()
@@ -151,6 +155,18 @@ extension BrokerProcess {
             guard let answer, answer.contains(#""ok":true"#) else {
                 throw BenchError("adding account \(index) failed: \(answer ?? "no answer")")
             }
+        }
+    }
+
+    /// Adds a DPoP `oauth2` account (`dpop = "ES256"`) holding an 800-byte access token valid
+    /// for a day, so that no IdP is called: what a `token` with `dpop` costs is the proof.
+    func addDPoPAccount(name: String) throws {
+        let token = "bench-dpop-" + String(repeating: "x", count: 789)
+        let answer = try RawConnection(path: socketPath).request(
+            #"{"id":1,"op":"add","account":"\#(name)","provider":{"kind":"oauth2","token_endpoint":"https://idp.example/token","client_id":"bench","dpop":"ES256"},"tokens":{"access_token":"\#(token)","token_type":"DPoP","expires_in":86400}}"#
+        )
+        guard let answer, answer.contains(#""ok":true"#) else {
+            throw BenchError("adding the DPoP account failed: \(answer ?? "no answer")")
         }
     }
 
