@@ -76,7 +76,8 @@ public final class BrokerClient: Sendable {
         account: String, method: String, url: String, nonce: String? = nil, minTTL: TimeInterval? = nil
     ) async throws -> DPoPHeaders {
         try DPoPHeaders(
-            await perform(.token(account: account, minTTL: minTTL, dpop: DPoPRequest(htm: method, htu: url, nonce: nonce)))
+            await perform(
+                .token(account: account, minTTL: minTTL, dpop: DPoPRequest(htm: method, htu: url, nonce: nonce)))
         )
     }
 

@@ -23,14 +23,17 @@ public struct DPoPTarget: Sendable, Equatable {
         guard let method, !method.isEmpty, method.utf8.count <= Self.methodLimit,
             method.utf8.allSatisfy(Self.isTokenCharacter)
         else {
-            throw .invalid("\"dpop\" needs \"htm\": an HTTP method such as GET (at most \(Self.methodLimit) characters)")
+            throw .invalid(
+                "\"dpop\" needs \"htm\": an HTTP method such as GET (at most \(Self.methodLimit) characters)")
         }
         guard let url, let checked = Self.checkedURL(url) else {
             throw .invalid(
-                "\"dpop\" needs \"htu\": an absolute https URL (http only for loopback) of at most \(Self.urlLimit) bytes")
+                "\"dpop\" needs \"htu\": an absolute https URL (http only for loopback) of at most \(Self.urlLimit) bytes"
+            )
         }
         if let nonce, !Self.isNonce(nonce) {
-            throw .invalid("\"dpop\" \"nonce\" must be 1 to \(Self.nonceLimit) printable ASCII characters without quotes")
+            throw .invalid(
+                "\"dpop\" \"nonce\" must be 1 to \(Self.nonceLimit) printable ASCII characters without quotes")
         }
         self.method = method
         self.url = checked

@@ -65,7 +65,9 @@ extension Broker {
                 context, redirectPort: options.redirectPort, timeout: options.timeout, keep: keep)
         }
         guard let grant = sharedGrant else { return kept }
-        let snapshot = try await replaceSharedTokens(of: account) { record, _ in apply(grant, to: &record, dpopKey: dpopKey) }
+        let snapshot = try await replaceSharedTokens(of: account) { record, _ in
+            apply(grant, to: &record, dpopKey: dpopKey)
+        }
         return (snapshot, kept.hasIDToken)
     }
 

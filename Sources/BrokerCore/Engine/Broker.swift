@@ -102,7 +102,8 @@ public actor Broker {
                     // Out of guarded memory, the token is not cached: a request for it refreshes.
                     cache.publish(
                         try? PreparedToken(
-                            account: machine.record.name, token: token, dpopKey: machine.record.secrets.dpopKey), for: machine.record.name)
+                            account: machine.record.name, token: token, dpopKey: machine.record.secrets.dpopKey),
+                        for: machine.record.name)
                 }
             }
         }
@@ -159,7 +160,9 @@ public actor Broker {
                 tokenFiles.update(name, token: token, logger: logger)
                 do {
                     cache.publish(
-                        try token.map { token throws(BrokerFailure) in try PreparedToken(account: name, token: token, dpopKey: accounts[name]?.record.secrets.dpopKey)
+                        try token.map { token throws(BrokerFailure) in
+                            try PreparedToken(
+                                account: name, token: token, dpopKey: accounts[name]?.record.secrets.dpopKey)
                         },
                         for: name)
                 } catch {

@@ -69,7 +69,8 @@ public struct PreparedToken: Sendable {
     public func proof(for target: DPoPTarget, now: Date) -> String? {
         guard let dpop else { return nil }
         return dpop.key.proof(
-            method: target.method, url: target.url, now: now, nonce: target.nonce, accessTokenHash: dpop.accessTokenHash)
+            method: target.method, url: target.url, now: now, nonce: target.nonce, accessTokenHash: dpop.accessTokenHash
+        )
     }
 
     /// Writes the complete success line for request `id`, newline included, into `buffer`,

@@ -79,7 +79,9 @@ public final class IdPClient: Sendable {
     func post(_ url: URL, headers: HTTPHeaders, body: String, proof: (key: DPoPKey, at: Date)? = nil)
         async -> Result<IdPReply, RefreshFailure>
     {
-        guard let (proofKey, now) = proof else { return await send(method: .POST, url: url, headers: headers, body: body) }
+        guard let (proofKey, now) = proof else {
+            return await send(method: .POST, url: url, headers: headers, body: body)
+        }
         let first = await post(url, headers: headers, body: body, proof: proofKey, now: now)
         guard case .success(let answer) = first.reply, answer.asksForDPoPNonce,
             let nonce = dpopNonces.nonce(for: url), nonce != first.nonce

@@ -347,8 +347,9 @@ final class ConnectionHandler: ChannelDuplexHandler {
 
     /// Writes the answer to request `id` with `token`, from guarded memory straight into the
     /// outgoing buffer.
-    private func write(_ token: PreparedToken, id: RequestID?, now: Date, proof: String?, context: ChannelHandlerContext)
-    {
+    private func write(
+        _ token: PreparedToken, id: RequestID?, now: Date, proof: String?, context: ChannelHandlerContext
+    ) {
         var buffer = context.channel.allocator.buffer(capacity: token.lineCapacity + (proof?.utf8.count ?? 0))
         token.write(id: id, now: now, proof: proof, into: &buffer)
         context.write(wrapOutboundOut(buffer), promise: nil)

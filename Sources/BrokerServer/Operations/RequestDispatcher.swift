@@ -55,7 +55,9 @@ public struct RequestDispatcher: Sendable {
                 guard access.mayUse(account) else { return .immediate(forbidden(id: flat.id, account: account)) }
                 if target != .some(nil), let seconds = try? minTTL(flat.minTTL) {
                     if let token = broker.cache.token(for: account, minTTL: seconds, now: now) {
-                        guard let target = target ?? nil else { return .cached(token, id: flat.id, now: now, proof: nil) }
+                        guard let target = target ?? nil else {
+                            return .cached(token, id: flat.id, now: now, proof: nil)
+                        }
                         guard let proof = token.proof(for: target, now: now) else {
                             return .immediate(errorLine(id: flat.id, Self.noDPoPKey(token.account)))
                         }
@@ -127,7 +129,8 @@ public struct RequestDispatcher: Sendable {
     static func noDPoPKey(_ account: String) -> BrokerError {
         BrokerError(
             .badRequest,
-            "the account \(JSONText.quote(account)) has no DPoP key: its tokens are bearer tokens (set dpop = \"ES256\")")
+            "the account \(JSONText.quote(account)) has no DPoP key: its tokens are bearer tokens (set dpop = \"ES256\")"
+        )
     }
 
     /// The checked request of a `dpop` object (`bad_request` naming the field it refuses).
