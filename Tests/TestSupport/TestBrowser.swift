@@ -1,4 +1,3 @@
-import AsyncHTTPClient
 import Foundation
 import NIOCore
 import NIOHTTP1
@@ -94,38 +93,12 @@ public final class TestBrowser: Sendable {
     private static func send(_ method: HTTPMethod, _ url: String, headers: HTTPHeaders, body: String? = nil)
         async throws -> Page
     {
-        if let target = URL(string: url), InProcessIdPNetwork.serves(target) {
-            switch await InProcessIdPNetwork.exchange(
-                method: method, url: target, headers: headers, body: body ?? "", timeout: 10)
-            {
-            case .answer(let answer):
-                let headers = HTTPHeaders(answer.allHeaders)
-                return Page(
-                    status: Int(answer.status.code), location: headers.first(name: "Location"), body: answer.body,
-                    setCookies: headers["Set-Cookie"])
-            case .refused: throw HarnessError("no in-process IdP at \(url)")
-            case .timedOut: throw HarnessError("the in-process IdP at \(url) did not answer")
-            }
-        }
-        var request = HTTPClientRequest(url: url)
-        request.method = method
-        request.headers = headers
-        if let body { request.body = .bytes(ByteBuffer(string: body)) }
-        let client = HTTPClient(
-            eventLoopGroupProvider: .singleton,
-            configuration: HTTPClient.Configuration(
-                redirectConfiguration: .disallow, timeout: .init(connect: .seconds(5))))
-        do {
-            let response = try await client.execute(request, deadline: .now() + .seconds(10))
-            let body = try await response.body.collect(upTo: 1 << 20)
-            try await client.shutdown()
-            return Page(
-                status: Int(response.status.code), location: response.headers.first(name: "Location"),
-                body: String(buffer: body), setCookies: response.headers["Set-Cookie"])
-        } catch {
-            try? await client.shutdown()
-            throw error
-        }
+        let reply = try await TestHTTPClient.send(
+            method.rawValue, url, headers: headers.map { ($0.name, $0.value) }, body: body)
+        let answered = HTTPHeaders(reply.headers)
+        return Page(
+            status: reply.status, location: answered.first(name: "Location"), body: reply.body,
+            setCookies: answered["Set-Cookie"])
     }
 
     /// Whether something accepts TCP connections on 127.0.0.1:`port` (one plain `connect`:
