@@ -17,7 +17,7 @@ public final class DPoPKey: Sendable {
     /// The public key's RFC 7638 thumbprint, base64url (the `cnf.jkt` of tokens bound to it).
     public let thumbprint: String
     /// The proof's JOSE header, base64url: the same for every proof of this key.
-    private let header: String
+    private let header: [UInt8]
 
     /// The key whose private scalar `scalar` holds; fails when it is not a P-256 scalar.
     init(scalar: SecretBytes) throws(BrokerFailure) {
@@ -31,7 +31,7 @@ public final class DPoPKey: Sendable {
         let members = #"{"crv":"P-256","kty":"EC","x":""# + x + #"","y":""# + y + #""}"#
         thumbprint = Base64URL.encode(Sodium.sha256(Array(members.utf8)))
         let jwk = #"{"kty":"EC","crv":"P-256","x":""# + x + #"","y":""# + y + #""}"#
-        header = Base64URL.encode(Array((#"{"typ":"dpop+jwt","alg":"ES256","jwk":"# + jwk + "}").utf8))
+        header = Array(Base64URL.encode(Array((#"{"typ":"dpop+jwt","alg":"ES256","jwk":"# + jwk + "}").utf8)).utf8)
         self.scalar = scalar
     }
 
@@ -44,22 +44,36 @@ public final class DPoPKey: Sendable {
 
     /// A proof (RFC 9449 section 4.2) for a request of `method` to `url` (given without query
     /// or fragment) at `now`: a fresh 128-bit `jti`, `iat` in whole seconds, `ath` when the
-    /// request carries `accessToken`, `nonce` when the server gave one. `nil` only if the
-    /// scalar could not be read back, which a key made by `init` rules out.
+    /// request carries an access token (`accessTokenHash`), `nonce` when the server gave one.
+    /// `nil` only if the scalar could not be read back, which a key made by `init` rules out.
     func proof(method: String, url: String, now: Date, nonce: String? = nil, accessTokenHash: String? = nil)
         -> String?
     {
-        var claims = #"{"jti":""# + Base64URL.encode(Sodium.randomBytes(16)) + #"","htm":"#
-        claims += JSONText.quote(method) + #","htu":"# + JSONText.quote(url)
-        claims += #","iat":"# + String(Int64(now.timeIntervalSince1970.rounded(.down)))
-        if let accessTokenHash { claims += #","ath":""# + accessTokenHash + #"""# }
-        if let nonce { claims += #","nonce":"# + JSONText.quote(nonce) }
-        claims += "}"
-        let input = header + "." + Base64URL.encode(Array(claims.utf8))
-        guard let key = Self.privateKey(scalar), let signature = try? key.signature(for: Array(input.utf8)) else {
-            return nil
+        var claims = Array(#"{"jti":""#.utf8)
+        Base64URL.encode(Sodium.randomBytes(16), into: &claims)
+        claims += #"","htm":"#.utf8
+        JSONText.appendQuoted(method.utf8, to: &claims)
+        claims += #","htu":"#.utf8
+        JSONText.appendQuoted(url.utf8, to: &claims)
+        claims += #","iat":"#.utf8
+        claims += String(Int64(now.timeIntervalSince1970.rounded(.down))).utf8
+        if let accessTokenHash {
+            claims += #","ath":""#.utf8
+            claims += accessTokenHash.utf8
+            claims += #"""#.utf8
         }
-        return input + "." + Base64URL.encode(Array(signature.rawRepresentation))
+        if let nonce {
+            claims += #","nonce":"#.utf8
+            JSONText.appendQuoted(nonce.utf8, to: &claims)
+        }
+        claims.append(UInt8(ascii: "}"))
+        var proof = header
+        proof.append(UInt8(ascii: "."))
+        Base64URL.encode(claims, into: &proof)
+        guard let key = Self.privateKey(scalar), let signature = try? key.signature(for: proof) else { return nil }
+        proof.append(UInt8(ascii: "."))
+        Base64URL.encode(Array(signature.rawRepresentation), into: &proof)
+        return String(decoding: proof, as: UTF8.self)
     }
 
     /// The `ath` of `accessToken` (RFC 9449 section 4.2): base64url of its SHA-256.
@@ -69,9 +83,7 @@ public final class DPoPKey: Sendable {
 
     /// swift-crypto's key for `scalar`, read through a buffer wiped before return.
     private static func privateKey(_ scalar: SecretBytes) -> P256.Signing.PrivateKey? {
-        guard var raw = scalar.withUnsafeBytes({ Base64URL.decode(String(decoding: $0, as: UTF8.self)) }) else {
-            return nil
-        }
+        guard var raw = scalar.withUnsafeBytes({ Base64URL.decode(utf8: $0) }) else { return nil }
         defer { Sodium.wipe(&raw) }
         guard raw.count == 32 else { return nil }
         return try? P256.Signing.PrivateKey(rawRepresentation: raw)
