@@ -3,6 +3,7 @@ import BrokerProtocol
 import FoundationEssentials
 import Logging
 import NIOCore
+import NIOPosix
 
 /// Work a connection hands to its task (`ConnectionSession`).
 enum ConnectionWork: Sendable {
@@ -213,8 +214,10 @@ final class ConnectionHandler: ChannelDuplexHandler {
         switch decision {
         case .immediate(let bytes):
             write(bytes, context: context)
-        case .cached(let token, let id, let now, let proof):
-            write(token, id: id, now: now, proof: proof, context: context)
+        case .cached(let token, let id, let now):
+            write(token, id: id, now: now, proof: nil, context: context)
+        case .prove(let token, let target, let id, let now):
+            prove(token, for: target, id: id, now: now, context: context)
         case .awaitToken(let key, let id):
             awaitToken(key, id: id, context: context)
         case .deferred(let request):
@@ -285,6 +288,27 @@ final class ConnectionHandler: ChannelDuplexHandler {
         }
         flushIfPending(context: context)
         requestAnswered(context: context)
+    }
+
+    /// Answers a cached token with a proof for `target`, signed on `NIOThreadPool` (one thread
+    /// per core) and written back on the connection's event loop, counted as a running request.
+    private func prove(
+        _ token: PreparedToken, for target: DPoPTarget, id: RequestID?, now: Date, context: ChannelHandlerContext
+    ) {
+        guard reserveRequest(id: id, context: context) else { return }
+        NIOThreadPool.singleton.runIfActive(eventLoop: context.eventLoop) { token.proof(for: target, now: now) }
+            .assumeIsolated().whenComplete { result in
+                // Once closed, `handlerRemoved` gave the request back.
+                if case .closed = self.state { return }
+                if case .success(let proof?) = result {
+                    self.write(token, id: id, now: now, proof: proof, context: context)
+                } else {
+                    let failure = BrokerError(.internal, "the broker could not sign a DPoP proof")
+                    self.write(self.dispatcher.errorLine(id: id, failure), context: context)
+                }
+                self.flushIfPending(context: context)
+                self.requestAnswered(context: context)
+            }
     }
 
     private func pass(_ work: ConnectionWork, context: ChannelHandlerContext) {

@@ -27,9 +27,11 @@ public struct RequestDispatcher: Sendable {
     /// What to do with one line: answer it now (`immediate`) or run it on the broker (`deferred`).
     enum Decision {
         case immediate([UInt8])
-        /// A cached token, written from guarded memory straight into the outgoing buffer, with the
-        /// DPoP proof asked for.
-        case cached(PreparedToken, id: RequestID?, now: Date, proof: String?)
+        /// A cached token, written from guarded memory straight into the outgoing buffer.
+        case cached(PreparedToken, id: RequestID?, now: Date)
+        /// A cached token of a DPoP account with a proof for `target` to sign: an ES256
+        /// signature, made off the event loop (`NIOThreadPool`) so that proofs use every core.
+        case prove(PreparedToken, target: DPoPTarget, id: RequestID?, now: Date)
         /// A plain `token` request that missed the cache, or a plain `reject`: wait on the event
         /// loop with the other requests for the same token (`waiters`) until `fetchToken` has it.
         case awaitToken(RefreshWaiters.Key, id: RequestID?)
@@ -55,13 +57,11 @@ public struct RequestDispatcher: Sendable {
                 guard access.mayUse(account) else { return .immediate(forbidden(id: flat.id, account: account)) }
                 if target != .some(nil), let seconds = try? minTTL(flat.minTTL) {
                     if let token = broker.cache.token(for: account, minTTL: seconds, now: now) {
-                        guard let target = target ?? nil else {
-                            return .cached(token, id: flat.id, now: now, proof: nil)
-                        }
-                        guard let proof = token.proof(for: target, now: now) else {
+                        guard let target = target ?? nil else { return .cached(token, id: flat.id, now: now) }
+                        guard token.provesPossession else {
                             return .immediate(errorLine(id: flat.id, Self.noDPoPKey(token.account)))
                         }
-                        return .cached(token, id: flat.id, now: now, proof: proof)
+                        return .prove(token, target: target, id: flat.id, now: now)
                     }
                     if !broker.padlock.isLocked, target == nil {
                         return .awaitToken(RefreshWaiters.Key(account: account, minTTL: seconds), id: flat.id)
