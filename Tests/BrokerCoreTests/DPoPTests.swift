@@ -116,6 +116,39 @@ import Testing
         }
     }
 
+    /// A program gets no proof for the IdP endpoints the account itself calls: with one, a
+    /// refresh token that leaked could be used without the broker. Its resource servers, on the
+    /// IdP's origin too, stay allowed.
+    @Test func noProofIsMadeForTheAccountsOwnIdPEndpoints() async throws {
+        try await BrokerHarness.run { harness in
+            try await Self.addDPoPAccount(harness, nonce: false)
+            let token = try await harness.broker.token(account: "api", minTTL: 0)
+            let endpoint = harness.idp.tokenEndpoint
+            for url in [endpoint, endpoint + "?x=1", endpoint.replacing("http://", with: "HTTP://")] {
+                #expect(token.isIdPEndpoint(try DPoPTarget(method: "POST", url: url, nonce: nil)), "\(url)")
+            }
+            let resource = endpoint.replacing("/token", with: "/userinfo")
+            #expect(!token.isIdPEndpoint(try DPoPTarget(method: "GET", url: resource, nonce: nil)))
+        }
+    }
+
+    /// Logging out discards the tokens, not the key; an account whose `dpop` is removed keeps
+    /// its key in the vault but proves nothing and shows none.
+    @Test func theKeyOutlivesALogoutAndRestsWhenDPoPIsTurnedOff() async throws {
+        try await BrokerHarness.run { harness in
+            try await Self.addDPoPAccount(harness, nonce: false)
+            let thumbprint = try #require(try await harness.state().dpop?.thumbprint)
+            _ = try await harness.broker.logout(account: "api", force: true)
+            #expect(try await harness.state().dpop?.thumbprint == thumbprint)
+            var record = try #require(try harness.vaultCopy()?.accounts.first)
+            #expect(record.secrets.dpopKey?.thumbprint == thumbprint)
+            var settings = try #require(record.provider.settings as? OAuth2Settings)
+            settings.dpop = nil
+            record.provider = ProviderConfig(settings)
+            #expect(record.dpopKey == nil && record.dpopStatus == nil && record.secrets.dpopKey != nil)
+        }
+    }
+
     @Test func aBearerAccountHasNoKeyAndMakesNoProof() async throws {
         try await BrokerHarness.run { harness in
             try await harness.addWithValidToken()
@@ -145,7 +178,7 @@ import Testing
         ("GET", "http://api.example/v1"), ("GET", "ftp://api.example/v1"), ("GET", "/v1/items"), ("GET", nil),
         ("GET", "https://api.example/" + String(repeating: "a", count: 2048)), ("GET", "https://api example/"),
         ("", "https://api.example/"), ("GE T", "https://api.example/"), (nil, "https://api.example/"),
-        (String(repeating: "G", count: 33), "https://api.example/"),
+        (String(repeating: "G", count: 33), "https://api.example/"), ("GET", "https://user:pw@api.example/"),
     ]
 
     @Test(arguments: refusedTargets)

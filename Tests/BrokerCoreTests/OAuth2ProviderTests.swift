@@ -65,11 +65,12 @@ import Testing
         #expect(failure.message.contains("\(status)"))
     }
 
-    /// `use_dpop_nonce` left after the retry with the IdP's newest nonce (RFC 9449 section 8)
-    /// says nothing of the credential: transient, never `needs_login`.
-    @Test(arguments: [400, 401])
-    func aSecondDemandForADPoPNonceIsTransient(status: Int) throws {
-        let failure = try #require(interpret(status, #"{"error":"use_dpop_nonce"}"#).failure)
+    /// `use_dpop_nonce` left after the retry with the IdP's newest nonce (RFC 9449 section 8),
+    /// or a proof refused (`invalid_dpop_proof`, a clock the IdP finds skewed), says nothing of
+    /// the credential: transient, never `needs_login`.
+    @Test(arguments: [400, 401], ["use_dpop_nonce", "invalid_dpop_proof"])
+    func aRefusedDPoPProofIsTransient(status: Int, code: String) throws {
+        let failure = try #require(interpret(status, #"{"error":"\#(code)"}"#).failure)
         #expect(failure.kind == .transient)
     }
 

@@ -110,11 +110,12 @@ import Testing
 extension PreparedToken {
     /// The prepared answer of the token `result` describes, with proofs of `dpopKey` if given.
     init(_ result: TokenResult, dpopKey: DPoPKey? = nil) {
+        let dpop = dpopKey.map { (key: $0, idpEndpoints: DPoPIdPEndpoints()) }
         try! self.init(
             account: result.account,
             token: AccessToken(
                 value: try! SecretBytes(result.accessToken), type: result.tokenType, expiresAt: result.expiresAt,
                 obtainedAt: result.expiresAt, idToken: result.idToken.map { try! SecretBytes($0) }, scope: result.scope),
-            dpopKey: dpopKey)
+            dpop: dpop)
     }
 }

@@ -140,6 +140,9 @@ import Testing
             #expect(result.status != 0 && result.stdout.isEmpty, "\(method) \(url.prefix(40))")
             #expect(result.stderr.contains("dpop"), "\(result.stderr)")
         }
+        // The account's own token endpoint: no proof for a program there (forbidden, exit 6).
+        let own = try await bridge.run(["header", "api", "--method", "POST", "--url", bridge.idp.tokenEndpoint])
+        #expect(own.status != 0 && own.stdout.isEmpty && own.stderr.contains("IdP"), "\(own.stderr)")
         let socketPath = bridge.broker.socketPath
         let answers = try await onOwnThread {
             let connection = try RawConnection(path: socketPath)

@@ -37,9 +37,17 @@ public final class DPoPKey: Sendable {
 
     /// A new key from the system's random source.
     public static func generate() throws(BrokerFailure) -> DPoPKey {
-        var raw = P256.Signing.PrivateKey().rawRepresentation
-        defer { Sodium.wipe(&raw) }
-        return try DPoPKey(scalar: SecretBytes(Base64URL.encode(Array(raw))))
+        var raw = Array(P256.Signing.PrivateKey().rawRepresentation)
+        var text: [UInt8] = []
+        defer {
+            Sodium.wipe(&raw)
+            Sodium.wipe(&text)
+        }
+        Base64URL.encode(raw, into: &text)
+        let stored = text.withUnsafeBytes { bytes in
+            Result { () throws(BrokerFailure) in try SecretBytes(bytes: bytes) }
+        }
+        return try DPoPKey(scalar: stored.get())
     }
 
     /// A proof (RFC 9449 section 4.2) for a request of `method` to `url` (given without query
@@ -78,7 +86,7 @@ public final class DPoPKey: Sendable {
 
     /// The `ath` of `accessToken` (RFC 9449 section 4.2): base64url of its SHA-256.
     static func accessTokenHash(_ accessToken: SecretBytes) -> String {
-        accessToken.withUnsafeBytes { Base64URL.encode(Sodium.sha256(Array($0))) }
+        accessToken.withUnsafeBytes { Base64URL.encode(Sodium.sha256($0)) }
     }
 
     /// swift-crypto's key for `scalar`, read through a buffer wiped before return.

@@ -41,13 +41,19 @@ public struct DPoPTarget: Sendable, Equatable {
     }
 
     /// `text` without query and fragment, when it is an absolute URL the broker would call
-    /// (`EndpointPolicy`) with printable ASCII only; `nil` otherwise.
+    /// (`EndpointPolicy`), without user information, in printable ASCII; `nil` otherwise.
     static func checkedURL(_ text: String) -> String? {
         guard text.utf8.count <= urlLimit, text.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F }) else { return nil }
-        let end = text.firstIndex { $0 == "?" || $0 == "#" } ?? text.endIndex
-        let stripped = String(text[..<end])
-        guard let url = URL(string: stripped), EndpointPolicy.isAllowed(url) else { return nil }
+        let stripped = withoutQueryAndFragment(text)
+        // RFC 9110 section 4.2.4: http(s) URIs carry no user information.
+        guard let url = URL(string: stripped), EndpointPolicy.isAllowed(url), url.user == nil, url.password == nil
+        else { return nil }
         return stripped
+    }
+
+    /// `text` up to its first `?` or `#`.
+    static func withoutQueryAndFragment(_ text: String) -> String {
+        String(text[..<(text.firstIndex { $0 == "?" || $0 == "#" } ?? text.endIndex)])
     }
 
     /// A nonce as RFC 9449 section 8.1 writes it (`1*NQCHAR`), bounded.

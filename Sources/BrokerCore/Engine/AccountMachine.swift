@@ -387,9 +387,10 @@ struct AccountMachine: Sendable {
     }
 
     /// The credential was revoked (or the logout forced): every token and refresh credential
-    /// is discarded; the settings and the client secret stay.
+    /// is discarded; the settings, the client secret and the DPoP key stay (the next login
+    /// binds its tokens to the same thumbprint).
     mutating func loggedOut() -> [Effect] {
-        record.secrets = AccountSecrets(clientSecret: record.secrets.clientSecret)
+        record.secrets = AccountSecrets(clientSecret: record.secrets.clientSecret, dpopKey: record.secrets.dpopKey)
         record.token = nil
         startOver(in: .loggedOut)
         nextRefreshAt = nil

@@ -87,14 +87,32 @@ extension AccountRecord {
     /// when it is created, receives tokens, or signs in. The key then stays until the account
     /// is removed, so a restart or a refresh never changes the thumbprint its tokens are bound to.
     mutating func makeDPoPKeyIfWanted() throws(BrokerFailure) {
-        guard secrets.dpopKey == nil, (provider.settings as? OAuth2Settings)?.dpop != nil else { return }
+        guard secrets.dpopKey == nil, wantsDPoP else { return }
         secrets.dpopKey = try DPoPKey.generate()
+    }
+
+    /// Whether the account's settings bind its tokens to a DPoP key (`dpop`).
+    var wantsDPoP: Bool { (provider.settings as? OAuth2Settings)?.dpop != nil }
+
+    /// The key that signs the account's proofs: its key while its settings ask for DPoP. An
+    /// account whose `dpop` was removed keeps its key in the vault (set `dpop` again and its
+    /// thumbprint is the same) but sends and makes no proof.
+    var dpopKey: DPoPKey? { wantsDPoP ? secrets.dpopKey : nil }
+
+    /// What signs the account's proofs for programs: its key, with `endpoints`, to which its
+    /// configured IdP endpoints are added first; `nil` for a bearer account.
+    func dpopSigning(_ endpoints: DPoPIdPEndpoints) -> (key: DPoPKey, idpEndpoints: DPoPIdPEndpoints)? {
+        guard let key = dpopKey, let settings = provider.settings as? OAuth2Settings else { return nil }
+        for url in [settings.tokenEndpoint, settings.revocationEndpoint, settings.deviceAuthorizationEndpoint] {
+            endpoints.insert(url)
+        }
+        return (key, endpoints)
     }
 
     /// The DPoP key's public facts for `status`, with the type of the current token when an IdP
     /// issued one that is not `DPoP` (pushed tokens are what the owner gave, not reported).
     var dpopStatus: DPoPStatus? {
-        guard let key = secrets.dpopKey else { return nil }
+        guard let key = dpopKey else { return nil }
         let type = token.flatMap { $0.pushed == true || $0.type.lowercased() == "dpop" ? nil : $0.type }
         return DPoPStatus(algorithm: DPoPKey.algorithm, thumbprint: key.thumbprint, otherTokenType: type)
     }

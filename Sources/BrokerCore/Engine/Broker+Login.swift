@@ -31,7 +31,7 @@ extension Broker {
             keyed = try Self.newRecord(account, provider: config, clientSecret: secret)
         }
         try keyed.makeDPoPKeyIfWanted()
-        let dpopKey = keyed.secrets.dpopKey
+        let dpopKey = keyed.dpopKey
         let context = LoginContext(
             account: account, settings: settings, clientSecret: secret, dpopKey: dpopKey, http: http, clock: clock,
             defaultLifetime: self.settings.defaultLifetime, progress: progress)

@@ -172,7 +172,7 @@ extension Broker {
             }
             let prepared: PreparedToken
             do {
-                prepared = try PreparedToken(account: name, token: grant.token, dpopKey: started.secrets.dpopKey)
+                prepared = try PreparedToken(account: name, token: grant.token, dpop: started.dpopSigning(http.dpopEndpoints))
             } catch {
                 return .failure(error)
             }

@@ -165,7 +165,7 @@ extension Broker {
             throw .vaultUnusable(reason: "\(error)")
         }
         Self.reportLoad(of: vault, logger: logger)
-        accounts = Self.machines(for: contents, settings: settings, cache: cache, now: clock.now())
+        accounts = Self.machines(for: contents, settings: settings, cache: cache, http: http, now: clock.now())
         heldForFleet = Self.heldForFleet(in: contents)
         padlock.enter(.unlocked)
         if let configuration = pendingConfiguration {

@@ -595,7 +595,7 @@ extension Broker {
     func republish(_ machine: AccountMachine, as name: String) {
         cache.publish(
             machine.servableToken.flatMap {
-                try? PreparedToken(account: name, token: $0, dpopKey: machine.record.secrets.dpopKey)
+                try? PreparedToken(account: name, token: $0, dpop: machine.record.dpopSigning(http.dpopEndpoints))
             }, for: name)
     }
 

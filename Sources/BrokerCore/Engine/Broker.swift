@@ -83,15 +83,15 @@ public actor Broker {
             return
         }
         let contents = try vault.load()
-        accounts = Self.machines(for: contents, settings: settings, cache: cache, now: clock.now())
+        accounts = Self.machines(for: contents, settings: settings, cache: cache, http: http, now: clock.now())
         heldForFleet = Self.heldForFleet(in: contents)
         Self.reportLoad(of: vault, logger: logger)
     }
 
     /// The machines of the accounts `contents` holds; their servable tokens go to `cache`.
-    static func machines(for contents: VaultContents?, settings: BrokerSettings, cache: TokenCache, now: Date)
-        -> [String: AccountMachine]
-    {
+    static func machines(
+        for contents: VaultContents?, settings: BrokerSettings, cache: TokenCache, http: IdPClient, now: Date
+    ) -> [String: AccountMachine] {
         var machines: [String: AccountMachine] = [:]
         SecretArena.shared.storing {
             for stored in contents?.accounts ?? [] where !isHeldForFleet(stored) {
@@ -102,7 +102,8 @@ public actor Broker {
                     // Out of guarded memory, the token is not cached: a request for it refreshes.
                     cache.publish(
                         try? PreparedToken(
-                            account: machine.record.name, token: token, dpopKey: machine.record.secrets.dpopKey),
+                            account: machine.record.name, token: token,
+                            dpop: machine.record.dpopSigning(http.dpopEndpoints)),
                         for: machine.record.name)
                 }
             }
@@ -162,7 +163,7 @@ public actor Broker {
                     cache.publish(
                         try token.map { token throws(BrokerFailure) in
                             try PreparedToken(
-                                account: name, token: token, dpopKey: accounts[name]?.record.secrets.dpopKey)
+                                account: name, token: token, dpop: accounts[name]?.record.dpopSigning(http.dpopEndpoints))
                         },
                         for: name)
                 } catch {

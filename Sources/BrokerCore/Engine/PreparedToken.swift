@@ -10,15 +10,17 @@ public struct PreparedToken: Sendable {
     public let token: AccessToken
     /// `"account":…,"access_token":…,…,"expires_at":"…"` without braces or `expires_in`.
     private let fields: SecretBytes
-    /// The account's DPoP key, which signs the proofs asked for beside the token, and the
-    /// token's `ath`; `nil` for a bearer account.
-    private let dpop: (key: DPoPKey, accessTokenHash: String)?
+    /// The account's DPoP key, which signs the proofs asked for beside the token, the token's
+    /// `ath`, and the IdP endpoints no proof is made for; `nil` for a bearer account.
+    private let dpop: (key: DPoPKey, accessTokenHash: String, idpEndpoints: DPoPIdPEndpoints)?
 
     /// Fails when no guarded memory can hold the answer.
-    public init(account: String, token: AccessToken, dpopKey: DPoPKey?) throws(BrokerFailure) {
+    public init(account: String, token: AccessToken, dpop: (key: DPoPKey, idpEndpoints: DPoPIdPEndpoints)?)
+        throws(BrokerFailure)
+    {
         self.account = account
         self.token = token
-        dpop = dpopKey.map { ($0, DPoPKey.accessTokenHash(token.value)) }
+        self.dpop = dpop.map { ($0.key, DPoPKey.accessTokenHash(token.value), $0.idpEndpoints) }
         var bytes: [UInt8] = []
         bytes.reserveCapacity(256 + account.utf8.count + 2 * (token.value.count + (token.idToken?.count ?? 0)))
         bytes += #""account":"#.utf8
@@ -63,6 +65,9 @@ public struct PreparedToken: Sendable {
 
     /// Whether the account's tokens are bound to a DPoP key, which can sign proofs for them.
     public var provesPossession: Bool { dpop != nil }
+
+    /// Whether `target` is an endpoint of the account's IdP, for which no program gets a proof.
+    public func isIdPEndpoint(_ target: DPoPTarget) -> Bool { dpop?.idpEndpoints.contains(target.url) ?? false }
 
     /// A DPoP proof for `target` with this token's `ath`, signed at `now`; `nil` for a bearer
     /// account.

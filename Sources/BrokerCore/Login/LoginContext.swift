@@ -60,7 +60,8 @@ struct LoginContext: Sendable {
     {
         var form = form
         let headers = settings.authenticate(&form, secret: clientSecret?.text)
-        let proof = proving ? dpopKey.map { (key: $0, at: clock.now()) } : nil
+        let clock = self.clock
+        let proof = proving ? dpopKey.map { (key: $0, at: { @Sendable in clock.now() }) } : nil
         return await http.post(url, headers: headers, body: FormEncoding.encode(form), proof: proof)
     }
 

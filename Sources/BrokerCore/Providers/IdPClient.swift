@@ -12,8 +12,15 @@ struct IdPReply: Sendable {
     var dpopNonce: String? = nil
 
     /// Whether the IdP refused a DPoP proof for lacking its nonce (RFC 9449 section 8).
-    var asksForDPoPNonce: Bool {
-        (status == 400 || status == 401) && JSONValue.object(decoding: body)?["error"]?.text == "use_dpop_nonce"
+    var asksForDPoPNonce: Bool { dpopError == "use_dpop_nonce" }
+
+    /// The IdP's refusal of a DPoP proof (RFC 9449 sections 5 and 8: `invalid_dpop_proof`,
+    /// `use_dpop_nonce`), which says nothing of the credential.
+    var dpopError: String? {
+        guard status == 400 || status == 401, let code = JSONValue.object(decoding: body)?["error"]?.text,
+            code == "use_dpop_nonce" || code == "invalid_dpop_proof"
+        else { return nil }
+        return code
     }
 }
 
@@ -28,6 +35,8 @@ public final class IdPClient: Sendable {
     let discovery = DiscoveryCache()
     /// The nonce each IdP last gave for DPoP proofs.
     let dpopNonces = DPoPNonces()
+    /// The endpoints DPoP accounts send proofs to, for which no program gets one.
+    let dpopEndpoints = DPoPIdPEndpoints()
 
     /// The broker's client: HTTP over the network.
     public convenience init(settings: BrokerSettings) {
@@ -74,19 +83,21 @@ public final class IdPClient: Sendable {
     }
 
     /// A form POST to a token endpoint; with `proof`, carrying a DPoP proof (RFC 9449 section 5)
-    /// of that key made at that time, with the last nonce the IdP gave. An answer that asks for
-    /// a new nonce is retried once with it.
-    func post(_ url: URL, headers: HTTPHeaders, body: String, proof: (key: DPoPKey, at: Date)? = nil)
-        async -> Result<IdPReply, RefreshFailure>
-    {
-        guard let (proofKey, now) = proof else {
+    /// of that key, made as it is sent (its `iat` that of `proof.at`, which the caller's clock
+    /// gives), with the last nonce the IdP gave. An answer that asks for a new nonce is retried
+    /// once with it.
+    func post(
+        _ url: URL, headers: HTTPHeaders, body: String, proof: (key: DPoPKey, at: @Sendable () -> Date)? = nil
+    ) async -> Result<IdPReply, RefreshFailure> {
+        guard let (proofKey, clock) = proof else {
             return await send(method: .POST, url: url, headers: headers, body: body)
         }
-        let first = await post(url, headers: headers, body: body, proof: proofKey, now: now)
+        dpopEndpoints.insert(url)
+        let first = await post(url, headers: headers, body: body, proof: proofKey, now: clock())
         guard case .success(let answer) = first.reply, answer.asksForDPoPNonce,
             let nonce = dpopNonces.nonce(for: url), nonce != first.nonce
         else { return first.reply }
-        return await post(url, headers: headers, body: body, proof: proofKey, now: now).reply
+        return await post(url, headers: headers, body: body, proof: proofKey, now: clock()).reply
     }
 
     /// One POST with a proof carrying the IdP's last nonce; keeps the nonce the answer gives.
@@ -94,7 +105,7 @@ public final class IdPClient: Sendable {
         reply: Result<IdPReply, RefreshFailure>, nonce: String?
     ) {
         // The proof's `htu`: the endpoint without query and fragment (RFC 9449 section 4.2).
-        let target = DPoPTarget.checkedURL(url.absoluteString) ?? url.absoluteString
+        let target = DPoPTarget.withoutQueryAndFragment(url.absoluteString)
         let nonce = dpopNonces.nonce(for: url)
         guard let proof = key.proof(method: "POST", url: target, now: now, nonce: nonce) else {
             return (.failure(.denial("the account's DPoP key cannot sign; log in again")), nonce)

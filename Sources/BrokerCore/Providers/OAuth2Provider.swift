@@ -177,7 +177,17 @@ struct OAuth2Provider: NarrowingTokenProvider {
         case .success(let value): endpoint = value
         case .failure(let failure): return .failure(failure)
         }
-        let proof = record.secrets.dpopKey.map { (key: $0, at: now) }
+        // Each proof is made as it is sent: `now` plus the time spent since (discovery, a nonce).
+        let started = ContinuousClock.now
+        let proof = record.dpopKey.map { key in
+            (
+                key: key,
+                at: { @Sendable in
+                    let elapsed = (ContinuousClock.now - started).components
+                    return now.addingTimeInterval(Double(elapsed.seconds) + Double(elapsed.attoseconds) / 1e18)
+                }
+            )
+        }
         return await http.post(endpoint, headers: headers, body: FormEncoding.encode(form), proof: proof)
     }
 
@@ -279,10 +289,11 @@ struct OAuth2Provider: NarrowingTokenProvider {
                         }
                     }
                 }
-        case _ where reply.asksForDPoPNonce:
-            // Asked for a nonce again after the retry with the last one: the IdP's nonces turn
-            // over, not the credential; the next attempt carries the newest.
-            return .failure(.transient("the token endpoint asked for a new DPoP nonce twice in a row"))
+        case _ where reply.dpopError != nil:
+            // A nonce asked for again after the retry, or a proof refused (a clock the IdP finds
+            // skewed): neither says anything of the credential, so the account is not sent to
+            // `needs_login`; the next attempt makes a new proof with the newest nonce.
+            return .failure(.transient("the token endpoint refused the DPoP proof (\(reply.dpopError ?? ""))"))
         case 400, 401:
             let code = (object?["error"]?.text).map { " (\($0))" } ?? ""
             return .failure(.denial("the token endpoint refused the refresh: HTTP \(reply.status)\(code)"))

@@ -55,13 +55,20 @@ enum Base64URL {
             group = group << 6 | UInt32(value)
             filled += 1
             if filled == 4 {
-                bytes.append(contentsOf: [UInt8(group >> 16 & 0xFF), UInt8(group >> 8 & 0xFF), UInt8(group & 0xFF)])
+                bytes.append(UInt8(group >> 16 & 0xFF))
+                bytes.append(UInt8(group >> 8 & 0xFF))
+                bytes.append(UInt8(group & 0xFF))
                 (group, filled) = (0, 0)
             }
         }
+        // The bits left after the last whole byte must be zero (RFC 4648 section 3.5): one
+        // spelling per byte string.
         if filled == 3 {
-            bytes.append(contentsOf: [UInt8(group >> 10 & 0xFF), UInt8(group >> 2 & 0xFF)])
+            guard group & 0x3 == 0 else { return nil }
+            bytes.append(UInt8(group >> 10 & 0xFF))
+            bytes.append(UInt8(group >> 2 & 0xFF))
         } else if filled == 2 {
+            guard group & 0xF == 0 else { return nil }
             bytes.append(UInt8(group >> 4 & 0xFF))
         }
         return bytes

@@ -20,10 +20,13 @@ enum Sodium {
     }
 
     /// The SHA-256 digest of `bytes` (the PKCE S256 challenge, RFC 7636 section 4.2).
-    static func sha256(_ bytes: [UInt8]) -> [UInt8] {
+    static func sha256(_ bytes: [UInt8]) -> [UInt8] { bytes.withUnsafeBytes { sha256($0) } }
+
+    /// The SHA-256 digest of `bytes` where they lie (a secret's, without a copy).
+    static func sha256(_ bytes: UnsafeRawBufferPointer) -> [UInt8] {
         precondition(ready, "libsodium failed to initialise")
         var digest = [UInt8](repeating: 0, count: Int(crypto_hash_sha256_BYTES))
-        crypto_hash_sha256(&digest, bytes, UInt64(bytes.count))
+        crypto_hash_sha256(&digest, bytes.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(bytes.count))
         return digest
     }
 

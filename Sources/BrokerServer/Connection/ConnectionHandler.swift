@@ -290,13 +290,22 @@ final class ConnectionHandler: ChannelDuplexHandler {
         requestAnswered(context: context)
     }
 
-    /// Answers a cached token with a proof for `target`, signed on `NIOThreadPool` (one thread
-    /// per core) and written back on the connection's event loop, counted as a running request.
+    /// The threads that sign proofs, one per core, started at the first proof: a pool of their
+    /// own, so that no proof waits behind the blocking work of `NIOThreadPool.singleton` (an
+    /// exec helper, a key derivation). Idle, they sleep.
+    private static let signers: NIOThreadPool = {
+        let pool = NIOThreadPool(numberOfThreads: System.coreCount)
+        pool.start()
+        return pool
+    }()
+
+    /// Answers a cached token with a proof for `target`, signed on `signers` and written back on
+    /// the connection's event loop, counted as a running request.
     private func prove(
         _ token: PreparedToken, for target: DPoPTarget, id: RequestID?, now: Date, context: ChannelHandlerContext
     ) {
         guard reserveRequest(id: id, context: context) else { return }
-        NIOThreadPool.singleton.runIfActive(eventLoop: context.eventLoop) { token.proof(for: target, now: now) }
+        Self.signers.runIfActive(eventLoop: context.eventLoop) { token.proof(for: target, now: now) }
             .assumeIsolated().whenComplete { result in
                 // Once closed, `handlerRemoved` gave the request back.
                 if case .closed = self.state { return }

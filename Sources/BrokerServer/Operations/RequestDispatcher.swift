@@ -58,8 +58,8 @@ public struct RequestDispatcher: Sendable {
                 if target != .some(nil), let seconds = try? minTTL(flat.minTTL) {
                     if let token = broker.cache.token(for: account, minTTL: seconds, now: now) {
                         guard let target = target ?? nil else { return .cached(token, id: flat.id, now: now) }
-                        guard token.provesPossession else {
-                            return .immediate(errorLine(id: flat.id, Self.noDPoPKey(token.account)))
+                        if let refusal = Self.proofRefusal(token, target) {
+                            return .immediate(errorLine(id: flat.id, refusal))
                         }
                         return .prove(token, target: target, id: flat.id, now: now)
                     }
@@ -125,12 +125,21 @@ public struct RequestDispatcher: Sendable {
         return operation == .login ? .login(request) : .deferred(request)
     }
 
-    /// The refusal of a proof for an account of bearer tokens.
-    static func noDPoPKey(_ account: String) -> BrokerError {
-        BrokerError(
-            .badRequest,
-            "the account \(JSONText.quote(account)) has no DPoP key: its tokens are bearer tokens (set dpop = \"ES256\")"
-        )
+    /// Why no proof for `target` is made beside `token`: an account of bearer tokens
+    /// (`bad_request`), or a target that is the account's own IdP endpoint (`forbidden`: a
+    /// program has no business there, docs/dpop.md); `nil` when one is made.
+    static func proofRefusal(_ token: PreparedToken, _ target: DPoPTarget) -> BrokerError? {
+        let name = JSONText.quote(token.account)
+        guard token.provesPossession else {
+            return BrokerError(
+                .badRequest, "the account \(name) has no DPoP key: its tokens are bearer tokens (set dpop = \"ES256\")")
+        }
+        guard !token.isIdPEndpoint(target) else {
+            return BrokerError(
+                .forbidden,
+                "no DPoP proof is made for an endpoint of the account \(name)'s IdP, which only brokerd calls")
+        }
+        return nil
     }
 
     /// The checked request of a `dpop` object (`bad_request` naming the field it refuses).
@@ -219,7 +228,10 @@ public struct RequestDispatcher: Sendable {
                     scope: request.scope, resource: request.resource, caller: caller.peer.uid)
                 let now = broker.clock.now()
                 guard let target else { return token.line(id: request.id, now: now) }
-                guard let proof = token.proof(for: target, now: now) else { throw Self.noDPoPKey(token.account) }
+                if let refusal = Self.proofRefusal(token, target) { throw refusal }
+                guard let proof = token.proof(for: target, now: now) else {
+                    throw BrokerError(.internal, "the broker could not sign a DPoP proof")
+                }
                 return token.line(id: request.id, now: now, proof: proof)
             case .reject:
                 guard let accessToken = request.accessToken else {

@@ -1,0 +1,36 @@
+import FoundationEssentials
+import Synchronization
+
+/// The IdP endpoints DPoP accounts send their own proofs to (token, revocation and device
+/// endpoints, configured or discovered), which a program may not have a proof made for: with
+/// one, a refresh token that leaked could be used without the broker, burning its chain.
+/// Proofs for the account's resource servers, the same origin included (a userinfo endpoint),
+/// stay allowed. Compared by origin and path (`Origin`: scheme and host lowercased, the
+/// default port made explicit).
+public final class DPoPIdPEndpoints: Sendable {
+    public init() {}
+
+    /// Endpoints remembered at most; past it the oldest go (a few per IdP in practice).
+    static let limit = 1024
+    private let endpoints = Mutex<[String]>([])
+
+    /// Remembers `url`, an endpoint the broker sends a DPoP account's requests to.
+    func insert(_ url: URL?) {
+        guard let url, let key = Self.key(url) else { return }
+        endpoints.withLock { list in
+            guard !list.contains(key) else { return }
+            list.append(key)
+            if list.count > Self.limit { list.removeFirst() }
+        }
+    }
+
+    /// Whether `text`, a proof's `htu`, names one of the endpoints.
+    public func contains(_ text: String) -> Bool {
+        guard let url = URL(string: text), let key = Self.key(url) else { return false }
+        return endpoints.withLock { $0.contains(key) }
+    }
+
+    private static func key(_ url: URL) -> String? {
+        Origin(url).map { "\($0)\(url.path(percentEncoded: true))" }
+    }
+}
