@@ -172,7 +172,8 @@ extension Broker {
             }
             let prepared: PreparedToken
             do {
-                prepared = try PreparedToken(account: name, token: grant.token, dpop: started.dpopSigning(http.dpopEndpoints))
+                prepared = try PreparedToken(
+                    account: name, token: grant.token, dpop: started.dpopSigning(http.dpopEndpoints))
             } catch {
                 return .failure(error)
             }

@@ -163,7 +163,8 @@ public actor Broker {
                     cache.publish(
                         try token.map { token throws(BrokerFailure) in
                             try PreparedToken(
-                                account: name, token: token, dpop: accounts[name]?.record.dpopSigning(http.dpopEndpoints))
+                                account: name, token: token,
+                                dpop: accounts[name]?.record.dpopSigning(http.dpopEndpoints))
                         },
                         for: name)
                 } catch {
