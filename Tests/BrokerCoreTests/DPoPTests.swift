@@ -172,6 +172,23 @@ import Testing
         }
     }
 
+    /// Nonces are kept per endpoint (two realms of one IdP share an origin, not their nonces),
+    /// only when a proof may carry them, and the oldest go past the limit.
+    @Test func nonceMemoryKeepsOneNoncePerEndpoint() throws {
+        let nonces = DPoPNonces()
+        let realm = try #require(URL(string: "https://id.example/realms/a/token"))
+        let other = try #require(URL(string: "https://ID.example:443/realms/b/token"))
+        nonces.remember("n-a", for: realm)
+        nonces.remember("n-b", for: other)
+        nonces.remember("bad\"nonce", for: realm)
+        #expect(nonces.nonce(for: realm) == "n-a" && nonces.nonce(for: other) == "n-b")
+        #expect(nonces.nonce(for: try #require(URL(string: "https://id.example/realms/a/token?x"))) == "n-a")
+        for index in 0..<DPoPNonces.limit {
+            nonces.remember("n", for: try #require(URL(string: "https://id\(index).example/token")))
+        }
+        #expect(nonces.nonce(for: realm) == nil, "the oldest went")
+    }
+
     /// Requests a proof is refused for: a URL the broker would not call, or too long; a method
     /// that is no HTTP token, or too long; either missing.
     static let refusedTargets: [(method: String?, url: String?)] = [

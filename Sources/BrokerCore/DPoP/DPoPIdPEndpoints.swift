@@ -16,7 +16,7 @@ public final class DPoPIdPEndpoints: Sendable {
 
     /// Remembers `url`, an endpoint the broker sends a DPoP account's requests to.
     func insert(_ url: URL?) {
-        guard let url, let key = Self.key(url) else { return }
+        guard let key = url?.originAndPath else { return }
         endpoints.withLock { list in
             guard !list.contains(key) else { return }
             list.append(key)
@@ -26,11 +26,13 @@ public final class DPoPIdPEndpoints: Sendable {
 
     /// Whether `text`, a proof's `htu`, names one of the endpoints.
     public func contains(_ text: String) -> Bool {
-        guard let url = URL(string: text), let key = Self.key(url) else { return false }
+        guard let key = URL(string: text)?.originAndPath else { return false }
         return endpoints.withLock { $0.contains(key) }
     }
+}
 
-    private static func key(_ url: URL) -> String? {
-        Origin(url).map { "\($0)\(url.path(percentEncoded: true))" }
-    }
+extension URL {
+    /// The origin (`Origin`: scheme and host lowercased, the port made explicit) and the path,
+    /// without query and fragment: how DPoP's endpoints are told apart.
+    var originAndPath: String? { Origin(self).map { "\($0)\(path(percentEncoded: true))" } }
 }
