@@ -10,17 +10,15 @@ import Synchronization
 public final class DPoPIdPEndpoints: Sendable {
     public init() {}
 
-    /// Endpoints remembered at most; past it the oldest go (a few per IdP in practice).
+    /// Endpoints remembered at most (a few per IdP in practice); past it one is forgotten.
     static let limit = 1024
-    private let endpoints = Mutex<[String]>([])
+    private let endpoints = Mutex<Set<String>>([])
 
     /// Remembers `url`, an endpoint the broker sends a DPoP account's requests to.
     func insert(_ url: URL?) {
         guard let key = url?.originAndPath else { return }
-        endpoints.withLock { list in
-            guard !list.contains(key) else { return }
-            list.append(key)
-            if list.count > Self.limit { list.removeFirst() }
+        endpoints.withLock { set in
+            if set.insert(key).inserted, set.count > Self.limit { set.remove(set.first { $0 != key } ?? key) }
         }
     }
 

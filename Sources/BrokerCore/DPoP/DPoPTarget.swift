@@ -62,13 +62,16 @@ public struct DPoPTarget: Sendable, Equatable {
             && text.utf8.allSatisfy { $0 >= 0x21 && $0 <= 0x7E && $0 != UInt8(ascii: "\"") && $0 != UInt8(ascii: "\\") }
     }
 
+    /// The symbols among RFC 9110's `tchar`s.
+    private static let symbols = Set("!#$%&'*+-.^_`|~".utf8)
+
     /// RFC 9110 section 5.6.2 `tchar`.
     private static func isTokenCharacter(_ byte: UInt8) -> Bool {
         switch byte {
         case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "a")...UInt8(ascii: "z"),
             UInt8(ascii: "A")...UInt8(ascii: "Z"):
             return true
-        default: return Array("!#$%&'*+-.^_`|~".utf8).contains(byte)
+        default: return symbols.contains(byte)
         }
     }
 }

@@ -24,14 +24,8 @@ extension Broker {
         var sharedGrant: Grant?
         defer { loginsRunning.remove(name) }
         // The key the IdP binds the tokens to: the account's own, or one made for it now.
-        var keyed: AccountRecord
-        if let record = accounts[name]?.record {
-            keyed = record
-        } else {
-            keyed = try Self.newRecord(account, provider: config, clientSecret: secret)
-        }
-        try keyed.makeDPoPKeyIfWanted()
-        let dpopKey = keyed.dpopKey
+        var dpopKey = settings.dpop == nil ? nil : accounts[name]?.record.secrets.dpopKey
+        if settings.dpop != nil, dpopKey == nil { dpopKey = try DPoPKey.generate() }
         let context = LoginContext(
             account: account, settings: settings, clientSecret: secret, dpopKey: dpopKey, http: http, clock: clock,
             defaultLifetime: self.settings.defaultLifetime, progress: progress)

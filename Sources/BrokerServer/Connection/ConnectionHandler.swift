@@ -312,8 +312,7 @@ final class ConnectionHandler: ChannelDuplexHandler {
                 if case .success(let proof?) = result {
                     self.write(token, id: id, now: now, proof: proof, context: context)
                 } else {
-                    let failure = BrokerError(.internal, "the broker could not sign a DPoP proof")
-                    self.write(self.dispatcher.errorLine(id: id, failure), context: context)
+                    self.write(self.dispatcher.errorLine(id: id, RequestDispatcher.signingFailed), context: context)
                 }
                 self.flushIfPending(context: context)
                 self.requestAnswered(context: context)

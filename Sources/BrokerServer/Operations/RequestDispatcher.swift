@@ -52,18 +52,19 @@ public struct RequestDispatcher: Sendable {
         let flat = FlatRequest.parse(line)
         if let flat, flat.op == Operation.token.rawValue {
             // A `dpop` the full path would refuse is refused by it, as is any cache miss with one.
-            let target = flat.dpop.map { try? Self.target($0) }
+            let target = flat.dpop.flatMap { try? Self.target($0) }
+            let refusedTarget = flat.dpop != nil && target == nil
             if let account = try? AccountField.required(flat.account) {
                 guard access.mayUse(account) else { return .immediate(forbidden(id: flat.id, account: account)) }
-                if target != .some(nil), let seconds = try? minTTL(flat.minTTL) {
+                if !refusedTarget, let seconds = try? minTTL(flat.minTTL) {
                     if let token = broker.cache.token(for: account, minTTL: seconds, now: now) {
-                        guard let target = target ?? nil else { return .cached(token, id: flat.id, now: now) }
+                        guard let target else { return .cached(token, id: flat.id, now: now) }
                         if let refusal = Self.proofRefusal(token, target) {
                             return .immediate(errorLine(id: flat.id, refusal))
                         }
                         return .prove(token, target: target, id: flat.id, now: now)
                     }
-                    if !broker.padlock.isLocked, target == nil {
+                    if !broker.padlock.isLocked, flat.dpop == nil {
                         return .awaitToken(RefreshWaiters.Key(account: account, minTTL: seconds), id: flat.id)
                     }
                 }
@@ -124,6 +125,9 @@ public struct RequestDispatcher: Sendable {
         }
         return operation == .login ? .login(request) : .deferred(request)
     }
+
+    /// The answer when a key could not sign (a scalar that does not read back: never expected).
+    static let signingFailed = BrokerError(.internal, "the broker could not sign a DPoP proof")
 
     /// Why no proof for `target` is made beside `token`: an account of bearer tokens
     /// (`bad_request`), or a target that is the account's own IdP endpoint (`forbidden`: a
@@ -229,9 +233,7 @@ public struct RequestDispatcher: Sendable {
                 let now = broker.clock.now()
                 guard let target else { return token.line(id: request.id, now: now) }
                 if let refusal = Self.proofRefusal(token, target) { throw refusal }
-                guard let proof = token.proof(for: target, now: now) else {
-                    throw BrokerError(.internal, "the broker could not sign a DPoP proof")
-                }
+                guard let proof = token.proof(for: target, now: now) else { throw Self.signingFailed }
                 return token.line(id: request.id, now: now, proof: proof)
             case .reject:
                 guard let accessToken = request.accessToken else {
