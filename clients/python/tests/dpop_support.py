@@ -14,7 +14,6 @@ import secrets
 import threading
 import time
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from cryptography.exceptions import InvalidSignature
@@ -23,6 +22,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature, encode_dss_signature
 
 import tokenbroker
+
+from .support import LocalHTTPServer, QuietHandler, add_oauth2_account
 
 _BASE64URL_ALPHABET = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 
@@ -225,15 +226,6 @@ class TestSigner:
         return signing_input + "." + b64url(r.to_bytes(32, "big") + s.to_bytes(32, "big"))
 
 
-def _headers_answer(handler: BaseHTTPRequestHandler, status: int, body: bytes, headers: Sequence[Tuple[str, str]]):
-    handler.send_response(status)
-    for name, value in headers:
-        handler.send_header(name, value)
-    handler.send_header("Content-Length", str(len(body)))
-    handler.end_headers()
-    handler.wfile.write(body)
-
-
 class DPoPIdP:
     """An OAuth2 token endpoint on 127.0.0.1 in DPoP mode, for a public client (``client_id``
     in the form, no secret): every request needs one valid proof for ``POST`` to its token URL
@@ -259,21 +251,14 @@ class DPoPIdP:
         self._lock = threading.Lock()
         idp = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                form = urllib.parse.parse_qs(self.rfile.read(length).decode())
-                status, body, headers = idp.answer(self.path, self.headers.get_all("DPoP") or [], form)
+                status, body, headers = idp.answer(self.path, self.headers.get_all("DPoP") or [], self.form())
                 data = json.dumps(body).encode()
-                _headers_answer(self, status, data, [("Content-Type", "application/json"), *headers])
+                self.send_answer(status, data, [("Content-Type", "application/json"), *headers])
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.token_endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/token"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
+        self.http = LocalHTTPServer(Handler)
+        self.token_endpoint = self.http.base_url + "/token"
 
     def rotate_nonce(self) -> None:
         with self._lock:
@@ -333,22 +318,10 @@ class DPoPIdP:
 
     def add_account(self, client: tokenbroker.Client, account: str) -> None:
         """Adds an ``oauth2`` account with ``dpop = "ES256"`` holding the current refresh token."""
-        client.request(
-            "add",
-            account=account,
-            provider={
-                "kind": "oauth2",
-                "token_endpoint": self.token_endpoint,
-                "client_id": self.client_id,
-                "dpop": "ES256",
-            },
-            tokens={"refresh_token": self.refresh_token},
-        )
+        add_oauth2_account(client, account, self, dpop="ES256")
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join()
+        self.http.stop()
 
 
 class ResourceRefusal(Exception):
@@ -384,23 +357,18 @@ class DPoPResourceServer:
         self._lock = threading.Lock()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def handle_request(self) -> None:
                 status, headers = server.answer(self.command, self.path, self.headers)
                 body = b'{"ok":true}' if status == 200 else b""
-                _headers_answer(self, status, body, [("Content-Type", "application/json"), *headers])
+                self.send_answer(status, body, [("Content-Type", "application/json"), *headers])
 
             do_GET = handle_request
             do_POST = handle_request
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.http = LocalHTTPServer(Handler)
+        self.base_url = self.http.base_url
         self.url = self.base_url + "/items"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
 
     def rotate_nonce(self) -> None:
         """Issues a new nonce (only while one is demanded): proofs with the old one are refused."""
@@ -458,9 +426,7 @@ class DPoPResourceServer:
             raise ResourceRefusal(error, refusal.reason) from None
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join()
+        self.http.stop()
 
 
 def send(

@@ -14,7 +14,7 @@ import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import tokenbroker
 
@@ -118,25 +118,13 @@ class OAuth2IdP:
         self._lock = threading.Lock()
         idp = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                form = urllib.parse.parse_qs(self.rfile.read(length).decode())
-                status, body = idp.answer(form, self.headers.get("Authorization", ""))
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                status, body = idp.answer(self.form(), self.headers.get("Authorization", ""))
+                self.send_answer(status, json.dumps(body).encode(), [("Content-Type", "application/json")])
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.token_endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/token"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
+        self.http = LocalHTTPServer(Handler)
+        self.token_endpoint = self.http.base_url + "/token"
 
     def answer(self, form: dict, authorization: str) -> tuple:
         expected = "Basic " + base64.b64encode(f"{self.client_id}:{self.client_secret}".encode()).decode()
@@ -167,17 +155,48 @@ class OAuth2IdP:
 
     def add_account(self, client: tokenbroker.Client, account: str) -> None:
         """Adds an ``oauth2`` account holding this IdP's current refresh token."""
-        client.request(
-            "add",
-            account=account,
-            provider={
-                "kind": "oauth2",
-                "token_endpoint": self.token_endpoint,
-                "client_id": self.client_id,
-                "client_secret": self.client_secret,
-            },
-            tokens={"refresh_token": self.refresh_token},
-        )
+        add_oauth2_account(client, account, self, client_secret=self.client_secret)
+
+    def stop(self) -> None:
+        self.http.stop()
+
+
+def add_oauth2_account(client: tokenbroker.Client, account: str, idp, **fields: str) -> None:
+    """Adds an ``oauth2`` account at ``idp`` (its ``token_endpoint`` and ``client_id``), with
+    the provider ``fields`` given, holding ``idp``'s current refresh token."""
+    provider = {"kind": "oauth2", "token_endpoint": idp.token_endpoint, "client_id": idp.client_id, **fields}
+    client.request("add", account=account, provider=provider, tokens={"refresh_token": idp.refresh_token})
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that logs nothing (the tests' output stays theirs) and answers whole."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def form(self) -> dict:
+        """The request's ``application/x-www-form-urlencoded`` body."""
+        length = int(self.headers.get("Content-Length") or 0)
+        return urllib.parse.parse_qs(self.rfile.read(length).decode())
+
+    def send_answer(self, status: int, body: bytes, headers: Sequence[Tuple[str, str]] = ()) -> None:
+        self.send_response(status)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class LocalHTTPServer:
+    """An HTTP server on 127.0.0.1, on a free port, answering with ``handler`` on a thread of its
+    own; ``stop`` shuts it down and waits for the thread."""
+
+    def __init__(self, handler: type):
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
         self.server.shutdown()
