@@ -38,7 +38,7 @@ struct BridgeOptions: ParsableArguments {
     /// parsed: reading an unparsed option group traps.)
     func token(of account: String, narrowing: Narrowing? = nil) throws -> TokenResult {
         let token = try self.token(of: account, narrowing: narrowing, dpop: nil)
-        guard token.tokenType.lowercased() != "dpop" else { throw BridgeFailure.dpopBound(account) }
+        guard !TokenType.isDPoP(token.tokenType) else { throw BridgeFailure.dpopBound(account) }
         return token
     }
 

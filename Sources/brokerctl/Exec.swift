@@ -136,7 +136,7 @@ struct Exec: ParsableCommand {
             let token = try options.client().perform(
                 .token(account: account, minTTL: minTTL, scope: narrowing.scope, resource: narrowing.resource))
             // An account that became DPoP-bound meanwhile: its token is useless in the file.
-            guard token.tokenType.lowercased() != "dpop" else { throw BridgeFailure.dpopBound(account) }
+            guard !TokenType.isDPoP(token.tokenType) else { throw BridgeFailure.dpopBound(account) }
             if token.accessToken != renewal.token.accessToken { try file.replace(with: token.accessToken) }
             renewal.took(token, now: Date(), following: following)
             outage.succeeded("renewed the token of \(account) again")

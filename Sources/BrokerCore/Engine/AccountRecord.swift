@@ -113,7 +113,7 @@ extension AccountRecord {
     /// issued one that is not `DPoP` (pushed tokens are what the owner gave, not reported).
     var dpopStatus: DPoPStatus? {
         guard let key = dpopKey else { return nil }
-        let type = token.flatMap { $0.pushed == true || $0.type.lowercased() == "dpop" ? nil : $0.type }
+        let type = token.flatMap { $0.pushed == true || TokenType.isDPoP($0.type) ? nil : $0.type }
         return DPoPStatus(algorithm: DPoPKey.algorithm, thumbprint: key.thumbprint, otherTokenType: type)
     }
 

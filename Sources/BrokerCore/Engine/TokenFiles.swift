@@ -56,7 +56,7 @@ struct TokenFiles {
         for path in paths[account] ?? [] {
             // A DPoP-bound token is useless without a proof, which a program reading a file
             // cannot make: the file is removed rather than kept with it.
-            if let token, token.type.lowercased() == "dpop" {
+            if let token, TokenType.isDPoP(token.type) {
                 logger.warning(
                     "no token file for a DPoP-bound token: use brokerctl header --method --url, or a client's dpop_headers",
                     metadata: ["account": "\(account)", "path": "\(JSONText.quote(path))"])
