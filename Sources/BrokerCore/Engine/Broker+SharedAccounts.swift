@@ -480,6 +480,8 @@ extension Broker {
         var moved: SharedRow?
         if !committed, let row = try? await store.read(name) {
             moved = await loggedOutOver(row, by: pending.record, share: share, over: pending.over) ?? row
+            // A lock and a new commit kept meanwhile are not this one's to drop.
+            guard fleet?.pending[name]?.over == pending.over else { return }
         }
         fleet?.pending[name] = nil
         try? saveToVault(removed: [name])
