@@ -152,7 +152,7 @@ public final class PostgresServer: Sendable {
 
     /// Runs `sql` with `psql` as the database's owner (a test's hand on the rows).
     public func execute(_ sql: String) async throws {
-        try await onOwnThread { try self.executeHere(sql) }
+        _ = try await onOwnThread { try self.executeHere(sql) }
     }
 
     /// Turns TLS on with `certificate` and `key` (copied beside the data, the server's user's own,
@@ -183,28 +183,26 @@ public final class PostgresServer: Sendable {
             try self.executeHere("SELECT pg_reload_conf()")
             // The reload is a signal: the settings take effect a moment later.
             let deadline = ContinuousClock.now + .seconds(30)
-            while try !self.queryHere("SHOW ssl").contains("on") {
+            while try self.executeHere("SHOW ssl").trimmingCharacters(in: .whitespacesAndNewlines) != "on" {
                 guard ContinuousClock.now < deadline else { throw HarnessError("postgres did not turn TLS on") }
                 usleep(20_000)
             }
         }
     }
 
-    private func queryHere(_ sql: String) throws -> String {
+    /// Runs `sql` through psql, stopping at the first error; its output, unaligned and
+    /// without headers.
+    @discardableResult
+    private func executeHere(_ sql: String) throws -> String {
         let result = try ChildProcess.run(
             Self.binaries + "/psql",
-            ["-h", "127.0.0.1", "-p", String(port), "-U", username, "-At", "-c", sql, database],
+            [
+                "-h", "127.0.0.1", "-p", String(port), "-U", username, "-v", "ON_ERROR_STOP=1", "-At", "-c", sql,
+                database,
+            ],
             environment: Self.environment.merging(["PGPASSWORD": password]) { $1 }, timeout: 60)
         guard result.status == 0 else { throw HarnessError("psql failed: \(result.output)") }
         return result.output
-    }
-
-    private func executeHere(_ sql: String) throws {
-        let result = try ChildProcess.run(
-            Self.binaries + "/psql",
-            ["-h", "127.0.0.1", "-p", String(port), "-U", username, "-v", "ON_ERROR_STOP=1", "-c", sql, database],
-            environment: Self.environment.merging(["PGPASSWORD": password]) { $1 }, timeout: 60)
-        guard result.status == 0 else { throw HarnessError("psql failed: \(result.output)") }
     }
 
     private func stopServer(_ server: ChildProcess) {

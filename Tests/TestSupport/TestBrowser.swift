@@ -122,8 +122,7 @@ public final class TestBrowser: Sendable {
     /// was freed does not count.
     public static func isListening(_ port: Int, in pid: pid_t) -> Bool {
         guard let table = procFile("/proc/\(pid)/net/tcp") else { return false }
-        let hex = String(port, radix: 16, uppercase: true)
-        let local = "0100007F:" + String(repeating: "0", count: max(0, 4 - hex.count)) + hex
+        let local = String(format: "0100007F:%04X", port)
         let inodes = Set(
             table.split(separator: "\n").dropFirst().compactMap { line -> String? in
                 let fields = line.split(separator: " ")
