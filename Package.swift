@@ -52,7 +52,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
         .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
-        // ES256 keys and signatures of DPoP proofs (RFC 9449), and their SHA-256 thumbprints.
+        // The tests' own ES256 (BoringSSL), which checks the DPoP proofs brokerd signs with OpenSSL.
         .package(url: "https://github.com/apple/swift-crypto", from: "4.5.2"),
     ],
     targets: [
@@ -60,6 +60,12 @@ let package = Package(
             name: "CSodium",
             pkgConfig: "libsodium",
             providers: [.apt(["libsodium-dev"])]
+        ),
+        // OpenSSL's libcrypto: the ES256 keys and signatures of DPoP proofs (`P256Signer`).
+        .systemLibrary(
+            name: "COpenSSL",
+            pkgConfig: "libcrypto",
+            providers: [.apt(["libssl-dev"])]
         ),
         .systemLibrary(
             name: "CSystemd",
@@ -81,9 +87,8 @@ let package = Package(
         .target(
             name: "BrokerCore",
             dependencies: [
-                "BrokerProtocol", "CSodium", "ProcessSpawn", "CTimerFD",
+                "BrokerProtocol", "COpenSSL", "CSodium", "ProcessSpawn", "CTimerFD",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
-                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -185,6 +190,7 @@ let package = Package(
             name: "BrokerCoreTests",
             dependencies: [
                 "BrokerCore", "TestSupport",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],

@@ -217,9 +217,10 @@ import Glibc
 
     /// The DPoP private key (docs/dpop.md), made by brokerd and read here from the stopped
     /// broker's vault: after a restart, refreshes with proofs and proofs for programs, it is in
-    /// guarded pages only, as the vault's base64url text, and its raw 32 bytes (what the signing
-    /// library is handed for each signature) nowhere; a removed account's key is nowhere; after
-    /// a rekey to a passphrase and `lock`, no key is anywhere.
+    /// guarded pages only, as the vault's base64url text and as OpenSSL's signing key (its
+    /// scalar's 64-bit limbs, least significant first: the raw bytes reversed, in the secure
+    /// heap), and its raw big-endian 32 bytes (read from the vault) nowhere; a removed account's
+    /// key is nowhere in any form; after a rekey to a passphrase and `lock`, no key is anywhere.
     @Test func aDPoPKeyIsOnlyInGuardedPagesAndNowhereAfterRemoveOrLock() async throws {
         let broker = try BrokerProcess()
         try await broker.start()
@@ -271,15 +272,18 @@ import Glibc
         let pid = try #require(broker.process?.pid)
         let needles = [
             ("kept", Array(kept.utf8)), ("gone", Array(gone.utf8)), ("kept raw", raw(kept)), ("gone raw", raw(gone)),
+            ("kept limbs", raw(kept).reversed()), ("gone limbs", raw(gone).reversed()),
         ]
         let scan = try await onOwnThread { try MemoryScan(pid: pid, labeled: needles) }
         #expect(scan.scannedBytes > 1 << 20, "the scan read the broker's memory")
-        #expect(!scan.places(of: "kept").isEmpty, "the live key is in memory")
-        #expect(scan.unguardedPlaces(of: "kept").isEmpty, "the live key in \(scan.unguardedPlaces(of: "kept"))")
-        for label in ["gone", "kept raw", "gone raw"] {
+        for live in ["kept", "kept limbs"] {
+            #expect(!scan.places(of: live).isEmpty, "\(live): the live key is in memory")
+            #expect(scan.unguardedPlaces(of: live).isEmpty, "\(live) in \(scan.unguardedPlaces(of: live))")
+        }
+        for label in ["gone", "kept raw", "gone raw", "gone limbs"] {
             #expect(scan.places(of: label).isEmpty, "\(label) in \(scan.places(of: label))")
         }
-        Self.report("live DPoP keys", ["kept"], scan)
+        Self.report("live DPoP keys", ["kept", "kept limbs"], scan)
 
         let rekeyed = try await broker.brokerctlOnOwnThread(["rekey", "--to", "passphrase"], stdin: "pp-dpop\n")
         #expect(rekeyed.status == 0, "\(rekeyed.stderr)")
@@ -289,7 +293,7 @@ import Glibc
         for (label, _) in needles {
             #expect(locked.places(of: label).isEmpty, "\(label) after lock in \(locked.places(of: label))")
         }
-        Self.report("DPoP keys after lock", ["kept"], locked)
+        Self.report("DPoP keys after lock", ["kept", "kept limbs"], locked)
         await idp.shutdown()
     }
 

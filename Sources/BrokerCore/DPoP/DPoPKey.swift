@@ -1,13 +1,11 @@
 import BrokerProtocol
-import Crypto
 import FoundationEssentials
 
 /// An account's DPoP key (RFC 9449): a P-256 key pair made inside brokerd, whose private half
-/// lives only in guarded memory and the vault, and never leaves the process. It signs the
-/// proofs of the account's requests at its IdP, and the proofs programs ask for beside a token
-/// (`protocol/PROTOCOL.md`, `token`). The private scalar is handed to swift-crypto only for
-/// the length of one signature; the copy BoringSSL makes is cleansed when freed (and brokerd's
-/// allocator wipes every freed block).
+/// lives only in guarded memory (the vault's text in the broker's guarded pages, the signing
+/// key in OpenSSL's secure heap, `P256Signer`) and the vault, and never leaves the process. It
+/// signs the proofs of the account's requests at its IdP, and the proofs programs ask for
+/// beside a token (`protocol/PROTOCOL.md`, `token`).
 public final class DPoPKey: Sendable {
     /// The one algorithm keys are made for: ES256, which every DPoP IdP accepts.
     public static let algorithm = "ES256"
@@ -18,13 +16,21 @@ public final class DPoPKey: Sendable {
     public let thumbprint: String
     /// The proof's JOSE header, base64url: the same for every proof of this key.
     private let header: [UInt8]
+    private let signer: P256Signer
 
     /// The key whose private scalar `scalar` holds; fails when it is not a P-256 scalar.
-    init(scalar: SecretBytes) throws(BrokerFailure) {
-        guard let key = Self.privateKey(scalar) else {
-            throw .invalid("the vault holds a DPoP key that is not a P-256 private key")
+    convenience init(scalar: SecretBytes) throws(BrokerFailure) {
+        let signer = scalar.withUnsafeBytes { text -> P256Signer? in
+            guard var raw = Base64URL.decode(utf8: text) else { return nil }
+            defer { Sodium.wipe(&raw) }
+            return raw.withUnsafeBytes { P256Signer(scalar: $0) }
         }
-        let point = Array(key.publicKey.rawRepresentation)
+        guard let signer else { throw .invalid("the vault holds a DPoP key that is not a P-256 private key") }
+        self.init(scalar: scalar, signer: signer)
+    }
+
+    private init(scalar: SecretBytes, signer: P256Signer) {
+        let point = signer.publicKey
         let x = Base64URL.encode(Array(point[0..<32]))
         let y = Base64URL.encode(Array(point[32..<64]))
         // RFC 7638 section 3.2: the required members only, in lexicographic order, no spaces.
@@ -33,27 +39,31 @@ public final class DPoPKey: Sendable {
         let jwk = #"{"kty":"EC","crv":"P-256","x":""# + x + #"","y":""# + y + #""}"#
         header = Array(Base64URL.encode(Array((#"{"typ":"dpop+jwt","alg":"ES256","jwk":"# + jwk + "}").utf8)).utf8)
         self.scalar = scalar
+        self.signer = signer
     }
 
-    /// A new key from the system's random source.
+    /// A new key from OpenSSL's random source.
     public static func generate() throws(BrokerFailure) -> DPoPKey {
-        var raw = Array(P256.Signing.PrivateKey().rawRepresentation)
+        var raw = [UInt8](repeating: 0, count: 32)
         var text: [UInt8] = []
         defer {
             Sodium.wipe(&raw)
             Sodium.wipe(&text)
         }
+        guard let signer = raw.withUnsafeMutableBytes({ P256Signer.generate(scalar: $0) }) else {
+            throw .invalid("OpenSSL could not make a P-256 key")
+        }
         Base64URL.encode(raw, into: &text)
         let stored = text.withUnsafeBytes { bytes in
             Result { () throws(BrokerFailure) in try SecretBytes(bytes: bytes) }
         }
-        return try DPoPKey(scalar: stored.get())
+        return try DPoPKey(scalar: stored.get(), signer: signer)
     }
 
     /// A proof (RFC 9449 section 4.2) for a request of `method` to `url` (given without query
     /// or fragment) at `now`: a fresh 128-bit `jti`, `iat` in whole seconds, `ath` when the
     /// request carries an access token (`accessTokenHash`), `nonce` when the server gave one.
-    /// `nil` only if the scalar could not be read back, which a key made by `init` rules out.
+    /// `nil` only if libcrypto fails to sign.
     func proof(method: String, url: String, now: Date, nonce: String? = nil, accessTokenHash: String? = nil)
         -> String?
     {
@@ -78,9 +88,9 @@ public final class DPoPKey: Sendable {
         var proof = header
         proof.append(UInt8(ascii: "."))
         Base64URL.encode(claims, into: &proof)
-        guard let key = Self.privateKey(scalar), let signature = try? key.signature(for: proof) else { return nil }
+        guard let signature = signer.sign(proof) else { return nil }
         proof.append(UInt8(ascii: "."))
-        Base64URL.encode(Array(signature.rawRepresentation), into: &proof)
+        Base64URL.encode(signature, into: &proof)
         return String(decoding: proof, as: UTF8.self)
     }
 
@@ -89,13 +99,17 @@ public final class DPoPKey: Sendable {
         accessToken.withUnsafeBytes { Base64URL.encode(Sodium.sha256($0)) }
     }
 
-    /// swift-crypto's key for `scalar`, read through a buffer wiped before return.
-    private static func privateKey(_ scalar: SecretBytes) -> P256.Signing.PrivateKey? {
-        guard var raw = scalar.withUnsafeBytes({ Base64URL.decode(utf8: $0) }) else { return nil }
-        defer { Sodium.wipe(&raw) }
-        guard raw.count == 32 else { return nil }
-        return try? P256.Signing.PrivateKey(rawRepresentation: raw)
-    }
+    /// Whether the next proof finds its signature's nonce made ahead, and so costs under a
+    /// microsecond to sign.
+    public var signsQuickly: Bool { signer.hasPresignature }
+
+    /// Whether the caller should run `presign()` on a thread that may block: fewer nonces are
+    /// made ahead than are kept, and no thread is making them.
+    public func claimPresigning() -> Bool { signer.claimPresigning() }
+
+    /// Makes signature nonces ahead (a few tens of microseconds each) until enough are ready;
+    /// called after `claimPresigning()` returned `true`.
+    public func presign() { signer.presign() }
 }
 
 extension DPoPKey: Equatable {

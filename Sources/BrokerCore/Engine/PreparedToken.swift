@@ -78,6 +78,17 @@ public struct PreparedToken: Sendable {
         )
     }
 
+    /// Whether `proof(for:now:)` finds its signature's nonce made ahead, and so may run where
+    /// nothing should block.
+    public var provesQuickly: Bool { dpop?.key.signsQuickly ?? false }
+
+    /// The account's DPoP key when it wants nonces made ahead (`DPoPKey.claimPresigning()`):
+    /// the caller then runs its `presign()` where blocking is allowed.
+    public func keyToPresign() -> DPoPKey? {
+        guard let key = dpop?.key, key.claimPresigning() else { return nil }
+        return key
+    }
+
     /// Writes the complete success line for request `id`, newline included, into `buffer`,
     /// with `proof` as `dpop_proof` when given.
     public func write(id: RequestID?, now: Date, proof: String? = nil, into buffer: inout ByteBuffer) {

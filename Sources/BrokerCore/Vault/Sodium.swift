@@ -2,7 +2,7 @@ import CSodium
 import FoundationEssentials
 
 /// The broker's only door to libsodium: guarded key memory, XChaCha20-Poly1305, Argon2id, random
-/// bytes and SHA-256. (Other secrets live in `SecretArena`'s own guarded pages.)
+/// bytes, SHA-256 and stack wiping. (Other secrets live in `SecretArena`'s own guarded pages.)
 enum Sodium {
     static let keyLength = Int(crypto_aead_xchacha20poly1305_ietf_KEYBYTES)
     static let nonceLength = Int(crypto_aead_xchacha20poly1305_ietf_NPUBBYTES)
@@ -18,6 +18,10 @@ enum Sodium {
         randombytes_buf(&bytes, count)
         return bytes
     }
+
+    /// Zeroes `count` bytes of the stack below the caller's frame: where a function that just
+    /// returned may have left a secret (OpenSSL's P-256 code copies scalars and nonces there).
+    static func wipeStack(_ count: Int) { sodium_stackzero(count) }
 
     /// The SHA-256 digest of `bytes` (the PKCE S256 challenge, RFC 7636 section 4.2).
     static func sha256(_ bytes: [UInt8]) -> [UInt8] { bytes.withUnsafeBytes { sha256($0) } }

@@ -290,20 +290,29 @@ final class ConnectionHandler: ChannelDuplexHandler {
         requestAnswered(context: context)
     }
 
-    /// The threads that sign proofs, one per core, started at the first proof: a pool of their
-    /// own, so that no proof waits behind the blocking work of `NIOThreadPool.singleton` (an
-    /// exec helper, a key derivation). Idle, they sleep.
+    /// The threads that sign proofs and make signature nonces ahead, one per core, started at
+    /// the first proof: a pool of their own, so that no proof waits behind the blocking work of
+    /// `NIOThreadPool.singleton` (an exec helper, a key derivation). Idle, they sleep.
     private static let signers: NIOThreadPool = {
         let pool = NIOThreadPool(numberOfThreads: System.coreCount)
         pool.start()
         return pool
     }()
 
-    /// Answers a cached token with a proof for `target`, signed on `signers` and written back on
-    /// the connection's event loop, counted as a running request.
+    /// Answers a cached token with a proof for `target`: signed here when its nonce is made
+    /// ahead (under a microsecond), else signed on `signers` and written back on the
+    /// connection's event loop, counted as a running request. Either way, `signers` then makes
+    /// the key's next nonces.
     private func prove(
         _ token: PreparedToken, for target: DPoPTarget, id: RequestID?, now: Date, context: ChannelHandlerContext
     ) {
+        defer {
+            if let key = token.keyToPresign() { Self.signers.submit { _ in key.presign() } }
+        }
+        if token.provesQuickly, let proof = token.proof(for: target, now: now) {
+            write(token, id: id, now: now, proof: proof, context: context)
+            return
+        }
         guard reserveRequest(id: id, context: context) else { return }
         Self.signers.runIfActive(eventLoop: context.eventLoop) { token.proof(for: target, now: now) }
             .assumeIsolated().whenComplete { result in
