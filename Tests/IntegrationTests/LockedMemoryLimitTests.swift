@@ -6,15 +6,13 @@ import Testing
 import Glibc
 #endif
 
-/// brokerd under a locked-memory limit it soon reaches (`RLIMIT_MEMLOCK` 64 KiB, and, as root,
-/// without `CAP_IPC_LOCK`, which would ignore the limit): secrets it cannot lock stay usable,
-/// every token is served, the failure is logged once and `status` shows it.
+/// brokerd under a locked-memory limit it soon reaches (`RLIMIT_MEMLOCK`, and, as root, without
+/// `CAP_IPC_LOCK`, which would ignore the limit): secrets it cannot lock stay usable, every
+/// token is served, the failure is logged once and `status` shows it.
 @Suite struct LockedMemoryLimitTests {
     @Test func everyTokenIsServedAndTheUnlockedMemoryIsLoggedOnceAndShown() async throws {
         let broker = try BrokerProcess()
-        broker.launcher =
-            ["/usr/bin/prlimit", "--memlock=65536:65536", "--"]
-            + (getuid() == 0 ? ["/usr/bin/setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock", "--"] : [])
+        broker.launcher = Self.launcher(lockingAtMost: 65536)
         try await broker.start()
         defer { broker.stop() }
         let pid = try #require(broker.process?.pid)
@@ -46,6 +44,39 @@ import Glibc
         #expect(lines.count == 1, "logged once: \(lines)")
         #expect(lines.first?.contains("RLIMIT_MEMLOCK") == true)
         #expect(broker.process?.hasExited() == false, "brokerd is still running")
+    }
+
+    /// A DPoP key under a limit that the broker's own guarded pages fit in but OpenSSL's secure
+    /// heap (512 KiB, docs/dpop.md, "Signing") does not: proofs are still signed, the failure
+    /// is logged once and `status` shows it, from the first key on.
+    @Test func aDPoPKeyWhoseHeapCannotBeLockedStillSignsAndStatusShowsIt() async throws {
+        let broker = try BrokerProcess()
+        broker.launcher = Self.launcher(lockingAtMost: 256 << 10)
+        try await broker.start()
+        defer { broker.stop() }
+        let socketPath = broker.socketPath
+        let answers = try await onOwnThread {
+            let connection = try RawConnection(path: socketPath)
+            return [
+                #"{"id":1,"op":"status"}"#,
+                #"{"id":2,"op":"add","account":"api","provider":{"kind":"oauth2","token_endpoint":"https://idp.example/token","client_id":"cli","dpop":"ES256"},"#
+                    + #""tokens":{"access_token":"at-dpop","token_type":"DPoP","expires_in":3600}}"#,
+                #"{"id":3,"op":"token","account":"api","dpop":{"htm":"GET","htu":"https://api.example/v1/items"}}"#,
+                #"{"id":4,"op":"status"}"#,
+            ].map { connection.request($0) ?? "" }
+        }
+        #expect(answers[0].contains(#""ok":true"#) && !answers[0].contains("memory_locked"), "\(answers[0])")
+        #expect(answers[2].contains(#""dpop_proof":""#), "the proof is signed: \(answers[2])")
+        #expect(answers[3].contains(#""memory_locked":false"#), "status shows the unlocked memory")
+        let lines = broker.log.split(separator: "\n").filter { $0.contains("mlock") }
+        #expect(lines.count == 1 && lines.first?.contains("DPoP keys") == true, "logged once: \(lines)")
+        #expect(broker.process?.hasExited() == false, "brokerd is still running")
+    }
+
+    /// Runs brokerd under a locked-memory limit of `bytes` and, as root, without `CAP_IPC_LOCK`.
+    static func launcher(lockingAtMost bytes: Int) -> [String] {
+        ["/usr/bin/prlimit", "--memlock=\(bytes):\(bytes)", "--"]
+            + (getuid() == 0 ? ["/usr/bin/setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock", "--"] : [])
     }
 
     /// The soft limit of `Max locked memory` in a /proc/PID/limits text.

@@ -99,6 +99,10 @@ public final class DPoPKey: Sendable {
         accessToken.withUnsafeBytes { Base64URL.encode(Sodium.sha256($0)) }
     }
 
+    /// Whether the memory signing keys live in is locked in RAM (`false` when the locked-memory
+    /// limit refused it), as `SecretBytes.allLocked` tells of the other secrets.
+    public static var signingMemoryLocked: Bool { P256Signer.secureHeapLocked }
+
     /// Whether the next proof finds its signature's nonce made ahead, and so costs under a
     /// microsecond to sign.
     public var signsQuickly: Bool { signer.hasPresignature }

@@ -1,5 +1,6 @@
 import BrokerProtocol
 import COpenSSL
+import Logging
 import Synchronization
 
 /// An ES256 signing key held by OpenSSL's libcrypto for as long as the broker holds the key,
@@ -148,11 +149,25 @@ final class P256Signer: @unchecked Sendable {
         return Array(encoded[1...])
     }
 
+    /// Whether libcrypto's secure heap is locked in RAM, or not started (no DPoP key yet).
+    static var secureHeapLocked: Bool { CRYPTO_secure_malloc_initialized() == 0 || secureHeap == 1 }
+
     /// Starts OpenSSL's secure heap, once, before the first key: from then on libcrypto keeps
-    /// private scalars and nonces there. 512 KiB holds the keys of thousands of accounts. When
-    /// the locked-memory limit refuses to lock it, it still serves, unlocked.
+    /// private scalars and nonces there. 512 KiB holds the keys of thousands of accounts (64
+    /// bytes each, and 64 a nonce). When the locked-memory limit refuses to lock it, it still
+    /// serves, unlocked, and that is logged once.
     private static func secureHeapStarted() { _ = secureHeap }
-    private static let secureHeap: Int32 = CRYPTO_secure_malloc_init(1 << 19, 32)
+    private static let secureHeap: Int32 = {
+        let started = CRYPTO_secure_malloc_init(1 << 19, 32)
+        if started != 1 {
+            Logger(label: "brokerd").warning(
+                """
+                cannot lock DPoP keys in memory (OpenSSL's secure heap of 512 KiB, mlock refused); they stay usable \
+                but may be swapped out; raise the locked-memory limit (RLIMIT_MEMLOCK, LimitMEMLOCK=)
+                """)
+        }
+        return started
+    }()
 }
 
 /// One signature's nonce made ahead (`ECDSA_sign_setup`): `k⁻¹` (in the secure heap) and

@@ -255,7 +255,7 @@ public struct RequestDispatcher: Sendable {
                         accounts: accounts.filter { policy.mayUse($0.account, caller: caller, rules: rules) },
                         locked: locked ? true : nil,
                         newVault: broker.padlock.newVault ? true : nil,
-                        memoryLocked: SecretBytes.allLocked ? nil : false),
+                        memoryLocked: SecretBytes.allLocked && DPoPKey.signingMemoryLocked ? nil : false),
                     encoder)
             case .add:
                 let added = try await operations.add(
