@@ -48,11 +48,13 @@ final class P256Signer: @unchecked Sendable {
             return nil
         }
         defer { EC_POINT_free(point) }
-        // The public key is derived once here; `EC_KEY_check_key` checks the scalar's range.
+        // A private key is a scalar from 1 to the group's order less one; its public key is
+        // derived once, here (`EC_KEY_check_key` would derive it a second time to compare).
         defer { Sodium.wipeStack(Self.stackWiped) }
-        guard BN_bin2bn(raw.baseAddress, 32, scalar) != nil, EC_KEY_set_private_key(key, scalar) == 1,
+        guard BN_bin2bn(raw.baseAddress, 32, scalar) != nil, BN_is_zero(scalar) == 0,
+            BN_cmp(scalar, EC_GROUP_get0_order(group)) < 0, EC_KEY_set_private_key(key, scalar) == 1,
             EC_POINT_mul(group, point, scalar, nil, nil, nil) == 1, EC_KEY_set_public_key(key, point) == 1,
-            EC_KEY_check_key(key) == 1, let publicKey = Self.coordinates(key)
+            let publicKey = Self.coordinates(key)
         else {
             EC_KEY_free(key)
             return nil
