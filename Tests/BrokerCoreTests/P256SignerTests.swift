@@ -52,8 +52,11 @@ import Testing
 
         let message = Array("eyJ0eXAiOiJkcG9wK2p3dCJ9.e30".utf8)
         var rs: Set<[UInt8]> = []
+        let half = P256Signer.presignatureCapacity / 2
         for round in 0...P256Signer.presignatureCapacity {
             #expect(signer.hasPresignature == (round < P256Signer.presignatureCapacity))
+            if round == half - 1 { #expect(!signer.claimPresigning(), "more than half the nonces are ready") }
+            if round == half { #expect(signer.claimPresigning(), "half are used: time to make more") }
             let signature = try #require(signer.sign(message))
             let parsed = try P256.Signing.ECDSASignature(rawRepresentation: signature)
             #expect(publicKey.isValidSignature(parsed, for: Data(message)), "signature \(round)")
@@ -61,7 +64,8 @@ import Testing
             rs.insert(Array(signature.prefix(32)))
         }
         #expect(rs.count == P256Signer.presignatureCapacity + 1, "every signature has a nonce of its own")
-        #expect(signer.claimPresigning(), "the nonces are used up")
+        signer.presign()
+        #expect(signer.hasPresignature && !signer.claimPresigning(), "made again")
     }
 
     private static func hex(_ text: String) -> [UInt8] {

@@ -108,10 +108,11 @@ final class P256Signer: @unchecked Sendable {
     var hasPresignature: Bool { ready.withLock { !$0.presignatures.isEmpty } }
 
     /// Whether the caller should run `presign` (on a thread that may block for a few tens of
-    /// microseconds a nonce): fewer nonces are ready than kept, and no thread is making them.
+    /// microseconds a nonce): half the nonces kept or fewer are ready, and no thread is making
+    /// them. Waiting for half spares the making thread a wake-up for every signature.
     func claimPresigning() -> Bool {
         ready.withLock { ready in
-            guard ready.presignatures.count < Self.presignatureCapacity, !ready.filling else { return false }
+            guard ready.presignatures.count <= Self.presignatureCapacity / 2, !ready.filling else { return false }
             ready.filling = true
             return true
         }

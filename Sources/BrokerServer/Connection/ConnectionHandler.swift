@@ -290,8 +290,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
         requestAnswered(context: context)
     }
 
-    /// The threads that sign proofs and make signature nonces ahead, one per core, started at
-    /// the first proof: a pool of their own, so that no proof waits behind the blocking work of
+    /// The threads that sign proofs whose nonce is not made ahead, one per core, started at the
+    /// first proof: a pool of their own, so that no proof waits behind the blocking work of
     /// `NIOThreadPool.singleton` (an exec helper, a key derivation). Idle, they sleep.
     private static let signers: NIOThreadPool = {
         let pool = NIOThreadPool(numberOfThreads: System.coreCount)
@@ -299,15 +299,29 @@ final class ConnectionHandler: ChannelDuplexHandler {
         return pool
     }()
 
+    /// The thread that makes signature nonces ahead (`DPoPKey.presign()`), under `SCHED_IDLE`:
+    /// it runs only on CPU time nothing else wants, so it never delays a request or a client.
+    /// When the CPUs are busy it makes none, and proofs are signed whole on `signers`.
+    private static let presigner: NIOThreadPool = {
+        let pool = NIOThreadPool(numberOfThreads: 1)
+        pool.start()
+        pool.submit { _ in
+            // SCHED_IDLE is 5 (linux/sched.h); Swift's Glibc leaves it out (it is _GNU_SOURCE's).
+            var parameters = sched_param()
+            _ = sched_setscheduler(0, 5, &parameters)
+        }
+        return pool
+    }()
+
     /// Answers a cached token with a proof for `target`: signed here when its nonce is made
     /// ahead (under a microsecond), else signed on `signers` and written back on the
-    /// connection's event loop, counted as a running request. Either way, `signers` then makes
-    /// the key's next nonces.
+    /// connection's event loop, counted as a running request. Either way, `presigner` then makes
+    /// the key's next nonces when half of them are used.
     private func prove(
         _ token: PreparedToken, for target: DPoPTarget, id: RequestID?, now: Date, context: ChannelHandlerContext
     ) {
         defer {
-            if let key = token.keyToPresign() { Self.signers.submit { _ in key.presign() } }
+            if let key = token.keyToPresign() { Self.presigner.submit { _ in key.presign() } }
         }
         if token.provesQuickly, let proof = token.proof(for: target, now: now) {
             write(token, id: id, now: now, proof: proof, context: context)
