@@ -30,6 +30,8 @@ let package = Package(
     ],
     targets: [
         .systemLibrary(name: "CSodium", path: "Linked/CSodium", pkgConfig: "libsodium"),
+        .systemLibrary(name: "COpenSSL", path: "Linked/COpenSSL", pkgConfig: "libcrypto"),
+        .systemLibrary(name: "CTimerFD", path: "Linked/CTimerFD"),
         .target(name: "CSpawn", path: "Linked/CSpawn"),
         .target(
             name: "ProcessSpawn", dependencies: ["CSpawn"], path: "Linked/ProcessSpawn", swiftSettings: instrumented),
@@ -37,10 +39,11 @@ let package = Package(
         .target(
             name: "BrokerCore",
             dependencies: [
-                "BrokerProtocol", "CSodium", "ProcessSpawn",
+                "BrokerProtocol", "COpenSSL", "CSodium", "ProcessSpawn", "CTimerFD",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],

@@ -1,3 +1,4 @@
+import BrokerProtocol
 import Crypto
 import FoundationEssentials
 import Testing
@@ -19,53 +20,75 @@ import Testing
 
     @Test(arguments: refusedScalars)
     func aScalarThatIsNoP256PrivateKeyIsRefused(_ scalar: [UInt8]) {
-        #expect(scalar.withUnsafeBytes { P256Signer(scalar: $0) } == nil)
+        let made = scalar.withUnsafeBytes { bytes in
+            Result { () throws(BrokerFailure) in try P256Signer(scalar: bytes) }
+        }
+        #expect(throws: BrokerFailure.self) { try made.get() }
     }
 
     @Test func aKeyReadBackFromItsScalarHasThePublicKeySwiftCryptoDerives() throws {
         var scalar = [UInt8](repeating: 0, count: 32)
-        let made = try #require(scalar.withUnsafeMutableBytes { P256Signer.generate(scalar: $0) })
-        let readBack = try #require(scalar.withUnsafeBytes { P256Signer(scalar: $0) })
+        let made = try Self.generate(into: &scalar)
+        let readBack = try Self.signer(scalar)
         let derived = Array(try P256.Signing.PrivateKey(rawRepresentation: scalar).publicKey.rawRepresentation)
         #expect(made.publicKey == derived && readBack.publicKey == derived)
         let (lastBelowOrder, one) = (
             Self.order.dropLast() + [Self.order.last! - 1], [UInt8](repeating: 0, count: 31) + [1]
         )
         for edge in [Array(lastBelowOrder), one] {
-            let signer = try #require(edge.withUnsafeBytes { P256Signer(scalar: $0) })
             #expect(
-                signer.publicKey
+                try Self.signer(edge).publicKey
                     == Array(try P256.Signing.PrivateKey(rawRepresentation: edge).publicKey.rawRepresentation))
         }
     }
 
     @Test func noncesMadeAheadEachServeOneSignatureThatVerifies() throws {
         var scalar = [UInt8](repeating: 0, count: 32)
-        let signer = try #require(scalar.withUnsafeMutableBytes { P256Signer.generate(scalar: $0) })
+        let signer = try Self.generate(into: &scalar)
         let publicKey = try P256.Signing.PublicKey(rawRepresentation: signer.publicKey)
-        #expect(!signer.hasPresignature)
-        #expect(signer.claimPresigning())
-        #expect(!signer.claimPresigning(), "one thread makes nonces at a time")
-        signer.presign()
-        #expect(signer.hasPresignature)
-        #expect(!signer.claimPresigning(), "all the nonces kept are made")
-
         let message = Array("eyJ0eXAiOiJkcG9wK2p3dCJ9.e30".utf8)
+        let capacity = P256Signer.presignatureCapacity
+        #expect(signer.sign(message, nonce: .madeAhead) == nil, "no nonce is made ahead before a claim")
+        #expect(signer.claimPresigning() == capacity)
+        #expect(signer.claimPresigning() == 0, "one thread makes nonces at a time")
+        signer.presign(capacity)
+        #expect(signer.claimPresigning() == 0, "all the nonces kept are made")
+
         var rs: Set<[UInt8]> = []
-        let half = P256Signer.presignatureCapacity / 2
-        for round in 0...P256Signer.presignatureCapacity {
-            #expect(signer.hasPresignature == (round < P256Signer.presignatureCapacity))
-            if round == half - 1 { #expect(!signer.claimPresigning(), "more than half the nonces are ready") }
-            if round == half { #expect(signer.claimPresigning(), "half are used: time to make more") }
-            let signature = try #require(signer.sign(message))
-            let parsed = try P256.Signing.ECDSASignature(rawRepresentation: signature)
-            #expect(publicKey.isValidSignature(parsed, for: Data(message)), "signature \(round)")
-            #expect(!publicKey.isValidSignature(parsed, for: Data(message + [0x2e])), "a signature of another message")
+        for round in 0..<capacity {
+            if round == capacity / 2 - 1 { #expect(signer.claimPresigning() == 0, "more than half are ready") }
+            if round == capacity / 2 { #expect(signer.claimPresigning() == capacity / 2, "half are used") }
+            let signature = try #require(signer.sign(message, nonce: .madeAhead), "nonce \(round) is ready")
+            try Self.expectVerified(signature, message, publicKey)
             rs.insert(Array(signature.prefix(32)))
         }
-        #expect(rs.count == P256Signer.presignatureCapacity + 1, "every signature has a nonce of its own")
-        signer.presign()
-        #expect(signer.hasPresignature && !signer.claimPresigning(), "made again")
+        #expect(signer.sign(message, nonce: .madeAhead) == nil, "every nonce made ahead is used")
+        for nonce in [P256Signer.SignatureNonce.anyReady, .madeNow] {
+            let signature = try #require(signer.sign(message, nonce: nonce))
+            try Self.expectVerified(signature, message, publicKey)
+            rs.insert(Array(signature.prefix(32)))
+        }
+        #expect(rs.count == capacity + 2, "every signature has a nonce of its own")
+        signer.presign(capacity / 2)
+        #expect(signer.sign(message, nonce: .madeAhead) != nil && signer.claimPresigning() == capacity / 2 + 1)
+    }
+
+    /// Checks `signature` of `message` with swift-crypto, and that it is no signature of another.
+    private static func expectVerified(_ signature: [UInt8], _ message: [UInt8], _ key: P256.Signing.PublicKey) throws {
+        let parsed = try P256.Signing.ECDSASignature(rawRepresentation: signature)
+        #expect(key.isValidSignature(parsed, for: Data(message)))
+        #expect(!key.isValidSignature(parsed, for: Data(message + [0x2e])), "a signature of another message")
+    }
+
+    private static func signer(_ scalar: [UInt8]) throws -> P256Signer {
+        try scalar.withUnsafeBytes { bytes in Result { () throws(BrokerFailure) in try P256Signer(scalar: bytes) } }
+            .get()
+    }
+
+    private static func generate(into scalar: inout [UInt8]) throws -> P256Signer {
+        try scalar.withUnsafeMutableBytes { bytes in
+            Result { () throws(BrokerFailure) in try P256Signer.generate(scalar: bytes) }
+        }.get()
     }
 
     private static func hex(_ text: String) -> [UInt8] {

@@ -18,15 +18,21 @@ public final class DPoPKey: Sendable {
     private let header: [UInt8]
     private let signer: P256Signer
 
-    /// The key whose private scalar `scalar` holds; fails when it is not a P-256 scalar.
+    /// The key whose private scalar `scalar` holds; fails when it is not a P-256 scalar, or
+    /// when OpenSSL's secure heap has no room for it.
     convenience init(scalar: SecretBytes) throws(BrokerFailure) {
-        let signer = scalar.withUnsafeBytes { text -> P256Signer? in
-            guard var raw = Base64URL.decode(utf8: text) else { return nil }
-            defer { Sodium.wipe(&raw) }
-            return raw.withUnsafeBytes { P256Signer(scalar: $0) }
+        let signer = scalar.withUnsafeBytes { text in
+            Result { () throws(BrokerFailure) in
+                guard var raw = Base64URL.decode(utf8: text) else {
+                    throw .invalid("the vault holds a DPoP key that is not base64url")
+                }
+                defer { Sodium.wipe(&raw) }
+                return try raw.withUnsafeBytes { bytes in
+                    Result { () throws(BrokerFailure) in try P256Signer(scalar: bytes) }
+                }.get()
+            }
         }
-        guard let signer else { throw .invalid("the vault holds a DPoP key that is not a P-256 private key") }
-        self.init(scalar: scalar, signer: signer)
+        self.init(scalar: scalar, signer: try signer.get())
     }
 
     private init(scalar: SecretBytes, signer: P256Signer) {
@@ -50,9 +56,9 @@ public final class DPoPKey: Sendable {
             Sodium.wipe(&raw)
             Sodium.wipe(&text)
         }
-        guard let signer = raw.withUnsafeMutableBytes({ P256Signer.generate(scalar: $0) }) else {
-            throw .invalid("OpenSSL could not make a P-256 key")
-        }
+        let signer = try raw.withUnsafeMutableBytes { bytes in
+            Result { () throws(BrokerFailure) in try P256Signer.generate(scalar: bytes) }
+        }.get()
         Base64URL.encode(raw, into: &text)
         let stored = text.withUnsafeBytes { bytes in
             Result { () throws(BrokerFailure) in try SecretBytes(bytes: bytes) }
@@ -62,11 +68,13 @@ public final class DPoPKey: Sendable {
 
     /// A proof (RFC 9449 section 4.2) for a request of `method` to `url` (given without query
     /// or fragment) at `now`: a fresh 128-bit `jti`, `iat` in whole seconds, `ath` when the
-    /// request carries an access token (`accessTokenHash`), `nonce` when the server gave one.
-    /// `nil` only if libcrypto fails to sign.
-    func proof(method: String, url: String, now: Date, nonce: String? = nil, accessTokenHash: String? = nil)
-        -> String?
-    {
+    /// request carries an access token (`accessTokenHash`), `nonce` when the server gave one;
+    /// its signature's nonce taken as `signatureNonce` says. `nil` when libcrypto fails to
+    /// sign, or no nonce made ahead is ready for `.madeAhead`.
+    func proof(
+        method: String, url: String, now: Date, nonce: String? = nil, accessTokenHash: String? = nil,
+        signatureNonce: P256Signer.SignatureNonce = .madeNow
+    ) -> String? {
         var claims = Array(#"{"jti":""#.utf8)
         Base64URL.encode(Sodium.randomBytes(16), into: &claims)
         claims += #"","htm":"#.utf8
@@ -88,7 +96,7 @@ public final class DPoPKey: Sendable {
         var proof = header
         proof.append(UInt8(ascii: "."))
         Base64URL.encode(claims, into: &proof)
-        guard let signature = signer.sign(proof) else { return nil }
+        guard let signature = signer.sign(proof, nonce: signatureNonce) else { return nil }
         proof.append(UInt8(ascii: "."))
         Base64URL.encode(signature, into: &proof)
         return String(decoding: proof, as: UTF8.self)
@@ -103,17 +111,13 @@ public final class DPoPKey: Sendable {
     /// limit refused it), as `SecretBytes.allLocked` tells of the other secrets.
     public static var signingMemoryLocked: Bool { P256Signer.secureHeapLocked }
 
-    /// Whether the next proof finds its signature's nonce made ahead, and so costs under a
-    /// microsecond to sign.
-    public var signsQuickly: Bool { signer.hasPresignature }
+    /// How many signature nonces the caller should make ahead with `presign(_:)`, on a thread
+    /// that may block; 0 when enough are ready or a thread is making them.
+    public func claimPresigning() -> Int { signer.claimPresigning() }
 
-    /// Whether the caller should run `presign()` on a thread that may block: fewer nonces are
-    /// made ahead than are kept, and no thread is making them.
-    public func claimPresigning() -> Bool { signer.claimPresigning() }
-
-    /// Makes signature nonces ahead (a few tens of microseconds each) until enough are ready;
-    /// called after `claimPresigning()` returned `true`.
-    public func presign() { signer.presign() }
+    /// Makes `count` signature nonces ahead (a few tens of microseconds each); called with what
+    /// `claimPresigning()` gave.
+    public func presign(_ count: Int) { signer.presign(count) }
 }
 
 extension DPoPKey: Equatable {

@@ -70,23 +70,24 @@ public struct PreparedToken: Sendable {
     public func isIdPEndpoint(_ target: DPoPTarget) -> Bool { dpop?.idpEndpoints.contains(target.url) ?? false }
 
     /// A DPoP proof for `target` with this token's `ath`, signed at `now`; `nil` for a bearer
-    /// account.
-    public func proof(for target: DPoPTarget, now: Date) -> String? {
+    /// account or when libcrypto fails. With `quickOnly`, `nil` too unless a signature nonce
+    /// made ahead is ready: the proof is then signed in under a microsecond, and may be signed
+    /// where nothing should block.
+    public func proof(for target: DPoPTarget, now: Date, quickOnly: Bool = false) -> String? {
         guard let dpop else { return nil }
         return dpop.key.proof(
-            method: target.method, url: target.url, now: now, nonce: target.nonce, accessTokenHash: dpop.accessTokenHash
-        )
+            method: target.method, url: target.url, now: now, nonce: target.nonce,
+            accessTokenHash: dpop.accessTokenHash,
+            signatureNonce: quickOnly ? .madeAhead : .anyReady)
     }
 
-    /// Whether `proof(for:now:)` finds its signature's nonce made ahead, and so may run where
-    /// nothing should block.
-    public var provesQuickly: Bool { dpop?.key.signsQuickly ?? false }
-
-    /// The account's DPoP key when it wants nonces made ahead (`DPoPKey.claimPresigning()`):
-    /// the caller then runs its `presign()` where blocking is allowed.
-    public func keyToPresign() -> DPoPKey? {
-        guard let key = dpop?.key, key.claimPresigning() else { return nil }
-        return key
+    /// The account's DPoP key and how many signature nonces to make ahead for it, when it wants
+    /// some (`DPoPKey.claimPresigning()`): the caller then runs its `presign(_:)` where
+    /// blocking is allowed.
+    public func keyToPresign() -> (key: DPoPKey, count: Int)? {
+        guard let key = dpop?.key else { return nil }
+        let count = key.claimPresigning()
+        return count > 0 ? (key, count) : nil
     }
 
     /// Writes the complete success line for request `id`, newline included, into `buffer`,

@@ -299,16 +299,20 @@ final class ConnectionHandler: ChannelDuplexHandler {
         return pool
     }()
 
-    /// The thread that makes signature nonces ahead (`DPoPKey.presign()`), under `SCHED_IDLE`:
-    /// it runs only on CPU time nothing else wants, so it never delays a request or a client.
-    /// When the CPUs are busy it makes none, and proofs are signed whole on `signers`.
+    /// The thread that makes signature nonces ahead (`DPoPKey.presign(_:)`), at the lowest
+    /// priority (nice 19), so that requests and clients come first for the CPU. Not
+    /// `SCHED_IDLE`: on busy CPUs that could leave it off them for long while it holds a lock
+    /// that other threads of brokerd wait for (libcrypto's secure heap's).
     private static let presigner: NIOThreadPool = {
         let pool = NIOThreadPool(numberOfThreads: 1)
         pool.start()
         pool.submit { _ in
-            // SCHED_IDLE is 5 (linux/sched.h); Swift's Glibc leaves it out (it is _GNU_SOURCE's).
-            var parameters = sched_param()
-            _ = sched_setscheduler(0, 5, &parameters)
+            // Linux keeps a nice value per thread, and `who` 0 is the calling one: this thread only.
+            if setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, 19) != 0 {
+                Logger(label: "brokerd").warning(
+                    "the thread that makes DPoP signature nonces ahead runs at normal priority (setpriority: errno \(errno))"
+                )
+            }
         }
         return pool
     }()
@@ -321,9 +325,10 @@ final class ConnectionHandler: ChannelDuplexHandler {
         _ token: PreparedToken, for target: DPoPTarget, id: RequestID?, now: Date, context: ChannelHandlerContext
     ) {
         defer {
-            if let key = token.keyToPresign() { Self.presigner.submit { _ in key.presign() } }
+            // Weakly: a key that `lock` or `remove` dropped meanwhile gets no nonces.
+            if let (key, count) = token.keyToPresign() { Self.presigner.submit { [weak key] _ in key?.presign(count) } }
         }
-        if token.provesQuickly, let proof = token.proof(for: target, now: now) {
+        if let proof = token.proof(for: target, now: now, quickOnly: true) {
             write(token, id: id, now: now, proof: proof, context: context)
             return
         }
