@@ -56,7 +56,7 @@ func fuzzOne(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
     }
     if case .success(let grant) = grant {
         _ = planner.nextRefresh(token: grant.token, refreshExpiresAt: grant.refreshExpiresAt, now: now)
-        _ = (try? PreparedToken(account: "fuzz", token: grant.token))?.line(id: .integer(1), now: now)
+        _ = (try? PreparedToken(account: "fuzz", token: grant.token, dpop: nil))?.line(id: .integer(1), now: now)
     }
     return 0
 }
