@@ -235,13 +235,13 @@ public struct HelloResult: Codable, Sendable, Equatable {
     }
 }
 
-/// The result of `token` and `reject`: an access token valid for at least the requested `min_ttl`.
 /// Token types as RFC 6749 section 5.1 compares them: without regard to case.
 public enum TokenType {
     /// Whether `type` is `DPoP` (RFC 9449): a token useless without a proof for each request.
     public static func isDPoP(_ type: String) -> Bool { type.lowercased() == "dpop" }
 }
 
+/// The result of `token` and `reject`: an access token valid for at least the requested `min_ttl`.
 public struct TokenResult: Codable, Sendable, Equatable {
     public var account: String
     public var accessToken: String

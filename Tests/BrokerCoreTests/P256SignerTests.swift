@@ -20,16 +20,13 @@ import Testing
 
     @Test(arguments: refusedScalars)
     func aScalarThatIsNoP256PrivateKeyIsRefused(_ scalar: [UInt8]) {
-        let made = scalar.withUnsafeBytes { bytes in
-            Result { () throws(BrokerFailure) in try P256Signer(scalar: bytes) }
-        }
-        #expect(throws: BrokerFailure.self) { try made.get() }
+        #expect(throws: BrokerFailure.self) { try P256Signer(scalar: scalar) }
     }
 
     @Test func aKeyReadBackFromItsScalarHasThePublicKeySwiftCryptoDerives() throws {
         var scalar = [UInt8](repeating: 0, count: 32)
-        let made = try Self.generate(into: &scalar)
-        let readBack = try Self.signer(scalar)
+        let made = try P256Signer.generate(scalar: &scalar)
+        let readBack = try P256Signer(scalar: scalar)
         let derived = Array(try P256.Signing.PrivateKey(rawRepresentation: scalar).publicKey.rawRepresentation)
         #expect(made.publicKey == derived && readBack.publicKey == derived)
         let (lastBelowOrder, one) = (
@@ -37,14 +34,14 @@ import Testing
         )
         for edge in [Array(lastBelowOrder), one] {
             #expect(
-                try Self.signer(edge).publicKey
+                try P256Signer(scalar: edge).publicKey
                     == Array(try P256.Signing.PrivateKey(rawRepresentation: edge).publicKey.rawRepresentation))
         }
     }
 
     @Test func noncesMadeAheadEachServeOneSignatureThatVerifies() throws {
         var scalar = [UInt8](repeating: 0, count: 32)
-        let signer = try Self.generate(into: &scalar)
+        let signer = try P256Signer.generate(scalar: &scalar)
         let publicKey = try P256.Signing.PublicKey(rawRepresentation: signer.publicKey)
         let message = Array("eyJ0eXAiOiJkcG9wK2p3dCJ9.e30".utf8)
         let capacity = P256Signer.presignatureCapacity
@@ -78,17 +75,6 @@ import Testing
         let parsed = try P256.Signing.ECDSASignature(rawRepresentation: signature)
         #expect(key.isValidSignature(parsed, for: Data(message)))
         #expect(!key.isValidSignature(parsed, for: Data(message + [0x2e])), "a signature of another message")
-    }
-
-    private static func signer(_ scalar: [UInt8]) throws -> P256Signer {
-        try scalar.withUnsafeBytes { bytes in Result { () throws(BrokerFailure) in try P256Signer(scalar: bytes) } }
-            .get()
-    }
-
-    private static func generate(into scalar: inout [UInt8]) throws -> P256Signer {
-        try scalar.withUnsafeMutableBytes { bytes in
-            Result { () throws(BrokerFailure) in try P256Signer.generate(scalar: bytes) }
-        }.get()
     }
 
     private static func hex(_ text: String) -> [UInt8] {

@@ -47,7 +47,7 @@ import Glibc
     }
 
     /// A DPoP key under a limit that the broker's own guarded pages fit in but OpenSSL's secure
-    /// heap (512 KiB, docs/dpop.md, "Signing") does not: proofs are still signed, the failure
+    /// heap (1 MiB, docs/dpop.md, "Signing") does not: proofs are still signed, the failure
     /// is logged once and `status` shows it, from the first key on.
     @Test func aDPoPKeyWhoseHeapCannotBeLockedStillSignsAndStatusShowsIt() async throws {
         let broker = try BrokerProcess()

@@ -21,18 +21,14 @@ public final class DPoPKey: Sendable {
     /// The key whose private scalar `scalar` holds; fails when it is not a P-256 scalar, or
     /// when OpenSSL's secure heap has no room for it.
     convenience init(scalar: SecretBytes) throws(BrokerFailure) {
-        let signer = scalar.withUnsafeBytes { text in
-            Result { () throws(BrokerFailure) in
-                guard var raw = Base64URL.decode(utf8: text) else {
-                    throw .invalid("the vault holds a DPoP key that is not base64url")
-                }
-                defer { Sodium.wipe(&raw) }
-                return try raw.withUnsafeBytes { bytes in
-                    Result { () throws(BrokerFailure) in try P256Signer(scalar: bytes) }
-                }.get()
+        let signer = try scalar.withUnsafeBytes { text throws(BrokerFailure) in
+            guard var raw = Base64URL.decode(utf8: text) else {
+                throw .invalid("the vault holds a DPoP key that is not base64url")
             }
+            defer { Sodium.wipe(&raw) }
+            return try P256Signer(scalar: raw)
         }
-        self.init(scalar: scalar, signer: try signer.get())
+        self.init(scalar: scalar, signer: signer)
     }
 
     private init(scalar: SecretBytes, signer: P256Signer) {
@@ -56,9 +52,7 @@ public final class DPoPKey: Sendable {
             Sodium.wipe(&raw)
             Sodium.wipe(&text)
         }
-        let signer = try raw.withUnsafeMutableBytes { bytes in
-            Result { () throws(BrokerFailure) in try P256Signer.generate(scalar: bytes) }
-        }.get()
+        let signer = try P256Signer.generate(scalar: &raw)
         Base64URL.encode(raw, into: &text)
         let stored = text.withUnsafeBytes { bytes in
             Result { () throws(BrokerFailure) in try SecretBytes(bytes: bytes) }

@@ -1,5 +1,6 @@
 import BrokerProtocol
 import COpenSSL
+import FoundationEssentials
 import Logging
 import Synchronization
 
@@ -45,9 +46,9 @@ final class P256Signer: @unchecked Sendable {
 
     /// A key with the private scalar `raw` (32 bytes, big-endian). Throws when it is not a P-256
     /// private key (zero, or not below the group's order), or when the secure heap is full.
-    init(scalar raw: UnsafeRawBufferPointer) throws(BrokerFailure) {
+    init(scalar raw: some ContiguousBytes) throws(BrokerFailure) {
         try Self.startSecureHeap()
-        guard raw.count == 32 else { throw Self.notAKey }
+        guard raw.withUnsafeBytes({ $0.count }) == 32 else { throw Self.notAKey }
         guard let key = EC_KEY_new_by_curve_name(NID_X9_62_prime256v1) else { throw Self.outOfMemory }
         var made = false
         defer { if !made { EC_KEY_free(key) } }
@@ -58,7 +59,7 @@ final class P256Signer: @unchecked Sendable {
         defer { EC_POINT_free(point) }
         defer { Sodium.wipeStack(Self.stackWiped) }
         // A private key is a scalar from 1 to the group's order less one.
-        guard BN_bin2bn(raw.baseAddress, 32, scalar) != nil else { throw Self.outOfMemory }
+        guard raw.withUnsafeBytes({ BN_bin2bn($0.baseAddress, 32, scalar) }) != nil else { throw Self.outOfMemory }
         guard BN_is_zero(scalar) == 0, BN_cmp(scalar, EC_GROUP_get0_order(group)) < 0 else { throw Self.notAKey }
         // Its public key is derived once, here (`EC_KEY_check_key` would derive it again).
         guard EC_KEY_set_private_key(key, scalar) == 1, EC_POINT_mul(group, point, scalar, nil, nil, nil) == 1,
@@ -71,7 +72,7 @@ final class P256Signer: @unchecked Sendable {
 
     /// A new key from OpenSSL's random source, with its private scalar written to `scalar` (32
     /// bytes) for the vault.
-    static func generate(scalar: UnsafeMutableRawBufferPointer) throws(BrokerFailure) -> P256Signer {
+    static func generate(scalar: inout [UInt8]) throws(BrokerFailure) -> P256Signer {
         try startSecureHeap()
         guard scalar.count == 32 else { throw notAKey }
         guard let key = EC_KEY_new_by_curve_name(NID_X9_62_prime256v1) else { throw outOfMemory }
@@ -80,9 +81,9 @@ final class P256Signer: @unchecked Sendable {
             Sodium.wipeStack(stackWiped)
         }
         guard EC_KEY_generate_key(key) == 1, let made = EC_KEY_get0_private_key(key),
-            BN_bn2binpad(made, scalar.baseAddress, 32) == 32
+            BN_bn2binpad(made, &scalar, 32) == 32
         else { throw outOfMemory }
-        return try P256Signer(scalar: UnsafeRawBufferPointer(scalar))
+        return try P256Signer(scalar: scalar)
     }
 
     deinit { EC_KEY_free(key) }
@@ -123,15 +124,17 @@ final class P256Signer: @unchecked Sendable {
     }
 
     /// How many nonces the caller should make with `presign(_:)` on a thread that may block (a
-    /// few tens of microseconds each); 0 when more than half of those kept are ready or a thread
-    /// is making them. Waiting for half spares that thread a wake-up for every signature.
+    /// few tens of microseconds each); 0 when more than half of those kept are ready, a thread
+    /// is making them, or the ready list is held (called on an event loop, this never waits: a
+    /// later proof claims). Waiting for half spares that thread a wake-up for every signature.
     func claimPresigning() -> Int {
-        ready.withLock { ready in
+        let claimed = ready.withLockIfAvailable { ready in
             let wanted = Self.presignatureCapacity - ready.presignatures.count
             guard wanted >= Self.presignatureCapacity / 2, !ready.filling else { return 0 }
             ready.filling = true
             return wanted
         }
+        return claimed ?? 0
     }
 
     /// Makes `count` nonces, the number `claimPresigning()` gave, outside the ready list's lock,

@@ -126,7 +126,7 @@ public struct RequestDispatcher: Sendable {
         return operation == .login ? .login(request) : .deferred(request)
     }
 
-    /// The answer when a key could not sign (a scalar that does not read back: never expected).
+    /// The answer when libcrypto could not sign a proof (out of memory: never expected).
     static let signingFailed = BrokerError(.internal, "the broker could not sign a DPoP proof")
 
     /// Why no proof for `target` is made beside `token`: an account of bearer tokens
