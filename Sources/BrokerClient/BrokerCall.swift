@@ -116,6 +116,14 @@ extension BrokerCall where Result == AccountResult {
         Self(Request(id: nil, op: "set_tokens", account: account, tokens: tokens))
     }
 
+    /// Changes an account's provider settings and client secret in place (owner only);
+    /// `changes` holds provider fields by wire name (`null` removes one) and `client_secret`.
+    public static func update(account: String, changes: [String: JSONValue]) -> Self {
+        var request = Request(id: nil, op: "update", account: account)
+        request.changes = changes
+        return Self(request)
+    }
+
     /// Deletes an account and its secrets (owner only).
     public static func remove(account: String) -> Self {
         Self(Request(id: nil, op: "remove", account: account))

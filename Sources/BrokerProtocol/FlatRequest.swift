@@ -174,7 +174,7 @@ extension FlatRequest {
             request.provider == nil, request.tokens == nil, request.force == nil, request.flow == nil,
             request.secretsFile == nil, request.redirectPort == nil, request.timeout == nil, request.idToken == nil,
             request.passphrase == nil, request.to == nil, request.scope == nil, request.resource == nil,
-            request.shared == nil, request.dpop == nil, let op = request.op
+            request.shared == nil, request.dpop == nil, request.changes == nil, let op = request.op
         else { return nil }
         return line(op: op, account: request.account, minTTL: request.minTTL, id: id)
     }

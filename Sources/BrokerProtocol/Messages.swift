@@ -12,14 +12,14 @@ public enum Operation: String, Sendable, CaseIterable, Codable {
     case setTokens = "set_tokens"
     case remove, refresh, logout, reload, login
     case lock, unlock, rekey
-    case share, unshare
+    case share, unshare, update
     case fleetStatus = "fleet_status"
 
     /// Operations reserved for the broker's owner (brokerctl).
     public var isOwnerOnly: Bool {
         switch self {
         case .add, .setTokens, .remove, .refresh, .logout, .reload, .login, .lock, .unlock, .rekey, .share, .unshare,
-            .fleetStatus:
+            .update, .fleetStatus:
             return true
         case .hello, .token, .reject, .status, .subscribe: return false
         }
@@ -64,6 +64,9 @@ public struct Request: Codable, Sendable {
     public var shared: Bool?
     /// `token`: the request a DPoP proof is wanted for, answered beside the token (RFC 9449).
     public var dpop: DPoPRequest?
+    /// `update`: the provider fields to change, by their wire names (`null` removes one); a
+    /// `client_secret` among them is a secret, stored in the vault and never echoed.
+    public var changes: [String: JSONValue]?
 
     public init(
         id: RequestID?, op: String, account: String? = nil, minTTL: Double? = nil, accessToken: String? = nil,
@@ -90,7 +93,7 @@ public struct Request: Codable, Sendable {
 
     enum CodingKeys: String, CodingKey {
         case id, op, account, accounts, versions, client, provider, tokens, force, flow, timeout, passphrase, to
-        case scope, resource, shared, dpop
+        case scope, resource, shared, dpop, changes
         case minTTL = "min_ttl"
         case accessToken = "access_token"
         case secretsFile = "secrets_file"
@@ -193,6 +196,8 @@ public struct TokenSet: Codable, Sendable, Equatable {
     public var refreshURL: String?
     public var idToken: String?
     public var scope: String?
+    /// `set_tokens`: a new client secret for the account (a secret, stored in the vault).
+    public var clientSecret: String?
 
     public init(
         accessToken: String? = nil, tokenType: String? = nil, expiresIn: Double? = nil, expiresAt: Date? = nil,
@@ -219,6 +224,7 @@ public struct TokenSet: Codable, Sendable, Equatable {
         case refreshExpiresAt = "refresh_expires_at"
         case refreshURL = "refresh_url"
         case idToken = "id_token"
+        case clientSecret = "client_secret"
     }
 }
 
@@ -319,6 +325,11 @@ public struct AccountStatus: Codable, Sendable, Equatable {
     public var leaseHolder: String?
     /// The DPoP key of an account whose tokens are bound to one (RFC 9449); absent otherwise.
     public var dpop: DPoPKeyStatus?
+    /// For an account that serves no token (`needs_login`, `logged_out`) or whose refreshes fail
+    /// (`stale`, `unavailable`): what brings it back, for people, naming `adviceCommand`.
+    public var advice: String?
+    /// The brokerctl command of `advice`, which works for this account as it stands.
+    public var adviceCommand: String?
 
     public init(
         account: String, provider: String, state: String, expiresAt: Date? = nil, refreshExpiresAt: Date? = nil,
@@ -339,7 +350,8 @@ public struct AccountStatus: Codable, Sendable, Equatable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case account, provider, state, git, docker, shared, version, dpop
+        case account, provider, state, git, docker, shared, version, dpop, advice
+        case adviceCommand = "advice_command"
         case lostScope = "lost_scope"
         case lastRefreshedBy = "last_refreshed_by"
         case leaseHolder = "lease_holder"

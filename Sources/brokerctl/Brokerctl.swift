@@ -20,6 +20,7 @@ struct Brokerctl: ParsableCommand {
             Status.self, Token.self, Watch.self, Login.self, Add.self, SetTokens.self, Remove.self, Refresh.self,
             Logout.self, Reload.self, Unlock.self, Lock.self, Rekey.self, GitCredential.self, DockerCredential.self,
             KubeCredential.self, Exec.self, Header.self, Completion.self, Fleet.self, Share.self, Unshare.self,
+            Update.self,
         ])
 }
 
@@ -469,16 +470,18 @@ enum StatusTable {
         }.joined(separator: "\n")
     }
 
-    /// For each account that waits for its owner (`needs_login`, `logged_out`), the command
-    /// that restores it: `brokerctl login` for oauth2 accounts, `brokerctl set-tokens` for the
-    /// others; each account whose scope the IdP narrowed; each account's DPoP key (and an IdP
-    /// that issued bearer tokens to it); preceded by a blank line when there are any.
+    /// For each account that serves no token or whose refreshes fail, the broker's advice (a
+    /// command that works for that account, with `--socket` when one was given); each account
+    /// whose scope the IdP narrowed; each account's DPoP key (and an IdP that issued bearer
+    /// tokens to it); preceded by a blank line when there are any.
     static func hints(_ accounts: [AccountStatus], socket: String?) -> [String] {
         let socketOption = socket.map { " --socket " + ShellWord.quoted($0) } ?? ""
-        let restore = accounts.filter { ["needs_login", "logged_out"].contains($0.state) }.map { account in
-            account.provider == "oauth2"
-                ? "\(account.account): sign in again with: brokerctl login \(account.account)\(socketOption)"
-                : "\(account.account): push new tokens with: brokerctl set-tokens \(account.account)\(socketOption)"
+        let restore = accounts.compactMap { account in
+            account.advice.map { advice in
+                let command = account.adviceCommand ?? ""
+                let shown = command.isEmpty ? advice : advice.replacing(command, with: command + socketOption)
+                return "\(account.account): \(shown)"
+            }
         }
         let narrowed = accounts.compactMap { account in
             account.lostScope.map { "\(account.account): the IdP no longer grants the scope \($0)" }

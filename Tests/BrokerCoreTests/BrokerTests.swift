@@ -89,8 +89,13 @@ import Testing
 
             let error = await #expect(throws: BrokerError.self) { try await h.broker.token(account: "api", minTTL: 30) }
             #expect(error?.code == .needsLogin)
-            // An oauth2 account is restored by signing in again.
-            #expect(error?.message == "the IdP denied the refresh for api; sign in again with brokerctl login api")
+            // An oauth2 account whose IdP offers no sign-in endpoint is restored by a pushed refresh token.
+            #expect(
+                error?.message
+                    == "the IdP denied the refresh for api; push a new refresh_token with brokerctl set-tokens api (op "
+                    + #"set_tokens), which reads {"refresh_token": ...} as JSON; its IdP offers no sign-in endpoint "#
+                    + "(brokerctl update api --authorization-endpoint URL or --device-authorization-endpoint URL adds "
+                    + "one)")
             #expect(h.idp.callCount == 1)
             let status = try await h.state()
             #expect(status.state == "needs_login")

@@ -139,10 +139,20 @@ import Testing
         #expect(try await rig.broker.logout(account: "pushed", force: false).revoked == false)
         #expect(rig.idp.revocations.isEmpty && rig.idp.callCount == 0)
         #expect(try await rig.broker.status(account: nil).map(\.state) == ["logged_out", "logged_out"])
-        // Each says what restores it: a sign-in for oauth2, pushed tokens for the others.
+        // Each says what restores it: here a pushed refresh token for oauth2 (its IdP offers no
+        // sign-in endpoint), a pushed access token for the static account.
         for (account, advice) in [
-            ("api", "sign in again with brokerctl login api"),
-            ("pushed", "push new tokens with brokerctl set-tokens pushed (op set_tokens)"),
+            (
+                "api",
+                #"push a new refresh_token with brokerctl set-tokens api (op set_tokens), which reads {"refresh_token": "#
+                    + "...} as JSON; its IdP offers no sign-in endpoint (brokerctl update api --authorization-endpoint "
+                    + "URL or --device-authorization-endpoint URL adds one)"
+            ),
+            (
+                "pushed",
+                "push a new access_token with brokerctl set-tokens pushed (op set_tokens), which reads "
+                    + #"{"access_token": ...} as JSON"#
+            ),
         ] {
             let refused = await #expect(throws: BrokerError.self) {
                 try await rig.broker.token(account: account, minTTL: 0)

@@ -200,7 +200,10 @@ import Testing
                 harness, Self.request("device", provider: Self.provider(harness.idp)), progress: Progress())
             let error = try #require(await Self.failure(login))
             #expect(error.code == .badRequest)
-            #expect(error.message == "the IdP offers no device authorization endpoint; use --flow browser")
+            #expect(
+                error.message
+                    == "the IdP offers no device authorization endpoint (--flow device); sign in with brokerctl login "
+                    + "work --flow browser")
             #expect(harness.idp.deviceAuthorizations == 0)
         }
     }
@@ -225,7 +228,10 @@ import Testing
                 progress: Progress())
             let error = try #require(await Self.failure(second))
             #expect(error.code == .badRequest)
-            #expect(error.message == "the IdP offers no device authorization endpoint; use --flow browser")
+            #expect(
+                error.message
+                    == "the IdP offers no device authorization endpoint (--flow device); sign in with brokerctl login "
+                    + "two --flow browser")
             #expect(harness.idp.discoveryCount == read + 1)
 
             // It offers it again: the login after that sees it, though the kept copy did not.

@@ -124,6 +124,15 @@ import Testing
         #expect(Self.parse(line) == nil)
     }
 
+    /// An `update` request's changes are written by the encoder: the hand-written line has none.
+    @Test func leavesUpdatesToTheEncoder() throws {
+        var request = Request(id: nil, op: "update", account: "api")
+        request.changes = ["scope": .string("read"), "revocation_endpoint": .null]
+        #expect(FlatRequest.line(of: request, id: .integer(1)) == nil)
+        let decoded = try Wire.makeDecoder().decode(Request.self, from: try Wire.makeEncoder().encode(request))
+        #expect(decoded.changes == ["scope": .string("read"), "revocation_endpoint": .null])
+    }
+
     /// A token request narrowed to a scope or bound to a resource is written by the encoder:
     /// the hand-written line has neither field.
     @Test func leavesNarrowedRequestsToTheEncoder() throws {

@@ -111,38 +111,44 @@ import Testing
                     + "reads them as JSON)", nil
             ),
             (
-                .loggedOut(api, signsIn: false), "needs_login",
-                "api is logged out; push new tokens with brokerctl set-tokens api (op set_tokens)", nil
+                .loggedOut(api, restore: .push(field: "access_token", noSignIn: false)), "needs_login",
+                "api is logged out; push a new access_token with brokerctl set-tokens api (op set_tokens), which reads "
+                    + #"{"access_token": ...} as JSON"#, nil
             ),
             (
-                .denied(api, signsIn: false), "needs_login",
-                "the IdP denied the refresh for api; push new tokens with brokerctl set-tokens api (op set_tokens)", nil
+                .denied(api, restore: .push(field: "refresh_token", noSignIn: true)), "needs_login",
+                "the IdP denied the refresh for api; push a new refresh_token with brokerctl set-tokens api (op "
+                    + #"set_tokens), which reads {"refresh_token": ...} as JSON; its IdP offers no sign-in endpoint "#
+                    + "(brokerctl update api --authorization-endpoint URL or --device-authorization-endpoint URL adds "
+                    + "one)", nil
             ),
             (
-                .noCredential(api, credential: "refresh token", signsIn: true), "needs_login",
-                "api has no refresh token yet (no IdP was asked); sign in with brokerctl login api, or push one with "
-                    + "brokerctl set-tokens api (op set_tokens)", nil
+                .noCredential(api, credential: "refresh token", restore: .signIn(flow: .device)), "needs_login",
+                "api has no refresh token yet (no IdP was asked); sign in with brokerctl login api --flow device", nil
             ),
             (
-                .noCredential(api, credential: "refresh URL", signsIn: false), "needs_login",
-                "api has no refresh URL yet (no IdP was asked); push one with brokerctl set-tokens api (op set_tokens)",
-                nil
+                .noCredential(api, credential: "refresh URL", restore: .push(field: "refresh_url", noSignIn: false)),
+                "needs_login",
+                "api has no refresh URL yet (no IdP was asked); push a new refresh_url with brokerctl set-tokens api "
+                    + #"(op set_tokens), which reads {"refresh_url": ...} as JSON"#, nil
             ),
             (
-                .clientRejected(api, reason: "the IdP refused the code exchange: HTTP 401 (invalid_client)"),
+                .clientRejected(
+                    api, reason: "the IdP refused the code exchange: HTTP 401 (invalid_client)", declared: false),
                 "needs_login",
                 "the IdP refused the code exchange: HTTP 401 (invalid_client): the IdP does not accept the client of "
-                    + "api, so signing in again cannot help. Check the client secret (the --secrets file), --client-id "
-                    + "and --client-auth given to brokerctl login api (or client_id and client_auth in its broker.toml "
-                    + "table, then brokerctl reload)", nil
+                    + "api, so signing in again cannot help; correct the client secret with brokerctl update api "
+                    + #"--secrets -, which reads {"client_secret": ...} as JSON (--client-id and --client-auth change "#
+                    + "the others)", nil
             ),
             (
-                .loggedOut(api, signsIn: true), "needs_login",
-                "api is logged out; sign in again with brokerctl login api", nil
+                .loggedOut(api, restore: .signIn(flow: nil)), "needs_login",
+                "api is logged out; sign in with brokerctl login api", nil
             ),
             (
-                .denied(api, signsIn: true), "needs_login",
-                "the IdP denied the refresh for api; sign in again with brokerctl login api", nil
+                .denied(api, restore: .askCommandAgain), "needs_login",
+                "the IdP denied the refresh for api; sign in with the command's own tool, then ask it again with "
+                    + "brokerctl refresh api", nil
             ),
             (
                 .loggingOut(api), "unavailable", "api is being logged out; wait for brokerctl logout api to finish",

@@ -79,7 +79,7 @@ import Testing
         // token
         Self.expectHelpful(
             try broker.brokerctl(["token", "fresh"]), "token of an account never given a refresh token",
-            naming: ["no refresh token", "brokerctl login fresh", "brokerctl set-tokens fresh"])
+            naming: ["no refresh token", "brokerctl set-tokens fresh", "brokerctl update fresh"])
         let unreachable = try broker.brokerctl(["token", "down"])
         Self.expectHelpful(
             unreachable, "token at an unreachable IdP", naming: ["127.0.0.1:\(deadPort)", "connection refused"])
@@ -87,7 +87,7 @@ import Testing
         let stranger = try broker.brokerctl(["token", "stranger"])
         Self.expectHelpful(
             stranger, "token of a client the IdP refuses",
-            naming: ["invalid_client", "--client-id", "--client-auth", "client secret"])
+            naming: ["invalid_client", "brokerctl update stranger --secrets -", "client_auth", "broker.toml"])
         #expect(!stranger.stderr.contains("sign in again"))
         Self.expectHelpful(
             try broker.brokerctl(["token", "nobody"]), "token of no account", naming: ["brokerctl status"])
@@ -145,15 +145,15 @@ import Testing
         // The bridges
         Self.expectHelpful(
             try broker.brokerctl(["kube-credential", "fresh"]), "kube-credential of an account without tokens",
-            naming: ["brokerctl login fresh"])
+            naming: ["brokerctl set-tokens fresh"])
         Self.expectHelpful(
             try broker.brokerctl(["header", "fresh"]), "header of an account without tokens",
-            naming: ["brokerctl login fresh"])
+            naming: ["brokerctl set-tokens fresh"])
         Self.expectHelpful(
             try broker.brokerctl(["git-credential", "get"], stdin: "protocol=https\nhost=git.example\n\n"),
-            "git-credential of an account without tokens", naming: ["brokerctl login fresh"])
+            "git-credential of an account without tokens", naming: ["brokerctl set-tokens fresh"])
         let docker = try broker.brokerctl(["docker-credential", "get"], stdin: "registry.example")
-        Self.expectHelpful(docker, "docker-credential of an account without tokens", naming: ["brokerctl login fresh"])
+        Self.expectHelpful(docker, "docker-credential of an account without tokens", naming: ["brokerctl set-tokens fresh"])
 
         // No broker where XDG_RUNTIME_DIR would have put it.
         var environment = broker.environment

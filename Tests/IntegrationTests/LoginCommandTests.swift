@@ -501,7 +501,7 @@ import Glibc
                 stdin: #"{"refresh_token": "rt-the-idp-forgot"}"#)
             #expect(added.status == 0, "\(added.stderr)")
             #expect(try await eventually { try Self.status(broker, "back")?["state"] as? String == "needs_login" })
-            #expect(try broker.brokerctl(["status"]).stdout.contains("back: sign in again with: brokerctl login back"))
+            #expect(try broker.brokerctl(["status"]).stdout.contains("back: sign in with brokerctl login back\n"))
             let before = try #require(try Self.status(broker, "back"))
 
             let other = try broker.brokerctl(
@@ -528,7 +528,7 @@ import Glibc
             #expect(try broker.brokerctl(["logout", "fixed"]).status == 0)
             #expect(
                 try broker.brokerctl(["status"]).stdout.contains(
-                    "fixed: push new tokens with: brokerctl set-tokens fixed"))
+                    "fixed: push a new access_token with brokerctl set-tokens fixed (op set_tokens)"))
         }
     }
 

@@ -38,6 +38,8 @@ extension OAuth2TestIdP {
     /// Everything the login endpoints keep.
     struct LoginState {
         var offersDeviceEndpoint = true
+        /// Whether the discovery document names the authorization endpoint.
+        var offersAuthorizationEndpoint = true
         var idTokensOnRefresh = true
         /// The `exp` of the next id tokens; `nil`: an hour from now.
         var idTokenExpiry: Date?
@@ -65,6 +67,11 @@ extension OAuth2TestIdP {
 
     /// Whether discovery names the device authorization endpoint (and the endpoint answers).
     public func setOffersDeviceEndpoint(_ offers: Bool) { state.withLock { $0.login.offersDeviceEndpoint = offers } }
+
+    /// Whether the discovery document names the authorization endpoint (it still answers).
+    public func setOffersAuthorizationEndpoint(_ offers: Bool) {
+        state.withLock { $0.login.offersAuthorizationEndpoint = offers }
+    }
     /// Whether refresh answers carry an id token (some IdPs send one only at login).
     public func setIDTokensOnRefresh(_ sends: Bool) { state.withLock { $0.login.idTokensOnRefresh = sends } }
     /// The `exp` of the id tokens issued from now on.

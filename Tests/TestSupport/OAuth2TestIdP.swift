@@ -234,11 +234,13 @@ public final class OAuth2TestIdP: Sendable {
                 let device =
                     state.login.offersDeviceEndpoint
                     ? #""device_authorization_endpoint":"\#(base)/device/code","# : ""
+                let authorization =
+                    state.login.offersAuthorizationEndpoint ? #""authorization_endpoint":"\#(base)/authorize","# : ""
                 // RFC 9449 section 5.1.
                 let dpop = state.dpop.required ? #","dpop_signing_alg_values_supported":["ES256"]"# : ""
                 let body = """
                     {"issuer":"\(base + issuerPath)","token_endpoint":"\(base)/token","revocation_endpoint":"\(base)/revoke",\
-                    "authorization_endpoint":"\(base)/authorize",\(device)\
+                    \(authorization)\(device)\
                     "grant_types_supported":["refresh_token","authorization_code"]\(dpop)}
                     """
                 return Answer(status: .ok, body: body)

@@ -182,6 +182,15 @@ struct AccountMachine: Sendable {
             + (nextRefreshAt.map { $0 <= now } == true ? [.refresh] : [])
     }
 
+    /// `update` changed the account's settings or client secret (`updated` holds them): an
+    /// account with a credential starts over as with new tokens, so a denial is lifted and the
+    /// next refresh uses the change; a logged-out one stays logged out, with nothing to refresh.
+    mutating func reconfigured(by updated: AccountRecord, planner: RefreshPlanner, now: Date) -> [Effect] {
+        guard case .loggedOut = phase else { return tokensReplaced(by: updated, planner: planner, now: now) }
+        record = updated
+        return [.persist]
+    }
+
     // MARK: Refreshes
 
     /// Starts refresh `serial`, from `idle` or `backingOff`, for a client's request when

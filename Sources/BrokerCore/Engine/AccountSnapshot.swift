@@ -19,6 +19,8 @@ public struct AccountSnapshot: Sendable, Equatable {
     public var shared: SharedAccountStatus?
     /// For an account whose tokens are bound to a DPoP key: the key's public facts.
     public var dpop: DPoPStatus?
+    /// For an account that serves no token, or whose refreshes fail: what brings it back.
+    public var restoration: Restoration? = nil
 
     /// This snapshot as `degraded` when `degraded` holds (a shared account whose last refresh
     /// the fleet's database has not taken yet) and the account is not refreshing.

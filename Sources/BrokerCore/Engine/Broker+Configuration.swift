@@ -38,7 +38,9 @@ extension Broker {
         for (name, spec) in configuration.accounts {
             do throws(BrokerFailure) {
                 let account = try AccountName(name)
-                let provider = try ProviderConfig.checking(spec).0
+                let provider = try ProviderConfig.checking(
+                    spec, holdsClientSecret: accounts[name]?.record.secrets.clientSecret != nil
+                ).0
                 if let stored = accounts[name]?.record, let move = stored.provider.credentialMove(to: provider) {
                     guard !stored.holdsCredential else { throw .credentialWouldMove(account, move: move) }
                     moved.insert(name)

@@ -28,7 +28,8 @@ extension Broker {
         if settings.dpop != nil, dpopKey == nil { dpopKey = try DPoPKey.generate() }
         let context = LoginContext(
             account: account, settings: settings, clientSecret: secret, dpopKey: dpopKey, http: http, clock: clock,
-            defaultLifetime: self.settings.defaultLifetime, progress: progress)
+            defaultLifetime: self.settings.defaultLifetime, progress: progress, accountExists: restoring,
+            accountDeclared: accounts[name]?.record.declared == true)
         /// Stores what the IdP granted (saved to the vault before it returns).
         func keep(_ grant: Grant) throws(BrokerFailure) -> (snapshot: AccountSnapshot, hasIDToken: Bool) {
             if Task.isCancelled { throw context.cancelled }

@@ -60,10 +60,18 @@ extension Broker {
 
     /// Replaces an account's tokens; clears a denial, a logout and any backoff.
     /// A shared account's are replaced fleet-wide (`replaceSharedTokens`).
+    /// A client secret alone corrects the account's in place, as `update` does.
     public func setTokens(of account: AccountName, to tokens: TokenPush) async throws(BrokerFailure)
         -> AccountSnapshot
     {
-        _ = try machine(account.rawValue)
+        let machine = try machine(account.rawValue)
+        if tokens.clientSecret != nil, !machine.record.provider.takesClientSecret {
+            throw .invalid(
+                "a \(machine.record.provider.kind) account has no client secret; push its tokens without one")
+        }
+        if tokens.isEmpty, let secret = tokens.clientSecret {
+            return try await update(account, changes: [:], clientSecret: secret)
+        }
         guard !tokens.isEmpty else { throw .nothingToPush }
         if fleet?.versions[account.rawValue] != nil {
             return try await replaceSharedTokens(of: account) { record, now in apply(tokens, to: &record, now: now) }
@@ -91,6 +99,63 @@ extension Broker {
         return describe(try self.machine(name), now: clock.now())
     }
 
+    /// Changes an account's provider settings (`changes`, fields of a `provider` object by their
+    /// wire names; `null` removes one) and its client secret in place, checked as `add` checks
+    /// them. Its tokens stay, unless the change would send its credential to another client or
+    /// origin, which is refused with why. A change of a declared account's settings is refused
+    /// (broker.toml holds them); its client secret may change. An account that holds a
+    /// credential starts over, so the next refresh, due at once after a denial, uses the change.
+    public func update(_ account: AccountName, changes: [String: JSONValue], clientSecret: SecretBytes?)
+        async throws(BrokerFailure) -> AccountSnapshot
+    {
+        let name = account.rawValue
+        let machine = try self.machine(name)
+        try checkChangeable(machine)
+        let record = machine.record
+        guard !changes.isEmpty || clientSecret != nil else {
+            throw .invalid("nothing to change: give a setting or a client secret")
+        }
+        if record.declared == true, !changes.isEmpty {
+            let names = changes.keys.sorted().joined(separator: ", ")
+            throw .invalid(
+                "\(name) is declared in broker.toml: change \(names) in its table there, then run brokerctl reload "
+                    + "(brokerctl update changes only the client secret of a declared account)")
+        }
+        guard let fields = record.provider.settings.fieldValues(changedBy: changes) else {
+            throw .invalid(
+                "the settings of a \(record.provider.kind) account cannot be changed in place; remove it and add it again"
+            )
+        }
+        var spec = ProviderSpec(kind: record.provider.kind, fields)
+        if let clientSecret { spec[ProviderField.clientSecret.name] = .string(clientSecret.text) }
+        if clientSecret != nil, !record.provider.takesClientSecret {
+            throw .invalid("a \(record.provider.kind) account has no client secret")
+        }
+        let provider = try ProviderConfig.checking(spec, holdsClientSecret: record.secrets.clientSecret != nil).0
+        if record.holdsCredential, let move = record.provider.credentialMove(to: provider) {
+            throw .credentialWouldMove(account, move: move)
+        }
+        let change = { (updated: inout AccountRecord, _: Date) in
+            updated.provider = provider
+            if let clientSecret { updated.secrets.clientSecret = clientSecret }
+        }
+        tokenProviders[name] = nil
+        if fleet?.versions[name] != nil { return try await replaceSharedTokens(of: account, filling: change) }
+        var updating = machine
+        var updated = record
+        change(&updated, clock.now())
+        let effects = updating.reconfigured(by: updated, planner: planner, now: clock.now())
+        accounts[name] = updating
+        try run(effects, for: name)
+        cache.withdrawNarrowed(for: name)
+        logger.info(
+            "account updated",
+            metadata: [
+                "account": "\(name)", "fields": "\(changes.keys.sorted())", "client_secret": "\(clientSecret != nil)",
+            ])
+        return describe(try self.machine(name), now: clock.now())
+    }
+
     /// Deletes an account and its secrets.
     public func remove(_ account: AccountName) async throws(BrokerFailure) {
         let name = account.rawValue
@@ -112,10 +177,16 @@ extension Broker {
     }
 
     /// Refreshes now, ignoring the schedule and the limit on clients' refreshes (joins a refresh
-    /// already under way): an owner operation, which only `admins` reach (docs/limits.md).
+    /// already under way): an owner operation, which only `admins` reach (docs/limits.md). A
+    /// denial by a command that holds its own credential (`exec`) is lifted: it is asked again.
     public func refreshNow(_ account: AccountName) async throws(BrokerFailure) -> AccountSnapshot {
         let name = account.rawValue
-        let machine = try self.machine(name)
+        var machine = try self.machine(name)
+        if machine.refusal == .denied, restoration(of: machine.record) == .askCommandAgain {
+            let effects = machine.tokensReplaced(by: machine.record, planner: planner, now: clock.now())
+            accounts[name] = machine
+            try run(effects, for: name)
+        }
         guard machine.refreshesOnItsOwn else { throw .neverRefreshes(account, kind: machine.record.provider.kind) }
         try checkCredentialUsable(machine)
         if case .failure(let error) = await refreshShared(name, forClient: false) { throw error }
@@ -193,6 +264,7 @@ extension Broker {
             record.secrets.refreshExpiresAt = tokens.refreshExpiry?.date(receivedAt: now)
         }
         if let refreshURL = tokens.refreshURL { record.secrets.refreshURL = refreshURL }
+        if let clientSecret = tokens.clientSecret { record.secrets.clientSecret = clientSecret }
     }
 
     /// Puts the tokens a login obtained into `record`: they replace every token and refresh

@@ -165,7 +165,7 @@ extension Broker {
             try? run(effects, for: name)
             logger.warning(
                 "refresh denied; needs login", metadata: ["account": "\(name)", "reason": "\(failure.message)"])
-            return .failure(Self.denial(of: started, reason: failure.message))
+            return .failure(denial(of: started, reason: failure.message))
         case (.applied(let effects), .failure(let failure)):
             try? run(effects, for: name)
             logger.warning(
@@ -194,10 +194,9 @@ extension Broker {
     /// Refuses accounts whose credential was denied, discarded, or is being revoked.
     func checkCredentialUsable(_ machine: AccountMachine) throws(BrokerFailure) {
         let name = AccountName(known: machine.record.name)
-        let signsIn = machine.record.provider.signsIn
         switch machine.refusal {
-        case .loggedOut: throw .loggedOut(name, signsIn: signsIn)
-        case .denied: throw Self.denial(of: machine.record, reason: machine.record.lastError?.message)
+        case .loggedOut: throw .loggedOut(name, restore: restoration(of: machine.record))
+        case .denied: throw denial(of: machine.record, reason: machine.record.lastError?.message)
         case .loggingOut: throw .loggingOut(name)
         case nil: break
         }
@@ -206,13 +205,29 @@ extension Broker {
     /// Why an account held as denied serves no token: a credential it never held (no IdP was
     /// asked), a client the IdP does not accept, or a credential the IdP refused. `reason` is
     /// the denial's message.
-    static func denial(of record: AccountRecord, reason: String?) -> BrokerFailure {
+    func denial(of record: AccountRecord, reason: String?) -> BrokerFailure {
         let name = AccountName(known: record.name)
         if let credential = record.provider.missingCredential(in: record.secrets) {
-            return .noCredential(name, credential: credential, signsIn: record.provider.signsIn)
+            return .noCredential(name, credential: credential, restore: restoration(of: record))
         }
-        if let reason, OAuth2Provider.rejectsClient(reason) { return .clientRejected(name, reason: reason) }
-        return .denied(name, signsIn: record.provider.signsIn)
+        if let reason, OAuth2Provider.rejectsClient(reason) {
+            return .clientRejected(name, reason: reason, declared: record.declared == true)
+        }
+        return .denied(name, restore: restoration(of: record))
+    }
+
+    /// What brings back the account of `record` while it serves no token (`Restoration`): a
+    /// client the IdP refuses is corrected in place, which keeps the refresh token; otherwise
+    /// what its kind and its IdP's endpoints allow, from the discovery document when one was read.
+    func restoration(of record: AccountRecord) -> Restoration {
+        if record.needsLogin, record.loggedOut != true, record.secrets.refreshToken != nil,
+            let reason = record.lastError?.message, OAuth2Provider.rejectsClient(reason)
+        {
+            return .correctClient(declared: record.declared == true)
+        }
+        let settings = record.provider.settings
+        let issuer = (settings as? OAuth2Settings)?.issuer
+        return settings.restoration(discovered: issuer.flatMap(http.discovery.known))
     }
 
     /// Refuses a change to an account being logged out, or whose share is not settled.

@@ -207,13 +207,20 @@ public actor Broker {
     }
 
     func describe(_ machine: AccountMachine, now: Date) -> AccountSnapshot {
-        AccountSnapshot(
+        let state = machine.state(now: now)
+        let restoration: Restoration?
+        switch state {
+        case .needsLogin, .loggedOut: restoration = self.restoration(of: machine.record)
+        case .stale, .unavailable: restoration = .retry
+        case .valid, .refreshing, .degraded: restoration = nil
+        }
+        return AccountSnapshot(
             name: AccountName(known: machine.record.name), kind: machine.record.provider.kind,
-            state: machine.state(now: now), expiresAt: machine.record.token?.expiresAt,
+            state: state, expiresAt: machine.record.token?.expiresAt,
             refreshExpiresAt: machine.record.secrets.refreshExpiresAt, nextRefreshAt: machine.nextRefreshAt,
             lastRefreshAt: machine.record.lastRefreshAt, lastError: machine.record.lastError,
             lostScope: machine.record.lostScope, shared: sharedStatus(of: machine.record.name),
-            dpop: machine.record.dpopStatus
+            dpop: machine.record.dpopStatus, restoration: restoration
         )
         .degraded(fleet?.pending[machine.record.name] != nil)
     }

@@ -14,17 +14,17 @@ public enum BrokerFailure: Error, Sendable, Equatable, CustomStringConvertible {
     case accountExists(AccountName)
     /// `setTokens` was given no access token, refresh token or refresh URL.
     case nothingToPush
-    /// The account was logged out; only new tokens bring it back (a sign-in when `signsIn`).
-    case loggedOut(AccountName, signsIn: Bool)
-    /// The IdP refused the account's credential; only new tokens bring it back (a sign-in when
-    /// `signsIn`).
-    case denied(AccountName, signsIn: Bool)
+    /// The account was logged out; only new tokens bring it back, as `restore` says.
+    case loggedOut(AccountName, restore: Restoration)
+    /// The IdP refused the account's credential; only new tokens bring it back, as `restore` says.
+    case denied(AccountName, restore: Restoration)
     /// The account never held the credential its kind refreshes with (`credential`, e.g.
-    /// "refresh token"): no IdP was asked. A sign-in (when `signsIn`) or a push supplies one.
-    case noCredential(AccountName, credential: String, signsIn: Bool)
+    /// "refresh token"): no IdP was asked. `restore` says what supplies one.
+    case noCredential(AccountName, credential: String, restore: Restoration)
     /// The IdP does not accept the account's client (`invalid_client`, `unauthorized_client`):
     /// its client settings are at fault, not its tokens; `reason` is what the IdP said, cleaned.
-    case clientRejected(AccountName, reason: String)
+    /// `declared`: its client id and authentication come from broker.toml.
+    case clientRejected(AccountName, reason: String, declared: Bool)
     /// A logout of the account is under way.
     case loggingOut(AccountName)
     /// A refresh was asked of an account whose tokens only a person supplies (kind `kind`).
@@ -130,18 +130,15 @@ extension BrokerFailure {
         case .nothingToPush:
             return "the tokens pushed need an access_token, a refresh_token or a refresh_url "
                 + "(brokerctl set-tokens NAME reads them as JSON)"
-        case .loggedOut(let name, let signsIn):
-            return "\(name) is logged out; \(Self.restoration(of: name, signsIn: signsIn))"
-        case .denied(let name, let signsIn):
-            return "the IdP denied the refresh for \(name); \(Self.restoration(of: name, signsIn: signsIn))"
-        case .noCredential(let name, let credential, let signsIn):
-            let push = "push one with \(Self.setTokens(name))"
-            return "\(name) has no \(credential) yet (no IdP was asked); "
-                + (signsIn ? "sign in with brokerctl login \(name), or \(push)" : push)
-        case .clientRejected(let name, let reason):
-            return "\(reason): the IdP does not accept the client of \(name), so signing in again cannot help. "
-                + "Check the client secret (the --secrets file), --client-id and --client-auth given to brokerctl "
-                + "login \(name) (or client_id and client_auth in its broker.toml table, then brokerctl reload)"
+        case .loggedOut(let name, let restore):
+            return "\(name) is logged out; \(restore.sentence(for: name.rawValue))"
+        case .denied(let name, let restore):
+            return "the IdP denied the refresh for \(name); \(restore.sentence(for: name.rawValue))"
+        case .noCredential(let name, let credential, let restore):
+            return "\(name) has no \(credential) yet (no IdP was asked); \(restore.sentence(for: name.rawValue))"
+        case .clientRejected(let name, let reason, let declared):
+            return "\(reason): the IdP does not accept the client of \(name), so signing in again cannot help; "
+                + Restoration.correctClient(declared: declared).sentence(for: name.rawValue)
         case .loggingOut(let name):
             return "\(name) is being logged out; wait for brokerctl logout \(name) to finish"
         case .neverRefreshes(let name, let kind):
@@ -223,12 +220,6 @@ extension BrokerFailure {
     /// The message for an account named `name` that does not exist (nor may exist).
     public static func noSuchAccount(_ name: String) -> String {
         "no account named \(name); list them with brokerctl status"
-    }
-
-    /// What brings back account `name` whose tokens are gone: signing in again for an account
-    /// that signs in, pushing tokens for the others.
-    private static func restoration(of name: AccountName, signsIn: Bool) -> String {
-        signsIn ? "sign in again with brokerctl login \(name)" : "push new tokens with \(setTokens(name))"
     }
 
     /// The command that pushes tokens to `name`, with the op a program sends instead.

@@ -39,15 +39,18 @@ public struct TokenPush: Sendable, Equatable {
     /// `nil`: the refresh token's expiry is not known.
     public var refreshExpiry: Expiry?
     public var refreshURL: SecretBytes?
+    /// A new client secret for the account, which corrects a wrong one in place.
+    public var clientSecret: SecretBytes?
 
     public init(
         access: Access? = nil, refreshToken: SecretBytes? = nil, refreshExpiry: Expiry? = nil,
-        refreshURL: SecretBytes? = nil
+        refreshURL: SecretBytes? = nil, clientSecret: SecretBytes? = nil
     ) {
         self.access = access
         self.refreshToken = refreshToken
         self.refreshExpiry = refreshExpiry
         self.refreshURL = refreshURL
+        self.clientSecret = clientSecret
     }
 
     /// Whether it carries nothing that could serve or obtain a token.

@@ -18,8 +18,7 @@ enum AuthorizationCodeLogin {
             let endpoint = try await context.endpoint(
                 context.settings.authorizationEndpoint, discovered: \.authorization)
         else {
-            throw .invalid(
-                "the IdP offers no authorization endpoint; give --authorization-endpoint or use --flow device")
+            throw context.noEndpoint(for: .browser, accountExists: context.accountExists)
         }
         let pkce = try PKCE()
         let wait = timeout ?? LoginOptions.defaultTimeout

@@ -32,7 +32,7 @@ enum DeviceAuthorization {
             let endpoint = try await context.endpoint(
                 context.settings.deviceAuthorizationEndpoint, discovered: \.deviceAuthorization)
         else {
-            throw .invalid("the IdP offers no device authorization endpoint; use --flow browser")
+            throw context.noEndpoint(for: .device, accountExists: context.accountExists)
         }
         let started = ContinuousClock.now
         var form: [(String, String)] = []

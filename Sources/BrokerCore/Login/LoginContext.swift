@@ -35,6 +35,28 @@ struct LoginContext: Sendable {
     let clock: any WallClock
     let defaultLifetime: TimeInterval
     let progress: @Sendable (LoginProgress) async -> Void
+    /// Whether the account exists (a login restores it) rather than being created by the login.
+    var accountExists = false
+    /// Whether broker.toml declares the account (and so holds its client settings).
+    var accountDeclared = false
+
+    /// The refusal of a login whose `flow` the IdP offers no endpoint for (its discovery document,
+    /// if any, just read), naming what can work instead: the other flow, or for an account that
+    /// exists, a push of its refresh token or an endpoint added with `update`.
+    func noEndpoint(for flow: LoginFlow, accountExists: Bool) -> BrokerFailure {
+        let missing = flow == .device ? "device authorization endpoint" : "authorization endpoint"
+        let restore = settings.restoration(discovered: settings.issuer.flatMap(http.discovery.known))
+        let instead: String
+        switch restore {
+        case .signIn(let other?) where other != flow: instead = restore.sentence(for: account.rawValue)
+        case _ where accountExists: instead = restore.sentence(for: account.rawValue)
+        default:
+            instead =
+                "give --authorization-endpoint or --device-authorization-endpoint, or add the account with its refresh "
+                + "token (brokerctl add \(account) --kind oauth2 ... --secrets -)"
+        }
+        return .invalid("the IdP offers no \(missing) (--flow \(flow.rawValue)); \(instead)")
+    }
 
     /// Text from the IdP made fit for a line: bounded, printable, the client secret redacted.
     func clean(_ text: String) -> String {
@@ -106,7 +128,8 @@ struct LoginContext: Sendable {
         let code = Self.errorCode(reply).map { " (\(clean($0)))" } ?? ""
         let reason = "the IdP refused \(what): HTTP \(reply.status)\(code)"
         return OAuth2Provider.rejectsClient(reason)
-            ? .clientRejected(account, reason: reason) : .loginFailed(account, reason: reason)
+            ? .clientRejected(account, reason: reason, declared: accountDeclared)
+            : .loginFailed(account, reason: reason)
     }
 
     /// The `error` of an OAuth error answer (RFC 6749 section 5.2), as the IdP wrote it.

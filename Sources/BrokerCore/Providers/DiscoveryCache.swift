@@ -1,6 +1,7 @@
 import BrokerProtocol
 import FoundationEssentials
 import NIOHTTP1
+import Synchronization
 
 /// OIDC discovery (OpenID Connect Discovery 1.0 section 4) for `oauth2` accounts configured
 /// with an `issuer`: the issuer's token (and revocation) endpoint, fetched once and kept in
@@ -10,7 +11,8 @@ actor DiscoveryCache {
     /// How long a discovered document is trusted before it is read again.
     static let lifetime: TimeInterval = 24 * 3600
 
-    private var documents: [String: (endpoints: DiscoveredEndpoints, fetchedAt: Date)] = [:]
+    /// Read without the actor by `known`, for advice given while the actor that asks is busy.
+    private let documents = Mutex<[String: (endpoints: DiscoveredEndpoints, fetchedAt: Date)]>([:])
     /// One discovery per issuer at a time; concurrent refreshes share it.
     private var inFlight: [String: Task<Result<DiscoveredEndpoints, RefreshFailure>, Never>] = [:]
 
@@ -25,7 +27,9 @@ actor DiscoveryCache {
         DiscoveredEndpoints, RefreshFailure
     > {
         let key = Self.normalized(issuer)
-        if !fresh, let cached = documents[key], Date().timeIntervalSince(cached.fetchedAt) < Self.lifetime {
+        if !fresh, let cached = documents.withLock({ $0[key] }),
+            Date().timeIntervalSince(cached.fetchedAt) < Self.lifetime
+        {
             return .success(cached.endpoints)
         }
         if let task = inFlight[key] { return await task.value }
@@ -33,8 +37,13 @@ actor DiscoveryCache {
         inFlight[key] = task
         let result = await task.value
         inFlight[key] = nil
-        if case .success(let endpoints) = result { documents[key] = (endpoints, Date()) }
+        if case .success(let endpoints) = result { documents.withLock { $0[key] = (endpoints, Date()) } }
         return result
+    }
+
+    /// The endpoints `issuer` advertised when last read, however long ago; `nil` when never read.
+    nonisolated func known(issuer: URL) -> DiscoveredEndpoints? {
+        documents.withLock { $0[Self.normalized(issuer)]?.endpoints }
     }
 
     private static func fetch(issuer: URL, http: IdPClient) async -> Result<DiscoveredEndpoints, RefreshFailure> {

@@ -20,6 +20,9 @@ extension ExecSettings: ProviderSettings {
     static let fields = [ProviderField(name: "command", type: .texts)]
     static let renewal = Renewal.refreshes
 
+    /// The command holds the credential: it signs in with its own tool, then is asked again.
+    func restoration(discovered: DiscoveredEndpoints?) -> Restoration { .askCommandAgain }
+
     /// A non-empty argv without NUL whose first element is an absolute path to an executable file.
     init(checking fields: ProviderFields) throws(BrokerFailure) {
         guard let command = try fields.texts("command"), let path = command.first else {

@@ -71,16 +71,16 @@ extension OAuth2Settings: ProviderSettings {
             throw .invalid("an oauth2 provider needs \"client_id\"")
         }
         self.clientID = clientID
-        let secret = try fields.text(ProviderField.clientSecret.name)
+        let hasSecret = try fields.text(ProviderField.clientSecret.name) != nil || fields.holdsClientSecret
         if let name = try fields.text("client_auth") {
             guard let parsed = ClientAuth(rawValue: name) else {
                 throw .invalid("\"client_auth\" is one of client_secret_basic, client_secret_post, none")
             }
             clientAuth = parsed
         } else {
-            clientAuth = secret == nil ? .none : .clientSecretBasic
+            clientAuth = hasSecret ? .clientSecretBasic : .none
         }
-        if clientAuth != .none, secret == nil {
+        if clientAuth != .none, !hasSecret {
             throw .invalid("client_auth \(clientAuth.rawValue) needs \"client_secret\"")
         }
         scope = try fields.text("scope")
@@ -112,6 +112,23 @@ extension OAuth2Settings: ProviderSettings {
         if clientID != new.clientID { return "changes its client_id" }
         if issuer != new.issuer { return "changes its issuer (or switches issuer and token_endpoint)" }
         return nil
+    }
+
+    /// A token endpoint given replaces the issuer, and an issuer the token endpoint.
+    func fieldValues(changedBy changes: [String: JSONValue]) -> [String: JSONValue]? {
+        let urls: [(String, URL?)] = [
+            ("token_endpoint", tokenEndpoint), ("issuer", issuer), ("revocation_endpoint", revocationEndpoint),
+            ("authorization_endpoint", authorizationEndpoint),
+            ("device_authorization_endpoint", deviceAuthorizationEndpoint),
+        ]
+        var values: [String: JSONValue] = ["client_id": .string(clientID), "client_auth": .string(clientAuth.rawValue)]
+        for (name, url) in urls { if let url { values[name] = .string(url.absoluteString) } }
+        if let scope { values["scope"] = .string(scope) }
+        if let dpop { values["dpop"] = .string(dpop) }
+        if changes["token_endpoint"] != nil { values["issuer"] = nil }
+        if changes["issuer"] != nil { values["token_endpoint"] = nil }
+        for (name, value) in changes { values[name] = value == .null ? nil : value }
+        return values
     }
 }
 

@@ -18,6 +18,9 @@ public struct ProviderConfig: Codable, Sendable, Equatable {
     /// pushing tokens (`set_tokens`).
     public var signsIn: Bool { settings is OAuth2Settings }
 
+    /// Whether its kind authenticates its client with a secret (`client_secret`).
+    var takesClientSecret: Bool { type(of: settings).fields.contains(.clientSecret) }
+
     /// The name of the credential its kind refreshes with ("refresh token") when `secrets`
     /// lack it, else `nil`.
     func missingCredential(in secrets: AccountSecrets) -> String? {
@@ -98,16 +101,17 @@ extension ProviderConfig {
 }
 
 extension ProviderConfig {
-    /// Checks a provider object (of `add`, or a config table) with its kind's rules; returns its
-    /// settings and the client secret it carried. Every field any kind knows is type-checked,
-    /// whatever the kind.
-    public static func checking(_ spec: ProviderSpec) throws(BrokerFailure) -> (
+    /// Checks a provider object (of `add`, `update`, or a config table) with its kind's rules;
+    /// returns its settings and the client secret it carried. Every field any kind knows is
+    /// type-checked, whatever the kind. `holdsClientSecret`: the vault holds the account's client
+    /// secret already, which client authentication may use.
+    public static func checking(_ spec: ProviderSpec, holdsClientSecret: Bool = false) throws(BrokerFailure) -> (
         ProviderConfig, clientSecret: SecretBytes?
     ) {
         guard let kind = ProviderKinds.named(spec.kind) else {
             throw .invalid("unknown provider kind \"\(InputEcho.printable(spec.kind))\"; use \(ProviderKinds.names)")
         }
-        let fields = ProviderFields(spec: spec)
+        let fields = ProviderFields(spec: spec, holdsClientSecret: holdsClientSecret)
         for field in ProviderKinds.fields { try fields.check(field) }
         let settings = try kind.init(checking: fields)
         let clientSecret = kind.fields.contains(.clientSecret) ? try fields.text(ProviderField.clientSecret.name) : nil

@@ -4,6 +4,9 @@ import BrokerProtocol
 /// and names the field in its `bad_request`. An absent field and `null` both read as `nil`.
 struct ProviderFields {
     let spec: ProviderSpec
+    /// Whether the vault already holds the account's client secret (a declared account's, or
+    /// the one `update` keeps), so client authentication that needs one has it.
+    var holdsClientSecret = false
 
     /// A string field.
     func text(_ name: String) throws(BrokerFailure) -> String? {

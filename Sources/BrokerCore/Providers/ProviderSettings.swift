@@ -1,3 +1,4 @@
+import BrokerProtocol
 import FoundationEssentials
 import Logging
 
@@ -32,6 +33,14 @@ protocol ProviderSettings: Codable, Sendable, Equatable {
     /// Why a stored credential may not move from these settings to `new` beyond a change of
     /// origin (which every kind is checked for), or `nil` when it may.
     func credentialMove(to new: Self) -> String?
+
+    /// What brings back an account of these settings that serves no token; `discovered` is
+    /// what its issuer's discovery document named, if it has one and it was read.
+    func restoration(discovered: DiscoveredEndpoints?) -> Restoration
+
+    /// The settings as the fields of a `provider` object (no secret) with `changes` made (a
+    /// `null` removes a field), for `update` to check again; `nil` for a kind it does not change.
+    func fieldValues(changedBy changes: [String: JSONValue]) -> [String: JSONValue]?
 }
 
 extension ProviderSettings {
@@ -42,6 +51,16 @@ extension ProviderSettings {
     var credentialURLs: [URL?] { [] }
 
     func credentialMove(to new: Self) -> String? { nil }
+
+    /// Pushing the credential the kind refreshes with, or an access token for a kind without one.
+    func restoration(discovered: DiscoveredEndpoints?) -> Restoration {
+        guard let credential = Self.refreshCredential?.secret else {
+            return .push(field: "access_token", noSignIn: false)
+        }
+        return .push(field: credential == \AccountSecrets.refreshURL ? "refresh_url" : "refresh_token", noSignIn: false)
+    }
+
+    func fieldValues(changedBy changes: [String: JSONValue]) -> [String: JSONValue]? { nil }
 
     /// Whether `other` holds the same settings of the same kind.
     func isEqual(to other: any ProviderSettings) -> Bool { (other as? Self) == self }

@@ -164,7 +164,7 @@ public struct RequestDispatcher: Sendable {
         case .subscribe:
             return request.accounts?.first { !access.mayUse($0) }
         case .hello, .add, .setTokens, .remove, .refresh, .logout, .reload, .login, .unlock, .lock, .rekey, .share,
-            .unshare, .fleetStatus:
+            .unshare, .update, .fleetStatus:
             return nil
         }
     }
@@ -265,6 +265,9 @@ public struct RequestDispatcher: Sendable {
             case .setTokens:
                 return try success(
                     request, try await operations.setTokens(account: request.account, tokens: request.tokens), encoder)
+            case .update:
+                return try success(
+                    request, try await operations.update(account: request.account, changes: request.changes), encoder)
             case .remove:
                 return try success(request, try await operations.remove(account: request.account), encoder)
             case .refresh:

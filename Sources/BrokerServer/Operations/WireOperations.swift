@@ -86,6 +86,21 @@ public struct WireOperations: Sendable {
         )
     }
 
+    /// `update`: `changes` holds provider fields, and perhaps the client secret.
+    public func update(account: String?, changes: [String: JSONValue]?) async throws(BrokerError) -> AccountResult {
+        let name = try WireTranslation.accountName(account)
+        guard var changes else { throw BrokerError(.badRequest, "the field \"changes\" is required") }
+        let secret = changes.removeValue(forKey: "client_secret")
+        guard secret == nil || secret?.text != nil else {
+            throw BrokerError(.badRequest, "\"client_secret\" must be a string")
+        }
+        return WireTranslation.result(
+            try await translating { () async throws(BrokerFailure) in
+                try await broker.update(
+                    name, changes: changes, clientSecret: try secret?.text.map(SecretBytes.init))
+            })
+    }
+
     /// `remove`.
     public func remove(account: String?) async throws(BrokerError) -> AccountResult {
         let name = try WireTranslation.accountName(account)

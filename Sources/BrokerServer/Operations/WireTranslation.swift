@@ -51,7 +51,8 @@ public enum WireTranslation {
                 access: access, refreshToken: try tokens.refreshToken.map(SecretBytes.init),
                 refreshExpiry: try expiry(
                     at: tokens.refreshExpiresAt, after: tokens.refreshExpiresIn, "refresh_expires_in"),
-                refreshURL: try tokens.refreshURL.map(SecretBytes.init))
+                refreshURL: try tokens.refreshURL.map(SecretBytes.init),
+                clientSecret: try tokens.clientSecret.map(SecretBytes.init))
         } catch {
             throw BrokerError(error)
         }
@@ -104,6 +105,8 @@ public enum WireTranslation {
         status.dpop = snapshot.dpop.map {
             DPoPKeyStatus(algorithm: $0.algorithm, thumbprint: $0.thumbprint, issuedTokenType: $0.otherTokenType)
         }
+        status.advice = snapshot.restoration?.sentence(for: snapshot.name.rawValue)
+        status.adviceCommand = snapshot.restoration?.command(for: snapshot.name.rawValue)
         return status
     }
 
