@@ -153,7 +153,8 @@ import Testing
             try broker.brokerctl(["git-credential", "get"], stdin: "protocol=https\nhost=git.example\n\n"),
             "git-credential of an account without tokens", naming: ["brokerctl set-tokens fresh"])
         let docker = try broker.brokerctl(["docker-credential", "get"], stdin: "registry.example")
-        Self.expectHelpful(docker, "docker-credential of an account without tokens", naming: ["brokerctl set-tokens fresh"])
+        Self.expectHelpful(
+            docker, "docker-credential of an account without tokens", naming: ["brokerctl set-tokens fresh"])
 
         // No broker where XDG_RUNTIME_DIR would have put it.
         var environment = broker.environment
