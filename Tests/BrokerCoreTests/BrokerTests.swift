@@ -90,7 +90,10 @@ import Testing
             let error = await #expect(throws: BrokerError.self) { try await h.broker.token(account: "api", minTTL: 30) }
             #expect(error?.code == .needsLogin)
             // An oauth2 account is restored by signing in again.
-            #expect(error?.message == "the IdP denied the refresh for api; sign in again with brokerctl login api")
+            #expect(
+                error?.message
+                    == "the IdP denied the refresh for api: the token endpoint refused the refresh: HTTP 400 "
+                    + "(invalid_grant: refresh token is not valid); sign in again with brokerctl login api")
             #expect(h.idp.callCount == 1)
             let status = try await h.state()
             #expect(status.state == "needs_login")

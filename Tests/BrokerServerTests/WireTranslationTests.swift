@@ -115,7 +115,7 @@ import Testing
                 "api is logged out; push new tokens with brokerctl set-tokens api (op set_tokens)", nil
             ),
             (
-                .denied(api, signsIn: false), "needs_login",
+                .denied(api, reason: nil, signsIn: false), "needs_login",
                 "the IdP denied the refresh for api; push new tokens with brokerctl set-tokens api (op set_tokens)", nil
             ),
             (
@@ -141,8 +141,9 @@ import Testing
                 "api is logged out; sign in again with brokerctl login api", nil
             ),
             (
-                .denied(api, signsIn: true), "needs_login",
-                "the IdP denied the refresh for api; sign in again with brokerctl login api", nil
+                .denied(api, reason: "HTTP 400 (invalid_grant: unknown refresh token)", signsIn: true), "needs_login",
+                "the IdP denied the refresh for api: HTTP 400 (invalid_grant: unknown refresh token); sign in again "
+                    + "with brokerctl login api", nil
             ),
             (
                 .loggingOut(api), "unavailable", "api is being logged out; wait for brokerctl logout api to finish",

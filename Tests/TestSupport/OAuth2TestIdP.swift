@@ -20,6 +20,9 @@ public final class OAuth2TestIdP: Sendable {
         case normal
         /// Answer with this HTTP status and a JSON error body (and `Retry-After` if given).
         case status(Int, retryAfter: Int?)
+        /// Answer with this HTTP status and an OAuth error body (RFC 6749 section 5.2) of this
+        /// `error` and, when given, `error_description`.
+        case oauthError(Int, error: String, description: String?)
         /// Answer 200 with a body that is not JSON.
         case garbage
         /// Accept the request and never answer.
@@ -304,6 +307,10 @@ public final class OAuth2TestIdP: Sendable {
                 return Answer(
                     status: HTTPResponseStatus(statusCode: code), body: #"{"error":"temporarily_unavailable"}"#,
                     headers: retryAfter.map { [("Retry-After", String($0))] } ?? [], delay: delay)
+            case .oauthError:
+                guard var fault = state.behavior.response(errorBody: "") else { break }
+                fault.delay = delay
+                return fault
             case .normal:
                 break
             }

@@ -212,7 +212,7 @@ extension Broker {
             return .noCredential(name, credential: credential, signsIn: record.provider.signsIn)
         }
         if let reason, OAuth2Provider.rejectsClient(reason) { return .clientRejected(name, reason: reason) }
-        return .denied(name, signsIn: record.provider.signsIn)
+        return .denied(name, reason: reason, signsIn: record.provider.signsIn)
     }
 
     /// Refuses a change to an account being logged out, or whose share is not settled.

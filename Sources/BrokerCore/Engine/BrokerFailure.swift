@@ -17,8 +17,8 @@ public enum BrokerFailure: Error, Sendable, Equatable, CustomStringConvertible {
     /// The account was logged out; only new tokens bring it back (a sign-in when `signsIn`).
     case loggedOut(AccountName, signsIn: Bool)
     /// The IdP refused the account's credential; only new tokens bring it back (a sign-in when
-    /// `signsIn`).
-    case denied(AccountName, signsIn: Bool)
+    /// `signsIn`). `reason` is the refusal as the account's last error keeps it (the IdP's words).
+    case denied(AccountName, reason: String?, signsIn: Bool)
     /// The account never held the credential its kind refreshes with (`credential`, e.g.
     /// "refresh token"): no IdP was asked. A sign-in (when `signsIn`) or a push supplies one.
     case noCredential(AccountName, credential: String, signsIn: Bool)
@@ -132,8 +132,9 @@ extension BrokerFailure {
                 + "(brokerctl set-tokens NAME reads them as JSON)"
         case .loggedOut(let name, let signsIn):
             return "\(name) is logged out; \(Self.restoration(of: name, signsIn: signsIn))"
-        case .denied(let name, let signsIn):
-            return "the IdP denied the refresh for \(name); \(Self.restoration(of: name, signsIn: signsIn))"
+        case .denied(let name, let reason, let signsIn):
+            return "the IdP denied the refresh for \(name)\(reason.map { ": \($0)" } ?? ""); "
+                + Self.restoration(of: name, signsIn: signsIn)
         case .noCredential(let name, let credential, let signsIn):
             let push = "push one with \(Self.setTokens(name))"
             return "\(name) has no \(credential) yet (no IdP was asked); "
