@@ -55,8 +55,10 @@ import Testing
     /// Only a refusal of the grant or of the client stops the account; the message quotes the
     /// IdP's error and description after the status.
     @Test(arguments: [
-        (400, #"{"error":"invalid_grant","error_description":"unknown refresh token"}"#,
-         "HTTP 400 (invalid_grant: unknown refresh token)"),
+        (
+            400, #"{"error":"invalid_grant","error_description":"unknown refresh token"}"#,
+            "HTTP 400 (invalid_grant: unknown refresh token)"
+        ),
         (401, #"{"error":"invalid_client"}"#, "HTTP 401 (invalid_client)"),
         (400, #"{"error":"unauthorized_client","error_description":""}"#, "HTTP 400 (unauthorized_client)"),
         (401, #"{"error":"invalid_grant","error_description":"revoked"}"#, "HTTP 401 (invalid_grant: revoked)"),

@@ -302,7 +302,8 @@ import Testing
             defaultLifetime: 600, progress: { _ in })
         func outcome(_ status: Int, _ body: String) -> String {
             do {
-                _ = try context.grant(from: IdPReply(status: status, body: Data(body.utf8)), refusal: "the code exchange")
+                _ = try context.grant(
+                    from: IdPReply(status: status, body: Data(body.utf8)), refusal: "the code exchange")
                 return "taken"
             } catch {
                 switch error {

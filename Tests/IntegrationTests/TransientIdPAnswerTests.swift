@@ -1,3 +1,4 @@
+import BrokerClient
 import BrokerProtocol
 import Foundation
 import TestSupport
@@ -13,7 +14,7 @@ import Testing
         let refreshToken = "rt-echoed-\(UUID().uuidString)"
         let clientSecret = "cs-echoed-\(UUID().uuidString)"
         let secrets = [refreshToken, clientSecret]
-        let idp = try await OAuth2TestIdP(initialRefreshToken: refreshToken, clientSecret: clientSecret, lifetime: 3600)
+        let idp = try await OAuth2TestIdP(initialRefreshToken: refreshToken, lifetime: 3600, clientSecret: clientSecret)
         let broker = try BrokerProcess()
         defer { broker.stop() }
         // A cap above the Retry-After below, which it would cut.
@@ -83,7 +84,8 @@ import Testing
         #expect(idp.callCount == calls + 1, "no call to the IdP before Retry-After has passed")
 
         idp.setBehavior(.oauthError(400, error: "invalid_grant", description: "unknown refresh token \(echo)"))
-        let shown = "the token endpoint refused the refresh: HTTP 400 (invalid_grant: unknown refresh token \(redacted))"
+        let shown =
+            "the token endpoint refused the refresh: HTTP 400 (invalid_grant: unknown refresh token \(redacted))"
         let denied = try refresh()
         #expect(denied.status == 5, "needs_login: \(denied.message)")
         #expect(denied.message.contains(shown), "\(denied.message)")

@@ -226,26 +226,18 @@ public final class OAuth2TestIdP: Sendable {
         let base = "http://" + (request.header("Host") ?? "127.0.0.1")
         return state.withLock { state in
             state.discoveryCount += 1
-            switch state.discoveryBehavior {
-            case .hang: return .hanging
-            case .garbage: return Answer(status: .ok, body: "<html>not a discovery document")
-            case .status(let code, let retryAfter):
-                return Answer(
-                    status: HTTPResponseStatus(statusCode: code), body: #"{"error":"unavailable"}"#,
-                    headers: retryAfter.map { [("Retry-After", String($0))] } ?? [])
-            case .normal:
-                let device =
-                    state.login.offersDeviceEndpoint
-                    ? #""device_authorization_endpoint":"\#(base)/device/code","# : ""
-                // RFC 9449 section 5.1.
-                let dpop = state.dpop.required ? #","dpop_signing_alg_values_supported":["ES256"]"# : ""
-                let body = """
-                    {"issuer":"\(base + issuerPath)","token_endpoint":"\(base)/token","revocation_endpoint":"\(base)/revoke",\
-                    "authorization_endpoint":"\(base)/authorize",\(device)\
-                    "grant_types_supported":["refresh_token","authorization_code"]\(dpop)}
-                    """
-                return Answer(status: .ok, body: body)
-            }
+            if let fault = state.discoveryBehavior.response(errorBody: #"{"error":"unavailable"}"#) { return fault }
+            let device =
+                state.login.offersDeviceEndpoint
+                ? #""device_authorization_endpoint":"\#(base)/device/code","# : ""
+            // RFC 9449 section 5.1.
+            let dpop = state.dpop.required ? #","dpop_signing_alg_values_supported":["ES256"]"# : ""
+            let body = """
+                {"issuer":"\(base + issuerPath)","token_endpoint":"\(base)/token","revocation_endpoint":"\(base)/revoke",\
+                "authorization_endpoint":"\(base)/authorize",\(device)\
+                "grant_types_supported":["refresh_token","authorization_code"]\(dpop)}
+                """
+            return Answer(status: .ok, body: body)
         }
     }
 

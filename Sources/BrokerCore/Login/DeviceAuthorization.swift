@@ -94,7 +94,8 @@ enum DeviceAuthorization {
                         context.account, reason: "the sign-in was denied at the IdP\(context.quoted(error))")
                 case "expired_token":
                     throw .loginFailed(
-                        context.account, reason: "the code expired before the sign-in was completed\(context.quoted(error))")
+                        context.account,
+                        reason: "the code expired before the sign-in was completed\(context.quoted(error))")
                 default:
                     break
                 }
@@ -112,8 +113,8 @@ enum DeviceAuthorization {
     static func read(_ reply: IdPReply, context: LoginContext) throws(BrokerFailure) -> Offer {
         guard (200..<300).contains(reply.status) else {
             if reply.status == 400 || reply.status == 401 { throw context.refused("the device authorization", reply) }
-            throw .loginUnavailable(
-                reason: "the device authorization endpoint answered HTTP \(reply.status)\(context.quoted(OAuthError(reply)))")
+            let quoted = context.quoted(OAuthError(reply))
+            throw .loginUnavailable(reason: "the device authorization endpoint answered HTTP \(reply.status)\(quoted)")
         }
         let malformed = { (field: String) -> BrokerFailure in
             .loginUnavailable(reason: "the device authorization endpoint answered an unusable \(field)")

@@ -208,7 +208,8 @@ struct OAuth2Provider: NarrowingTokenProvider {
     /// The IdP's refusal of the scope or resource asked for (RFC 6749 section 5.2
     /// `invalid_scope`, RFC 8707 section 2 `invalid_target`), with its description.
     static func targetRefusal(_ reply: IdPReply) -> RefreshFailure? {
-        guard reply.status == 400, let error = OAuthError(reply), ["invalid_scope", "invalid_target"].contains(error.code)
+        guard reply.status == 400, let error = OAuthError(reply),
+            ["invalid_scope", "invalid_target"].contains(error.code)
         else { return nil }
         return RefreshFailure(kind: .targetRefused, message: error.text, retryAfter: nil)
     }
