@@ -92,7 +92,8 @@ import Testing
             // An oauth2 account whose IdP offers no sign-in endpoint is restored by a pushed refresh token.
             #expect(
                 error?.message
-                    == "the IdP denied the refresh for api; push a new refresh_token with brokerctl set-tokens api (op "
+                    == "the IdP denied the refresh for api: the token endpoint refused the refresh: HTTP 400 "
+                    + "(invalid_grant: refresh token is not valid); push a new refresh_token with brokerctl set-tokens api (op "
                     + #"set_tokens), which reads {"refresh_token": ...} as JSON; its IdP offers no sign-in endpoint "#
                     + "(brokerctl update api --authorization-endpoint URL or --device-authorization-endpoint URL adds "
                     + "one)")

@@ -52,17 +52,62 @@ import Testing
         #expect(failure.kind == .transient)
     }
 
+    /// Only a refusal of the grant or of the client stops the account; the message quotes the
+    /// IdP's error and description after the status.
     @Test(arguments: [
-        (400, #"{"error":"invalid_grant","error_description":"refresh token is not valid"}"#),
-        (400, "not json at all"),
-        (401, #"{"error":"invalid_client"}"#),
-        (401, ""),
+        (
+            400, #"{"error":"invalid_grant","error_description":"unknown refresh token"}"#,
+            "HTTP 400 (invalid_grant: unknown refresh token)"
+        ),
+        (401, #"{"error":"invalid_client"}"#, "HTTP 401 (invalid_client)"),
+        (400, #"{"error":"unauthorized_client","error_description":""}"#, "HTTP 400 (unauthorized_client)"),
+        (401, #"{"error":"invalid_grant","error_description":"revoked"}"#, "HTTP 401 (invalid_grant: revoked)"),
     ])
-    func badRequestAndUnauthorizedAreDenials(status: Int, body: String) throws {
+    func refusalsOfTheGrantOrClientAreDenials(status: Int, body: String, shown: String) throws {
         let failure = try #require(interpret(status, body).failure)
         #expect(failure.kind == .denial)
         #expect(failure.retryAfter == nil)
-        #expect(failure.message.contains("\(status)"))
+        #expect(failure.message == "the token endpoint refused the refresh: \(shown)")
+    }
+
+    /// Every other 400 or 401 is transient: the IdP's own trouble (`server_error`,
+    /// `temporarily_unavailable`), a request or setting it finds wrong, a code the broker does
+    /// not know, or an answer with no readable error at all (a proxy's page).
+    @Test(arguments: [
+        (400, #"{"error":"server_error","error_description":"try again"}"#, "HTTP 400 (server_error: try again)"),
+        (400, #"{"error":"temporarily_unavailable"}"#, "HTTP 400 (temporarily_unavailable)"),
+        (401, #"{"error":"server_error"}"#, "HTTP 401 (server_error)"),
+        (400, #"{"error":"invalid_request","error_description":"missing x"}"#, "HTTP 400 (invalid_request: missing x)"),
+        (400, #"{"error":"unsupported_grant_type"}"#, "HTTP 400 (unsupported_grant_type)"),
+        (400, #"{"error":"invalid_scope"}"#, "HTTP 400 (invalid_scope)"),
+        (400, #"{"error":"made_up_code"}"#, "HTTP 400 (made_up_code)"),
+        (400, "not json at all", "HTTP 400"),
+        (400, #"{"error":42}"#, "HTTP 400"),
+        (401, "", "HTTP 401"),
+        (403, #"{"error":"invalid_grant"}"#, "HTTP 403 (invalid_grant)"),
+    ])
+    func everyOtherRefusalIsTransient(status: Int, body: String, shown: String) throws {
+        let failure = try #require(interpret(status, body, retryAfter: 4).failure)
+        #expect(failure.kind == .transient)
+        #expect(failure.retryAfter == 4)
+        #expect(failure.message == "the token endpoint answered \(shown)")
+    }
+
+    /// A client error is recognised by the code quoted first, never by a description naming one.
+    @Test func aClientErrorIsKnownByItsCodeNotItsDescription() throws {
+        let client = try #require(interpret(401, #"{"error":"invalid_client","error_description":"bad"}"#).failure)
+        #expect(OAuth2Provider.rejectsClient(client.message))
+        let grant = try #require(
+            interpret(400, #"{"error":"invalid_grant","error_description":"not (invalid_client)"}"#).failure)
+        #expect(grant.kind == .denial)
+        #expect(!OAuth2Provider.rejectsClient(grant.message))
+    }
+
+    /// A 200 that is not a token answer quotes the error it carries.
+    @Test func aSuccessStatusWithAnErrorQuotesIt() throws {
+        let failure = try #require(interpret(200, #"{"error":"bad_refresh_token","error_description":"gone"}"#).failure)
+        #expect(failure.kind == .transient)
+        #expect(failure.message.hasSuffix("without a usable access_token (bad_refresh_token: gone)"))
     }
 
     /// `use_dpop_nonce` left after the retry with the IdP's newest nonce (RFC 9449 section 8),

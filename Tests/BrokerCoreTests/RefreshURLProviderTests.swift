@@ -57,6 +57,23 @@ import Testing
         #expect(failure.message.contains("the refresh URL"))
     }
 
+    /// The IdP's error and description are quoted.
+    @Test func aDeadURLsMessageQuotesTheIdP() throws {
+        let failure = try #require(
+            interpret(410, #"{"error":"invalid_grant","error_description":"used once already"}"#).failure)
+        #expect(failure.message.contains("HTTP 410 (invalid_grant: used once already);"))
+    }
+
+    /// A dead-URL status whose body says the failure is the IdP's own keeps the URL.
+    @Test(arguments: [400, 401, 403], ["server_error", "temporarily_unavailable"])
+    func aServerErrorIsTransientWhateverTheStatus(status: Int, code: String) throws {
+        let failure = try #require(
+            interpret(status, #"{"error":"\#(code)","error_description":"busy"}"#, retryAfter: 3).failure)
+        #expect(failure.kind == .transient)
+        #expect(failure.retryAfter == 3)
+        #expect(failure.message == "the refresh URL answered HTTP \(status) (\(code): busy)")
+    }
+
     @Test(arguments: [
         (500, 30.0 as TimeInterval?), (502, nil), (503, 5), (429, 12), (408, nil), (302, nil),
     ])

@@ -56,7 +56,8 @@ import Testing
     }
 
     @Test(arguments: [
-        (401, #"{"status":false,"message":"Unauthorized"}"#), (401, ""), (400, "<html>bad request"),
+        (401, #"{"status":false,"message":"Unauthorized"}"#), (401, ""),
+        (400, #"{"status":false,"message":"RefreshTokenMismatch"}"#),
         (403, #"{"status":false,"message":"RefreshTokenMismatch"}"#),
     ])
     func unauthorizedAndRefusalsAreDenials(status: Int, body: String) throws {
@@ -71,6 +72,19 @@ import Testing
     func serverTroubleIsTransient(status: Int, body: String) throws {
         let failure = try #require(interpret(status, body, retryAfter: 9).failure)
         #expect(failure.kind == .transient)
+    }
+
+    /// A 400 without `status: false` (a proxy's page), or an IdP saying the failure is its own
+    /// (`server_error`, `temporarily_unavailable`) even with 401, keeps the credential.
+    @Test(arguments: [
+        (400, "<html>bad request"), (400, ""), (400, #"{"error":"server_error"}"#),
+        (401, #"{"error":"temporarily_unavailable","error_description":"maintenance"}"#),
+    ])
+    func unreadableRefusalsAndServerErrorsAreTransient(status: Int, body: String) throws {
+        let failure = try #require(interpret(status, body, retryAfter: 9).failure)
+        #expect(failure.kind == .transient)
+        if body.contains("error") { #expect(failure.retryAfter == 9) }
+        if body.contains("maintenance") { #expect(failure.message.hasSuffix("(temporarily_unavailable: maintenance)")) }
     }
 
     @Test func transientFailuresCarryRetryAfter() throws {

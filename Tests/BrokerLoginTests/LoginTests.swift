@@ -293,6 +293,45 @@ import Testing
         #expect(taken.interval == DeviceAuthorization.defaultInterval && taken.expiresIn == 600)
     }
 
+    /// The token endpoint's refusal of a grant quotes the IdP's error and description, cleaned
+    /// and with the client secret redacted; a client error is told apart by its code; the IdP's
+    /// own trouble (`server_error`) is `unavailable`, not a refusal.
+    @Test func aTokenEndpointRefusalQuotesTheIdP() async throws {
+        let secret = "cs-login-9d1e5a"
+        let http = IdPClient.inProcess(settings: BrokerSettings())
+        let context = LoginContext(
+            account: try AccountName("work"),
+            settings: OAuth2Settings(
+                tokenEndpoint: URL(string: "https://idp.example/token")!, clientID: "c",
+                clientAuth: .clientSecretPost, scope: nil),
+            clientSecret: try SecretBytes(secret), dpopKey: nil, http: http, clock: TestClock(),
+            defaultLifetime: 600, progress: { _ in })
+        func outcome(_ status: Int, _ body: String) -> String {
+            do {
+                _ = try context.grant(
+                    from: IdPReply(status: status, body: Data(body.utf8)), refusal: "the code exchange")
+                return "taken"
+            } catch {
+                switch error {
+                case .loginFailed(_, let reason): return "failed: \(reason)"
+                case .clientRejected(_, let reason, _): return "client: \(reason)"
+                case .loginUnavailable(let reason): return "unavailable: \(reason)"
+                default: return "\(error)"
+                }
+            }
+        }
+        #expect(
+            outcome(400, #"{"error":"invalid_grant","error_description":"code used\n\u0007\tby \#(secret)"}"#)
+                == "failed: the IdP refused the code exchange: HTTP 400 (invalid_grant: code used by [redacted])")
+        #expect(
+            outcome(401, #"{"error":"invalid_client","error_description":"unknown client"}"#)
+                == "client: the IdP refused the code exchange: HTTP 401 (invalid_client: unknown client)")
+        #expect(
+            outcome(400, #"{"error":"server_error","error_description":"try later"}"#)
+                == "unavailable: the token endpoint answered HTTP 400 (server_error: try later)")
+        await http.shutdown()
+    }
+
     @Test func anUnreachableIdPIsUnavailable() async throws {
         try await BrokerHarness.run { harness in
             harness.idp.setBehavior(.status(503, retryAfter: nil))

@@ -116,7 +116,7 @@ import Testing
                     + #"{"access_token": ...} as JSON"#, nil
             ),
             (
-                .denied(api, restore: .push(field: "refresh_token", noSignIn: true)), "needs_login",
+                .denied(api, reason: nil, restore: .push(field: "refresh_token", noSignIn: true)), "needs_login",
                 "the IdP denied the refresh for api; push a new refresh_token with brokerctl set-tokens api (op "
                     + #"set_tokens), which reads {"refresh_token": ...} as JSON; its IdP offers no sign-in endpoint "#
                     + "(brokerctl update api --authorization-endpoint URL or --device-authorization-endpoint URL adds "
@@ -146,9 +146,10 @@ import Testing
                 "api is logged out; sign in with brokerctl login api", nil
             ),
             (
-                .denied(api, restore: .askCommandAgain), "needs_login",
-                "the IdP denied the refresh for api; sign in with the command's own tool, then ask it again with "
-                    + "brokerctl refresh api", nil
+                .denied(api, reason: "HTTP 400 (invalid_grant: unknown refresh token)", restore: .askCommandAgain),
+                "needs_login",
+                "the IdP denied the refresh for api: HTTP 400 (invalid_grant: unknown refresh token); sign in with the "
+                    + "command's own tool, then ask it again with brokerctl refresh api", nil
             ),
             (
                 .loggingOut(api), "unavailable", "api is being logged out; wait for brokerctl logout api to finish",

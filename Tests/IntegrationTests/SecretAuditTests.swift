@@ -61,8 +61,8 @@ import Glibc
             audit.ask(connection, #"{"id":8,"op":"token","account":"api","min_ttl":86400}"#)
             audit.ask(connection, #"{"id":9,"op":"status","account":"api"}"#)
         }
-        // Denials: 401, then a refresh token the IdP does not know (400 invalid_grant).
-        idp.setBehavior(.status(401, retryAfter: nil))
+        // Denials: 401 invalid_client, then a refresh token the IdP does not know (400 invalid_grant).
+        idp.setBehavior(.oauthError(401, error: "invalid_client", description: nil))
         #expect(audit.ask(connection, #"{"id":10,"op":"refresh","account":"api"}"#)?.errorCode == "needs_login")
         audit.ask(connection, #"{"id":11,"op":"token","account":"api"}"#)
         audit.ask(connection, #"{"id":12,"op":"status","account":"api"}"#)

@@ -181,7 +181,7 @@ import Glibc
         #expect(!FileManager.default.fileExists(atPath: wlcgFile))
 
         // A refresh the IdP denies leaves no token to serve, so none in the file.
-        idp.setBehavior(.status(400, retryAfter: nil))
+        idp.setBehavior(.oauthError(400, error: "invalid_grant", description: nil))
         await #expect(throws: BrokerError.self) { _ = try await client.refresh(account: "api") }
         #expect(try await client.status(account: "api").first?.state == "needs_login")
         #expect(!FileManager.default.fileExists(atPath: moved))

@@ -20,6 +20,9 @@ public final class OAuth2TestIdP: Sendable {
         case normal
         /// Answer with this HTTP status and a JSON error body (and `Retry-After` if given).
         case status(Int, retryAfter: Int?)
+        /// Answer with this HTTP status and an OAuth error body (RFC 6749 section 5.2) of this
+        /// `error` and, when given, `error_description`.
+        case oauthError(Int, error: String, description: String?)
         /// Answer 200 with a body that is not JSON.
         case garbage
         /// Accept the request and never answer.
@@ -223,28 +226,20 @@ public final class OAuth2TestIdP: Sendable {
         let base = "http://" + (request.header("Host") ?? "127.0.0.1")
         return state.withLock { state in
             state.discoveryCount += 1
-            switch state.discoveryBehavior {
-            case .hang: return .hanging
-            case .garbage: return Answer(status: .ok, body: "<html>not a discovery document")
-            case .status(let code, let retryAfter):
-                return Answer(
-                    status: HTTPResponseStatus(statusCode: code), body: #"{"error":"unavailable"}"#,
-                    headers: retryAfter.map { [("Retry-After", String($0))] } ?? [])
-            case .normal:
-                let device =
-                    state.login.offersDeviceEndpoint
-                    ? #""device_authorization_endpoint":"\#(base)/device/code","# : ""
-                let authorization =
-                    state.login.offersAuthorizationEndpoint ? #""authorization_endpoint":"\#(base)/authorize","# : ""
-                // RFC 9449 section 5.1.
-                let dpop = state.dpop.required ? #","dpop_signing_alg_values_supported":["ES256"]"# : ""
-                let body = """
-                    {"issuer":"\(base + issuerPath)","token_endpoint":"\(base)/token","revocation_endpoint":"\(base)/revoke",\
-                    \(authorization)\(device)\
-                    "grant_types_supported":["refresh_token","authorization_code"]\(dpop)}
-                    """
-                return Answer(status: .ok, body: body)
-            }
+            if let fault = state.discoveryBehavior.response(errorBody: #"{"error":"unavailable"}"#) { return fault }
+            let device =
+                state.login.offersDeviceEndpoint
+                ? #""device_authorization_endpoint":"\#(base)/device/code","# : ""
+            let authorization =
+                state.login.offersAuthorizationEndpoint ? #""authorization_endpoint":"\#(base)/authorize","# : ""
+            // RFC 9449 section 5.1.
+            let dpop = state.dpop.required ? #","dpop_signing_alg_values_supported":["ES256"]"# : ""
+            let body = """
+                {"issuer":"\(base + issuerPath)","token_endpoint":"\(base)/token","revocation_endpoint":"\(base)/revoke",\
+                \(authorization)\(device)\
+                "grant_types_supported":["refresh_token","authorization_code"]\(dpop)}
+                """
+            return Answer(status: .ok, body: body)
         }
     }
 
@@ -306,6 +301,10 @@ public final class OAuth2TestIdP: Sendable {
                 return Answer(
                     status: HTTPResponseStatus(statusCode: code), body: #"{"error":"temporarily_unavailable"}"#,
                     headers: retryAfter.map { [("Retry-After", String($0))] } ?? [], delay: delay)
+            case .oauthError:
+                guard var fault = state.behavior.response(errorBody: "") else { break }
+                fault.delay = delay
+                return fault
             case .normal:
                 break
             }

@@ -239,6 +239,12 @@ extension OAuth2TestIdP.Behavior {
             return TestHTTPResponse(
                 status: HTTPResponseStatus(statusCode: code), body: errorBody,
                 headers: retryAfter.map { [("Retry-After", String($0))] } ?? [])
+        case .oauthError(let code, let error, let description):
+            var object = ["error": error]
+            object["error_description"] = description
+            let body = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
+            return TestHTTPResponse(
+                status: HTTPResponseStatus(statusCode: code), body: String(decoding: body ?? Data(), as: UTF8.self))
         }
     }
 }

@@ -213,7 +213,7 @@ extension Broker {
         if let reason, OAuth2Provider.rejectsClient(reason) {
             return .clientRejected(name, reason: reason, declared: record.declared == true)
         }
-        return .denied(name, restore: restoration(of: record))
+        return .denied(name, reason: reason, restore: restoration(of: record))
     }
 
     /// What brings back the account of `record` while it serves no token (`Restoration`): a

@@ -17,7 +17,8 @@ public enum BrokerFailure: Error, Sendable, Equatable, CustomStringConvertible {
     /// The account was logged out; only new tokens bring it back, as `restore` says.
     case loggedOut(AccountName, restore: Restoration)
     /// The IdP refused the account's credential; only new tokens bring it back, as `restore` says.
-    case denied(AccountName, restore: Restoration)
+    /// `reason` is the refusal as the account's last error keeps it (the IdP's words).
+    case denied(AccountName, reason: String?, restore: Restoration)
     /// The account never held the credential its kind refreshes with (`credential`, e.g.
     /// "refresh token"): no IdP was asked. `restore` says what supplies one.
     case noCredential(AccountName, credential: String, restore: Restoration)
@@ -132,8 +133,9 @@ extension BrokerFailure {
                 + "(brokerctl set-tokens NAME reads them as JSON)"
         case .loggedOut(let name, let restore):
             return "\(name) is logged out; \(restore.sentence(for: name.rawValue))"
-        case .denied(let name, let restore):
-            return "the IdP denied the refresh for \(name); \(restore.sentence(for: name.rawValue))"
+        case .denied(let name, let reason, let restore):
+            return "the IdP denied the refresh for \(name)\(reason.map { ": \($0)" } ?? ""); "
+                + restore.sentence(for: name.rawValue)
         case .noCredential(let name, let credential, let restore):
             return "\(name) has no \(credential) yet (no IdP was asked); \(restore.sentence(for: name.rawValue))"
         case .clientRejected(let name, let reason, let declared):

@@ -78,8 +78,9 @@ enum DeviceAuthorization {
                 lastTransient = reason
                 continue
             }
+            let error = OAuthError(reply)
             if reply.status == 400 || reply.status == 401 {
-                switch LoginContext.errorCode(reply) {
+                switch error?.code {
                 case "authorization_pending":
                     lastTransient = nil
                     continue
@@ -89,10 +90,12 @@ enum DeviceAuthorization {
                     await context.progress(LoginProgress(event: .slowDown, interval: interval))
                     continue
                 case "access_denied":
-                    throw .loginFailed(context.account, reason: "the sign-in was denied at the IdP (access_denied)")
+                    throw .loginFailed(
+                        context.account, reason: "the sign-in was denied at the IdP\(context.quoted(error))")
                 case "expired_token":
                     throw .loginFailed(
-                        context.account, reason: "the code expired before the sign-in was completed (expired_token)")
+                        context.account,
+                        reason: "the code expired before the sign-in was completed\(context.quoted(error))")
                 default:
                     break
                 }
@@ -110,8 +113,8 @@ enum DeviceAuthorization {
     static func read(_ reply: IdPReply, context: LoginContext) throws(BrokerFailure) -> Offer {
         guard (200..<300).contains(reply.status) else {
             if reply.status == 400 || reply.status == 401 { throw context.refused("the device authorization", reply) }
-            let code = LoginContext.errorCode(reply).map { " (\(context.clean($0)))" } ?? ""
-            throw .loginUnavailable(reason: "the device authorization endpoint answered HTTP \(reply.status)\(code)")
+            let quoted = context.quoted(OAuthError(reply))
+            throw .loginUnavailable(reason: "the device authorization endpoint answered HTTP \(reply.status)\(quoted)")
         }
         let malformed = { (field: String) -> BrokerFailure in
             .loginUnavailable(reason: "the device authorization endpoint answered an unusable \(field)")

@@ -107,9 +107,9 @@ struct LoginContext: Sendable {
         }
     }
 
-    /// The tokens of a token endpoint's answer (RFC 6749 section 5); a refusal (400, 401) ends
-    /// the login (`needs_login`; `clientRejected` for the client's own errors), anything else
-    /// is `unavailable`.
+    /// The tokens of a token endpoint's answer (RFC 6749 section 5); a refusal (a denial of
+    /// `OAuth2Provider.interpret`) ends the login (`needs_login`; `clientRejected` for the
+    /// client's own errors), anything else is `unavailable`.
     func grant(from reply: IdPReply, refusal: String) throws(BrokerFailure) -> Grant {
         switch OAuth2Provider.interpret(reply, now: clock.now(), defaultLifetime: defaultLifetime) {
         case .success(let grant):
@@ -125,16 +125,16 @@ struct LoginContext: Sendable {
     /// `clientRejected` when it refused the client itself, whose settings are at fault (signing
     /// in again cannot help), else `loginFailed`.
     func refused(_ what: String, _ reply: IdPReply) -> BrokerFailure {
-        let code = Self.errorCode(reply).map { " (\(clean($0)))" } ?? ""
-        let reason = "the IdP refused \(what): HTTP \(reply.status)\(code)"
-        return OAuth2Provider.rejectsClient(reason)
+        let error = OAuthError(reply)
+        let reason = "the IdP refused \(what): HTTP \(reply.status)\(quoted(error))"
+        return error?.rejectsClient == true
             ? .clientRejected(account, reason: reason, declared: accountDeclared)
             : .loginFailed(account, reason: reason)
     }
 
-    /// The `error` of an OAuth error answer (RFC 6749 section 5.2), as the IdP wrote it.
-    static func errorCode(_ reply: IdPReply) -> String? {
-        JSONValue.object(decoding: reply.body)?["error"]?.text
+    /// ` (error: description)` of an IdP's error, cleaned; empty without one.
+    func quoted(_ error: OAuthError?) -> String {
+        error.map { " (\(clean($0.text)))" } ?? ""
     }
 
     /// Sleeps until `deadline`; a cancelled login ends here.

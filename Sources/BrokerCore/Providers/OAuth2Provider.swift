@@ -225,11 +225,10 @@ struct OAuth2Provider: NarrowingTokenProvider {
     /// The IdP's refusal of the scope or resource asked for (RFC 6749 section 5.2
     /// `invalid_scope`, RFC 8707 section 2 `invalid_target`), with its description.
     static func targetRefusal(_ reply: IdPReply) -> RefreshFailure? {
-        guard reply.status == 400, let object = JSONValue.object(decoding: reply.body),
-            let code = object["error"]?.text, code == "invalid_scope" || code == "invalid_target"
+        guard reply.status == 400, let error = OAuthError(reply),
+            ["invalid_scope", "invalid_target"].contains(error.code)
         else { return nil }
-        let description = (object["error_description"]?.text).map { ": \($0)" } ?? ""
-        return RefreshFailure(kind: .targetRefused, message: "\(code)\(description)", retryAfter: nil)
+        return RefreshFailure(kind: .targetRefused, message: error.text, retryAfter: nil)
     }
 
     /// Revokes the refresh token (or, without one, the access token) at the revocation endpoint
@@ -262,39 +261,42 @@ struct OAuth2Provider: NarrowingTokenProvider {
     /// the IdP does not revoke this kind of token. 5xx and 429 are transient; any other answer
     /// (wrong client credentials, a wrong endpoint URL) leaves the credential alive: a denial.
     static func interpretRevocation(_ reply: IdPReply) -> Result<Revocation, RefreshFailure> {
-        let object = JSONValue.object(decoding: reply.body)
-        let code = object?["error"]?.text
+        let error = OAuthError(reply)
         switch reply.status {
         case 200..<300:
             return .success(.revoked)
-        case 400 where code == "unsupported_token_type":
+        case 400 where error?.code == "unsupported_token_type":
             return .success(.unsupported)
         case 429, 500...:
             return .failure(
                 .transient("the revocation endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
         default:
-            let detail = code.map { " (\($0))" } ?? ""
-            return .failure(.denial("the revocation endpoint refused: HTTP \(reply.status)\(detail)"))
+            return .failure(.denial("the revocation endpoint refused: HTTP \(reply.status)\(error?.quoted ?? "")"))
         }
     }
 
-    /// The error codes of a token endpoint that fault the client's settings (its id, secret or
-    /// authentication), not the grant (RFC 6749 section 5.2).
-    static let clientErrors = ["invalid_client", "unauthorized_client"]
-
-    /// Whether a refusal, as `interpret` or a login words it, names one of `clientErrors`.
+    /// Whether a refusal, as `interpret` or a login words it (`OAuthError.quoted`), names a
+    /// client error (`OAuthError.clientErrors`). It reads the message because a denial's
+    /// message is what the vault keeps of it.
     static func rejectsClient(_ message: String) -> Bool {
-        clientErrors.contains { message.contains("(\($0))") }
+        OAuthError.code(quotedIn: message).map { OAuthError.clientErrors.contains(String($0)) } ?? false
     }
 
-    /// Classifies a token endpoint's answer (RFC 6749 sections 5.1 and 5.2).
+    /// Classifies a token endpoint's answer (RFC 6749 sections 5.1 and 5.2): only a 400 or 401
+    /// whose `error` refuses the grant or the client (`OAuthError.denials`) is a denial; every
+    /// other answer, an unreadable one included, is transient. Messages quote the IdP's `error`
+    /// and `error_description`.
     static func interpret(_ reply: IdPReply, now: Date, defaultLifetime: TimeInterval) -> Result<Grant, RefreshFailure>
     {
         let object = JSONValue.object(decoding: reply.body)
+        let error = object.flatMap(OAuthError.init)
+        let quoted = error?.quoted ?? ""
         switch reply.status {
         case 200..<300:
             guard let object, let accessToken = object["access_token"]?.text, !accessToken.isEmpty else {
-                return .failure(.transient("the token endpoint answered \(reply.status) without a usable access_token"))
+                return .failure(
+                    .transient(
+                        "the token endpoint answered HTTP \(reply.status) without a usable access_token\(quoted)"))
             }
             return AccessToken.issued(accessToken, in: object, now: now, defaultLifetime: defaultLifetime)
                 .flatMap { token in
@@ -311,12 +313,11 @@ struct OAuth2Provider: NarrowingTokenProvider {
             // skewed): neither says anything of the credential, so the account is not sent to
             // `needs_login`; the next attempt makes a new proof with the newest nonce.
             return .failure(.transient("the token endpoint refused the DPoP proof (\(reply.dpopError ?? ""))"))
-        case 400, 401:
-            let code = (object?["error"]?.text).map { " (\($0))" } ?? ""
-            return .failure(.denial("the token endpoint refused the refresh: HTTP \(reply.status)\(code)"))
+        case 400...401 where error?.isDenial == true:
+            return .failure(.denial("the token endpoint refused the refresh: HTTP \(reply.status)\(quoted)"))
         default:
             return .failure(
-                .transient("the token endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
+                .transient("the token endpoint answered HTTP \(reply.status)\(quoted)", retryAfter: reply.retryAfter))
         }
     }
 }

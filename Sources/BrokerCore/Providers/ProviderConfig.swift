@@ -14,10 +14,6 @@ public struct ProviderConfig: Codable, Sendable, Equatable {
     /// The provider's kind as the protocol names it.
     public var kind: String { type(of: settings).kind }
 
-    /// Whether a person restores the account by signing in again (`login`) rather than by
-    /// pushing tokens (`set_tokens`).
-    public var signsIn: Bool { settings is OAuth2Settings }
-
     /// Whether its kind authenticates its client with a secret (`client_secret`).
     var takesClientSecret: Bool { type(of: settings).fields.contains(.clientSecret) }
 

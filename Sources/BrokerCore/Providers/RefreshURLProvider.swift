@@ -72,18 +72,23 @@ struct RefreshURLProvider: TokenProvider {
     static let denialStatuses: Set<Int> = [400, 401, 403, 404, 410]
 
     /// Classifies the answer of the refresh URL `current`: `{"access_token", "expires_in",
-    /// "refresh_url"}` on success; a dead URL (400, 401, 403, 404, 410) is a denial; everything
-    /// else is transient. A next URL on another origin than `current` (scheme, host, port) is
+    /// "refresh_url"}` on success; a dead URL (400, 401, 403, 404, 410) is a denial, unless its
+    /// body is an OAuth error by which the IdP says the failure is its own (`server_error`,
+    /// `temporarily_unavailable`); everything else is transient. Messages quote an OAuth error
+    /// the body has. A next URL on another origin than `current` (scheme, host, port) is
     /// refused as a denial: the credential never moves to a site it was not given for.
     static func interpret(_ reply: IdPReply, from current: URL, now: Date, defaultLifetime: TimeInterval)
         -> Result<Grant, RefreshFailure>
     {
+        let error = OAuthError(reply)
+        let quoted = error?.quoted ?? ""
         switch reply.status {
         case 200..<300:
             guard let object = JSONValue.object(decoding: reply.body),
                 let accessToken = object["access_token"]?.text, !accessToken.isEmpty
             else {
-                return .failure(.transient("the refresh URL answered \(reply.status) without a usable access_token"))
+                return .failure(
+                    .transient("the refresh URL answered HTTP \(reply.status) without a usable access_token\(quoted)"))
             }
             // A rotated URL that is present but not a string is a malformed answer, not "unchanged".
             let rotated = object["refresh_url"].flatMap { $0 == .null ? nil : $0 }
@@ -104,13 +109,14 @@ struct RefreshURLProvider: TokenProvider {
                 .flatMap { token in
                     SecretBytes.fromAnswer(rotated?.text).map { Grant(token: token, refreshURL: $0) }
                 }
-        case let status where denialStatuses.contains(status):
+        case let status where denialStatuses.contains(status) && error?.isServerError != true:
             return .failure(
                 .denial(
-                    "the refresh URL was refused: HTTP \(status); push a new one with brokerctl set-tokens "
+                    "the refresh URL was refused: HTTP \(status)\(quoted); push a new one with brokerctl set-tokens "
                         + "(op set_tokens)"))
         default:
-            return .failure(.transient("the refresh URL answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
+            return .failure(
+                .transient("the refresh URL answered HTTP \(reply.status)\(quoted)", retryAfter: reply.retryAfter))
         }
     }
 }

@@ -78,17 +78,26 @@ struct SlidingProvider: TokenProvider {
     }
 
     /// Classifies the endpoint's answer. `status: false` (e.g. `RefreshTokenMismatch`) and HTTP
-    /// 400/401 are denials; 5xx, 429, other statuses and malformed bodies are transient.
+    /// 401 (the bearer refresh token refused) are denials, unless the body is an OAuth error by
+    /// which the IdP says the failure is its own (`server_error`, `temporarily_unavailable`);
+    /// 5xx, 429, other statuses (a 400 without `status: false` too) and malformed bodies are
+    /// transient.
     static func interpret(_ reply: IdPReply, now: Date, timeZone: IANATimeZone, defaultLifetime: TimeInterval)
         -> Result<Grant, RefreshFailure>
     {
         let object = JSONValue.object(decoding: reply.body)
         let reason = (object?["message"]?.text).map { ": " + $0 } ?? ""
+        let serverError = object.flatMap(OAuthError.init).flatMap { $0.isServerError ? $0 : nil }
         switch reply.status {
         case 500..<600, 429:
             return .failure(
                 .transient("the sliding endpoint answered HTTP \(reply.status)", retryAfter: reply.retryAfter))
-        case 400, 401:
+        case _ where serverError != nil:
+            return .failure(
+                .transient(
+                    "the sliding endpoint answered HTTP \(reply.status)\(serverError?.quoted ?? "")",
+                    retryAfter: reply.retryAfter))
+        case 401:
             return .failure(.denial("the sliding endpoint refused the refresh: HTTP \(reply.status)\(reason)"))
         default:
             break
