@@ -189,7 +189,9 @@ final class LoginSession {
         if let signal = Interruption.caught { throw LoginCancelled(signal: signal) }
         if browser?.reap() == true { browser = nil }
         let now = ContinuousClock.now
-        guard now < deadline else { throw ConnectionError(description: "the broker did not answer in time") }
+        guard now < deadline else {
+            throw ConnectionError(description: "the broker did not answer in time", timedOut: true)
+        }
         screen.tick(now: now)
     }
 
