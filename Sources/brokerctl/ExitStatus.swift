@@ -52,14 +52,14 @@ enum ExitStatus: Int32, CaseIterable {
     }
 
     /// Codes that are not brokerctl's own but passed on, and what each means.
-    static let passedOn = [
+    static let passedOn: [(code: String, meaning: String)] = [
         ("128+N", "login, exec: ended by signal N (130 after Ctrl-C)"),
         ("CMD's", "exec: the exit code of CMD once it ran"),
     ]
 
     /// Every row of the exit code table: code and meaning.
     static var table: [(code: String, meaning: String)] {
-        allCases.map { (String($0.rawValue), $0.meaning) } + passedOn.map { (code: $0.0, meaning: $0.1) }
+        allCases.map { (code: String($0.rawValue), meaning: $0.meaning) } + passedOn
     }
 }
 

@@ -60,7 +60,7 @@ import Glibc
         Self.expect(
             added, exits: 1,
             saying:
-                #"brokerctl: unknown provider kind "nonsense"; use oauth2, refresh_url, sliding, exec, file, static"#)
+                #"brokerctl: unknown provider kind "nonsense"; use oauth2, refresh_url, sliding, exec, file or static"#)
     }
 
     @Test func threeIsNoBrokerAtTheSocket() throws {
