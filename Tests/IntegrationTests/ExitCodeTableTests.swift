@@ -28,7 +28,7 @@ import Testing
             contentsOf: repository.appendingPathComponent("man/man1/brokerctl.1"), encoding: .utf8)
         let section = text.split(separator: ".SH EXIT STATUS\n").last?.split(separator: "\n.SH ").first ?? ""
         let lines = section.split(separator: "\n").map { $0.replacing(#"\-"#, with: "-") }
-        return stride(from: 0, to: lines.count - 2, by: 3).compactMap { index in
+        return stride(from: 0, to: lines.count - 2, by: 3).compactMap { index -> Row? in
             guard lines[index] == ".TP", lines[index + 1].hasPrefix(".B ") else { return nil }
             return (String(lines[index + 1].dropFirst(3)), lines[index + 2])
         }
