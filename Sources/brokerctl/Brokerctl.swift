@@ -399,7 +399,7 @@ struct Add: ParsableCommand {
         let added = try options.run(.add(account: account, provider: spec, tokens: tokens, shared: shared)) {
             "added \($0.account)\(shared ? " to the fleet" : "") (\($0.state))"
         }
-        guard allowEmpty || !["needs_login", "logged_out"].contains(added.state) else { return }
+        guard !allowEmpty, ["needs_login", "logged_out"].contains(added.state) else { return }
         let name = ShellWord.quoted(account)
         let signsIn =
             kind == "oauth2"

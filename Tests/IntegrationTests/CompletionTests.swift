@@ -80,13 +80,15 @@ import Testing
     }
 
     /// What bash's Tab offers after `words` (the last one being completed), with `script`
-    /// loaded and the broker at `socket`, sorted.
+    /// loaded and the broker at `socket`, sorted. bash calls the function with the command, the
+    /// word being completed and the one before.
     static func complete(_ words: [String], script: URL, socket: String) throws -> [String] {
         let line = ([BrokerProcess.binary("brokerctl").path] + words).map { "'\($0)'" }.joined(separator: " ")
         let program = """
             source '\(script.path)'
             COMP_WORDS=(\(line)); COMP_CWORD=\(words.count); COMP_LINE="${COMP_WORDS[*]}"; COMP_POINT=${#COMP_LINE}
-            _brokerctl; printf '%s\\n' "${COMPREPLY[@]}"
+            _brokerctl "${COMP_WORDS[0]}" "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
+            printf '%s\\n' "${COMPREPLY[@]}"
             """
         let run = try ChildProcess.run(
             "/bin/bash", ["-c", program], environment: ["TOKENBROKER_SOCKET": socket, "PATH": "/usr/bin:/bin"])

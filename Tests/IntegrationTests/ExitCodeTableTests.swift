@@ -26,12 +26,17 @@ import Testing
     static func manual() throws -> [Row] {
         let text = try String(
             contentsOf: repository.appendingPathComponent("man/man1/brokerctl.1"), encoding: .utf8)
-        let section = text.split(separator: ".SH EXIT STATUS\n").last?.split(separator: "\n.SH ").first ?? ""
-        let lines = section.split(separator: "\n").map { $0.replacing(#"\-"#, with: "-") }
-        return stride(from: 0, to: lines.count - 2, by: 3).compactMap { index -> Row? in
-            guard lines[index] == ".TP", lines[index + 1].hasPrefix(".B ") else { return nil }
-            return (String(lines[index + 1].dropFirst(3)), lines[index + 2])
+        let start = try #require(text.range(of: ".SH EXIT STATUS\n")).upperBound
+        let end = text[start...].range(of: "\n.SH ")?.lowerBound ?? text.endIndex
+        let lines = text[start..<end].split(separator: "\n").map { String($0).replacing(#"\-"#, with: "-") }
+        var rows: [Row] = []
+        var index = 0
+        while index + 2 < lines.count, lines[index] == ".TP", lines[index + 1].hasPrefix(".B ") {
+            rows.append((String(lines[index + 1].dropFirst(3)), lines[index + 2]))
+            index += 3
         }
+        #expect(index == lines.count, "brokerctl(1)'s EXIT STATUS holds only .TP entries: \(lines[index...])")
+        return rows
     }
 
     /// `text` with every run of white space made one space, as wrapping may break lines anywhere.

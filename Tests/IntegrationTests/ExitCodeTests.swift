@@ -141,8 +141,9 @@ import Glibc
         idp.setBehavior(.status(503, retryAfter: 30))
         let token = try broker.brokerctl(["token", "api"])
         #expect(token.status == 6, "\(token.stderr)")
-        #expect(token.stderr.hasPrefix("brokerctl: HTTP 503") && token.stderr.hasSuffix(" s)\n"), "\(token.stderr)")
-        #expect(token.stderr.split(separator: "\n").count == 1)
+        let unavailable =
+            #/brokerctl: the token endpoint answered HTTP 503; the broker retries on its own \(brokerctl status shows how it goes\) \(retry in [0-9]+ s\)\n/#
+        #expect(token.stderr.wholeMatch(of: unavailable) != nil, "\(token.stderr)")
         await idp.shutdown()
     }
 
@@ -154,7 +155,7 @@ import Glibc
         defer { broker.stop() }
         Self.expect(
             try broker.brokerctl(["token", "api"]), exits: 7,
-            saying: "brokerctl: this program may not use the account api")
+            saying: #"brokerctl: this program may not use the account "api""#)
     }
 
     @Test func eightIsALockedBroker() async throws {
