@@ -11,7 +11,7 @@ import Glibc
 struct Brokerctl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "brokerctl", abstract: "Inspect and manage tokenbroker; print tokens for scripts.",
-        discussion: "Exit codes:\n" + ExitStatus.table.map { "  \($0.code)  \($0.meaning)" }.joined(separator: "\n"),
+        discussion: "Exit codes:\n" + ExitStatus.table.map { "  \($0.code) \($0.meaning)" }.joined(separator: "\n"),
         version: Release.version,
         subcommands: [
             Status.self, Token.self, Watch.self, Login.self, Add.self, SetTokens.self, Remove.self, Refresh.self,
@@ -399,7 +399,10 @@ struct Add: ParsableCommand {
         let added = try options.run(.add(account: account, provider: spec, tokens: tokens, shared: shared)) {
             "added \($0.account)\(shared ? " to the fleet" : "") (\($0.state))"
         }
-        guard !allowEmpty, ["needs_login", "logged_out"].contains(added.state) else { return }
+        // An oauth2 account without a refresh token shows `refreshing` until its first try fails:
+        // without secrets, only the kinds that fetch their own token (exec, file) can serve.
+        let empty = tokens == nil && !["exec", "file"].contains(kind)
+        guard !allowEmpty, empty || ["needs_login", "logged_out"].contains(added.state) else { return }
         let name = ShellWord.quoted(account)
         let signsIn =
             kind == "oauth2"
