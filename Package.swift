@@ -62,6 +62,13 @@ let package = Package(
             providers: [.apt(["libsodium-dev"])]
         ),
         // OpenSSL's libcrypto: the ES256 keys and signatures of DPoP proofs (`P256Signer`).
+        // libqrencode: the QR code of a device login's link, drawn in brokerd so that brokerctl
+        // stays one static executable (Debian ships no static libqrencode).
+        .systemLibrary(
+            name: "CQREncode",
+            pkgConfig: "libqrencode",
+            providers: [.apt(["libqrencode-dev"])]
+        ),
         .systemLibrary(
             name: "COpenSSL",
             pkgConfig: "libcrypto",
@@ -87,7 +94,7 @@ let package = Package(
         .target(
             name: "BrokerCore",
             dependencies: [
-                "BrokerProtocol", "COpenSSL", "CSodium", "ProcessSpawn", "CTimerFD",
+                "BrokerProtocol", "COpenSSL", "CQREncode", "CSodium", "ProcessSpawn", "CTimerFD",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

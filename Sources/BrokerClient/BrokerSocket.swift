@@ -8,8 +8,14 @@ import Glibc
 /// The broker could not be reached, or the connection to it broke.
 public struct ConnectionError: Error, CustomStringConvertible, Sendable {
     public let description: String
+    /// The broker was reached but did not answer before the deadline: it may still be at work
+    /// (refreshing at a slow IdP), unlike one that is not running.
+    public let timedOut: Bool
 
-    public init(description: String) { self.description = description }
+    public init(description: String, timedOut: Bool = false) {
+        self.description = description
+        self.timedOut = timedOut
+    }
 }
 
 /// Blocking Unix-socket primitives both clients use.
@@ -97,7 +103,7 @@ struct LineReader {
         switch try read(until: deadline) {
         case .line(let line): return line
         case .end: return nil
-        case .timedOut: throw ConnectionError(description: "the broker did not answer in time")
+        case .timedOut: throw ConnectionError(description: "the broker did not answer in time", timedOut: true)
         }
     }
 

@@ -23,12 +23,14 @@ public struct BrokerError: Error, Sendable, Equatable, CustomStringConvertible {
         public static let unavailable = Code("unavailable")
         public static let locked = Code("locked")
         public static let busy = Code("busy")
+        /// The IdP grants tokens shorter than the `min_ttl` asked: no later try can meet it.
+        public static let lifetimeTooShort = Code("lifetime_too_short")
         public static let `internal` = Code("internal")
 
         /// Every code, in the order the contract lists them.
         public static let all: [Code] = [
             .badRequest, .lineTooLong, .unknownOp, .unsupportedVersion, .notFound, .forbidden,
-            .needsLogin, .unavailable, .locked, .busy, .internal,
+            .needsLogin, .unavailable, .locked, .busy, .internal, .lifetimeTooShort,
         ]
 
         public var description: String { rawValue }

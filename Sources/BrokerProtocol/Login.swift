@@ -37,10 +37,14 @@ public struct LoginProgress: Codable, Sendable, Equatable {
     public var url: String?
     /// `authorization_url`: the loopback URL the browser is sent back to.
     public var redirectURI: String?
+    /// `device_code`: the QR code of `verificationURIComplete` (else of `verificationURI`), as
+    /// rows of `1` (dark) and `0`, without the quiet zone; a phone's camera opens it.
+    public var qrCode: [String]?
 
     public init(
         event: Kind, verificationURI: String? = nil, verificationURIComplete: String? = nil, userCode: String? = nil,
-        expiresIn: Int? = nil, interval: Int? = nil, url: String? = nil, redirectURI: String? = nil
+        expiresIn: Int? = nil, interval: Int? = nil, url: String? = nil, redirectURI: String? = nil,
+        qrCode: [String]? = nil
     ) {
         self.event = event
         self.verificationURI = verificationURI
@@ -50,10 +54,12 @@ public struct LoginProgress: Codable, Sendable, Equatable {
         self.interval = interval
         self.url = url
         self.redirectURI = redirectURI
+        self.qrCode = qrCode
     }
 
     enum CodingKeys: String, CodingKey {
         case event, interval, url
+        case qrCode = "qr_code"
         case verificationURI = "verification_uri"
         case verificationURIComplete = "verification_uri_complete"
         case userCode = "user_code"

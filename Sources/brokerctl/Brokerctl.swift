@@ -11,10 +11,7 @@ import Glibc
 struct Brokerctl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "brokerctl", abstract: "Inspect and manage tokenbroker; print tokens for scripts.",
-        discussion: """
-            Exit codes: 0 ok, 1 other error, 3 broker not running, 4 not found, 5 needs login,
-            6 unavailable, 7 forbidden, 8 locked, 64 usage error (an unknown command or option).
-            """,
+        discussion: "Exit codes:\n" + ExitStatus.table.map { "  \($0.code) \($0.meaning)" }.joined(separator: "\n"),
         version: Release.version,
         subcommands: [
             Status.self, Token.self, Watch.self, Login.self, Add.self, SetTokens.self, Remove.self, Refresh.self,
@@ -44,11 +41,18 @@ struct GlobalOptions: ParsableArguments {
     var json: Bool { connection.json }
 
     /// Sends `call`, prints its result, and turns failures into a message on stderr and a
-    /// distinct exit code.
-    func run<Result: Encodable>(_ call: BrokerCall<Result>, human: (Result) -> String) throws {
+    /// distinct exit code; returns the result.
+    @discardableResult
+    func run<Result: Encodable>(_ call: BrokerCall<Result>, human: (Result) -> String) throws -> Result {
         let result = try Self.reportingFailures(account: call.request.account, socket: socket) {
             try client().perform(call)
         }
+        try show(result, human: human)
+        return result
+    }
+
+    /// Prints `result`: as JSON with `--json`, else as `human` says (nothing when it says "").
+    func show<Result: Encodable>(_ result: Result, human: (Result) -> String) throws {
         if json {
             let data = try Wire.makeEncoder().encode(result)
             print(String(decoding: data, as: UTF8.self))
@@ -83,15 +87,18 @@ struct GlobalOptions: ParsableArguments {
     {
         do {
             return try body()
+        } catch let error as ConnectionError where error.timedOut {
+            StandardStream.error.write("brokerctl: \(error); try again, or wait longer with --timeout\n")
+            throw ExitCode(.brokerTimedOut)
         } catch let error as ConnectionError {
             StandardStream.error.write("brokerctl: \(error)\n")
-            throw ExitCode(3)
+            throw ExitCode(.brokerNotRunning)
         } catch let error as BrokerError {
             let suggestion = error.code == .notFound ? account.flatMap { nearestAccount(to: $0, socket: socket) } : nil
             StandardStream.error.write(
                 "brokerctl: \(error.message)\(Self.hint(error))"
                     + (suggestion.map { "; did you mean \(JSONText.quote($0))?" } ?? "") + "\n")
-            throw ExitCode(Self.exitCode(error.code))
+            throw ExitCode(Self.exitStatus(error.code))
         }
     }
 
@@ -100,14 +107,15 @@ struct GlobalOptions: ParsableArguments {
         Suggestion.nearest(to: name, among: AccountNames.visible(socket: socket, timeout: 2))
     }
 
-    static func exitCode(_ code: BrokerError.Code) -> Int32 {
+    static func exitStatus(_ code: BrokerError.Code) -> ExitStatus {
         switch code {
-        case .notFound: return 4
-        case .needsLogin: return 5
-        case .unavailable, .busy: return 6
-        case .forbidden: return 7
-        case .locked: return 8
-        default: return 1
+        case .notFound: .notFound
+        case .needsLogin: .needsLogin
+        case .unavailable, .busy: .unavailable
+        case .forbidden: .forbidden
+        case .locked: .locked
+        case .lifetimeTooShort: .lifetimeTooShort
+        default: .failure
         }
     }
 
@@ -118,28 +126,39 @@ struct GlobalOptions: ParsableArguments {
 }
 
 /// Reads a JSON document from a file, or from stdin for "-", so secrets never appear in argv.
+/// Input that is missing or malformed is a data error, not a usage error: one line on stderr
+/// and sysexits' code (66, 65), no usage text.
 enum SecretInput {
     /// The largest document read (a tokens object is a few KiB).
     static let maximumSize = 1 << 20
 
-    static func read<T: Decodable>(_ source: String, as type: T.Type) throws -> T {
+    /// The document `option` names (`--secrets`, `--from`) in `source`, decoded as `type`.
+    static func read<T: Decodable>(_ source: String, option: String, as type: T.Type) throws -> T {
         let name = source == "-" ? "stdin" : source
         let fd = source == "-" ? STDIN_FILENO : open(source, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw ValidationError("cannot read \(source)") }
+        guard fd >= 0 else {
+            throw fail(.noInput, "cannot read \(option) \(source): \(String(cString: strerror(errno)))")
+        }
         defer { if fd != STDIN_FILENO { close(fd) } }
         let data: Data
         do {
             data = Data(try BoundedInput.read(fd, limit: maximumSize))
         } catch .tooLarge {
-            throw ValidationError("\(name) is larger than 1 MiB")
+            throw fail(.dataError, "\(option): \(name) is larger than 1 MiB")
         } catch {
-            throw ValidationError("cannot read \(name)")
+            throw fail(.noInput, "cannot read \(option) \(name)")
         }
         do {
             return try Wire.makeDecoder().decode(T.self, from: data)
         } catch {
-            throw ValidationError("\(name) is not a JSON tokens object")
+            throw fail(.dataError, "\(option): \(name) is not a JSON tokens object")
         }
+    }
+
+    /// Writes `message` on stderr; the exit with `status`.
+    private static func fail(_ status: ExitStatus, _ message: String) -> ExitCode {
+        StandardStream.error.write("brokerctl: \(message)\n")
+        return ExitCode(status)
     }
 }
 
@@ -170,13 +189,22 @@ struct StandardStream {
 
 struct Status: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "status", abstract: "Show the state of every account, or of one.")
+        commandName: "status", abstract: "Show the state of every account, or of those named.",
+        discussion: "Accounts named that do not exist are listed on stderr, with exit 4, after the others.")
 
     @OptionGroup var options: GlobalOptions
-    @Argument(help: "Account name.", completion: AccountNames.completion) var account: String?
+    @Argument(help: "Account names (all when none are given).", completion: AccountNames.completion)
+    var accounts: [String] = []
 
     func run() throws {
-        try options.run(.status(account: account)) { result in
+        // One name is asked of the broker, which suggests a near name when it is unknown.
+        let one = accounts.count == 1 ? accounts.first : nil
+        var result = try GlobalOptions.reportingFailures(account: one, socket: options.socket) {
+            try options.client().perform(.status(account: one))
+        }
+        let unknown = accounts.filter { name in !result.accounts.contains { $0.account == name } }
+        if accounts.count > 1 { result.accounts.removeAll { !accounts.contains($0.account) } }
+        try options.show(result) { result in
             (result.locked == true ? "the broker is locked; run brokerctl unlock\n" : "")
                 + (result.memoryLocked == false
                     ? "warning: secrets are not all locked in memory (RLIMIT_MEMLOCK reached); see brokerd's log\n"
@@ -184,6 +212,11 @@ struct Status: ParsableCommand {
                 + ([StatusTable.render(result.accounts, now: Date())]
                 + StatusTable.hints(result.accounts, socket: options.socket))
                 .joined(separator: "\n")
+        }
+        guard unknown.isEmpty else {
+            let names = unknown.map { JSONText.quote($0) }.joined(separator: ", ")
+            StandardStream.error.write("brokerctl: no account named \(names); list them with brokerctl status\n")
+            throw ExitCode(.notFound)
         }
     }
 }
@@ -200,6 +233,8 @@ struct Token: ParsableCommand {
     @Option(help: "Seconds the token must stay valid.") var minTTL: Double?
     @Flag(help: "Print the account's OpenID Connect id token instead (exit 4 when its IdP issued none).")
     var idToken = false
+    @Flag(help: "When no token lasts --min-ttl, print the freshest one with a warning on stderr, and exit 0.")
+    var bestEffort = false
     @OptionGroup var narrowing: Narrowing
     @Option(help: "DPoP: the HTTP method of the request to prove (with --dpop-url; the proof follows the token).")
     var dpopMethod: String?
@@ -207,8 +242,8 @@ struct Token: ParsableCommand {
     @Option(help: "DPoP: the nonce the resource server gave.") var dpopNonce: String?
 
     func validate() throws {
-        if idToken, narrowing.scope != nil || narrowing.resource != nil || dpopMethod != nil {
-            throw ValidationError("--id-token takes no --scope, --resource or --dpop-method")
+        if idToken, narrowing.scope != nil || narrowing.resource != nil || dpopMethod != nil || bestEffort {
+            throw ValidationError("--id-token takes no --scope, --resource, --dpop-method or --best-effort")
         }
         if (dpopMethod == nil) != (dpopURL == nil) {
             throw ValidationError("give --dpop-method and --dpop-url together")
@@ -221,10 +256,15 @@ struct Token: ParsableCommand {
             try options.run(.idToken(account: account, minTTL: minTTL)) { $0.idToken }
         } else {
             let dpop = dpopMethod.map { DPoPRequest(htm: $0, htu: dpopURL, nonce: dpopNonce) }
-            try options.run(
-                .token(
-                    account: account, minTTL: minTTL, scope: narrowing.scope, resource: narrowing.resource, dpop: dpop)
-            ) { token in
+            let token = try GlobalOptions.reportingFailures(account: account, socket: options.socket) {
+                try BestEffort.token(minTTL: minTTL, enabled: bestEffort) { minTTL in
+                    try options.client().perform(
+                        .token(
+                            account: account, minTTL: minTTL, scope: narrowing.scope, resource: narrowing.resource,
+                            dpop: dpop))
+                }
+            }
+            try options.show(token) { token in
                 token.dpopProof.map { token.accessToken + "\n" + $0 } ?? token.accessToken
             }
         }
@@ -338,23 +378,43 @@ struct Add: ParsableCommand {
 
     @OptionGroup var options: GlobalOptions
     @Argument(help: "Account name.") var account: String
-    @Option(help: "Provider kind: oauth2, refresh_url, sliding, exec, file or static.") var kind: String
+    @Option(
+        help: "Provider kind: oauth2, refresh_url, sliding, exec, file or static.",
+        completion: .list(["oauth2", "refresh_url", "sliding", "exec", "file", "static"]))
+    var kind: String
     @OptionGroup var provider: ProviderOptions
     @Option(help: "File with the secrets as JSON, or - for stdin.") var secrets: String?
     @Flag(help: "Create it in the fleet's shared store, served by every broker of the fleet (docs/fleet.md).")
     var shared = false
+    @Flag(help: "Exit 0 though the account cannot serve a token yet (no secrets given); else it exits 5.")
+    var allowEmpty = false
 
     func run() throws {
         var spec = provider.spec(kind: kind)
         var tokens: TokenSet?
         if let secrets {
-            let input = try SecretInput.read(secrets, as: AddSecrets.self)
+            let input = try SecretInput.read(secrets, option: "--secrets", as: AddSecrets.self)
             spec["client_secret"] = input.clientSecret.map(JSONValue.string)
             tokens = input.tokens
         }
-        try options.run(.add(account: account, provider: spec, tokens: tokens, shared: shared)) {
+        let added = try options.run(.add(account: account, provider: spec, tokens: tokens, shared: shared)) {
             "added \($0.account)\(shared ? " to the fleet" : "") (\($0.state))"
         }
+        // An oauth2 account without a refresh token shows `refreshing` until its first try fails:
+        // without secrets, only the kinds that fetch their own token (exec, file) can serve.
+        let empty = tokens == nil && !["exec", "file"].contains(kind)
+        guard !allowEmpty, empty || ["needs_login", "logged_out"].contains(added.state) else { return }
+        let name = ShellWord.quoted(account)
+        let signsIn =
+            kind == "oauth2"
+            && [provider.issuer, provider.deviceAuthorizationEndpoint, provider.authorizationEndpoint].contains {
+                $0 != nil
+            }
+        StandardStream.error.write(
+            "brokerctl: \(account) was added but has no token to serve yet; "
+                + (signsIn ? "sign in with brokerctl login \(name)" : "push tokens with brokerctl set-tokens \(name)")
+                + " (add --allow-empty to exit 0 for such an account)\n")
+        throw ExitCode(.needsLogin)
     }
 }
 
@@ -384,7 +444,7 @@ struct SetTokens: ParsableCommand {
     @Option(help: "File with the tokens as JSON, or - for stdin.") var from = "-"
 
     func run() throws {
-        let tokens = try SecretInput.read(from, as: TokenSet.self)
+        let tokens = try SecretInput.read(from, option: "--from", as: TokenSet.self)
         try options.run(.setTokens(account: account, tokens: tokens)) {
             "updated \($0.account) (\($0.state))"
         }

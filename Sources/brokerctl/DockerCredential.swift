@@ -69,13 +69,13 @@ struct DockerCredential: ParsableCommand {
             }
         } catch let failure as BridgeFailure {
             StandardStream.output.write(failure.description + "\n")
-            throw ExitCode(1)
+            throw ExitCode(.failure)
         } catch let error as ConnectionError {
             StandardStream.output.write("brokerctl: \(error)\n")
-            throw ExitCode(1)
+            throw ExitCode(.failure)
         } catch let error as BrokerError {
             StandardStream.output.write("brokerctl: \(error.message)\n")
-            throw ExitCode(1)
+            throw ExitCode(.failure)
         }
     }
 

@@ -79,7 +79,7 @@ struct Exec: ParsableCommand {
             child = try spawn(environment: [env: first.accessToken, Self.fileVariable: file.path])
         } catch {
             StandardStream.error.write("brokerctl: cannot run \(command[0]): \(error)\n")
-            throw ExitCode(error.code == ENOENT ? 127 : 126)
+            throw ExitCode(error.code == ENOENT ? .commandNotFound : .cannotRun)
         }
         var renewal = Renewal(token: first, minTTL: options.minTTL, now: Date())
         var outage = OutageReport()

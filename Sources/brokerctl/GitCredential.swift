@@ -33,7 +33,7 @@ struct GitCredential: ParsableCommand {
             input = try GitCredentialInput.read()
         } catch {
             StandardStream.error.write("brokerctl: \(error)\n")
-            throw ExitCode(1)
+            throw ExitCode(.failure)
         }
         try GlobalOptions.reportingFailures {
             guard let (account, username) = try serving(input) else { return }

@@ -18,6 +18,8 @@ struct Header: ParsableCommand {
     @Option(help: "DPoP: the HTTP method of the request the proof is for (GET, POST, ...).") var method: String?
     @Option(help: "DPoP: the URL of the request the proof is for (https, or http on loopback).") var url: String?
     @Option(help: "DPoP: the nonce the resource server gave (its DPoP-Nonce header).") var nonce: String?
+    @Flag(help: "When no token lasts --min-ttl, print the freshest one with a warning on stderr, and exit 0.")
+    var bestEffort = false
     @Argument(help: "Account name.", completion: AccountNames.completion) var account: String
 
     func validate() throws {
@@ -27,7 +29,13 @@ struct Header: ParsableCommand {
 
     func run() throws {
         guard let method, let url else {
-            let token = try GlobalOptions.reportingFailures { try options.token(of: account, narrowing: narrowing) }
+            let token = try GlobalOptions.reportingFailures {
+                try BestEffort.token(minTTL: options.minTTL, enabled: bestEffort) { minTTL in
+                    var options = options
+                    options.minTTL = minTTL
+                    return try options.token(of: account, narrowing: narrowing)
+                }
+            }
             StandardStream.output.write("Authorization: \(token.tokenType) \(token.accessToken)\n")
             return
         }

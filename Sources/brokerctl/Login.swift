@@ -30,7 +30,8 @@ struct Login: ParsableCommand {
             The code or URL goes to stderr (with a countdown on a terminal), the result to stdout.
 
             Exit codes: 0 signed in, 5 denied, expired or timed out, 6 IdP unavailable, 4 no such \
-            account (give its provider options), 130 cancelled with Ctrl-C (129 SIGHUP, 143 SIGTERM).
+            account (give its provider options), 130 cancelled with Ctrl-C (129 SIGHUP, 143 SIGTERM); \
+            brokerctl --help lists the others.
             """)
 
     @OptionGroup var connection: ConnectionOptions
@@ -45,6 +46,9 @@ struct Login: ParsableCommand {
     )
     var flow: LoginFlow?
     @Flag(help: "Do not open a browser; only print the URL.") var noBrowser = false
+    @Flag(
+        name: .customLong("no-qr"), help: "device: do not draw the QR code of the sign-in link (drawn on a terminal).")
+    var noQR = false
     @Flag(help: "Then share the new account with the fleet, as brokerctl share does (docs/fleet.md).")
     var shared = false
     @Option(help: "Seconds you have to sign in, 1-3600 (default: 180 for browser, the code's lifetime for device).")
@@ -79,7 +83,7 @@ struct Login: ParsableCommand {
         let flow = chosenFlow
         let screen = LoginScreen(
             account: account, json: connection.json, terminal: isatty(STDERR_FILENO) == 1,
-            remote: surroundings.isRemote)
+            remote: surroundings.isRemote, drawsQR: !noQR && isatty(STDOUT_FILENO) == 1)
         let session = LoginSession(
             screen: screen, opensBrowser: flow == .browser && surroundings.hasDisplay && !noBrowser)
         let call = try call(flow: flow)
@@ -189,7 +193,9 @@ final class LoginSession {
         if let signal = Interruption.caught { throw LoginCancelled(signal: signal) }
         if browser?.reap() == true { browser = nil }
         let now = ContinuousClock.now
-        guard now < deadline else { throw ConnectionError(description: "the broker did not answer in time") }
+        guard now < deadline else {
+            throw ConnectionError(description: "the broker did not answer in time", timedOut: true)
+        }
         screen.tick(now: now)
     }
 

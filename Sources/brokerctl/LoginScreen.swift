@@ -17,17 +17,20 @@ final class LoginScreen {
     private let animated: Bool
     /// Whether the session is remote (SSH), where a browser elsewhere cannot reach the redirect.
     private let remote: Bool
+    /// Whether the device flow's QR code is drawn (both streams are terminals, and not `--json`).
+    private let drawsQR: Bool
     /// When the user's time to sign in runs out, once the broker has said.
     private var countdownEnd: ContinuousClock.Instant?
     private var frame = 0
     /// Whether a progress line is on the screen (and must be cleared before other text).
     private var drawn = false
 
-    init(account: String, json: Bool, terminal: Bool, remote: Bool) {
+    init(account: String, json: Bool, terminal: Bool, remote: Bool, drawsQR: Bool) {
         self.account = account
         self.json = json
         self.animated = terminal && !json
         self.remote = remote
+        self.drawsQR = drawsQR && terminal && !json
     }
 
     /// How often the wait wakes up: to redraw the progress line, or only to notice Ctrl-C.
@@ -48,6 +51,9 @@ final class LoginScreen {
         }
         var text = "To sign in to \(account), open \(uri) in a browser and enter the code: \(code)\n"
         if let complete { text += "Or open this link, which fills the code in: \(complete)\n" }
+        if drawsQR, let rows = progress.qrCode, let drawing = HalfBlocks.drawing(of: rows) {
+            text += "Or scan it with a phone:\n" + drawing
+        }
         say(text)
     }
 

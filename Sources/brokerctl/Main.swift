@@ -33,7 +33,7 @@ enum Main {
         }
         if let command = arguments.dropFirst().first, let message = unknownCommand(command) {
             StandardStream.error.write(message)
-            exit(ExitCode.validationFailure.rawValue)
+            exit(ExitStatus.usage.rawValue)
         }
         Brokerctl.main()
     }

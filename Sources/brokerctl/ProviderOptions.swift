@@ -13,7 +13,10 @@ struct ProviderOptions: ParsableArguments {
     @Option(help: "oauth2: the token endpoint URL.") var tokenEndpoint: String?
     @Option(help: "oauth2: an OIDC issuer URL, instead of --token-endpoint.") var issuer: String?
     @Option(help: "oauth2: the client id.") var clientID: String?
-    @Option(help: "oauth2: client_secret_basic, client_secret_post or none.") var clientAuth: String?
+    @Option(
+        help: "oauth2: client_secret_basic, client_secret_post or none.",
+        completion: .list(["client_secret_basic", "client_secret_post", "none"]))
+    var clientAuth: String?
     @Option(help: "oauth2: scope to request.") var scope: String?
     @Option(help: "oauth2: RFC 7009 revocation endpoint for logout (discovered with --issuer).")
     var revocationEndpoint: String?

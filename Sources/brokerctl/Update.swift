@@ -30,8 +30,11 @@ struct Update: ParsableCommand {
         var changes = provider.spec(kind: "").fields
         for field in unset { changes[field] = .null }
         if let secrets {
-            guard let secret = try SecretInput.read(secrets, as: AddSecrets.self).clientSecret else {
-                throw ValidationError("\(secrets == "-" ? "stdin" : secrets) holds no \"client_secret\"")
+            guard let secret = try SecretInput.read(secrets, option: "--secrets", as: AddSecrets.self).clientSecret
+            else {
+                StandardStream.error.write(
+                    "brokerctl: --secrets: \(secrets == "-" ? "stdin" : secrets) holds no client_secret\n")
+                throw ExitCode(ExitStatus.dataError)
             }
             changes["client_secret"] = .string(secret)
         }

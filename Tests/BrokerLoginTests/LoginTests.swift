@@ -495,7 +495,8 @@ import Testing
                 progress: Progress())
             let error = try #require(await Self.failure(login))
             #expect(error.code == .badRequest)
-            #expect(error.message.contains("127.0.0.1:\(taken)"))
+            #expect(
+                error.message == "port \(taken) on 127.0.0.1 is in use; pick another --redirect-port or leave it out")
         }
         await occupant.shutdown()
     }

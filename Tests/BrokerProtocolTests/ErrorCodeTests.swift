@@ -15,6 +15,7 @@ import Testing
         ("locked", .locked),
         ("busy", .busy),
         ("internal", .internal),
+        ("lifetime_too_short", .lifetimeTooShort),
     ])
     func everyContractCodeMapsFromAndToItsWireString(wire: String, code: BrokerError.Code) {
         #expect(BrokerError.Code(wire: wire) == code)
@@ -22,9 +23,9 @@ import Testing
         #expect(code.description == wire)
     }
 
-    @Test func allListsElevenDistinctCodesThatEachRoundTrip() {
-        #expect(BrokerError.Code.all.count == 11)
-        #expect(Set(BrokerError.Code.all).count == 11)
+    @Test func allListsTwelveDistinctCodesThatEachRoundTrip() {
+        #expect(BrokerError.Code.all.count == 12)
+        #expect(Set(BrokerError.Code.all).count == 12)
         for code in BrokerError.Code.all {
             #expect(BrokerError.Code(wire: code.rawValue) == code)
         }

@@ -172,7 +172,7 @@ import Testing
             (.refreshNotStarted(api), "unavailable", "api cannot be refreshed now; try again", 0),
             (.changedDuringRefresh(api), "unavailable", "api changed during the refresh; try again", 0),
             (
-                .tokenTooShort(heldBy: .issued, minTTL: 600.9), "unavailable",
+                .tokenTooShort(heldBy: .issued, minTTL: 600.9), "lifetime_too_short",
                 "the IdP issued a token valid for less than min_ttl (600 s); ask for less with --min-ttl", nil
             ),
             (
@@ -180,7 +180,7 @@ import Testing
                 "the file holds a token valid for less than min_ttl (60 s); ask for less with --min-ttl", nil
             ),
             (
-                .lifetimeTooShort(lifetime: 300, minTTL: 7200), "unavailable",
+                .lifetimeTooShort(lifetime: 300, minTTL: 7200), "lifetime_too_short",
                 "the IdP issues tokens valid for 300 s, less than min_ttl 7200 s; ask for less with --min-ttl", nil
             ),
             (

@@ -39,24 +39,8 @@ import Testing
                 ["add", name, "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"t","expires_in":600}"#)
             #expect(added.status == 0, "\(added.stderr)")
         }
-        let brokerctl = BrokerProcess.binary("brokerctl").path
-        let script = try ChildProcess.run(brokerctl, ["completion", "bash"], environment: [:]).output
-        let file = broker.root.appendingPathComponent("brokerctl.bash")
-        try script.write(to: file, atomically: true, encoding: .utf8)
-        /// What bash's Tab offers after `words` (the last one being completed).
-        func complete(_ words: [String]) throws -> [String] {
-            let line = ([brokerctl] + words).map { "'\($0)'" }.joined(separator: " ")
-            let program = """
-                source '\(file.path)'
-                COMP_WORDS=(\(line)); COMP_CWORD=\(words.count); COMP_LINE="${COMP_WORDS[*]}"; COMP_POINT=${#COMP_LINE}
-                _brokerctl; printf '%s\\n' "${COMPREPLY[@]}"
-                """
-            let run = try ChildProcess.run(
-                "/bin/bash", ["-c", program],
-                environment: ["TOKENBROKER_SOCKET": broker.socketPath, "PATH": "/usr/bin:/bin"])
-            #expect(run.status == 0, "\(run.output)")
-            return run.output.split(separator: "\n").map(String.init).sorted()
-        }
+        let script = try Self.bashScript(in: broker.root)
+        let complete = { (words: [String]) in try Self.complete(words, script: script, socket: broker.socketPath) }
         #expect(try complete(["token", "wo"]) == ["work", "work-ci"])
         #expect(try complete(["exec", "h"]) == ["home"])
         #expect(try complete(["status", ""]) == ["home", "work", "work-ci"])
@@ -64,5 +48,51 @@ import Testing
         // Another socket on the line is asked instead: nothing answers there.
         #expect(
             try complete(["token", "--socket", broker.root.appendingPathComponent("none.sock").path, "wo"]).isEmpty)
+    }
+
+    /// Options with a fixed set of values complete them: `--kind`, `--flow`, `--client-auth`.
+    @Test func optionValuesComplete() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("brokerctl-\(UUID())")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let script = try Self.bashScript(in: directory)
+        let socket = directory.appendingPathComponent("none.sock").path
+        #expect(
+            try Self.complete(["add", "api", "--kind", ""], script: script, socket: socket)
+                == ["exec", "file", "oauth2", "refresh_url", "sliding", "static"])
+        #expect(
+            try Self.complete(["add", "api", "--kind", "s"], script: script, socket: socket) == ["sliding", "static"])
+        #expect(
+            try Self.complete(["login", "api", "--flow", ""], script: script, socket: socket) == ["browser", "device"])
+        #expect(
+            try Self.complete(["login", "api", "--client-auth", "client"], script: script, socket: socket)
+                == ["client_secret_basic", "client_secret_post"])
+    }
+
+    /// brokerctl's bash completion script, written in `directory`.
+    static func bashScript(in directory: URL) throws -> URL {
+        let script = try ChildProcess.run(
+            BrokerProcess.binary("brokerctl").path, ["completion", "bash"], environment: [:]
+        ).output
+        let file = directory.appendingPathComponent("brokerctl.bash")
+        try script.write(to: file, atomically: true, encoding: .utf8)
+        return file
+    }
+
+    /// What bash's Tab offers after `words` (the last one being completed), with `script`
+    /// loaded and the broker at `socket`, sorted. bash calls the function with the command, the
+    /// word being completed and the one before.
+    static func complete(_ words: [String], script: URL, socket: String) throws -> [String] {
+        let line = ([BrokerProcess.binary("brokerctl").path] + words).map { "'\($0)'" }.joined(separator: " ")
+        let program = """
+            source '\(script.path)'
+            COMP_WORDS=(\(line)); COMP_CWORD=\(words.count); COMP_LINE="${COMP_WORDS[*]}"; COMP_POINT=${#COMP_LINE}
+            _brokerctl "${COMP_WORDS[0]}" "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
+            printf '%s\\n' "${COMPREPLY[@]}"
+            """
+        let run = try ChildProcess.run(
+            "/bin/bash", ["-c", program], environment: ["TOKENBROKER_SOCKET": socket, "PATH": "/usr/bin:/bin"])
+        #expect(run.status == 0, "\(run.output)")
+        return run.output.split(separator: "\n").map(String.init).sorted()
     }
 }

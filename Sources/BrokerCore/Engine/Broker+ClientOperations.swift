@@ -26,8 +26,18 @@ extension Broker {
             let outcome = await refresh.value
             if let token = cache.token(for: name, minTTL: minTTL, now: clock.now()) { return token }
             if case .failure(let error) = outcome { throw error }
-            throw .tokenTooShort(heldBy: source, minTTL: minTTL)
+            throw await shortfall(name, heldBy: source, minTTL: minTTL)
         }
+    }
+
+    /// Why the token `source` holds for `name` after a refresh falls short of `minTTL`: the
+    /// lifetime the IdP grants, when it issued the token just now, so the caller learns what
+    /// it may ask for.
+    func shortfall(_ name: String, heldBy source: BrokerFailure.TokenSource, minTTL: TimeInterval) -> BrokerFailure {
+        guard source == .issued, let token = accounts[name]?.record.token, token.pushed != true else {
+            return .tokenTooShort(heldBy: source, minTTL: minTTL)
+        }
+        return .lifetimeTooShort(lifetime: token.expiresAt.timeIntervalSince(token.obtainedAt), minTTL: minTTL)
     }
 
     /// What a `token` call for `name` that missed the cache gets on the actor.

@@ -49,7 +49,8 @@ enum DeviceAuthorization {
             LoginProgress(
                 event: .deviceCode, verificationURI: offer.verificationURI,
                 verificationURIComplete: offer.verificationURIComplete, userCode: offer.userCode,
-                expiresIn: offer.expiresIn, interval: offer.interval))
+                expiresIn: offer.expiresIn, interval: offer.interval,
+                qrCode: QRMatrix.rows(of: offer.verificationURIComplete ?? offer.verificationURI)))
         let deadline = started + .seconds(min(Double(offer.expiresIn), timeout ?? .infinity))
         return try await poll(offer, until: deadline, context: context)
     }

@@ -5,6 +5,10 @@ import NIOHTTP1
 import NIOPosix
 import Synchronization
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The loopback listener of a browser login (RFC 8252 section 7.3): HTTP/1 on
 /// `127.0.0.1:<port>`, answering only `GET /start` and `GET /callback`. `/start` with the key
 /// sends the one browser that opens it to the IdP (`BrowserBinding`). A callback with the
@@ -82,8 +86,13 @@ final class LoopbackRedirect: Sendable {
                 .bind(host: "127.0.0.1", port: port).get()
         } catch {
             continuation.finish()
+            let errno = (error as? IOError)?.errnoCode
             throw .invalid(
-                "cannot listen on 127.0.0.1:\(port) for the redirect (\(error)); choose another --redirect-port")
+                errno == EADDRINUSE
+                    ? "port \(port) on 127.0.0.1 is in use; pick another --redirect-port or leave it out"
+                    : "cannot listen on 127.0.0.1:\(port) for the redirect ("
+                        + (errno.map { String(cString: strerror($0)) } ?? "\(error)")
+                        + "); pick another --redirect-port or leave it out")
         }
         let remaining = max(.zero, ContinuousClock.now.duration(to: deadline))
         self.expiry = channel.eventLoop.scheduleTask(in: TimeAmount(remaining)) {

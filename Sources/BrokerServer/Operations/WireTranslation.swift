@@ -202,7 +202,9 @@ extension BrokerError {
             self.init(.unavailable, message, retryAfterMs: Bounds.milliseconds(retryAfter))
         case .refreshNotStarted, .changedDuringRefresh:
             self.init(.unavailable, message, retryAfterMs: 0)
-        case .tokenTooShort, .lifetimeTooShort, .loginUnavailable:
+        case .tokenTooShort(.issued, _), .lifetimeTooShort:
+            self.init(.lifetimeTooShort, message)
+        case .tokenTooShort(.watched, _), .loginUnavailable:
             self.init(.unavailable, message)
         case .fleetUnavailable, .shareUnsettled:
             self.init(.unavailable, message, retryAfterMs: 1000)

@@ -80,6 +80,12 @@ class Busy(BrokerError):
     code = "busy"
 
 
+class LifetimeTooShort(BrokerError):
+    """The IdP grants tokens shorter than the ``min_ttl`` asked: ask for less; retrying cannot help."""
+
+    code = "lifetime_too_short"
+
+
 class Internal(BrokerError):
     """The broker failed (e.g. its vault could not be saved), or sent a code this client does not know."""
 
@@ -132,6 +138,7 @@ ERRORS_BY_CODE: Dict[str, Type[BrokerError]] = {
         Unavailable,
         Locked,
         Busy,
+        LifetimeTooShort,
         Internal,
     )
 }
