@@ -19,6 +19,9 @@ public struct LoginProgress: Codable, Sendable, Equatable {
         case slowDown = "slow_down"
         /// Browser flow: the URL to open, and where the broker waits for the redirect.
         case authorizationURL = "authorization_url"
+        /// A login of the account was already running and this one joined it: `flow` is that
+        /// login's, whose progress so far follows. Only the client that started it opens a browser.
+        case joined
     }
 
     public var event: Kind
@@ -37,10 +40,13 @@ public struct LoginProgress: Codable, Sendable, Equatable {
     public var url: String?
     /// `authorization_url`: the loopback URL the browser is sent back to.
     public var redirectURI: String?
+    /// `joined`: the flow of the running login.
+    public var flow: LoginFlow?
 
     public init(
         event: Kind, verificationURI: String? = nil, verificationURIComplete: String? = nil, userCode: String? = nil,
-        expiresIn: Int? = nil, interval: Int? = nil, url: String? = nil, redirectURI: String? = nil
+        expiresIn: Int? = nil, interval: Int? = nil, url: String? = nil, redirectURI: String? = nil,
+        flow: LoginFlow? = nil
     ) {
         self.event = event
         self.verificationURI = verificationURI
@@ -50,10 +56,11 @@ public struct LoginProgress: Codable, Sendable, Equatable {
         self.interval = interval
         self.url = url
         self.redirectURI = redirectURI
+        self.flow = flow
     }
 
     enum CodingKeys: String, CodingKey {
-        case event, interval, url
+        case event, interval, url, flow
         case verificationURI = "verification_uri"
         case verificationURIComplete = "verification_uri_complete"
         case userCode = "user_code"
