@@ -52,9 +52,12 @@ struct GitCredential: ParsableCommand {
                 }
                 return
             }
-            let token =
-                noLogin || !BridgeLogin.userReachable
-                ? try options.token(of: account) : try BridgeLogin.token(of: account, options: options)
+            let token: TokenResult
+            if noLogin || !BridgeLogin.userReachable {
+                token = try options.token(of: account)
+            } else {
+                token = try BridgeLogin.token(of: account, options: options)
+            }
             StandardStream.output.write(answer(token, username: username, to: input))
         }
     }

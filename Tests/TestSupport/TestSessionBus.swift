@@ -43,7 +43,9 @@ public final class TestSessionBus: @unchecked Sendable {
             "/usr/bin/dbus-daemon", ["--session", "--nofork", "--address=\(address)"], environment: environment)
         do {
             try Self.serverScript.write(toFile: directory.file("server.py"), atomically: true, encoding: .utf8)
-            try await Self.waitFor("the bus's socket", { FileManager.default.fileExists(atPath: self.directory.file("bus")) })
+            try await Self.waitFor("the bus's socket") {
+                FileManager.default.fileExists(atPath: self.directory.file("bus"))
+            }
             server = try ChildProcess.spawn(
                 "/usr/bin/python3",
                 [directory.file("server.py"), address, directory.file("notifications"), directory.file("ready")],

@@ -42,9 +42,9 @@ extension Broker {
                 } catch {
                     outcome = .failure(error)
                 }
-                guard let running = logins[name], running.serial == participant else { return }
+                guard let ended = logins[name], ended.serial == participant else { return }
                 logins[name] = nil
-                running.finish(outcome)
+                ended.finish(outcome)
             }
             logins[name] = running
         }
