@@ -54,11 +54,13 @@ extension Broker {
             case .finished(let outcome): return try outcome.get()
             }
         }
-        // The stream ended without an outcome: this login was cancelled.
+        // The stream ended without an outcome: this login was cancelled. The last one to leave
+        // answers once the flow stopped (no more polling, the listener closed).
         if var running = logins[name], running.participants[participant] != nil {
             if running.remove(participant) {
                 running.task?.cancel()
                 logins[name] = nil
+                await running.task?.value
             } else {
                 logins[name] = running
             }
