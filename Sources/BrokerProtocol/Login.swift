@@ -19,6 +19,9 @@ public struct LoginProgress: Codable, Sendable, Equatable {
         case slowDown = "slow_down"
         /// Browser flow: the URL to open, and where the broker waits for the redirect.
         case authorizationURL = "authorization_url"
+        /// A login of the account was already running and this one joined it: `flow` is that
+        /// login's, whose progress so far follows. Only the client that started it opens a browser.
+        case joined
     }
 
     public var event: Kind
@@ -40,11 +43,13 @@ public struct LoginProgress: Codable, Sendable, Equatable {
     /// `device_code`: the QR code of `verificationURIComplete` (else of `verificationURI`), as
     /// rows of `1` (dark) and `0`, without the quiet zone; a phone's camera opens it.
     public var qrCode: [String]?
+    /// `joined`: the flow of the running login.
+    public var flow: LoginFlow?
 
     public init(
         event: Kind, verificationURI: String? = nil, verificationURIComplete: String? = nil, userCode: String? = nil,
         expiresIn: Int? = nil, interval: Int? = nil, url: String? = nil, redirectURI: String? = nil,
-        qrCode: [String]? = nil
+        qrCode: [String]? = nil, flow: LoginFlow? = nil
     ) {
         self.event = event
         self.verificationURI = verificationURI
@@ -55,10 +60,11 @@ public struct LoginProgress: Codable, Sendable, Equatable {
         self.url = url
         self.redirectURI = redirectURI
         self.qrCode = qrCode
+        self.flow = flow
     }
 
     enum CodingKeys: String, CodingKey {
-        case event, interval, url
+        case event, interval, url, flow
         case qrCode = "qr_code"
         case verificationURI = "verification_uri"
         case verificationURIComplete = "verification_uri_complete"

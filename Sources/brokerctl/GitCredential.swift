@@ -16,9 +16,15 @@ struct GitCredential: ParsableCommand {
             when git offers capability[]=authtype); a host no account serves gets an empty answer,
             as does plain http to a host that is not loopback or listed in allow_http.
             store does nothing; erase of the current token makes the next get refresh it.
+            When get finds an oauth2 account that needs a login (not one logged out) and someone
+            can sign in (a display or a terminal, GIT_TERMINAL_PROMPT not 0), it starts the
+            account's sign-in, or joins the one open, and answers once it is done; --no-login
+            (credential.helper "tokenbroker --no-login") answers at once instead.
             """)
 
     @OptionGroup var options: BridgeOptions
+    @Flag(help: "Never start or join a sign-in for an account that needs a login; fail at once.")
+    var noLogin = false
     @Argument(help: "get, store or erase (git's operation; others are ignored).") var operation: String
 
     func run() throws {
@@ -46,7 +52,13 @@ struct GitCredential: ParsableCommand {
                 }
                 return
             }
-            StandardStream.output.write(answer(try options.token(of: account), username: username, to: input))
+            let token: TokenResult
+            if noLogin || !BridgeLogin.userReachable {
+                token = try options.token(of: account)
+            } else {
+                token = try BridgeLogin.token(of: account, options: options)
+            }
+            StandardStream.output.write(answer(token, username: username, to: input))
         }
     }
 

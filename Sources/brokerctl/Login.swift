@@ -85,21 +85,12 @@ struct Login: ParsableCommand {
             account: account, json: connection.json, terminal: isatty(STDERR_FILENO) == 1,
             remote: surroundings.isRemote, drawsQR: !noQR && isatty(STDOUT_FILENO) == 1)
         let session = LoginSession(
-            screen: screen, opensBrowser: flow == .browser && surroundings.hasDisplay && !noBrowser)
+            screen: screen, flow: flow, opensBrowser: flow == .browser && surroundings.hasDisplay && !noBrowser)
         let call = try call(flow: flow)
         Interruption.trap()
         let client = BlockingBrokerClient(socketPath: connection.socket ?? DefaultPaths().socket, timeout: nil)
         do {
-            let result = try GlobalOptions.reportingFailures {
-                defer { session.end() }
-                do {
-                    return try client.perform(
-                        call, idleInterval: screen.tickInterval, idle: session.idle, progress: session.progress)
-                } catch {
-                    screen.fail(error)
-                    throw error
-                }
-            }
+            let result = try GlobalOptions.reportingFailures { try session.run(call, client: client) }
             // With --shared, the login is over once the account is in the fleet's database: it
             // is told done only then (an account shared already got its tokens in its row).
             var moved: AccountResult?
@@ -168,23 +159,38 @@ struct LoginCancelled: Error {
     var signal: Int32
 }
 
-/// One login's progress as it comes: shows it, opens the browser, and bounds the wait.
+/// One login's progress as it comes: shows it, opens the browser, and bounds the wait. A login
+/// that joined one already running (`joined`) opens no browser: the one that started it did.
 final class LoginSession {
     /// How long the broker may take besides the user's time: discovery and the device
     /// authorization request before the first progress line, the code exchange after the last.
     static let brokerAllowance: Duration = .seconds(120)
 
     private let screen: LoginScreen
-    private let opensBrowser: Bool
+    /// The flow asked for.
+    private let flow: LoginFlow
+    private var opensBrowser: Bool
     /// When to stop waiting for the broker's final line.
     private var deadline = ContinuousClock.now + brokerAllowance
     private var browser: BrowserLauncher?
     /// The page the browser was sent to, removed when the login ends.
     private var page: LoginPage?
 
-    init(screen: LoginScreen, opensBrowser: Bool) {
+    init(screen: LoginScreen, flow: LoginFlow, opensBrowser: Bool) {
         self.screen = screen
+        self.flow = flow
         self.opensBrowser = opensBrowser
+    }
+
+    /// Runs `call` with `client`, showing its progress until its answer; a failure is shown too.
+    func run(_ call: BrokerCall<LoginResult>, client: BlockingBrokerClient) throws -> LoginResult {
+        defer { end() }
+        do {
+            return try client.perform(call, idleInterval: screen.tickInterval, idle: idle, progress: progress)
+        } catch {
+            screen.fail(error)
+            throw error
+        }
     }
 
     /// Runs while no line arrives: stops on Ctrl-C or a broker silent past the login's time,
@@ -214,6 +220,9 @@ final class LoginSession {
             guard let url = progress.url else { return }
             let opening = opensBrowser && open(url)
             screen.showAuthorizationURL(progress, opening: opening, now: now)
+        case .joined:
+            opensBrowser = false
+            screen.showJoined(running: progress.flow, asked: flow)
         case .slowDown:
             break
         }

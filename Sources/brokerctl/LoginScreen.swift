@@ -79,6 +79,17 @@ final class LoginScreen {
         say(text)
     }
 
+    /// The login joined one already running (`running`: its flow, when the broker said).
+    func showJoined(running: LoginFlow?, asked: LoginFlow) {
+        if json {
+            emit(LoginLine(event: "joined", flow: running?.rawValue))
+            return
+        }
+        var text = "a sign-in for \(account) is already open; waiting for it"
+        if let running, running != asked { text += " (it uses the \(running.rawValue) flow, not \(asked.rawValue))" }
+        say(text + "\n")
+    }
+
     /// A remark for the user (stderr).
     func note(_ text: String) {
         say("brokerctl: \(text)\n")
@@ -171,9 +182,10 @@ struct LoginLine: Encodable {
     var state: String?
     var code: String?
     var message: String?
+    var flow: String?
 
     enum CodingKeys: String, CodingKey {
-        case event, url, account, state, code, message
+        case event, url, account, state, code, message, flow
         case verificationURI = "verification_uri"
         case verificationURIComplete = "verification_uri_complete"
         case userCode = "user_code"

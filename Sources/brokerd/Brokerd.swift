@@ -164,11 +164,14 @@ struct Brokerd: ParsableCommand {
             try await EventLoopSleep.sleep(until: $0)
         }
         let reloader = ReloadOnHangup(notifier: notifier) { _ = try? await broker.reloadConfiguration() }
+        let notices = NeedsLoginNotices(
+            broker: broker, notifications: DesktopNotifications(environment: ProcessInfo.processInfo.environment),
+            logger: logger)
         let group = ServiceGroup(
             configuration: .init(
                 services: [
                     .init(service: server), .init(service: scheduler), .init(service: reloader),
-                    .init(service: lifecycle),
+                    .init(service: lifecycle), .init(service: notices),
                 ] + (fleet.map { [.init(service: $0)] } ?? []),
                 gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()

@@ -39,7 +39,7 @@ import Testing
 
     @Test func everyOtherKeyIsNamed() throws {
         let text = try Self.reference()
-        let brokerKeys = AccessRules.brokerKeys + ["key", "wlcg_account"]
+        let brokerKeys = AccessRules.brokerKeys + ["key", "wlcg_account", "desktop_notifications"]
         let accountKeys = ProviderKinds.fields.filter { !$0.isSecret }.map(\.name) + ["kind", "export_file"]
         let tableKeys = ["executables", "units", "uids", "hosts", "registries", "username", "allow_http"]
         for key in brokerKeys + accountKeys + tableKeys {

@@ -731,15 +731,64 @@ import Testing
         }
     }
 
-    @Test func aSecondLoginOfTheSameAccountIsBusy() async throws {
+    /// A login of an account whose login runs joins it, whatever flow it asks for: told so, it
+    /// gets the running login's progress from the start and its outcome; the IdP sees one
+    /// device authorization and one code exchange. One giving other settings is refused.
+    @Test func aSecondLoginJoinsTheRunningOneAndGetsItsOutcome() async throws {
         try await BrokerHarness.run { harness in
             let (first, progress) = Self.startDeviceLogin(harness)
-            _ = try await progress.first(.deviceCode)
+            let offer = try await progress.first(.deviceCode)
+            let joined = Progress()
             let second = Self.start(
-                harness, Self.request("device", provider: Self.provider(harness.idp)), progress: Progress())
-            #expect(await Self.failure(second)?.code == .busy)
+                harness, Self.request("browser", provider: Self.provider(harness.idp)), progress: joined)
+            let replayed = try await joined.first(.deviceCode)
+            #expect(joined.all.first == LoginProgress(event: .joined, flow: .device))
+            #expect(replayed.userCode == offer.userCode && replayed.verificationURI == offer.verificationURI)
+            #expect(!joined.all.contains { $0.event == .authorizationURL }, "no browser flow of its own")
+
+            let other = Self.start(
+                harness, Self.request("device", provider: Self.provider(harness.idp, scope: "openid email")),
+                progress: Progress())
+            #expect(await Self.failure(other)?.code == .badRequest)
+
+            _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            #expect(try await first.value == LoginResult(account: "work", state: "valid", idToken: true))
+            #expect(try await second.value == LoginResult(account: "work", state: "valid", idToken: true))
+            #expect(harness.idp.deviceAuthorizations == 1)
+            #expect(harness.idp.authorizationRequests == 0)
+            #expect(harness.idp.issuedRefreshTokens.count == 1, "one grant, stored once")
+        }
+    }
+
+    /// The login that started the flow goes away: the flow goes on for the one that joined; once
+    /// that one goes too, the flow stops.
+    @Test func theFlowOutlivesItsStarterAndEndsWithItsLastParticipant() async throws {
+        try await BrokerHarness.run { harness in
+            let (first, progress) = Self.startDeviceLogin(harness)
+            let offer = try await progress.first(.deviceCode)
+            let joined = Progress()
+            let second = Self.start(harness, Self.request("device"), progress: joined)
+            _ = try await joined.first(.deviceCode)
             first.cancel()
-            _ = await Self.failure(first)
+            #expect(await Self.failure(first) != nil)
+            let polls = harness.idp.devicePolls.count
+            #expect(await eventually { harness.idp.devicePolls.count > polls }, "still polling for the joiner")
+
+            let third = Self.start(harness, Self.request("device"), progress: Progress())
+            second.cancel()
+            #expect(await Self.failure(second) != nil)
+            _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            #expect(try await third.value.state == "valid", "the third kept the flow going")
+
+            let last = Progress()
+            let fourth = Self.start(harness, Self.request("device"), progress: last)
+            let newOffer = try await last.first(.deviceCode)
+            #expect(newOffer.userCode != offer.userCode, "a new flow once the last one ended")
+            fourth.cancel()
+            #expect(await Self.failure(fourth) != nil)
+            let stopped = harness.idp.devicePolls.count
+            try await Task.sleep(for: .milliseconds(2500))
+            #expect(harness.idp.devicePolls.count <= stopped + 1, "no participant left: polling stopped")
         }
     }
 

@@ -12,11 +12,12 @@ final class BackgroundBrokerctl {
     let child: ChildProcess
     private let directory: TemporaryDirectory
 
-    /// Starts `brokerctl arguments` with `stdin` on a pipe (or /dev/null), in the broker's
-    /// environment without a display or an SSH session, plus `environment`.
-    init(_ broker: BrokerProcess, _ arguments: [String], stdin: String? = nil, environment: [String: String] = [:])
-        throws
-    {
+    /// Starts `brokerctl arguments` (or `program arguments`) with `stdin` on a pipe (or
+    /// /dev/null), in the broker's environment without a display or an SSH session, plus `environment`.
+    init(
+        _ broker: BrokerProcess, _ arguments: [String], program: String = BrokerProcess.binary("brokerctl").path,
+        stdin: String? = nil, environment: [String: String] = [:]
+    ) throws {
         directory = try TemporaryDirectory()
         var variables = broker.environment
         for name in ["DISPLAY", "WAYLAND_DISPLAY", "SSH_CONNECTION"] { variables[name] = nil }
@@ -39,8 +40,7 @@ final class BackgroundBrokerctl {
         }
         defer { if let input { close(input) } }
         child = try ChildProcess.spawn(
-            BrokerProcess.binary("brokerctl").path, arguments, environment: variables, input: input, output: output,
-            errors: errors)
+            program, arguments, environment: variables, input: input, output: output, errors: errors)
     }
 
     deinit {

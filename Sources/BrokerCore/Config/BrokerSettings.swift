@@ -36,6 +36,8 @@ public struct BrokerSettings: Sendable, Equatable {
     public var lineTimeout: TimeInterval = 10
     /// How long a client's connection may sit with nothing to do before it is closed, in seconds.
     public var idleConnectionTimeout: TimeInterval = 300
+    /// Whether brokerd shows a desktop notification when an account needs a login.
+    public var desktopNotifications = true
 
     public init() {}
 }

@@ -161,7 +161,7 @@ public enum ConfigFile {
         guard let brokerTable = value.table else {
             throw ConfigError(description: "\(path): \"broker\" must be a table")
         }
-        let otherKeys = AccessRules.brokerKeys + ["key", "wlcg_account"]
+        let otherKeys = AccessRules.brokerKeys + ["key", "wlcg_account", "desktop_notifications"]
         for key in brokerTable.keys where !otherKeys.contains(key) {
             guard let (_, setting, range) = keys.first(where: { $0.0 == key }) else {
                 throw ConfigError(
@@ -177,6 +177,13 @@ public enum ConfigFile {
                         + "to \(Self.text(range.upperBound))")
             }
             settings[keyPath: setting] = number
+        }
+        if let value = brokerTable["desktop_notifications"] {
+            guard case .boolean(let enabled) = value else {
+                let place = line(of: "desktop_notifications", in: text).map { " line \($0)" } ?? ""
+                throw ConfigError(description: "\(path)\(place): broker.desktop_notifications must be true or false")
+            }
+            settings.desktopNotifications = enabled
         }
         // Beyond this an account would always be due, and refresh as fast as it is allowed to.
         guard settings.refreshFraction + settings.refreshJitter <= 0.9 else {

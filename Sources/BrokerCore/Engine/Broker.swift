@@ -52,8 +52,10 @@ public actor Broker {
     /// The refreshes waiting for their turn on each account's refresh-token chain; an account
     /// is here while one of its refreshes runs (see `takeChainTurn`).
     var chainQueues: [String: [CheckedContinuation<Void, Never>]] = [:]
-    /// Accounts a login is running for.
-    var loginsRunning: Set<String> = []
+    /// The login running for each account, which other logins of the account join.
+    var logins: [String: RunningLogin] = [:]
+    /// The number the last `login` was given (see `RunningLogin`).
+    var loginParticipants = 0
     /// The token files kept fresh (`export_file`, `wlcg_account`), from the configuration.
     var tokenFiles = TokenFiles()
     /// The fleet's shared store and the shared accounts served from it (`joinFleet`); `nil`:

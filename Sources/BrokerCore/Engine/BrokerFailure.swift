@@ -72,8 +72,6 @@ public enum BrokerFailure: Error, Sendable, Equatable, CustomStringConvertible {
     case loginFailed(AccountName, reason: String)
     /// A login could not reach the IdP, or the IdP answered with an error or garbage.
     case loginUnavailable(reason: String)
-    /// A login of the account is already running.
-    case loginRunning(AccountName)
     /// `login` names no account and gives no provider to create it with.
     case loginNeedsProvider(AccountName)
     /// `login` gives an existing account other settings than it has.
@@ -195,8 +193,6 @@ extension BrokerFailure {
         case .loginUnavailable(let reason):
             return "\(reason); check the IdP's address (--issuer, --token-endpoint, or the account's issuer or "
                 + "token_endpoint in broker.toml) or run brokerctl login again once the IdP is back"
-        case .loginRunning(let name):
-            return "a login of \(name) is already running; finish or cancel it first"
         case .loginNeedsProvider(let name):
             return "no account \(name); give its provider: --issuer URL (or --token-endpoint ...) and --client-id"
         case .loginSettingsDiffer(let name):

@@ -214,8 +214,6 @@ extension BrokerError {
             self.init(.forbidden, message)
         case .vaultNotSaved, .vaultUnusable:
             self.init(.internal, message)
-        case .loginRunning:
-            self.init(.busy, message)
         case .locked:
             self.init(.locked, message)
         }
