@@ -207,7 +207,7 @@ import Testing
             """
         }
         issued.value = bridge.idp
-        // Installed as scripts/install-user-service installs it: credential.helper = tokenbroker.
+        // Installed as scripts/run and scripts/install-user-service link it: credential.helper = tokenbroker.
         let bin = try bridge.helperDirectory(named: ["git-credential-tokenbroker"])
         let git = try gitEnvironment(bridge, helpers: ["tokenbroker"], path: bin)
         let first = try #require(try await bridge.run(["token", "api"]).stdout.split(separator: "\n").first)
