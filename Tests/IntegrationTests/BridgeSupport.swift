@@ -69,7 +69,7 @@ final class BridgeBroker: Sendable {
         return result
     }
 
-    /// A directory holding `name` as a symlink to brokerctl, as scripts/install-user-service makes it.
+    /// A directory holding `name` as a symlink to brokerctl, as scripts/link-helpers makes them.
     func helperDirectory(named names: [String]) throws -> String {
         let directory = broker.root.appendingPathComponent("bin").path
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)

@@ -3,15 +3,17 @@ import Foundation
 import TestSupport
 import Testing
 
-/// `brokerctl git-credential` driven by the real git: `git credential fill`, and clones over
-/// HTTP from a server that requires the token and refuses it once.
+/// `brokerctl git-credential` driven by the real git: `git credential fill`, and clones and
+/// fetches over HTTP from a server that requires a token the IdP issued (and refuses it once, or
+/// once it has expired).
 @Suite struct GitCredentialTests {
-    /// A git configuration of its own (no system or user file), with `helpers` in order.
-    private func gitEnvironment(_ bridge: BridgeBroker, helpers: [String], path: String? = nil) throws -> [String:
-        String]
-    {
+    /// A git configuration of its own (no system or user file, `file` in the broker's home), with
+    /// `helpers` in order.
+    private func gitEnvironment(
+        _ bridge: BridgeBroker, helpers: [String], path: String? = nil, file: String = "gitconfig"
+    ) throws -> [String: String] {
         let home = bridge.broker.root.appendingPathComponent("home").path
-        let config = home + "/gitconfig"
+        let config = home + "/" + file
         try (helpers.map { "[credential]\n\thelper = \"\($0)\"\n" }.joined()).write(
             toFile: config, atomically: true, encoding: .utf8)
         var environment = [
@@ -32,6 +34,13 @@ import Testing
         }
     }
 
+    /// Whether the git that printed `version` (`git version 2.39.5`) reads `password_expiry_utc`,
+    /// which git 2.40 brought.
+    private func knowsExpiry(_ version: String) throws -> Bool {
+        let word = try #require(version.split(whereSeparator: \.isWhitespace).last)
+        return !word.split(separator: ".").compactMap { Int($0) }.lexicographicallyPrecedes([2, 40])
+    }
+
     @Test func gitCredentialFillGetsTheTokenAndTheHelperItsExpiry() async throws {
         let bridge = try await BridgeBroker.start { _ in
             """
@@ -47,31 +56,32 @@ import Testing
             """
         }
         let brokerctl = BrokerProcess.binary("brokerctl").path
-        let git = try gitEnvironment(bridge, helpers: ["!\(brokerctl) git-credential"])
+        // The helper as git runs it, behind a tee that keeps the answer git read.
+        let answerFile = bridge.broker.root.appendingPathComponent("answer").path
+        let git = try gitEnvironment(
+            bridge, helpers: ["!f() { '\(brokerctl)' git-credential $1 | tee '\(answerFile)'; }; f"])
 
         let fill = try await bridge.run(
             ["credential", "fill"], program: "git", stdin: "protocol=https\nhost=git.example:8443\n\n", environment: git
         )
         #expect(fill.status == 0, "\(fill.stderr)")
         let token = try #require(bridge.lastIssued)
-        let filled = Dictionary(pairs(fill.stdout), uniquingKeysWith: { $1 })
-        #expect(filled["username"] == "oauth2")
-        #expect(filled["password"] == token)
-        #expect(filled["host"] == "git.example:8443")
-
-        // The helper's own answer, exactly as gitcredentials(7) states it (git 2.39 drops the expiry).
         let json = try await bridge.run(["token", "api", "--json"])
         let object = try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any]
         let expected = try #require(
             (object?["expires_at"] as? String).flatMap(Wire.parseRFC3339)?.timeIntervalSince1970)
-        let get = try await bridge.run(
-            ["git-credential", "get"], stdin: "protocol=https\nhost=github.com\npath=o/r.git\n\n")
-        #expect(get.status == 0, "\(get.stderr)")
-        let answer = pairs(get.stdout)
+        let expiry = String(Int(expected.rounded(.down)))
+        let answer = pairs(try String(contentsOfFile: answerFile, encoding: .utf8))
         #expect(answer.map(\.0) == ["username", "password", "password_expiry_utc"])
-        #expect(answer.first?.1 == "oauth2")
-        #expect(answer.dropFirst().first?.1 == token)
-        #expect(answer.last?.1 == String(Int(expected.rounded(.down))))
+        #expect(answer.map(\.1) == ["oauth2", token, expiry])
+        // git took the answer: its own output has the password, and the expiry only where git
+        // knows the attribute (2.40+; Debian 12's 2.39 drops the line, as docs/bridges.md says).
+        let filled = Dictionary(pairs(fill.stdout), uniquingKeysWith: { $1 })
+        #expect(filled["username"] == "oauth2")
+        #expect(filled["password"] == token)
+        #expect(filled["host"] == "git.example:8443")
+        let version = try await bridge.run(["--version"], program: "git")
+        #expect(filled["password_expiry_utc"] == (try knowsExpiry(version.stdout) ? expiry : nil), "\(version.stdout)")
 
         // git 2.46+ offers capability[]=authtype: a Bearer credential instead of a password.
         let bearer = try await bridge.run(
@@ -197,7 +207,7 @@ import Testing
             """
         }
         issued.value = bridge.idp
-        // Installed as scripts/install-user-service installs it: credential.helper = tokenbroker.
+        // Installed as scripts/run and scripts/install-user-service link it: credential.helper = tokenbroker.
         let bin = try bridge.helperDirectory(named: ["git-credential-tokenbroker"])
         let git = try gitEnvironment(bridge, helpers: ["tokenbroker"], path: bin)
         let first = try #require(try await bridge.run(["token", "api"]).stdout.split(separator: "\n").first)
@@ -218,6 +228,66 @@ import Testing
         #expect(attempts.dropFirst().allSatisfy { $0.password == bridge.lastIssued && $0.status == 200 })
         #expect(attempts.allSatisfy { $0.username == "x-access-token" })
         #expect(attempts.count > 1)
+        await server.shutdown()
+        await bridge.stop()
+        bridge.expectNoSecretInOutputs()
+    }
+
+    /// Tokens live 5 s here. A fetch after the first one expired gets a fresh token from the helper,
+    /// with no prompt. A credential-store in front of the helper keeps no expiry (in any git
+    /// version): it hands git the expired token, that command fails and git erases it, and the
+    /// next command works (docs/bridges.md).
+    @Test func aFetchAfterTheTokenExpiredGetsAFreshOneWithoutAPrompt() async throws {
+        let work = try TemporaryDirectory()
+        defer { work.remove() }
+        let repositories = try servedRepository(in: work, content: "fresh\n")
+        let issued = SharedValue<OAuth2TestIdP?>(nil)
+        let server = try await GitHTTPServer(root: repositories, refusesFirst: false) { password in
+            issued.value?.accepted(password, at: Date(), grace: 0) == true
+        }
+        let bridge = try await BridgeBroker.start(lifetime: 5) { _ in
+            """
+            [accounts.api.git]
+            hosts = ["127.0.0.1:\(server.port)"]
+
+            [broker]
+            default_min_ttl = 1
+            """
+        }
+        issued.value = bridge.idp
+        let bin = try bridge.helperDirectory(named: ["git-credential-tokenbroker"])
+        let alone = try gitEnvironment(bridge, helpers: ["tokenbroker"], path: bin)
+        let storeFile = work.file("git-credentials")
+        let stored = try gitEnvironment(
+            bridge, helpers: ["store --file=\(storeFile)", "tokenbroker"], path: bin, file: "stored.gitconfig")
+        let url = "http://127.0.0.1:\(server.port)/repo.git"
+        let git = { (arguments: [String], environment: [String: String]) in
+            try await bridge.run(arguments, program: "git", environment: environment)
+        }
+
+        let cloned = try await git(["clone", "-q", url, work.file("clone")], alone)
+        #expect(cloned.status == 0, "\(cloned.stderr)")
+        let listed = try await git(["ls-remote", url], stored)
+        #expect(listed.status == 0, "\(listed.stderr)")
+        let used = server.attempts.filter { $0.status == 200 }.compactMap(\.password)
+        let kept = try #require(used.last)
+        #expect(try String(contentsOfFile: storeFile, encoding: .utf8).contains(kept), "the store kept the token")
+
+        try await Task.sleep(for: .seconds(6))
+        #expect(used.allSatisfy { !bridge.idp.accepted($0, at: Date(), grace: 0) }, "every token used has expired")
+        let before = server.attempts.count
+        let fetched = try await git(["-C", work.file("clone"), "fetch", "-q"], alone)
+        #expect(fetched.status == 0, "\(fetched.stderr)")
+        let fetch = server.attempts.dropFirst(before)
+        #expect(!fetch.isEmpty && fetch.allSatisfy { $0.status == 200 && !used.contains($0.password ?? "") })
+
+        // The store in front: its expired token fails this command (and is erased), not the next.
+        let failed = try await git(["ls-remote", url], stored)
+        #expect(failed.status != 0 && failed.stderr.contains("Authentication failed"), "\(failed.stderr)")
+        #expect(server.attempts.last.map { $0.password == kept && $0.status == 401 } == true)
+        #expect(try String(contentsOfFile: storeFile, encoding: .utf8).contains(kept) == false)
+        let again = try await git(["ls-remote", url], stored)
+        #expect(again.status == 0, "\(again.stderr)")
         await server.shutdown()
         await bridge.stop()
         bridge.expectNoSecretInOutputs()

@@ -5,8 +5,9 @@ import NIOPosix
 
 /// A git server on 127.0.0.1 speaking git's dumb HTTP protocol: it serves the files of the bare
 /// repositories under `root` (made ready with `git update-server-info`) to requests that give,
-/// by HTTP Basic auth, a password `accepts` takes. The first accepted password is refused once
-/// (401), as a server that has just revoked a token would, so git erases it and asks again.
+/// by HTTP Basic auth, a password `accepts` takes. Unless `refusesFirst` is false, the first
+/// accepted password is refused once (401), as a server that has just revoked a token would, so
+/// git erases it and asks again.
 public final class GitHTTPServer: Sendable {
     /// One request's credentials and what the server answered.
     public struct Attempt: Sendable, Equatable {
@@ -23,8 +24,10 @@ public final class GitHTTPServer: Sendable {
     private let channel: any Channel
     private let state: Box<State>
 
-    public init(root: String, accepts: @escaping @Sendable (String) -> Bool) async throws {
-        let state = Box(State())
+    public init(root: String, refusesFirst: Bool = true, accepts: @escaping @Sendable (String) -> Bool)
+        async throws
+    {
+        let state = Box(State(refusedOnce: !refusesFirst))
         self.state = state
         channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
