@@ -420,7 +420,7 @@ import Testing
                 let error = await #expect(throws: BrokerError.self) {
                     try await h.broker.token(account: "api", minTTL: 7200)
                 }
-                #expect(error?.code == .unavailable)
+                #expect(error?.code == .lifetimeTooShort)
             }
             #expect(h.idp.callCount <= 1, "IdP calls: \(h.idp.callCount)")
         }
