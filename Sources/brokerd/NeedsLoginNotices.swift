@@ -12,7 +12,8 @@ import Glibc
 /// `needs_login` (a `logged_out` account was logged out by the user, who knows). It watches the
 /// engine's events, as a subscriber would, and sends on a thread of its own, since a D-Bus call
 /// blocks; nothing is sent without a session bus or with `desktop_notifications = false`. The
-/// text names the account and the command, never a token or what the IdP said.
+/// text names the account and the command its advice names (`status`'s `advice_command`: login,
+/// set-tokens, update or refresh, whichever can work for it), never a token or what the IdP said.
 struct NeedsLoginNotices: Service {
     let broker: Broker
     let notifications: DesktopNotifications
@@ -30,11 +31,14 @@ struct NeedsLoginNotices: Service {
                     switch event.kind {
                     case .needsLogin:
                         guard notified.insert(name).inserted, broker.settings.desktopNotifications else { continue }
+                        // An account removed since has nothing to advise: no notice.
+                        guard let advice = try? await broker.snapshot(of: event.account).restoration else { continue }
+                        let command = advice.command(for: name)
                         thread.submit { [notifications, logger] _ in
                             guard notifications.hasSessionBus else { return }
                             let result = notifications.show(
-                                summary: "Sign in to \(name) again",
-                                body: "tokenbroker cannot refresh \(name): run brokerctl login \(name)")
+                                summary: "\(name) needs you",
+                                body: "tokenbroker cannot refresh \(name): run \(command)")
                             if result < 0 {
                                 logger.notice(
                                     "desktop notification not shown",

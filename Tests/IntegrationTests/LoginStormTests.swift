@@ -11,51 +11,35 @@ import Glibc
 /// brokerd, brokerctl and git processes; the test IdP; a session bus of the test's own.
 @Suite struct LoginStormTests {
     @Test func tenCallersOfAnAccountThatNeedsALoginShareOneSignIn() async throws {
+        try await Self.withBrokerAndBus { broker, idp, bus, bin in
+            try await storm(broker: broker, idp: idp, bus: bus, bin: bin)
+        }
+    }
+
+    /// Runs `body` with a broker (not started), the test IdP, a session bus and a directory
+    /// for scripts, all stopped or removed on every way out.
+    static func withBrokerAndBus(
+        _ body: (BrokerProcess, OAuth2TestIdP, TestSessionBus, TemporaryDirectory) async throws -> Void
+    ) async throws {
         let bus = try await TestSessionBus()
         defer { bus.stop() }
         let idp = try await OAuth2TestIdP()
         let broker = try BrokerProcess()
         let bin = try TemporaryDirectory()
         defer { bin.remove() }
-        do {
-            try await storm(broker: broker, idp: idp, bus: bus, bin: bin)
-        } catch {
+        try await withCleanup {
+            try await body(broker, idp, bus, bin)
+        } cleanup: {
             broker.stop()
             await idp.shutdown()
-            throw error
         }
-        broker.stop()
-        await idp.shutdown()
     }
 
     private func storm(broker: BrokerProcess, idp: OAuth2TestIdP, bus: TestSessionBus, bin: TemporaryDirectory)
         async throws
     {
-        try broker.writeConfig(
-            """
-            [accounts.work]
-            kind = "oauth2"
-            issuer = "\(idp.issuer)"
-            client_id = "\(idp.clientID)"
-            scope = "openid offline_access"
-
-            [accounts.work.git]
-            hosts = ["git.example"]
-            """)
-        try await broker.start(environment: ["DBUS_SESSION_BUS_ADDRESS": bus.address])
-        // A refresh token the IdP does not know: the first refresh is denied.
-        let pushed = try broker.brokerctl(["set-tokens", "work"], stdin: #"{"refresh_token":"rt-the-idp-forgot"}"#)
-        #expect(pushed.status == 0, "\(pushed.stderr)")
-        #expect(
-            try await eventually(timeout: 30) {
-                try LoginCommandTests.status(broker, "work")?["state"] as? String == "needs_login"
-            })
+        try await Self.startNeedingALogin(broker, idp: idp, bus: bus, bin: bin, settings: "")
         #expect(await eventually { bus.notifications.count == 1 }, "a notification when work needs a login")
-
-        // Every xdg-open call adds a line to `opened`.
-        try "#!/bin/sh\nprintf '%s\\n' \"$1\" >> \(bin.file("opened"))\n".write(
-            toFile: bin.file("xdg-open"), atomically: true, encoding: .utf8)
-        chmod(bin.file("xdg-open"), 0o755)
         let gitConfig = bin.file("gitconfig")
         try "[credential]\n\thelper = \"!\(BrokerProcess.binary("brokerctl").path) git-credential\"\n".write(
             toFile: gitConfig, atomically: true, encoding: .utf8)
@@ -104,5 +88,90 @@ import Glibc
         #expect(notice["summary"]?.contains("work") == true && notice["body"]?.contains("brokerctl login work") == true)
         let secrets = idp.issuedAccessTokens + idp.issuedRefreshTokens + idp.issuedIDTokens + ["rt-the-idp-forgot"]
         #expect(!secrets.contains { secret in notice.values.contains { $0.contains(secret) } }, "no secret shown")
+    }
+
+    /// Nobody there to sign in: git with `GIT_TERMINAL_PROMPT=0`, or a helper told
+    /// `--no-login`, fails at once and starts no flow (no browser, nothing at the IdP); with
+    /// `desktop_notifications = false` no notification is shown, and a broker whose session bus
+    /// has gone keeps serving.
+    @Test func nobodyThereMeansNoSignInAndNotificationsCanBeTurnedOff() async throws {
+        try await Self.withBrokerAndBus { broker, idp, bus, bin in
+            try await Self.startNeedingALogin(
+                broker, idp: idp, bus: bus, bin: bin, settings: "[broker]\ndesktop_notifications = false\n")
+            let brokerctl = BrokerProcess.binary("brokerctl").path
+            for (helper, prompt) in [("git-credential", "0"), ("git-credential --no-login", "")] {
+                let gitConfig = bin.file("gitconfig")
+                try "[credential]\n\thelper = \"!\(brokerctl) \(helper)\"\n".write(
+                    toFile: gitConfig, atomically: true, encoding: .utf8)
+                let fill = try BackgroundBrokerctl(
+                    broker, ["credential", "fill"], program: "/usr/bin/git",
+                    stdin: "protocol=https\nhost=git.example\n\n",
+                    environment: [
+                        "DISPLAY": ":9",
+                        "PATH": bin.path + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"),
+                        "GIT_CONFIG_GLOBAL": gitConfig, "GIT_CONFIG_NOSYSTEM": "1", "GIT_ASKPASS": "",
+                        "SSH_ASKPASS": "", "GIT_TERMINAL_PROMPT": prompt,
+                    ])
+                #expect(await fill.finish() != 0, "\(helper), GIT_TERMINAL_PROMPT=\(prompt): no password")
+                #expect(!fill.stdout.contains("password="))
+            }
+            #expect(!FileManager.default.fileExists(atPath: bin.file("opened")), "no browser window")
+            #expect(idp.authorizationRequests == 0 && idp.deviceAuthorizations == 0, "no flow at the IdP")
+            // The notice would have been sent when work entered needs_login, well before now.
+            try await Task.sleep(for: .milliseconds(500))
+            #expect(bus.notifications.isEmpty, "desktop_notifications = false")
+
+            // The bus goes away; a change of state with notifications on sends nowhere, and serves on.
+            bus.stop()
+            try broker.writeConfig(
+                """
+                [accounts.work]
+                kind = "oauth2"
+                issuer = "\(idp.issuer)"
+                client_id = "\(idp.clientID)"
+                """)
+            #expect(try await broker.brokerctlOnOwnThread(["reload"]).status == 0)
+            _ = try await broker.brokerctlOnOwnThread(["set-tokens", "work"], stdin: #"{"refresh_token":"rt-gone"}"#)
+            #expect(
+                try await eventually(timeout: 30) {
+                    try LoginCommandTests.status(broker, "work")?["state"] as? String == "needs_login"
+                })
+            let pushed2 = try await broker.brokerctlOnOwnThread(
+                ["set-tokens", "work"], stdin: #"{"refresh_token":"rt-0"}"#)
+            #expect(pushed2.status == 0, "\(pushed2.stderr)")
+            #expect(
+                try await broker.brokerctlOnOwnThread(["token", "work"]).stdout == (idp.issuedAccessTokens.last ?? "?")
+                    + "\n")
+        }
+    }
+
+    /// Starts `broker` with `settings` and the account `work` (its git host `git.example`) on
+    /// `bus`, holding a refresh token the IdP does not know, and waits for the denial that
+    /// makes it need a login; `bin` gets an `xdg-open` that adds each address to `opened`.
+    static func startNeedingALogin(
+        _ broker: BrokerProcess, idp: OAuth2TestIdP, bus: TestSessionBus, bin: TemporaryDirectory, settings: String
+    ) async throws {
+        try broker.writeConfig(
+            settings + """
+                [accounts.work]
+                kind = "oauth2"
+                issuer = "\(idp.issuer)"
+                client_id = "\(idp.clientID)"
+                scope = "openid offline_access"
+
+                [accounts.work.git]
+                hosts = ["git.example"]
+                """)
+        try await broker.start(environment: ["DBUS_SESSION_BUS_ADDRESS": bus.address])
+        let pushed = try await broker.brokerctlOnOwnThread(
+            ["set-tokens", "work"], stdin: #"{"refresh_token":"rt-the-idp-forgot"}"#)
+        #expect(pushed.status == 0, "\(pushed.stderr)")
+        #expect(
+            try await eventually(timeout: 30) {
+                try LoginCommandTests.status(broker, "work")?["state"] as? String == "needs_login"
+            })
+        try "#!/bin/sh\nprintf '%s\\n' \"$1\" >> \(bin.file("opened"))\n".write(
+            toFile: bin.file("xdg-open"), atomically: true, encoding: .utf8)
+        chmod(bin.file("xdg-open"), 0o755)
     }
 }

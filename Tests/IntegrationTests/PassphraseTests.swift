@@ -212,16 +212,6 @@ import Glibc
     }
 }
 
-extension BrokerProcess {
-    /// `brokerctl` on a thread of its own: an unlock or a rekey waits seconds for its Argon2id
-    /// derivation, which must not hold a thread other tests' tasks need.
-    func brokerctlOnOwnThread(_ arguments: [String], stdin: String? = nil) async throws -> (
-        status: Int32, stdout: String, stderr: String
-    ) {
-        try await onOwnThread { try self.brokerctl(arguments, stdin: stdin) }
-    }
-}
-
 extension RawConnection {
     /// Sends `line` and reads the answer as an object.
     func readObjectAfter(_ line: String) -> [String: Any]? {

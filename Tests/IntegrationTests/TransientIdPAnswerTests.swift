@@ -33,8 +33,8 @@ import Testing
         client.close()
 
         /// The account's state and last error message, from `brokerctl status api --json`.
-        func status() throws -> (state: String?, message: String?) {
-            let shown = try broker.brokerctl(["status", "api", "--json"])
+        func status() async throws -> (state: String?, message: String?) {
+            let shown = try await broker.brokerctlOnOwnThread(["status", "api", "--json"])
             #expect(shown.status == 0, "\(shown.stderr)")
             for secret in secrets { #expect(!shown.stdout.contains(secret)) }
             let object = try JSONSerialization.jsonObject(with: Data(shown.stdout.utf8)) as? [String: Any]
@@ -42,8 +42,8 @@ import Testing
             return (account?["state"] as? String, (account?["last_error"] as? [String: Any])?["message"] as? String)
         }
         /// Runs `brokerctl refresh api`; its exit code and message.
-        func refresh() throws -> (status: Int32, message: String) {
-            let refreshed = try broker.brokerctl(["refresh", "api"])
+        func refresh() async throws -> (status: Int32, message: String) {
+            let refreshed = try await broker.brokerctlOnOwnThread(["refresh", "api"])
             for secret in secrets { #expect(!(refreshed.stdout + refreshed.stderr).contains(secret)) }
             return (refreshed.status, refreshed.stderr)
         }
@@ -61,13 +61,13 @@ import Testing
         ]
         for (behavior, shown) in transient {
             idp.setBehavior(behavior)
-            let refreshed = try refresh()
+            let refreshed = try await refresh()
             #expect(refreshed.status == 6, "unavailable: \(refreshed.message)")
             #expect(refreshed.message.contains(shown), "\(refreshed.message)")
-            let now = try status()
+            let now = try await status()
             #expect(now.state == "stale", "\(behavior)")
             #expect(now.message == shown)
-            let token = try broker.brokerctl(["token", "api"])
+            let token = try await broker.brokerctlOnOwnThread(["token", "api"])
             #expect(token.status == 0 && token.stdout.contains("at-first"), "\(behavior): the cached token is served")
         }
 
@@ -81,7 +81,7 @@ import Testing
         #expect((limited?.retryAfterMs ?? 0) >= 3000, "\(limited?.retryAfterMs ?? 0)")
         let calls = idp.callCount
         let answeredAt = try #require(idp.calls.last?.at)
-        let beyond = try broker.brokerctl(["token", "api", "--min-ttl", "3599.9"])
+        let beyond = try await broker.brokerctlOnOwnThread(["token", "api", "--min-ttl", "3599.9"])
         #expect(beyond.status == 6, "\(beyond.stderr)")
         // On a loaded machine the schedule's own retry may come meanwhile, but never before 3 s.
         let early = idp.calls.dropFirst(calls).filter { $0.at.timeIntervalSince(answeredAt) < 2.9 }
@@ -90,13 +90,13 @@ import Testing
         idp.setBehavior(.oauthError(400, error: "invalid_grant", description: "unknown refresh token \(echo)"))
         let shown =
             "the token endpoint refused the refresh: HTTP 400 (invalid_grant: unknown refresh token \(redacted))"
-        let denied = try refresh()
+        let denied = try await refresh()
         #expect(denied.status == 5, "needs_login: \(denied.message)")
         #expect(denied.message.contains(shown), "\(denied.message)")
-        let now = try status()
+        let now = try await status()
         #expect(now.state == "needs_login")
         #expect(now.message == shown)
-        let token = try broker.brokerctl(["token", "api"])
+        let token = try await broker.brokerctlOnOwnThread(["token", "api"])
         #expect(token.status == 5)
         #expect(token.stderr.contains("(invalid_grant: unknown refresh token \(redacted))"), "\(token.stderr)")
         for secret in secrets { #expect(!(token.stdout + token.stderr).contains(secret)) }

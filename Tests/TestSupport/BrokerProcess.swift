@@ -146,6 +146,15 @@ public final class BrokerProcess: @unchecked Sendable {
             environment: environment.merging(["TOKENBROKER_SOCKET": socketPath]) { $1 }, stdin: stdin)
     }
 
+    /// `brokerctl` on a thread of its own, for async tests: it waits for the broker (seconds for
+    /// an Argon2id unlock, a login or a hung IdP), which must not hold a thread of the cooperative
+    /// pool that other tests' tasks (an IdP's answer, an approver) need.
+    public func brokerctlOnOwnThread(_ arguments: [String], stdin: String? = nil) async throws -> (
+        status: Int32, stdout: String, stderr: String
+    ) {
+        try await onOwnThread { try self.brokerctl(arguments, stdin: stdin) }
+    }
+
     /// Every file under the broker's config and state directories, as bytes.
     public func storedFiles() -> [(path: String, bytes: Data)] {
         [configDirectory, stateDirectory].flatMap { directory -> [(String, Data)] in
