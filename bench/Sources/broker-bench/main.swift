@@ -13,8 +13,9 @@ import Glibc
 // 1,000 accounts (VaultSave.swift), `broker-bench idle`: an idle broker's wake-ups
 // (IdleWakeups.swift), and `broker-bench flood`: the latency of cached tokens
 // while one process floods the broker (Flood.swift), and `broker-bench fleet`: what sharing an
-// account through the fleet's PostgreSQL store costs (FleetBench.swift). Run it through
-// bench/run (release build).
+// account through the fleet's PostgreSQL store costs (FleetBench.swift), and `broker-bench soak`:
+// minutes of rotations through outages, kills and a full disk (Soak.swift, run by bench/soak).
+// Run it through bench/run (release build).
 
 let usage = """
     usage: broker-bench figures PATH-TO-BROKERD PATH-TO-LOAD-CLIENT PATH-TO-ECHO-SERVER [SECONDS-PER-LOAD-RUN]
@@ -24,6 +25,7 @@ let usage = """
            broker-bench fleet PATH-TO-BROKERD PATH-TO-LOAD-CLIENT [SECONDS-PER-LOAD-RUN]
            broker-bench idle PATH-TO-BROKERD [SECONDS]
            broker-bench save
+           broker-bench soak PATH-TO-BROKERD MINUTES
            broker-bench table < FIGURES
            broker-bench flood PATH-TO-BROKERD [SECONDS-PER-RUN]
            broker-bench echo-server SOCKET [EVENT-LOOPS] [ANSWER-BYTES]
@@ -73,6 +75,11 @@ do {
         let seconds = arguments.count > 3 ? UInt32(arguments[3]).flatMap { (1...600).contains($0) ? $0 : nil } : 60
         guard let seconds else { throw BenchError("idle seconds: 1 to 600") }
         try await IdleWakeups.run(brokerd: arguments[2], seconds: seconds)
+    case "soak" where arguments.count >= 4:
+        guard let minutes = Int(arguments[3]), (1...1440).contains(minutes) else {
+            throw BenchError("soak minutes: 1 to 1440")
+        }
+        try await Soak(brokerd: arguments[2], minutes: minutes).run()
     case "save":
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
