@@ -10,7 +10,7 @@ import Glibc
 /// Progress goes to standard error. Every process it starts is stopped and waited for.
 struct Figures {
     /// The programs measured and the yardsticks (the C load client and echo floor of
-    /// ../shared/bench, compiled by bench/run).
+    /// bench/yardsticks, compiled by bench/run).
     struct Tools {
         let brokerd: String
         let loadClient: String
