@@ -62,12 +62,11 @@ public final class DPoPKey: Sendable {
 
     /// A proof (RFC 9449 section 4.2) for a request of `method` to `url` (given without query
     /// or fragment) at `now`: a fresh 128-bit `jti`, `iat` in whole seconds, `ath` when the
-    /// request carries an access token (`accessTokenHash`), `nonce` when the server gave one;
-    /// its signature's nonce taken as `signatureNonce` says. `nil` when libcrypto fails to
-    /// sign, or no nonce made ahead is ready for `.madeAhead`.
+    /// request carries an access token (`accessTokenHash`), `nonce` when the server gave one.
+    /// `nil` when libcrypto fails to sign. A whole signature, tens of microseconds: not on an
+    /// event loop.
     func proof(
-        method: String, url: String, now: Date, nonce: String? = nil, accessTokenHash: String? = nil,
-        signatureNonce: P256Signer.SignatureNonce = .madeNow
+        method: String, url: String, now: Date, nonce: String? = nil, accessTokenHash: String? = nil
     ) -> String? {
         var claims = Array(#"{"jti":""#.utf8)
         Base64URL.encode(Sodium.randomBytes(16), into: &claims)
@@ -90,7 +89,7 @@ public final class DPoPKey: Sendable {
         var proof = header
         proof.append(UInt8(ascii: "."))
         Base64URL.encode(claims, into: &proof)
-        guard let signature = signer.sign(proof, nonce: signatureNonce) else { return nil }
+        guard let signature = signer.sign(proof) else { return nil }
         proof.append(UInt8(ascii: "."))
         Base64URL.encode(signature, into: &proof)
         return String(decoding: proof, as: UTF8.self)
@@ -104,14 +103,6 @@ public final class DPoPKey: Sendable {
     /// Whether the memory signing keys live in is locked in RAM (`false` when the locked-memory
     /// limit refused it), as `SecretBytes.allLocked` tells of the other secrets.
     public static var signingMemoryLocked: Bool { P256Signer.secureHeapLocked }
-
-    /// How many signature nonces the caller should make ahead with `presign(_:)`, on a thread
-    /// that may block; 0 when enough are ready or a thread is making them.
-    public func claimPresigning() -> Int { signer.claimPresigning() }
-
-    /// Makes `count` signature nonces ahead (a few tens of microseconds each); called with what
-    /// `claimPresigning()` gave.
-    public func presign(_ count: Int) { signer.presign(count) }
 }
 
 extension DPoPKey: Equatable {

@@ -70,24 +70,13 @@ public struct PreparedToken: Sendable {
     public func isIdPEndpoint(_ target: DPoPTarget) -> Bool { dpop?.idpEndpoints.contains(target.url) ?? false }
 
     /// A DPoP proof for `target` with this token's `ath`, signed at `now`; `nil` for a bearer
-    /// account or when libcrypto fails. With `quickOnly`, `nil` too unless a signature nonce
-    /// made ahead is ready: the proof is then signed in under a microsecond, and may be signed
-    /// where nothing should block.
-    public func proof(for target: DPoPTarget, now: Date, quickOnly: Bool = false) -> String? {
+    /// account or when libcrypto fails. A whole signature (docs/dpop.md, "Signing"): call it
+    /// where blocking is allowed.
+    public func proof(for target: DPoPTarget, now: Date) -> String? {
         guard let dpop else { return nil }
         return dpop.key.proof(
             method: target.method, url: target.url, now: now, nonce: target.nonce,
-            accessTokenHash: dpop.accessTokenHash,
-            signatureNonce: quickOnly ? .madeAhead : .anyReady)
-    }
-
-    /// The account's DPoP key and how many signature nonces to make ahead for it, when it wants
-    /// some (`DPoPKey.claimPresigning()`): the caller then runs its `presign(_:)` where
-    /// blocking is allowed.
-    public func keyToPresign() -> (key: DPoPKey, count: Int)? {
-        guard let key = dpop?.key else { return nil }
-        let count = key.claimPresigning()
-        return count > 0 ? (key, count) : nil
+            accessTokenHash: dpop.accessTokenHash)
     }
 
     /// Writes the complete success line for request `id`, newline included, into `buffer`,

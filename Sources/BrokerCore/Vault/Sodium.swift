@@ -13,10 +13,16 @@ enum Sodium {
 
     /// `count` random bytes from libsodium's CSPRNG.
     static func randomBytes(_ count: Int) -> [UInt8] {
-        precondition(ready, "libsodium failed to initialise")
         var bytes = [UInt8](repeating: 0, count: count)
-        randombytes_buf(&bytes, count)
+        fillRandom(&bytes)
         return bytes
+    }
+
+    /// Overwrites `bytes` with random bytes from libsodium's CSPRNG, in place (a secret's own
+    /// buffer, which no copy may leave behind).
+    static func fillRandom(_ bytes: inout [UInt8]) {
+        precondition(ready, "libsodium failed to initialise")
+        randombytes_buf(&bytes, bytes.count)
     }
 
     /// Zeroes `count` bytes of the stack below the caller's frame: where a function that just

@@ -290,48 +290,20 @@ final class ConnectionHandler: ChannelDuplexHandler {
         requestAnswered(context: context)
     }
 
-    /// The threads that sign proofs whose nonce is not made ahead, one per core, started at the
-    /// first proof: a pool of their own, so that no proof waits behind the blocking work of
-    /// `NIOThreadPool.singleton` (an exec helper, a key derivation). Idle, they sleep.
+    /// The threads that sign proofs, one per core, started at the first proof: a pool of
+    /// their own, so that no proof waits behind the blocking work of `NIOThreadPool.singleton`
+    /// (an exec helper, a key derivation), and no event loop signs. Idle, they sleep.
     private static let signers: NIOThreadPool = {
         let pool = NIOThreadPool(numberOfThreads: System.coreCount)
         pool.start()
         return pool
     }()
 
-    /// The thread that makes signature nonces ahead (`DPoPKey.presign(_:)`), at the lowest
-    /// priority (nice 19), so that requests and clients come first for the CPU. Not
-    /// `SCHED_IDLE`: on busy CPUs that could leave it off them for long while it holds a lock
-    /// that other threads of brokerd wait for (libcrypto's secure heap's).
-    private static let presigner: NIOThreadPool = {
-        let pool = NIOThreadPool(numberOfThreads: 1)
-        pool.start()
-        pool.submit { _ in
-            // Linux keeps a nice value per thread, and `who` 0 is the calling one: this thread only.
-            if setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, 19) != 0 {
-                Logger(label: "brokerd").warning(
-                    "the thread that makes DPoP signature nonces ahead runs at normal priority (setpriority: errno \(errno))"
-                )
-            }
-        }
-        return pool
-    }()
-
-    /// Answers a cached token with a proof for `target`: signed here when its nonce is made
-    /// ahead (under a microsecond), else signed on `signers` and written back on the
-    /// connection's event loop, counted as a running request. Either way, `presigner` then makes
-    /// the key's next nonces when half of them are used.
+    /// Answers a cached token with a proof for `target`, signed whole on `signers` and written
+    /// back on the connection's event loop, counted as a running request.
     private func prove(
         _ token: PreparedToken, for target: DPoPTarget, id: RequestID?, now: Date, context: ChannelHandlerContext
     ) {
-        defer {
-            // Weakly: a key that `lock` or `remove` dropped meanwhile gets no nonces.
-            if let (key, count) = token.keyToPresign() { Self.presigner.submit { [weak key] _ in key?.presign(count) } }
-        }
-        if let proof = token.proof(for: target, now: now, quickOnly: true) {
-            write(token, id: id, now: now, proof: proof, context: context)
-            return
-        }
         guard reserveRequest(id: id, context: context) else { return }
         Self.signers.runIfActive(eventLoop: context.eventLoop) { token.proof(for: target, now: now) }
             .assumeIsolated().whenComplete { result in
