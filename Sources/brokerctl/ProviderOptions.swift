@@ -26,6 +26,13 @@ struct ProviderOptions: ParsableArguments {
     var deviceAuthorizationEndpoint: String?
     @Option(help: "oauth2: ES256 to bind the account's tokens to a key the broker makes and keeps (DPoP, RFC 9449).")
     var dpop: String?
+    @Option(
+        name: .customLong("dpop-allow"),
+        help: ArgumentHelp(
+            "oauth2: a URL on the IdP's origin that programs may get DPoP proofs for (a userinfo endpoint); repeat it "
+                + "for more (with update, the list replaces the one before).",
+            valueName: "url"))
+    var dpopAllow: [String] = []
     @Option(help: "refresh_url: GET (default) or POST.") var method: String?
     @Option(help: "sliding: the refresh endpoint URL.") var endpoint: String?
     @Option(help: "sliding: IANA time zone of timestamps without a zone (default UTC).") var timezone: String?
@@ -48,6 +55,7 @@ struct ProviderOptions: ParsableArguments {
         var spec = ProviderSpec(kind: kind)
         for case (let name, let value?) in texts { spec[name] = .string(value) }
         if !command.isEmpty { spec["command"] = .array(command.map(JSONValue.string)) }
+        if !dpopAllow.isEmpty { spec["dpop_allow"] = .array(dpopAllow.map(JSONValue.string)) }
         return spec
     }
 }

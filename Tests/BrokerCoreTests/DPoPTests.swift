@@ -116,22 +116,6 @@ import Testing
         }
     }
 
-    /// A program gets no proof for the IdP endpoints the account itself calls: with one, a
-    /// refresh token that leaked could be used without the broker. Its resource servers, on the
-    /// IdP's origin too, stay allowed.
-    @Test func noProofIsMadeForTheAccountsOwnIdPEndpoints() async throws {
-        try await BrokerHarness.run { harness in
-            try await Self.addDPoPAccount(harness, nonce: false)
-            let token = try await harness.broker.token(account: "api", minTTL: 0)
-            let endpoint = harness.idp.tokenEndpoint
-            for url in [endpoint, endpoint + "?x=1", endpoint.replacing("http://", with: "HTTP://")] {
-                #expect(token.isIdPEndpoint(try DPoPTarget(method: "POST", url: url, nonce: nil)), "\(url)")
-            }
-            let resource = endpoint.replacing("/token", with: "/userinfo")
-            #expect(!token.isIdPEndpoint(try DPoPTarget(method: "GET", url: resource, nonce: nil)))
-        }
-    }
-
     /// Logging out discards the tokens, not the key; an account whose `dpop` is removed keeps
     /// its key in the vault but proves nothing and shows none.
     @Test func theKeyOutlivesALogoutAndRestsWhenDPoPIsTurnedOff() async throws {

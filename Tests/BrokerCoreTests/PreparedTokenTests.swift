@@ -110,7 +110,11 @@ import Testing
 extension PreparedToken {
     /// The prepared answer of the token `result` describes, with proofs of `dpopKey` if given.
     init(_ result: TokenResult, dpopKey: DPoPKey? = nil) {
-        let dpop = dpopKey.map { (key: $0, idpEndpoints: DPoPIdPEndpoints()) }
+        let settings = OAuth2Settings(
+            tokenEndpoint: URL(string: "https://idp.example/token"), clientID: "cli", clientAuth: .none, scope: nil)
+        let dpop = dpopKey.map {
+            (key: $0, idpEndpoints: DPoPIdPEndpoints(settings: settings, discovery: DiscoveryCache()))
+        }
         try! self.init(
             account: result.account,
             token: AccessToken(

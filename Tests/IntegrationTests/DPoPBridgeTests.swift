@@ -158,6 +158,54 @@ import Testing
         #expect(answers == ["bad_request", "bad_request", "bad_request"])
     }
 
+    /// No proof for the IdP's doors (docs/dpop.md), from the real brokerd before and after a
+    /// restart: its endpoints in any spelling and the rest of its origin are `forbidden` (exit
+    /// 7), but for the URL `dpop_allow` lists; a resource server elsewhere gets a proof whose
+    /// `htu` is the normal form of the URL asked for.
+    @Test func theIdPsDoorsAreRefusedInEverySpellingBeforeAndAfterARestart() async throws {
+        let bridge = try await BridgeBroker.start { idp in
+            idp.requireDPoP(nonce: true)
+            return """
+                dpop = "ES256"
+                revocation_endpoint = "\(idp.revocationEndpoint)"
+                device_authorization_endpoint = "\(idp.deviceAuthorizationEndpoint)"
+                dpop_allow = ["\(idp.tokenEndpoint.dropLast("/token".count))/userinfo"]
+                """
+        }
+        let server = try await DPoPResourceServer(idp: bridge.idp)
+        defer { Task { await server.shutdown() } }
+        defer { Task { await bridge.stop() } }
+        let base = String(bridge.idp.tokenEndpoint.dropLast("/token".count))
+        let port = base.split(separator: ":").last ?? ""
+        let refused = [
+            base + "/token", base + "/%74oken", base + "/./token", base + "/x/../token", base + "//token",
+            base + "/token/", "http://localhost:\(port)/token", "HTTP://127.0.0.1:\(port)/token",
+            bridge.idp.revocationEndpoint, bridge.idp.deviceAuthorizationEndpoint, base + "/other", base,
+        ]
+        // The resource's URL spelled otherwise: its proof names the normal form.
+        let spelled = server.url.replacing("/items", with: "/x/../%69tems").replacing("http://", with: "HTTP://")
+        for round in 0..<2 {
+            if round == 1 {
+                _ = bridge.broker.stop()
+                try await bridge.broker.start()
+            }
+            for url in refused {
+                let result = try await bridge.run(["header", "api", "--method", "POST", "--url", url])
+                #expect(result.status == 7 && result.stdout.isEmpty && result.stderr.contains("IdP"), "\(url)")
+            }
+            let allowed = try await bridge.run(["header", "api", "--method", "GET", "--url", base + "/userinfo"])
+            #expect(allowed.status == 0, "\(allowed.stderr)")
+            let header = try await bridge.run(["header", "api", "--method", "GET", "--url", spelled])
+            let headers = try Self.headers(header.stdout)
+            let payload = try #require(headers.proof.split(separator: ".").dropFirst().first)
+            let json = try #require(DPoPVerifier.base64URLDecoded(payload))
+            let claims = try #require(try JSONSerialization.jsonObject(with: json) as? [String: Any])
+            #expect(claims["htu"] as? String == server.url)
+            #expect(try await Self.send(headers, to: server).status == 200)
+        }
+        bridge.expectNoSecretInOutputs()
+    }
+
     /// The declared account got its key with its first tokens; a restart keeps it, and the
     /// Swift client's headers pass the resource server.
     @Test func theKeySurvivesARestartAndTheSwiftClientsHeadersPass() async throws {

@@ -70,10 +70,12 @@ public struct BrokerHarness: Sendable {
     }
 
     /// A second broker, as a restart would find the vault now: on a copy of it (the first broker
-    /// keeps its lock), with the same settings, IdP client and clock.
-    public func restart() throws -> Broker {
+    /// keeps its lock), with the same settings and clock, and the same IdP client unless `http`
+    /// is given (a new one knows nothing the first learnt, as after a real restart; the caller
+    /// shuts it down).
+    public func restart(http: IdPClient? = nil) throws -> Broker {
         try Broker(
-            vault: copyOfVault(), settings: settings, http: http, clock: clock, logger: logs.logger())
+            vault: copyOfVault(), settings: settings, http: http ?? self.http, clock: clock, logger: logs.logger())
     }
 
     /// Opens `answers` once the IdP holds a request and the broker has taken one more turn, so

@@ -138,7 +138,7 @@ public final class DPoPVerifier: Sendable {
     }
 
     /// Decodes base64url without padding; `nil` for any other character, padding included.
-    static func base64URLDecoded(_ text: some StringProtocol) -> Data? {
+    public static func base64URLDecoded(_ text: some StringProtocol) -> Data? {
         let allowed = CharacterSet(charactersIn: "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
         guard !text.isEmpty, text.unicodeScalars.allSatisfy(allowed.contains), text.count % 4 != 1 else { return nil }
         let standard = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")

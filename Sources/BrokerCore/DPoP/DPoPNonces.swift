@@ -1,8 +1,8 @@
 import FoundationEssentials
 import Synchronization
 
-/// The last `DPoP-Nonce` each IdP endpoint gave (RFC 9449 section 8), by its origin and path
-/// (the realms of one Keycloak share an origin, not their nonces), so that the next request
+/// The last `DPoP-Nonce` each IdP endpoint gave (RFC 9449 section 8), by its normal form without query
+/// (`NormalizedURL`; the realms of one Keycloak share an origin, not their nonces), so that the next request
 /// sends it without another `use_dpop_nonce` round. Kept in memory only: after a restart the
 /// first request costs at most one retry.
 final class DPoPNonces: Sendable {
@@ -12,13 +12,13 @@ final class DPoPNonces: Sendable {
 
     /// The nonce last given by the endpoint at `url`.
     func nonce(for url: URL) -> String? {
-        guard let endpoint = url.originAndPath else { return nil }
+        guard let endpoint = NormalizedURL(url.absoluteString)?.description else { return nil }
         return nonces.withLock { list in list.last { $0.endpoint == endpoint }?.nonce }
     }
 
     /// Keeps `nonce` for the endpoint at `url`, when it is one a proof may carry.
     func remember(_ nonce: String, for url: URL) {
-        guard let endpoint = url.originAndPath, DPoPTarget.isNonce(nonce) else { return }
+        guard let endpoint = NormalizedURL(url.absoluteString)?.description, DPoPTarget.isNonce(nonce) else { return }
         nonces.withLock { list in
             list.removeAll { $0.endpoint == endpoint }
             list.append((endpoint, nonce))

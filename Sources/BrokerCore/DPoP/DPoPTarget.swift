@@ -14,8 +14,10 @@ public struct DPoPTarget: Sendable, Equatable {
     public static let nonceLimit = 1024
 
     public let method: String
-    /// The URL as given, without its query and fragment (RFC 9449 section 4.2: `htu`).
-    public let url: String
+    /// The URL without its query and fragment (RFC 9449 section 4.2: `htu`), in normal form.
+    public var url: String { normalized.description }
+    /// The URL as it is compared and signed (`NormalizedURL`).
+    public let normalized: NormalizedURL
     public let nonce: String?
 
     /// Checks the three fields; `BrokerFailure.invalid` (`bad_request`) names the one refused.
@@ -28,7 +30,8 @@ public struct DPoPTarget: Sendable, Equatable {
         }
         guard let url, let checked = Self.checkedURL(url) else {
             throw .invalid(
-                "\"dpop\" needs \"htu\": an absolute https URL (http only for loopback) of at most \(Self.urlLimit) bytes"
+                "\"dpop\" needs \"htu\": an absolute https URL (http only for loopback) of at most \(Self.urlLimit) bytes, "
+                    + "each % starting an escape"
             )
         }
         if let nonce, !Self.isNonce(nonce) {
@@ -36,19 +39,21 @@ public struct DPoPTarget: Sendable, Equatable {
                 "\"dpop\" \"nonce\" must be 1 to \(Self.nonceLimit) printable ASCII characters without quotes")
         }
         self.method = method
-        self.url = checked
+        self.normalized = checked
         self.nonce = nonce
     }
 
-    /// `text` without query and fragment, when it is an absolute URL the broker would call
-    /// (`EndpointPolicy`), without user information, in printable ASCII; `nil` otherwise.
-    static func checkedURL(_ text: String) -> String? {
-        guard text.utf8.count <= urlLimit, text.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F }) else { return nil }
-        let stripped = withoutQueryAndFragment(text)
-        // RFC 9110 section 4.2.4: http(s) URIs carry no user information.
-        guard let url = URL(string: stripped), EndpointPolicy.isAllowed(url), url.user == nil, url.password == nil
+    /// `text` without query and fragment in normal form, when it is an absolute URL the broker
+    /// would call (`EndpointPolicy`), without user information, in printable ASCII; `nil` otherwise.
+    static func checkedURL(_ text: String) -> NormalizedURL? {
+        guard text.utf8.count <= urlLimit, text.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F }),
+            let normalized = NormalizedURL(text)
         else { return nil }
-        return stripped
+        // RFC 9110 section 4.2.4: http(s) URIs carry no user information.
+        guard let url = URL(string: normalized.description), EndpointPolicy.isAllowed(url), url.user == nil,
+            url.password == nil
+        else { return nil }
+        return normalized
     }
 
     /// `text` up to its first `?` or `#`.

@@ -99,14 +99,11 @@ extension AccountRecord {
     /// thumbprint is the same) but sends and makes no proof.
     var dpopKey: DPoPKey? { wantsDPoP ? secrets.dpopKey : nil }
 
-    /// What signs the account's proofs for programs: its key, with `endpoints`, to which its
-    /// configured IdP endpoints are added first; `nil` for a bearer account.
-    func dpopSigning(_ endpoints: DPoPIdPEndpoints) -> (key: DPoPKey, idpEndpoints: DPoPIdPEndpoints)? {
+    /// What signs the account's proofs for programs: its key, with its IdP's endpoints as its
+    /// settings and `discovery` name them; `nil` for a bearer account.
+    func dpopSigning(_ discovery: DiscoveryCache) -> (key: DPoPKey, idpEndpoints: DPoPIdPEndpoints)? {
         guard let key = dpopKey, let settings = provider.settings as? OAuth2Settings else { return nil }
-        for url in [settings.tokenEndpoint, settings.revocationEndpoint, settings.deviceAuthorizationEndpoint] {
-            endpoints.insert(url)
-        }
-        return (key, endpoints)
+        return (key, DPoPIdPEndpoints(settings: settings, discovery: discovery))
     }
 
     /// The DPoP key's public facts for `status`, with the type of the current token when an IdP

@@ -97,6 +97,12 @@ extension Broker {
         // Usually nothing stored changed (a start with the same file): no vault write then.
         let changed = accounts.filter { stored[$0.key] != $0.value.record }.keys
         if !changed.isEmpty { try persist(changing: changed) }
+        // A token served is prepared with the IdP endpoints and `dpop_allow` of its settings
+        // (`DPoPIdPEndpoints`): new settings prepare it again.
+        for (name, provider) in providers
+        where stored[name].map({ !$0.provider.settings.isEqual(to: provider.settings) }) == true {
+            try run([.publish(accounts[name]?.servableToken)], for: name)
+        }
         logger.info("configuration applied", metadata: ["declared_accounts": "\(providers.count)"])
     }
 

@@ -173,7 +173,7 @@ extension Broker {
             let prepared: PreparedToken
             do {
                 prepared = try PreparedToken(
-                    account: name, token: grant.token, dpop: started.dpopSigning(http.dpopEndpoints))
+                    account: name, token: grant.token, dpop: started.dpopSigning(http.discovery))
             } catch {
                 return .failure(error)
             }

@@ -597,7 +597,7 @@ extension Broker {
     func republish(_ machine: AccountMachine, as name: String) {
         cache.publish(
             machine.servableToken.flatMap {
-                try? PreparedToken(account: name, token: $0, dpop: machine.record.dpopSigning(http.dpopEndpoints))
+                try? PreparedToken(account: name, token: $0, dpop: machine.record.dpopSigning(http.discovery))
             }, for: name)
     }
 

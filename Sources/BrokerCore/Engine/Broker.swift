@@ -100,17 +100,28 @@ public actor Broker {
                 let machine = AccountMachine(
                     record: stored.sanitized(), planner: RefreshPlanner(settings: settings), now: now)
                 machines[machine.record.name] = machine
+                readDiscovery(for: machine.record, http: http)
                 if let token = machine.servableToken {
                     // Out of guarded memory, the token is not cached: a request for it refreshes.
                     cache.publish(
                         try? PreparedToken(
                             account: machine.record.name, token: token,
-                            dpop: machine.record.dpopSigning(http.dpopEndpoints)),
+                            dpop: machine.record.dpopSigning(http.discovery)),
                         for: machine.record.name)
                 }
             }
         }
         return machines
+    }
+
+    /// Reads the discovery document of a DPoP account's issuer as the account loads, not at its
+    /// first refresh: until it is read, proofs for programs are refused on the issuer's origin
+    /// only, not yet at the endpoints it names elsewhere (`DPoPIdPEndpoints`).
+    static func readDiscovery(for record: AccountRecord, http: IdPClient) {
+        guard record.dpopKey != nil, let issuer = (record.provider.settings as? OAuth2Settings)?.issuer,
+            http.discovery.known(issuer: issuer) == nil
+        else { return }
+        Task { _ = await http.discovery.endpoints(issuer: issuer, http: http) }
     }
 
     /// Whether `record` is a shared account's that the vault keeps for the fleet rather than a
@@ -166,7 +177,7 @@ public actor Broker {
                         try token.map { token throws(BrokerFailure) in
                             try PreparedToken(
                                 account: name, token: token,
-                                dpop: accounts[name]?.record.dpopSigning(http.dpopEndpoints))
+                                dpop: accounts[name]?.record.dpopSigning(http.discovery))
                         },
                         for: name)
                 } catch {

@@ -66,8 +66,8 @@ public struct PreparedToken: Sendable {
     /// Whether the account's tokens are bound to a DPoP key, which can sign proofs for them.
     public var provesPossession: Bool { dpop != nil }
 
-    /// Whether `target` is an endpoint of the account's IdP, for which no program gets a proof.
-    public func isIdPEndpoint(_ target: DPoPTarget) -> Bool { dpop?.idpEndpoints.contains(target.url) ?? false }
+    /// Why no program gets a proof for `target`, on its IdP's origin (`DPoPIdPEndpoints`), or `nil`.
+    public func idpRefusal(_ target: DPoPTarget) -> String? { dpop?.idpEndpoints.refusal(for: target.normalized) }
 
     /// A DPoP proof for `target` with this token's `ath`, signed at `now`; `nil` for a bearer
     /// account or when libcrypto fails. A whole signature (docs/dpop.md, "Signing"): call it

@@ -11,8 +11,11 @@ actor DiscoveryCache {
     /// How long a discovered document is trusted before it is read again.
     static let lifetime: TimeInterval = 24 * 3600
 
-    /// Read without the actor by `known`, for advice given while the actor that asks is busy.
-    private let documents = Mutex<[String: (endpoints: DiscoveredEndpoints, fetchedAt: Date)]>([:])
+    /// Read without the actor by `known` and `knownDoors`, for advice given while the actor that
+    /// asks is busy and for the refusal of proofs (`DPoPIdPEndpoints`), with the doors of the
+    /// endpoints worked out once.
+    private let documents = Mutex<[String: (endpoints: DiscoveredEndpoints, fetchedAt: Date, doors: [DPoPDoor])]>(
+        [:])
     /// One discovery per issuer at a time; concurrent refreshes share it.
     private var inFlight: [String: Task<Result<DiscoveredEndpoints, RefreshFailure>, Never>] = [:]
 
@@ -37,13 +40,21 @@ actor DiscoveryCache {
         inFlight[key] = task
         let result = await task.value
         inFlight[key] = nil
-        if case .success(let endpoints) = result { documents.withLock { $0[key] = (endpoints, Date()) } }
+        if case .success(let endpoints) = result {
+            let doors = endpoints.all.compactMap(DPoPDoor.init)
+            documents.withLock { $0[key] = (endpoints, Date(), doors) }
+        }
         return result
     }
 
     /// The endpoints `issuer` advertised when last read, however long ago; `nil` when never read.
     nonisolated func known(issuer: URL) -> DiscoveredEndpoints? {
         documents.withLock { $0[Self.normalized(issuer)]?.endpoints }
+    }
+
+    /// The doors of the endpoints `issuer` advertised when last read; `nil` when never read.
+    nonisolated func knownDoors(issuer: URL) -> [DPoPDoor]? {
+        documents.withLock { $0[Self.normalized(issuer)]?.doors }
     }
 
     private static func fetch(issuer: URL, http: IdPClient) async -> Result<DiscoveredEndpoints, RefreshFailure> {
@@ -63,8 +74,10 @@ actor DiscoveryCache {
         URL(string: normalized(issuer) + "/.well-known/openid-configuration")!
     }
 
-    /// Reads `token_endpoint` (and `revocation_endpoint`, RFC 8414, `authorization_endpoint` and
-    /// `device_authorization_endpoint`, RFC 8628) from a discovery document.
+    /// Reads `token_endpoint` (and `revocation_endpoint`, RFC 8414, `authorization_endpoint`,
+    /// `device_authorization_endpoint`, RFC 8628, and, for the refusal of DPoP proofs only,
+    /// `pushed_authorization_request_endpoint`, RFC 9126, and `introspection_endpoint`,
+    /// RFC 8414) from a discovery document.
     /// Every failure is transient: the account's refresh credential is not in question.
     static func interpret(_ reply: IdPReply, issuer: URL) -> Result<DiscoveredEndpoints, RefreshFailure> {
         let host = issuer.host ?? "?"
@@ -100,7 +113,9 @@ actor DiscoveryCache {
             DiscoveredEndpoints(
                 token: endpoint, revocation: optional("revocation_endpoint"),
                 authorization: optional("authorization_endpoint"),
-                deviceAuthorization: optional("device_authorization_endpoint")))
+                deviceAuthorization: optional("device_authorization_endpoint"),
+                pushedAuthorizationRequest: optional("pushed_authorization_request_endpoint"),
+                introspection: optional("introspection_endpoint")))
     }
 
     private static func normalized(_ issuer: URL) -> String { issuer.absoluteString.trimmingSuffix("/") }
@@ -112,6 +127,16 @@ struct DiscoveredEndpoints: Sendable, Equatable {
     var revocation: URL?
     var authorization: URL? = nil
     var deviceAuthorization: URL? = nil
+    var pushedAuthorizationRequest: URL? = nil
+    var introspection: URL? = nil
+
+    /// Every endpoint named.
+    var all: [URL] {
+        [token]
+            + [revocation, authorization, deviceAuthorization, pushedAuthorizationRequest, introspection].compactMap {
+                $0
+            }
+    }
 }
 
 extension String {

@@ -35,8 +35,6 @@ public final class IdPClient: Sendable {
     let discovery = DiscoveryCache()
     /// The nonce each IdP last gave for DPoP proofs.
     let dpopNonces = DPoPNonces()
-    /// The endpoints DPoP accounts send proofs to, for which no program gets one.
-    let dpopEndpoints = DPoPIdPEndpoints()
 
     /// The broker's client: HTTP over the network.
     public convenience init(settings: BrokerSettings) {
@@ -92,7 +90,6 @@ public final class IdPClient: Sendable {
         guard let (proofKey, clock) = proof else {
             return await send(method: .POST, url: url, headers: headers, body: body)
         }
-        dpopEndpoints.insert(url)
         let first = await post(url, headers: headers, body: body, proof: proofKey, now: clock())
         guard case .success(let answer) = first.reply, answer.asksForDPoPNonce,
             let nonce = dpopNonces.nonce(for: url), nonce != first.nonce
@@ -104,8 +101,10 @@ public final class IdPClient: Sendable {
     private func post(_ url: URL, headers: HTTPHeaders, body: String, proof key: DPoPKey, now: Date) async -> (
         reply: Result<IdPReply, RefreshFailure>, nonce: String?
     ) {
-        // The proof's `htu`: the endpoint without query and fragment (RFC 9449 section 4.2).
-        let target = DPoPTarget.withoutQueryAndFragment(url.absoluteString)
+        // The proof's `htu`: the endpoint without query and fragment (RFC 9449 section 4.2), in
+        // the normal form programs' proofs have too.
+        let target =
+            NormalizedURL(url.absoluteString)?.description ?? DPoPTarget.withoutQueryAndFragment(url.absoluteString)
         let nonce = dpopNonces.nonce(for: url)
         guard let proof = key.proof(method: "POST", url: target, now: now, nonce: nonce) else {
             return (.failure(.denial("the account's DPoP key cannot sign; log in again")), nonce)

@@ -32,6 +32,10 @@ public struct OAuth2Settings: Codable, Sendable, Equatable {
     /// The DPoP algorithm (RFC 9449) the account's tokens are bound with, `ES256`; `nil`: bearer
     /// tokens. The key is made by the broker (`DPoPKey`).
     public var dpop: String? = nil
+    /// URLs on the origins of the IdP's endpoints that programs may have DPoP proofs made for
+    /// (a userinfo endpoint), in normal form (`NormalizedURL`); every other URL there is refused
+    /// (docs/dpop.md, "No proof for the IdP's doors").
+    public var dpopAllow: [String]? = nil
 }
 
 extension OAuth2Settings: ProviderSettings {
@@ -42,6 +46,7 @@ extension OAuth2Settings: ProviderSettings {
         ProviderField(name: "scope", type: .text), ProviderField(name: "revocation_endpoint", type: .text),
         ProviderField(name: "authorization_endpoint", type: .text),
         ProviderField(name: "device_authorization_endpoint", type: .text), ProviderField(name: "dpop", type: .text),
+        ProviderField(name: "dpop_allow", type: .texts),
     ]
     static let renewal = Renewal.refreshes
     static var refreshCredential: (name: String, secret: KeyPath<AccountSecrets, SecretBytes?>)? {
@@ -91,6 +96,28 @@ extension OAuth2Settings: ProviderSettings {
         if let dpop, dpop != DPoPKey.algorithm {
             throw .invalid("\"dpop\" is \"\(DPoPKey.algorithm)\", the algorithm every DPoP IdP accepts")
         }
+        dpopAllow = try Self.checkedDPoPAllow(in: fields)
+    }
+
+    /// The most URLs `dpop_allow` takes.
+    static let dpopAllowLimit = 64
+
+    /// `dpop_allow` in normal form: URLs a proof could be made for, without query or fragment.
+    private static func checkedDPoPAllow(in fields: ProviderFields) throws(BrokerFailure) -> [String]? {
+        guard let texts = try fields.texts("dpop_allow") else { return nil }
+        guard texts.count <= dpopAllowLimit else {
+            throw .invalid("\"dpop_allow\" lists at most \(dpopAllowLimit) URLs")
+        }
+        return try texts.map { text throws(BrokerFailure) in
+            guard !text.contains("?"), !text.contains("#"),
+                let target = try? DPoPTarget(method: "GET", url: text, nonce: nil)
+            else {
+                throw .invalid(
+                    "\"dpop_allow\" lists URLs as a proof's htu: https (http only for loopback), without query or fragment"
+                )
+            }
+            return target.url
+        }
     }
 
     /// The optional endpoint URL of `field`, checked like the token endpoint.
@@ -125,6 +152,7 @@ extension OAuth2Settings: ProviderSettings {
         for (name, url) in urls { if let url { values[name] = .string(url.absoluteString) } }
         if let scope { values["scope"] = .string(scope) }
         if let dpop { values["dpop"] = .string(dpop) }
+        if let dpopAllow { values["dpop_allow"] = .array(dpopAllow.map(JSONValue.string)) }
         if changes["token_endpoint"] != nil { values["issuer"] = nil }
         if changes["issuer"] != nil { values["token_endpoint"] = nil }
         for (name, value) in changes { values[name] = value == .null ? nil : value }

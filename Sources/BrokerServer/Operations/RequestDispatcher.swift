@@ -130,18 +130,17 @@ public struct RequestDispatcher: Sendable {
     static let signingFailed = BrokerError(.internal, "the broker could not sign a DPoP proof")
 
     /// Why no proof for `target` is made beside `token`: an account of bearer tokens
-    /// (`bad_request`), or a target that is the account's own IdP endpoint (`forbidden`: a
-    /// program has no business there, docs/dpop.md); `nil` when one is made.
+    /// (`bad_request`), or a target on the account's own IdP (`forbidden`: a program has no
+    /// business at its endpoints, docs/dpop.md, "No proof for the IdP's doors"); `nil` when one
+    /// is made.
     static func proofRefusal(_ token: PreparedToken, _ target: DPoPTarget) -> BrokerError? {
         let name = JSONText.quote(token.account)
         guard token.provesPossession else {
             return BrokerError(
                 .badRequest, "the account \(name) has no DPoP key: its tokens are bearer tokens (set dpop = \"ES256\")")
         }
-        guard !token.isIdPEndpoint(target) else {
-            return BrokerError(
-                .forbidden,
-                "no DPoP proof is made for an endpoint of the account \(name)'s IdP, which only brokerd calls")
+        if let refusal = token.idpRefusal(target) {
+            return BrokerError(.forbidden, "no DPoP proof is made for this request of the account \(name): \(refusal)")
         }
         return nil
     }
