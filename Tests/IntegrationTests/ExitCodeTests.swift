@@ -136,9 +136,10 @@ import Glibc
 
     @Test func sixIsAFailingIdP() async throws {
         let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-exit")
+        // Failing from the start: the account never holds a token `token` could answer with.
+        idp.setBehavior(.status(503, retryAfter: 30))
         let broker = try await Self.broker(with: idp)
         defer { broker.stop() }
-        idp.setBehavior(.status(503, retryAfter: 30))
         let token = try await broker.brokerctlOnOwnThread(["token", "api"])
         #expect(token.status == 6, "\(token.stderr)")
         let unavailable =
@@ -186,9 +187,11 @@ import Glibc
         #expect(best.status == 0, "\(best.stderr)")
         let served = idp.issuedAccessTokens.last.map { best.stdout == $0 + "\n" } ?? false
         #expect(served, "the token the IdP issued")
-        let warning = #/brokerctl: warning: this token is valid for 1[01][0-9] s only: (.*)\n/#
+        // What is left of the 120 s the IdP granted (less on a loaded machine).
+        let warning = #/brokerctl: warning: this token is valid for ([0-9]+) s only: (.*)\n/#
         let said = try #require(best.stderr.wholeMatch(of: warning), "\(best.stderr)")
-        #expect("brokerctl: " + said.1 == refusal)
+        #expect(Int(said.1).map { (1...120).contains($0) } == true, "\(best.stderr)")
+        #expect("brokerctl: " + said.2 == refusal)
         let header = try await broker.brokerctlOnOwnThread(["header", "api", "--min-ttl", "300", "--best-effort"])
         #expect(header.status == 0 && header.stderr.wholeMatch(of: warning) != nil, "\(header.stderr)")
         let bearer = idp.issuedAccessTokens.last.map { header.stdout == "Authorization: Bearer \($0)\n" } ?? false
