@@ -90,6 +90,38 @@ import Testing
         }
     }
 
+    /// A damaged record stays as its very text through a log record and a compaction (a save
+    /// that writes a whole snapshot), beside the accounts that change.
+    @Test func aDamagedRecordIsKeptThroughTheLogAndACompaction() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.remove() }
+        let key = try VaultKey.load(path: directory.file("vault.key"), create: true)
+        let path = directory.file("state/vault")
+        let now = Date(timeIntervalSince1970: 1_795_422_600)
+        var record = try Self.record(1, now: now)
+        let damaged =
+            #"{"name":"acct-2","provider":{"static":{}},"secrets":{ "# + Self.badKey + #" },"needsLogin":false}"#
+        do {
+            let vault = try Vault(path: path, key: key)
+            Self.writeVault(
+                [String(decoding: try JSONEncoder().encode(record), as: UTF8.self), damaged], at: path, key: key)
+            #expect(try vault.load()?.damaged.first?.text.text == damaged)
+            let snapshot = try Data(contentsOf: URL(fileURLWithPath: path))
+            for round in 0..<3 {
+                // A token of 40 KB: the log passes 32 KiB at once, so the next save compacts.
+                record.token?.value = try SecretBytes(String(repeating: "\(round)", count: 40_000))
+                try vault.save(changed: [record], removed: [])
+            }
+            #expect(try Data(contentsOf: URL(fileURLWithPath: path)) != snapshot, "a snapshot was written")
+        }
+        let reread = try Vault(path: path, key: key).load()
+        #expect(reread?.damaged.map(\.name) == ["acct-2"])
+        #expect(reread?.damaged.first?.text.text == damaged)
+        #expect(reread?.damaged.first?.reason.contains("DPoP key") == true)
+        let kept = reread?.accounts == [record]
+        #expect(kept, "the changed account")
+    }
+
     /// What a broker started on a copy of the vault at `path` would load.
     static func reload(_ path: String, key: SecretKey, in harness: BrokerHarness) throws -> VaultContents {
         let copy = harness.directory.file("copy-\(UUID().uuidString)/vault")
