@@ -7,8 +7,10 @@ import PostgresNIO
 /// them once. The canary is checked before anything is written: a broker holding another
 /// fleet's key writes nothing.
 enum FleetSchema {
-    /// The schema this brokerd makes and reads.
-    static let version: Int32 = 1
+    /// The schema this brokerd makes and reads. Version 2 changes no table: it marks a fleet
+    /// whose brokers keep the members of a row's record they do not know, so a release before
+    /// that rule, which would drop them, refuses it at start (docs/fleet.md, "Schema").
+    static let version: Int32 = 2
     /// The advisory lock that serializes the schema's making ("tokenbrk").
     static let lockKey: Int64 = 0x746f_6b65_6e62_726b
 
@@ -38,7 +40,13 @@ enum FleetSchema {
                 removed_at timestamptz NOT NULL DEFAULT now()
             )
             """,
-        ]
+        ],
+        [
+            """
+            COMMENT ON TABLE tokenbroker_accounts IS
+                'sealed: records whose members a release does not know are kept byte for byte (docs/fleet.md)'
+            """
+        ],
     ]
 
     /// Makes the schema in an empty database (with a canary sealed by `key`), or checks the

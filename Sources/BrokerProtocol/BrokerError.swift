@@ -25,12 +25,14 @@ public struct BrokerError: Error, Sendable, Equatable, CustomStringConvertible {
         public static let busy = Code("busy")
         /// The IdP grants tokens shorter than the `min_ttl` asked: no later try can meet it.
         public static let lifetimeTooShort = Code("lifetime_too_short")
+        /// The account's record in the vault cannot be read by this broker's release.
+        public static let damaged = Code("damaged")
         public static let `internal` = Code("internal")
 
         /// Every code, in the order the contract lists them.
         public static let all: [Code] = [
             .badRequest, .lineTooLong, .unknownOp, .unsupportedVersion, .notFound, .forbidden,
-            .needsLogin, .unavailable, .locked, .busy, .internal, .lifetimeTooShort,
+            .needsLogin, .unavailable, .locked, .busy, .internal, .lifetimeTooShort, .damaged,
         ]
 
         public var description: String { rawValue }

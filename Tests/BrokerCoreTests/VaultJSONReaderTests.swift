@@ -5,9 +5,10 @@ import Testing
 
 @testable import BrokerCore
 
-/// `VaultJSONReader`, the fast reader of the vault's plaintext: it gives what `JSONDecoder`
-/// gives for every record shape the vault writes (and wrote), in any key order, and gives
-/// nothing for what it does not understand, leaving the last word to `JSONDecoder`.
+/// `VaultJSONReader`, the reader of the vault's plaintext: it gives what `JSONDecoder` gives for
+/// every record shape the vault writes (and wrote), in any key order; it keeps what it does not
+/// know (a member, byte for byte; an account object it cannot read, whole and damaged) and gives
+/// nothing for JSON that is malformed or not the vault's shape (protocol/VAULT.md).
 @Suite struct VaultJSONReaderTests {
     /// The snapshot's plaintext shape (`VaultSnapshot.Body`).
     private struct Body: Codable {
@@ -63,9 +64,9 @@ import Testing
             let expected = try JSONDecoder().decode(Body.self, from: plaintext)
             let read = try #require(plaintext.withUnsafeBytes { VaultJSONReader().snapshot($0) })
             #expect(read.generation == expected.sequence)
-            #expect(read.accounts.count == expected.accounts.count)
+            #expect(read.contents.accounts.count == expected.accounts.count && read.contents.damaged.isEmpty)
             // Compared record by record and outside `#expect`, whose message would print them.
-            let equal = zip(read.accounts, expected.accounts).map { $0 == $1 }
+            let equal = zip(read.contents.accounts, expected.accounts).map { $0 == $1 }
             #expect(equal.allSatisfy { $0 }, "records that differ: \(equal.indices.filter { !equal[$0] })")
         }
     }
@@ -75,7 +76,7 @@ import Testing
         let change = VaultChange(changed: Self.records(), removed: ["gone", "gone \u{1F600} \"too\""])
         // The same change twice: the second time, every provider's settings are known already.
         for change in [change, change, VaultChange(changed: [], removed: [])] {
-            let plaintext = try JSONEncoder().encode(change)
+            let plaintext = try VaultJSONWriter.change(change)
             let read = try #require(plaintext.withUnsafeBytes { reader.change($0) })
             #expect(read == change)
         }
@@ -89,45 +90,80 @@ import Testing
         let expected = try JSONDecoder().decode(Body.self, from: plaintext)
         let read = try #require(plaintext.withUnsafeBytes { VaultJSONReader().snapshot($0) })
         #expect(read.generation == 3)
-        #expect(read.accounts == expected.accounts)
-        #expect(read.accounts.map(\.provider.kind) == ["oauth2", "refresh_url", "sliding", "exec", "static"])
+        // Kept as read where today's shape differs (`static` without `_0`); read as before.
+        #expect(read.contents.accounts.map { $0.providerText != nil } == [false, false, false, false, true])
+        #expect(
+            read.contents.accounts.map {
+                var record = $0; record.providerText = nil; return record
+            } == expected.accounts)
+        #expect(read.contents.accounts.map(\.provider.kind) == ["oauth2", "refresh_url", "sliding", "exec", "static"])
     }
 
-    /// Keys in another order, whitespace and keys it does not know (skipped, values of every
-    /// kind) change nothing, as with `JSONDecoder`.
+    /// Keys in another order, whitespace and keys it does not know (values of every kind) read
+    /// as `JSONDecoder` reads them; the members it does not know of an account, its `secrets`
+    /// and its `token` are kept as their very text, in order (around the accounts and in other
+    /// objects they are skipped).
     @Test func anyKeyOrderAndUnknownKeys() throws {
         let text = #"""
              { "future" : {"a":[1,2.5e3,{"b":null}],"c":"\u00e9"} ,
               "accounts" : [ { "needsLogin" : false , "secrets" : { "refreshToken" : "rt\/1" , "x" : [] } ,
-                "provider" : { "static" : { "_0" : { } } } , "name" : "n" , "token" : null ,
-                "lastError" : { "at" : -1.5 , "message" : "m" , "code" : "c" , "extra" : true } } ],
+                "provider" : { "static" : { "_0" : { } } } , "name" : "n" , "token" : null , "later":"\u00e9",
+                "lastError" : { "at" : -1.5 , "message" : "m" , "code" : "c" , "extra" : true },
+                "last" : 1e3 } ],
               "sequence" : 12 }
             """#
         let plaintext = Data(text.utf8)
         let expected = try JSONDecoder().decode(Body.self, from: plaintext)
         let read = try #require(plaintext.withUnsafeBytes { VaultJSONReader().snapshot($0) })
         #expect(read.generation == 12)
-        #expect(read.accounts == expected.accounts)
+        var account = try #require(read.contents.accounts.first)
+        #expect(account.unknown?.text.text == #""later":"\u00e9","last" : 1e3"#)
+        #expect(account.secrets.unknown?.text.text == #""x" : []"#)
+        account.unknown = nil
+        account.secrets.unknown = nil
+        #expect([account] == expected.accounts)
         // Compared outside #expect, whose failure message would print the refresh token.
-        let refreshTokenRead = read.accounts.first?.secrets.refreshToken?.text == "rt/1"
+        let refreshTokenRead = account.secrets.refreshToken?.text == "rt/1"
         #expect(refreshTokenRead, "the refresh token was not read")
     }
 
-    /// What the reader does not take: malformed JSON and values of the wrong type (which
-    /// `JSONDecoder` refuses too), and the shapes it leaves to `JSONDecoder` (a repeated key, a
-    /// generation out of range).
+    /// What the reader keeps of a later release (members of the account, its `secrets` and its
+    /// `token`; a `provider` object this release would write otherwise) the writer gives back as
+    /// its very text, after every read and write; settings changed since are written anew.
+    @Test func theWriterGivesBackWhatALaterReleaseWrote() throws {
+        let provider = #"{"static":{"_0":{"later":{"a":1}}}}"#
+        let members = [#""x" :[ 1 ]"#, #""y":"\u0041""#]
+        let secrets = #""k":"v\/1""#
+        let token = #""t":null"#
+        let object =
+            #"{"name":"n","provider":"# + provider + #","secrets":{"refreshToken":"rt","# + secrets + "},"
+            + #""token":{"value":"v","type":"Bearer","expiresAt":1,"obtainedAt":0,"# + token + "},"
+            + members.joined(separator: ",") + #","needsLogin":false}"#
+        var text = #"{"sequence":1,"accounts":["# + object + "]}"
+        for _ in 0..<3 {
+            let read = try #require(Data(text.utf8).withUnsafeBytes { VaultJSONReader().snapshot($0) })
+            #expect(read.contents.damaged.isEmpty && read.contents.accounts.count == 1)
+            text = String(decoding: try VaultJSONWriter.snapshot(generation: 1, read.contents), as: UTF8.self)
+            for kept in members + [secrets, token, #""provider":"# + provider] {
+                #expect(text.contains(kept), "\(kept)")
+            }
+            #expect(text.contains(members.joined(separator: ",") + "}"), "the account's in their order, at its end")
+        }
+        var record = try #require(
+            Data(text.utf8).withUnsafeBytes { VaultJSONReader().snapshot($0) }?.contents.accounts.first)
+        record.provider = ProviderConfig(RefreshURLSettings(method: .get))
+        record.token = nil
+        let written = String(decoding: try VaultJSONWriter.account(record), as: UTF8.self)
+        #expect(!written.contains("later") && !written.contains(token) && written.contains(secrets))
+    }
+
+    /// What the reader does not take: malformed JSON, and the wrong shape or a repeated key
+    /// around the accounts.
     @Test(arguments: [
         #"{"accounts":[],"sequence":1"#,
         #"{"accounts":[]} x"#,
-        #"{"accounts":[{"name":"n","provider":{"static":{}},"secrets":{},"needsLogin":"no"}]}"#,
-        #"{"accounts":[{"name":"n","provider":{"static":{}},"needsLogin":false}]}"#,
-        #"{"accounts":[{"name":"n","provider":{"nope":{}},"secrets":{},"needsLogin":false}]}"#,
-        #"{"accounts":[{"name":"n","provider":"static","secrets":{},"needsLogin":false}]}"#,
-        #"{"accounts":[{"name":1,"provider":{"static":{}},"secrets":{},"needsLogin":false}]}"#,
-        #"{"accounts":[{"name":"n","provider":{"static":{}},"secrets":{"refreshToken":7},"needsLogin":false}]}"#,
-        #"{"accounts":[{"name":"n","provider":{"static":{}},"secrets":{},"needsLogin":false,"lastRefreshAt":"x"}]}"#,
-        #"{"accounts":[{"name":"n","provider":{"static":{}},"secrets":{},"needsLogin":false,"token":{"type":"B"}}]}"#,
-        #"{"accounts":[{"name":"n","name":"m","provider":{"static":{}},"secrets":{},"needsLogin":false}]}"#,
+        #"{"accounts":[],"accounts":[]}"#,
+        #"{"accounts":[{"name":"n","provider":{"static":{}},"secrets":{},"needsLogin":false,"x":[}]}"#,
         #"{"accounts":[],"sequence":18446744073709551616}"#,
         #"{"accounts":[],"sequence":-1}"#,
         #"{"accounts":[],"future":[[[[{"deep":}]]]]}"#,
@@ -140,11 +176,43 @@ import Testing
         #expect(plaintext.withUnsafeBytes { VaultJSONReader().snapshot($0) } == nil)
     }
 
+    /// An account object that is valid JSON but not a record this release reads (a value of
+    /// another type, a member missing or repeated) is kept whole as damaged, with a reason that
+    /// names the member, and the accounts around it are read.
+    @Test(arguments: [
+        #"{"name":"n","provider":{"static":{}},"secrets":{},"needsLogin":"no"}"#,
+        #"{"name":"n","provider":{"static":{}},"needsLogin":false}"#,
+        #"{"name":"n","provider":{"nope":{}},"secrets":{},"needsLogin":false}"#,
+        #"{"name":"n","provider":"static","secrets":{},"needsLogin":false}"#,
+        #"{"name":1,"provider":{"static":{}},"secrets":{},"needsLogin":false}"#,
+        #"{"name":"n","provider":{"static":{}},"secrets":{"refreshToken":7},"needsLogin":false}"#,
+        #"{"name":"n","provider":{"static":{}},"secrets":{},"needsLogin":false,"lastRefreshAt":"x"}"#,
+        #"{"name":"n","provider":{"static":{}},"secrets":{},"needsLogin":false,"token":{"type":"B"}}"#,
+        #"{"name":"n","name":"m","provider":{"static":{}},"secrets":{},"needsLogin":false}"#,
+        #"{"name":"n","provider":{"static":{}},"secrets":{"dpopKey":"AAAA"},"needsLogin":false}"#,
+        #"[1, {"x": "y"}]"#,
+    ])
+    func keepsAnAccountObjectItCannotReadWhole(object: String) throws {
+        let good = #"{"name":"ok","provider":{"static":{}},"secrets":{},"needsLogin":false}"#
+        let plaintext = Data(
+            (#"{"accounts":["# + good + ",  " + object + " ," + good.replacing("ok", with: "ok2") + "]}").utf8)
+        let read = try #require(plaintext.withUnsafeBytes { VaultJSONReader().snapshot($0) })
+        #expect(read.contents.accounts.map(\.name) == ["ok", "ok2"])
+        let damaged = try #require(read.contents.damaged.first)
+        #expect(read.contents.damaged.count == 1)
+        #expect(damaged.text.text == object, "kept as its very text")
+        #expect(
+            damaged.name
+                == (object.contains(#""name":"n""#)
+                    ? "n" : "unreadable-" + Sodium.hex(Sodium.sha256(Array(object.utf8)).prefix(8))))
+        #expect(!damaged.reason.isEmpty && !damaged.reason.contains("AAAA"), "\(damaged.reason)")
+    }
+
     @Test func givesNothingForAStringThatIsNotUTF8() {
         var bytes = Array(#"{"accounts":[{"name":"n"#.utf8)
         bytes += [0xC3, 0x28]
         bytes += Array(#"","provider":{"static":{}},"secrets":{},"needsLogin":false}]}"#.utf8)
-        #expect(bytes.withUnsafeBytes { VaultJSONReader().snapshot($0) } == nil)
+        #expect(bytes.withUnsafeBytes { VaultJSONReader().snapshot($0) } == nil, "not valid JSON: the whole vault")
         #expect((try? JSONDecoder().decode(Body.self, from: Data(bytes))) == nil, "JSONDecoder refuses it too")
     }
 
@@ -187,14 +255,19 @@ import Testing
         ]
     }
 
-    /// The stored properties of `value`, which synthesized `Codable` names its keys after.
+    /// What the types keep of other releases (`UnknownMembers`, `ProviderText`): no key of theirs.
+    private static let keptAsRead: Set<String> = ["unknown", "providerText"]
+
+    /// The stored properties of `value`, which its `Codable` names its keys after (but those
+    /// `keptAsRead`).
     private static func fieldNames(_ value: Any) -> [String] {
-        Mirror(reflecting: value).children.compactMap(\.label)
+        Mirror(reflecting: value).children.compactMap(\.label).filter { !keptAsRead.contains($0) }
     }
 
     /// The fields of `value` (and of the read types it holds) that are `nil`, as `Type.field`.
     private static func missingFields(_ value: Any, type: String) -> [String] {
-        Mirror(reflecting: value).children.flatMap { child -> [String] in
+        Mirror(reflecting: value).children.filter { !keptAsRead.contains($0.label ?? "") }.flatMap {
+            child -> [String] in
             let label = child.label ?? "?"
             let inner = Mirror(reflecting: child.value)
             guard inner.displayStyle == .optional else { return nested(child.value) }
@@ -213,11 +286,11 @@ import Testing
         }
     }
 
-    /// Whether the reader reads `key` in `place`: it refuses a key it reads when the key comes
-    /// twice, and skips one it does not know, as `JSONDecoder` does.
+    /// Whether the reader reads `key` in `place`: it finds the record damaged when a key it
+    /// reads comes twice, and keeps one it does not know.
     private static func readerReads(key: String, place: (String) -> String) -> Bool {
         let text = #"{"accounts":["# + place(#""\#(key)":null,"\#(key)":null"#) + "]}"
-        return Data(text.utf8).withUnsafeBytes { VaultJSONReader().snapshot($0) } == nil
+        return Data(text.utf8).withUnsafeBytes { VaultJSONReader().snapshot($0) }?.contents.damaged.isEmpty == false
     }
 
     /// A record with every field set, written by `JSONEncoder`, read by the reader and written
@@ -240,7 +313,7 @@ import Testing
         encoder.outputFormatting = .sortedKeys
         let written = try encoder.encode(Body(sequence: 1, accounts: [record]))
         let read = try #require(written.withUnsafeBytes { VaultJSONReader().snapshot($0) })
-        let again = try encoder.encode(Body(sequence: read.generation, accounts: read.accounts))
+        let again = try encoder.encode(Body(sequence: read.generation, accounts: read.contents.accounts))
         // Compared key by key and outside #expect, whose message would print the secrets.
         let before = try #require(JSONValue.object(decoding: written)?["accounts"])
         let after = try #require(JSONValue.object(decoding: again)?["accounts"])
@@ -268,7 +341,8 @@ import Testing
         for (type, fields, place) in Self.readTypes {
             #expect(!fields.isEmpty)
             let base = #"{"accounts":["# + place(#""unread":1"#) + "]}"
-            #expect(Data(base.utf8).withUnsafeBytes { VaultJSONReader().snapshot($0) } != nil, "\(type)")
+            let read = Data(base.utf8).withUnsafeBytes { VaultJSONReader().snapshot($0) }
+            #expect(read?.contents.damaged.isEmpty == true && read?.contents.accounts.count == 1, "\(type)")
             // The probe tells a read key from a skipped one.
             #expect(!Self.readerReads(key: "notAField", place: place), "\(type)")
             let unread = fields.filter { !Self.readerReads(key: $0, place: place) }

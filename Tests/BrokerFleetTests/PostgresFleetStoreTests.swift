@@ -135,10 +135,10 @@ struct PostgresFleetStoreTests {
         try await Self.withDatabase { server, client in
             let key = Self.key()
             let first = PostgresFleetStore(client: client, key: key, host: "a", logger: Self.logger)
-            #expect(try await first.prepare() == 1)
+            #expect(try await first.prepare() == 2)
             #expect(try await first.insert(Self.record("api"), share: SharedRecord.newShareID()))
             let second = PostgresFleetStore(client: client, key: key, host: "b", logger: Self.logger)
-            #expect(try await second.prepare() == 1, "an existing schema is checked, not made again")
+            #expect(try await second.prepare() == 2, "an existing schema is checked, not made again")
             #expect(try await second.read("api")?.version == 1)
 
             let before = try await server.dump()

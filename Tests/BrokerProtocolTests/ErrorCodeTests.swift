@@ -16,6 +16,7 @@ import Testing
         ("busy", .busy),
         ("internal", .internal),
         ("lifetime_too_short", .lifetimeTooShort),
+        ("damaged", .damaged),
     ])
     func everyContractCodeMapsFromAndToItsWireString(wire: String, code: BrokerError.Code) {
         #expect(BrokerError.Code(wire: wire) == code)
@@ -23,9 +24,9 @@ import Testing
         #expect(code.description == wire)
     }
 
-    @Test func allListsTwelveDistinctCodesThatEachRoundTrip() {
-        #expect(BrokerError.Code.all.count == 12)
-        #expect(Set(BrokerError.Code.all).count == 12)
+    @Test func allListsThirteenDistinctCodesThatEachRoundTrip() {
+        #expect(BrokerError.Code.all.count == 13)
+        #expect(Set(BrokerError.Code.all).count == 13)
         for code in BrokerError.Code.all {
             #expect(BrokerError.Code(wire: code.rawValue) == code)
         }

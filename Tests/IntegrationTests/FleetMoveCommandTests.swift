@@ -89,7 +89,7 @@ struct FleetMoveCommandTests {
         let fleet = try a.brokerctl(["fleet", "status", "--json"])
         #expect(fleet.status == 0, "\(fleet.stderr)")
         let status = try JSONDecoder().decode(FleetStatusResult.self, from: Data(fleet.stdout.utf8))
-        #expect(status.reachable && status.host == "a" && status.sharedAccounts == 1 && status.schema == 1)
+        #expect(status.reachable && status.host == "a" && status.sharedAccounts == 1 && status.schema == 2)
         #expect(Set(status.hosts.map(\.host)) == ["a", "b"])
         #expect(try a.brokerctl(["fleet", "status"]).stdout.contains("database: reachable"))
 

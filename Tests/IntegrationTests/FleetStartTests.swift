@@ -118,7 +118,7 @@ struct FleetStartTests {
             if trusted {
                 let report = try broker.brokerctl(["fleet", "status", "--json"])
                 let status = try JSONDecoder().decode(FleetStatusResult.self, from: Data(report.stdout.utf8))
-                #expect(status.reachable && status.schema == 1, "\(report.stdout)")
+                #expect(status.reachable && status.schema == 2, "\(report.stdout)")
             } else {
                 #expect(broker.log.contains("CERTIFICATE_VERIFY_FAILED"), "the TLS handshake refused the server")
             }

@@ -396,10 +396,11 @@ struct AccountMachine: Sendable {
     }
 
     /// The credential was revoked (or the logout forced): every token and refresh credential
-    /// is discarded; the settings, the client secret and the DPoP key stay (the next login
-    /// binds its tokens to the same thumbprint).
+    /// is discarded; the settings, the client secret, the DPoP key (the next login binds its
+    /// tokens to the same thumbprint) and the secrets of a later release stay.
     mutating func loggedOut() -> [Effect] {
-        record.secrets = AccountSecrets(clientSecret: record.secrets.clientSecret, dpopKey: record.secrets.dpopKey)
+        record.secrets = AccountSecrets(
+            clientSecret: record.secrets.clientSecret, dpopKey: record.secrets.dpopKey, unknown: record.secrets.unknown)
         record.token = nil
         startOver(in: .loggedOut)
         nextRefreshAt = nil

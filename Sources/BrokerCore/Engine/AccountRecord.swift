@@ -13,6 +13,12 @@ public struct AccessToken: Codable, Sendable, Equatable {
     /// Pushed by a person (`add`, `set_tokens`) rather than issued to the broker by the IdP,
     /// so its lifetime says nothing about what the IdP grants.
     public var pushed: Bool?
+    /// Members of its vault object this release does not know (protocol/VAULT.md).
+    var unknown: UnknownMembers? = nil
+
+    enum CodingKeys: String, CodingKey {
+        case value, type, expiresAt, obtainedAt, idToken, scope, pushed
+    }
 
     /// Seconds the token stays valid after `now`.
     public func remaining(at now: Date) -> TimeInterval { expiresAt.timeIntervalSince(now) }
@@ -27,6 +33,12 @@ public struct AccountSecrets: Codable, Sendable, Equatable {
     public var clientSecret: SecretBytes?
     /// The account's DPoP key (`dpop` set), made by the broker; `nil` for bearer accounts.
     public var dpopKey: DPoPKey? = nil
+    /// Members of its vault object this release does not know (protocol/VAULT.md).
+    var unknown: UnknownMembers? = nil
+
+    enum CodingKeys: String, CodingKey {
+        case refreshToken, refreshURL, refreshExpiresAt, clientSecret, dpopKey
+    }
 }
 
 /// Everything the vault keeps about one account.
@@ -49,6 +61,16 @@ public struct AccountRecord: Codable, Sendable, Equatable {
     /// A step of a move to or from the fleet under way, or a refresh the fleet's database has not
     /// taken (`FleetMark`); `nil` for an account of this broker alone.
     public var fleet: FleetMark?
+    /// Members of its vault object this release does not know: a later release's fields, which
+    /// every rewrite keeps byte for byte (protocol/VAULT.md, "Records of other releases").
+    var unknown: UnknownMembers? = nil
+    /// Its `provider` object as the vault held it, when this release would write it otherwise.
+    var providerText: ProviderText? = nil
+
+    enum CodingKeys: String, CodingKey {
+        case name, provider, secrets, token, needsLogin, loggedOut, lastError, lastRefreshAt, declared, grantedScope
+        case fleet
+    }
 
     /// This record with every date within `Bounds.representableDates` and its last error
     /// cleaned, so a vault written before numbers and texts were checked still loads,

@@ -54,6 +54,8 @@ public struct DPoPStatus: Sendable, Equatable {
 /// The state of an account.
 public enum AccountState: String, Sendable {
     case valid, refreshing, stale, unavailable, degraded
+    /// Its record in the vault cannot be read by this release (`DamagedRecord`).
+    case damaged
     case needsLogin = "needs_login"
     case loggedOut = "logged_out"
 }

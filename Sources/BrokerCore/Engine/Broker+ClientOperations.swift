@@ -83,13 +83,16 @@ extension Broker {
 
     /// Where one account stands.
     public func snapshot(of account: AccountName) throws(BrokerFailure) -> AccountSnapshot {
-        describe(try machine(account.rawValue), now: clock.now())
+        if let damaged = damaged[account.rawValue] { return describe(damaged.record, since: damaged.since) }
+        return describe(try machine(account.rawValue), now: clock.now())
     }
 
-    /// Where every account stands, sorted by name.
+    /// Where every account stands, sorted by name: the damaged records among them.
     public func snapshots() -> [AccountSnapshot] {
         let now = clock.now()
-        return accounts.keys.sorted().compactMap { accounts[$0].map { describe($0, now: now) } }
+        let served = accounts.values.map { describe($0, now: now) }
+        let kept = damaged.values.map { describe($0.record, since: $0.since) }
+        return (served + kept).sorted { $0.name < $1.name }
     }
 
     /// A one-line summary such as "5 accounts: 4 valid, 1 needs login" (systemd `STATUS=`).
@@ -98,12 +101,14 @@ extension Broker {
         let now = clock.now()
         var counts: [String: Int] = [:]
         for machine in accounts.values { counts[machine.state(now: now).rawValue, default: 0] += 1 }
-        let noun = accounts.count == 1 ? "account" : "accounts"
+        if !damaged.isEmpty { counts[AccountState.damaged.rawValue] = damaged.count }
+        let total = accounts.count + damaged.count
+        let noun = total == 1 ? "account" : "accounts"
         guard !counts.isEmpty else { return "0 accounts" }
         let parts = counts.sorted { $0.key < $1.key }.map {
             "\($0.value) \($0.key.replacing("_", with: " "))"
         }
-        return "\(accounts.count) \(noun): " + parts.joined(separator: ", ")
+        return "\(total) \(noun): " + parts.joined(separator: ", ")
     }
 
     /// A token answer for `account`'s id token, valid for `minTTL` seconds when its payload

@@ -36,6 +36,13 @@ extension Broker {
         /// Logged-out accounts the config moves elsewhere: their client secret stays behind.
         var moved: Set<String> = []
         for (name, spec) in configuration.accounts {
+            // Declared anew, it would replace the record the vault keeps (protocol/VAULT.md).
+            if let record = damaged[name]?.record {
+                logger.error(
+                    "a declared account's record in the vault cannot be read; it is not served",
+                    metadata: ["account": "\(name)", "reason": "\(record.reason)"])
+                continue
+            }
             do throws(BrokerFailure) {
                 let account = try AccountName(name)
                 let provider = try ProviderConfig.checking(

@@ -43,6 +43,7 @@ extension Broker {
     /// shared account's row takes instead), the log line and the `added` event.
     func serveNew(_ record: AccountRecord, now: Date) throws(BrokerFailure) -> AccountSnapshot {
         let name = record.name
+        try checkNotDamaged(name)
         var machine = AccountMachine(record: record, planner: planner, now: now)
         let effects = machine.tokensReplaced(by: record, planner: planner, now: now)
         accounts[name] = machine
@@ -159,6 +160,7 @@ extension Broker {
     /// Deletes an account and its secrets.
     public func remove(_ account: AccountName) async throws(BrokerFailure) {
         let name = account.rawValue
+        if damaged[name] != nil { return try removeDamaged(account) }
         try checkChangeable(try machine(name))
         // A shared account is removed fleet-wide: its row first (docs/fleet.md).
         try await removeShared(name)

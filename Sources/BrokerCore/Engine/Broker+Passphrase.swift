@@ -106,6 +106,7 @@ extension Broker {
         }
         padlock.enter(.locked, known: shown)
         accounts = [:]
+        damaged = [:]
         tokenProviders = [:]
         refreshTasks = [:]
         narrowedRefreshes = [:]
@@ -167,6 +168,7 @@ extension Broker {
         Self.reportLoad(of: vault, logger: logger)
         accounts = Self.machines(for: contents, settings: settings, cache: cache, http: http, now: clock.now())
         heldForFleet = Self.heldForFleet(in: contents)
+        damaged = Self.damaged(in: contents, now: clock.now(), logger: logger)
         padlock.enter(.unlocked)
         if let configuration = pendingConfiguration {
             pendingConfiguration = nil

@@ -64,6 +64,9 @@ public actor Broker {
     /// Records of shared accounts the vault keeps for the fleet (an unshare or a commit a crash
     /// interrupted, `FleetMark`): not served as local accounts; `settleFleetMarks` settles them.
     var heldForFleet: [String: AccountRecord] = [:]
+    /// The vault's records this release cannot read, by name, with when they were loaded
+    /// (`Broker+DamagedRecords`): shown, refused, removable, never served.
+    var damaged: [String: (record: DamagedRecord, since: Date)] = [:]
 
     /// Loads every account from `vault` (refusing a wrong key or tampered file) and schedules it;
     /// a vault that holds no key yet (passphrase mode) leaves the broker locked.
@@ -87,6 +90,7 @@ public actor Broker {
         let contents = try vault.load()
         accounts = Self.machines(for: contents, settings: settings, cache: cache, http: http, now: clock.now())
         heldForFleet = Self.heldForFleet(in: contents)
+        damaged = Self.damaged(in: contents, now: clock.now(), logger: logger)
         Self.reportLoad(of: vault, logger: logger)
     }
 
@@ -156,7 +160,10 @@ public actor Broker {
 
     func machine(_ name: String) throws(BrokerFailure) -> AccountMachine {
         guard !padlock.isLocked else { throw .locked }
-        guard let machine = accounts[name] else { throw .noSuchAccount(AccountName(known: name)) }
+        guard let machine = accounts[name] else {
+            try checkNotDamaged(name)
+            throw .noSuchAccount(AccountName(known: name))
+        }
         return machine
     }
 
@@ -225,7 +232,7 @@ public actor Broker {
         switch state {
         case .needsLogin, .loggedOut: restoration = self.restoration(of: machine.record)
         case .stale, .unavailable: restoration = .retry
-        case .valid, .refreshing, .degraded: restoration = nil
+        case .valid, .refreshing, .degraded, .damaged: restoration = nil
         }
         return AccountSnapshot(
             name: AccountName(known: machine.record.name), kind: machine.record.provider.kind,

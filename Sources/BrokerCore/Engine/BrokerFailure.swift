@@ -78,6 +78,9 @@ public enum BrokerFailure: Error, Sendable, Equatable, CustomStringConvertible {
     case loginSettingsDiffer(AccountName)
     /// The account holds no id token: its IdP returned none.
     case noIDToken(AccountName)
+    /// The account's record in the vault cannot be read by this release (`DamagedRecord`);
+    /// `reason` names what, never a value.
+    case damaged(AccountName, reason: String)
     /// The account's id token expires before the time asked for, and a refresh did not renew it.
     case idTokenExpired(AccountName)
 
@@ -201,6 +204,9 @@ extension BrokerFailure {
                 + "brokerctl remove \(name) first"
         case .noIDToken(let name):
             return "\(name) holds no id token: its IdP returned none (ask for the openid scope with --scope)"
+        case .damaged(let name, let reason):
+            return "\(name) cannot be served: this brokerd cannot read its record in the vault (\(reason)); the record "
+                + "is kept as it is. \(Restoration.removeDamaged.sentence(for: name.rawValue))"
         case .idTokenExpired(let name):
             return
                 "the id token of \(name) expired and its IdP does not renew it on refresh; run brokerctl login \(name)"

@@ -21,6 +21,9 @@ public enum Restoration: Sendable, Equatable {
     /// Refreshes are failing for a reason that may pass: the broker retries on its own, and
     /// `brokerctl refresh NAME` tries at once.
     case retry
+    /// Its record in the vault cannot be read by this release: a release that reads it serves
+    /// it again, or `brokerctl remove NAME` deletes it.
+    case removeDamaged
 
     /// The command that does it, for the account named `name`.
     public func command(for name: String) -> String {
@@ -29,6 +32,7 @@ public enum Restoration: Sendable, Equatable {
         case .push: return "brokerctl set-tokens \(name)"
         case .correctClient: return "brokerctl update \(name) --secrets -"
         case .askCommandAgain, .retry: return "brokerctl refresh \(name)"
+        case .removeDamaged: return "brokerctl remove \(name)"
         }
     }
 
@@ -51,6 +55,8 @@ public enum Restoration: Sendable, Equatable {
             return "sign in with the command's own tool, then ask it again with \(command)"
         case .retry:
             return "the broker retries on its own; to try at once: \(command)"
+        case .removeDamaged:
+            return "run a brokerd release that reads it (the one that wrote it), or delete it with \(command)"
         }
     }
 }

@@ -15,7 +15,7 @@ public enum SharedRecord {
 
     /// `record` sealed for the row of its name, of share `share`, at `version`.
     public static func seal(_ record: AccountRecord, share: String, version: Int64, key: SecretKey) throws -> [UInt8] {
-        var plaintext = try JSONEncoder().encode(record)
+        var plaintext = try VaultJSONWriter.account(record)
         defer { Sodium.wipe(&plaintext) }
         let nonce = Sodium.randomBytes(Sodium.nonceLength)
         let ciphertext = Sodium.seal(
@@ -44,10 +44,15 @@ public enum SharedRecord {
                     + " (changed, copied from another account, share or version, or sealed with another key)")
         }
         defer { Sodium.wipe(&plaintext) }
-        guard
-            let record = SecretArena.shared.storing({ VaultJSONReader.decoded(AccountRecord.self, from: plaintext) })
-        else { throw FleetError("its sealed record opened but is not understood") }
-        guard record.name == name else { throw FleetError("its sealed record names another account") }
+        let read = SecretArena.shared.storing { plaintext.withUnsafeBytes { VaultJSONReader().account($0) } }
+        guard let read else { throw FleetError("its sealed record opened but is not understood") }
+        // The reason names members and causes, never a value (`DamagedRecord`).
+        if case .damaged(let damaged) = read {
+            throw FleetError("its sealed record is not understood: \(damaged.reason)")
+        }
+        guard case .record(let record) = read, record.name == name else {
+            throw FleetError("its sealed record names another account")
+        }
         return record.sanitized()
     }
 
@@ -61,9 +66,7 @@ public enum SharedRecord {
     /// --shared`, `share`) gets its own, so a row of a share that was removed is never taken for
     /// one of a later share of the same name.
     public static func newShareID() -> String {
-        let digits = Array("0123456789abcdef".utf8)
-        return String(
-            decoding: Sodium.randomBytes(16).flatMap { [digits[Int($0 >> 4)], digits[Int($0 & 15)]] }, as: UTF8.self)
+        Sodium.hex(Sodium.randomBytes(16))
     }
 
     /// Whether `text` (a row's clear column) could be a share id: 1 to 64 lowercase hex digits.

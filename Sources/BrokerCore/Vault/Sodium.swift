@@ -29,6 +29,12 @@ enum Sodium {
     /// returned may have left a secret (OpenSSL's P-256 code copies scalars and nonces there).
     static func wipeStack(_ count: Int) { sodium_stackzero(count) }
 
+    /// `bytes` as lowercase hex digits.
+    static func hex(_ bytes: some Sequence<UInt8>) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        return String(decoding: bytes.flatMap { [digits[Int($0 >> 4)], digits[Int($0 & 15)]] }, as: UTF8.self)
+    }
+
     /// The SHA-256 digest of `bytes` (the PKCE S256 challenge, RFC 7636 section 4.2).
     static func sha256(_ bytes: [UInt8]) -> [UInt8] { bytes.withUnsafeBytes { sha256($0) } }
 
@@ -91,14 +97,18 @@ enum Sodium {
     }
 
     /// Encrypts `plaintext` bound to `associatedData`; returns ciphertext with its tag.
-    static func seal(_ plaintext: Data, associatedData: [UInt8], nonce: [UInt8], key: SecretKey) -> Data {
-        var ciphertext = [UInt8](repeating: 0, count: plaintext.count + tagLength)
+    static func seal(_ plaintext: some ContiguousBytes, associatedData: [UInt8], nonce: [UInt8], key: SecretKey)
+        -> Data
+    {
+        let count = plaintext.withUnsafeBytes { $0.count }
+        var ciphertext = [UInt8](repeating: 0, count: count + tagLength)
         var written: UInt64 = 0
-        let input = [UInt8](plaintext)
-        let result = key.withBytes { keyBytes in
-            crypto_aead_xchacha20poly1305_ietf_encrypt(
-                &ciphertext, &written, input, UInt64(input.count),
-                associatedData, UInt64(associatedData.count), nil, nonce, keyBytes)
+        let result = plaintext.withUnsafeBytes { input in
+            key.withBytes { keyBytes in
+                crypto_aead_xchacha20poly1305_ietf_encrypt(
+                    &ciphertext, &written, input.bindMemory(to: UInt8.self).baseAddress, UInt64(count),
+                    associatedData, UInt64(associatedData.count), nil, nonce, keyBytes)
+            }
         }
         precondition(result == 0, "XChaCha20-Poly1305 encryption cannot fail")
         return Data(ciphertext)

@@ -123,7 +123,7 @@ extension Vault {
         try state.withLock { state in
             guard state.loaded, let old = state.key else { throw Self.locked }
             if state.log != nil || access(logPath, F_OK) == 0 {
-                try writeSnapshot(state.accounts, &state)
+                try writeSnapshot(state.accounts, state.damaged, &state)
                 try FileSystem.syncDirectory(of: path)
             }
             try checkpoint(.compacted)
@@ -136,7 +136,7 @@ extension Vault {
                 new = .keyFile(try readKeyFile(durably: true))
                 try checkpoint(.keyFileWritten)
             }
-            try writeSnapshot(state.accounts, &state, key: new, checkpoint: checkpoint)
+            try writeSnapshot(state.accounts, state.damaged, &state, key: new, checkpoint: checkpoint)
             guard old.mode == .keyFile, new.mode == .passphrase, let keyFile else { return nil }
             guard !keyFile.isCredential, unlink(keyFile.path) == 0 || errno == ENOENT else { return keyFile.path }
             try? FileSystem.syncDirectory(of: keyFile.path)

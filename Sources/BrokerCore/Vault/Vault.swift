@@ -56,6 +56,8 @@ public final class Vault: @unchecked Sendable {
         var key: SealingKey?
         /// Every account, by name, as the files hold it.
         var accounts: [String: AccountRecord] = [:]
+        /// The account objects this release cannot read, by name, kept as the files hold them.
+        var damaged: [String: DamagedRecord] = [:]
         /// Set once the accounts are those of the files (by `load` or a whole `save`).
         var loaded = false
         /// The generation, header nonce and size of the snapshot at `path`, if there is one.
@@ -158,9 +160,10 @@ public final class Vault: @unchecked Sendable {
                 unlink(stagingPath)
             }
             state.snapshot = (snapshot.generation, snapshot.nonce, snapshot.length)
-            state.accounts = Dictionary(snapshot.accounts.map { ($0.name, $0) }) { $1 }
+            state.accounts = Dictionary(snapshot.contents.accounts.map { ($0.name, $0) }) { $1 }
+            state.damaged = Dictionary(snapshot.contents.damaged.map { ($0.name, $0) }) { $1 }
             if let log, case .changes(let changes, let header, let tail) = log.reading, !changes.isEmpty {
-                for change in changes { change.apply(to: &state.accounts) }
+                for change in changes { change.apply(to: &state.accounts, &state.damaged) }
                 state.log = (log.fd, header, tail)
                 if tail.length < log.length {
                     try FileSystem.truncateDurably(log.fd, to: tail.length, role: "vault log", path: logPath)
@@ -171,16 +174,19 @@ public final class Vault: @unchecked Sendable {
                 unlink(logPath)
             }
             if snapshot.version == VaultSnapshot.singleFileVersion {
-                try writeSnapshot(state.accounts, &state)
+                try writeSnapshot(state.accounts, state.damaged, &state)
                 state.convertedVersion = snapshot.version
             }
             state.loaded = true
-            return VaultContents(accounts: state.accounts.values.sorted { $0.name < $1.name })
+            return VaultContents(
+                accounts: state.accounts.values.sorted { $0.name < $1.name },
+                damaged: state.damaged.values.sorted { $0.name < $1.name })
         }
     }
 
     /// Saves a change to some accounts, durably before it returns: `changed` are written whole
-    /// and `removed` deleted, all or nothing. The cost grows with the change, not with the
+    /// (each replacing a damaged record of its name) and `removed` deleted (damaged records
+    /// too), all or nothing; the damaged records not named stay as they are. The cost grows with the change, not with the
     /// vault: one record appended to the log (or, when the log has grown long enough, a new
     /// snapshot). The vault must have been loaded first.
     public func save(changed: [AccountRecord], removed: [String]) throws {
@@ -190,11 +196,12 @@ public final class Vault: @unchecked Sendable {
             let change = VaultChange(changed: changed, removed: removed)
             if state.needsSnapshot {
                 var accounts = state.accounts
-                change.apply(to: &accounts)
-                try writeSnapshot(accounts, &state)
+                var damaged = state.damaged
+                change.apply(to: &accounts, &damaged)
+                try writeSnapshot(accounts, damaged, &state)
             } else {
                 try append(change, &state)
-                change.apply(to: &state.accounts)
+                change.apply(to: &state.accounts, &state.damaged)
             }
         }
     }
@@ -203,7 +210,9 @@ public final class Vault: @unchecked Sendable {
     /// (staging file, fsync, rename, fsync of the directory), with an empty log.
     public func save(_ contents: VaultContents) throws {
         try state.withLock { state in
-            try writeSnapshot(Dictionary(contents.accounts.map { ($0.name, $0) }) { $1 }, &state)
+            try writeSnapshot(
+                Dictionary(contents.accounts.map { ($0.name, $0) }) { $1 },
+                Dictionary(contents.damaged.map { ($0.name, $0) }) { $1 }, &state)
             state.loaded = true
         }
     }
@@ -235,19 +244,22 @@ public final class Vault: @unchecked Sendable {
         }
     }
 
-    /// Writes `accounts` as the next snapshot, sealed with `key` (by default the vault's), and
+    /// Writes `accounts` and `damaged` as the next snapshot, sealed with `key` (by default the vault's), and
     /// drops the log, which it replaces. Once the rename is done, `state` follows the files
     /// (`key` included) even if a later step fails. `checkpoint` is called once the staging file
     /// is durable and once it is renamed (a rekey's test stops there).
     func writeSnapshot(
-        _ accounts: [String: AccountRecord], _ state: inout State, key: SealingKey? = nil,
+        _ accounts: [String: AccountRecord], _ damaged: [String: DamagedRecord], _ state: inout State,
+        key: SealingKey? = nil,
         checkpoint: (RekeyStep) throws -> Void = { _ in }
     ) throws {
         guard let key = key ?? state.key else { throw Self.locked }
         let generation = (state.snapshot?.generation ?? 0) + 1
+        let contents = VaultContents(
+            accounts: accounts.values.sorted { $0.name < $1.name }, damaged: damaged.values.sorted { $0.name < $1.name }
+        )
         let (file, nonce) = try VaultSnapshot.seal(
-            accounts.values.sorted { $0.name < $1.name }, generation: generation, key: key.secret,
-            derivation: key.derivation)
+            contents, generation: generation, key: key.secret, derivation: key.derivation)
         try FileSystem.writeStagingFile(file, at: stagingPath)
         try checkpoint(.staged)
         do {
@@ -262,6 +274,7 @@ public final class Vault: @unchecked Sendable {
         state.logUnusable = false
         state.snapshot = (generation, nonce, file.count)
         state.accounts = accounts
+        state.damaged = damaged
         try FileSystem.syncDirectory(of: path)
         // Only now that the new snapshot is durable: until then the old log may be needed.
         unlink(logPath)
@@ -297,8 +310,13 @@ public final class Vault: @unchecked Sendable {
 }
 
 /// Everything the vault holds.
-public struct VaultContents: Codable, Sendable, Equatable {
+public struct VaultContents: Sendable, Equatable {
     public var accounts: [AccountRecord]
+    /// The account objects this release cannot read, kept as they are (protocol/VAULT.md).
+    public var damaged: [DamagedRecord]
 
-    public init(accounts: [AccountRecord]) { self.accounts = accounts }
+    public init(accounts: [AccountRecord], damaged: [DamagedRecord] = []) {
+        self.accounts = accounts
+        self.damaged = damaged
+    }
 }

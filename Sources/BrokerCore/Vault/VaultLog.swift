@@ -1,14 +1,27 @@
 import FoundationEssentials
 
 /// One save: accounts written whole and accounts removed, applied all or nothing.
-struct VaultChange: Codable, Equatable {
+struct VaultChange: Equatable {
     var changed: [AccountRecord]
+    /// Records of `changed` that this release cannot read, as a log record holds them.
+    var damaged: [DamagedRecord] = []
     var removed: [String]
 
-    /// Applies the change to `accounts` (by name): removals first, then the records.
-    func apply(to accounts: inout [String: AccountRecord]) {
-        for name in removed { accounts[name] = nil }
-        for record in changed { accounts[record.name] = record }
+    /// Applies the change to `accounts` and `damaged` (by name): removals first, then the
+    /// records, each replacing whatever its name held.
+    func apply(to accounts: inout [String: AccountRecord], _ damaged: inout [String: DamagedRecord]) {
+        for name in removed {
+            accounts[name] = nil
+            damaged[name] = nil
+        }
+        for record in changed {
+            accounts[record.name] = record
+            damaged[record.name] = nil
+        }
+        for record in self.damaged {
+            damaged[record.name] = record
+            accounts[record.name] = nil
+        }
     }
 }
 
@@ -59,7 +72,7 @@ enum VaultLog {
     static func seal(_ change: VaultChange, header: [UInt8], after tail: Tail, key: SecretKey) throws -> (
         record: [UInt8], tail: Tail
     ) {
-        var plaintext = try JSONEncoder().encode(change)
+        var plaintext = try VaultJSONWriter.change(change)
         defer { Sodium.wipe(&plaintext) }
         guard plaintext.count + Sodium.tagLength <= maximumRecordLength else {
             throw VaultError("a change of \(change.changed.count) accounts is too large for one vault log record")
@@ -142,10 +155,7 @@ enum VaultLog {
                 throw refuse("cannot be decrypted at record \(sequence): the key is wrong or the file was modified")
             }
             defer { Sodium.wipe(&plaintext) }
-            guard
-                let change = plaintext.withUnsafeBytes({ reader.change($0) })
-                    ?? VaultJSONReader.decoded(VaultChange.self, from: plaintext)
-            else {
+            guard let change = plaintext.withUnsafeBytes({ reader.change($0) }) else {
                 throw refuse("decrypted but record \(sequence) is not understood")
             }
             changes.append(change)

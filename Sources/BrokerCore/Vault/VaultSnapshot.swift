@@ -30,18 +30,25 @@ struct VaultSnapshot {
     var generation: UInt64
     /// The random nonce of this snapshot's header: what tells it from every other snapshot.
     var nonce: [UInt8]
-    var accounts: [AccountRecord]
+    var contents: VaultContents
     /// The file's size in bytes.
     var length: Int
 
-    /// The file holding `accounts` as generation `generation`, sealed under a fresh nonce, and
+    /// The file holding `contents` as generation `generation`, sealed under a fresh nonce, and
     /// that nonce: in format 3 when `derivation` (how `key` was derived from a passphrase) is
     /// given, else in format 2.
     static func seal(
-        _ accounts: [AccountRecord], generation: UInt64, key: SecretKey, derivation: KeyDerivation? = nil
+        _ contents: VaultContents, generation: UInt64, key: SecretKey, derivation: KeyDerivation? = nil
     ) throws -> (file: Data, nonce: [UInt8]) {
-        var plaintext = try JSONEncoder().encode(Body(generation: generation, accounts: accounts))
+        var plaintext = try VaultJSONWriter.snapshot(generation: generation, contents)
         defer { Sodium.wipe(&plaintext) }
+        return seal(plaintext: plaintext, key: key, derivation: derivation)
+    }
+
+    /// The file holding the JSON `plaintext`, sealed as `seal` does, and its nonce.
+    static func seal(plaintext: [UInt8], key: SecretKey, derivation: KeyDerivation? = nil) -> (
+        file: Data, nonce: [UInt8]
+    ) {
         var header = magic
         if let derivation {
             header.append(bigEndian: passphraseVersion)
@@ -61,28 +68,33 @@ struct VaultSnapshot {
     static func open(_ bytes: [UInt8], path: String, key: SecretKey, reader: VaultJSONReader = VaultJSONReader())
         throws -> VaultSnapshot
     {
-        let (version, derivation) = try header(bytes, path: path)
-        let headerLength = derivation == nil ? headerLength : passphraseHeaderLength
-        let header = Array(bytes.prefix(headerLength))
-        let nonce = Array(header.suffix(Sodium.nonceLength))
-        guard
-            var plaintext = Sodium.open(bytes[headerLength...], associatedData: header, nonce: nonce, key: key)
-        else {
-            throw VaultError(
-                "the vault \(path) cannot be decrypted: the key is wrong or the file was modified; it was left untouched",
-                wrongKey: true)
-        }
+        var (version, derivation, nonce, plaintext) = try plaintext(bytes, path: path, key: key)
         defer { Sodium.wipe(&plaintext) }
-        guard
-            let body = plaintext.withUnsafeBytes({ reader.snapshot($0) })
-                ?? VaultJSONReader.decoded(Body.self, from: plaintext).map({ ($0.generation, $0.accounts) }),
-            (body.generation ?? 0) < generationLimit
+        guard let body = plaintext.withUnsafeBytes({ reader.snapshot($0) }), (body.generation ?? 0) < generationLimit
         else {
             throw VaultError("the vault \(path) decrypted but its contents are not understood")
         }
         return VaultSnapshot(
             version: version, derivation: derivation, generation: body.generation ?? 0, nonce: nonce,
-            accounts: body.accounts, length: bytes.count)
+            contents: body.contents, length: bytes.count)
+    }
+
+    /// The format, derivation, nonce and JSON plaintext of the snapshot file `bytes` read from
+    /// `path` (named in errors), authenticated; the caller wipes the plaintext.
+    static func plaintext(_ bytes: [UInt8], path: String, key: SecretKey) throws -> (
+        version: UInt16, derivation: KeyDerivation?, nonce: [UInt8], plaintext: [UInt8]
+    ) {
+        let (version, derivation) = try header(bytes, path: path)
+        let headerLength = derivation == nil ? headerLength : passphraseHeaderLength
+        let header = Array(bytes.prefix(headerLength))
+        let nonce = Array(header.suffix(Sodium.nonceLength))
+        guard let plaintext = Sodium.open(bytes[headerLength...], associatedData: header, nonce: nonce, key: key)
+        else {
+            throw VaultError(
+                "the vault \(path) cannot be decrypted: the key is wrong or the file was modified; it was left untouched",
+                wrongKey: true)
+        }
+        return (version, derivation, nonce, plaintext)
     }
 
     /// The format version of the snapshot file `bytes` read from `path` (named in errors), and
@@ -112,15 +124,4 @@ struct VaultSnapshot {
         }
     }
 
-    /// The plaintext. `generation` is absent in format 1 vaults written before it existed.
-    private struct Body: Codable {
-        var generation: UInt64?
-        var accounts: [AccountRecord]
-
-        enum CodingKeys: String, CodingKey {
-            /// Format 1 called it the save's sequence number.
-            case generation = "sequence"
-            case accounts
-        }
-    }
 }

@@ -188,6 +188,8 @@ extension BrokerError {
             self.init(.badRequest, message)
         case .noSuchAccount, .loginNeedsProvider, .noIDToken:
             self.init(.notFound, message)
+        case .damaged:
+            self.init(.damaged, message)
         case .loggedOut, .denied, .noCredential, .clientRejected, .noTokenLongEnough, .loginFailed, .idTokenExpired:
             self.init(.needsLogin, message)
         case .loggingOut:

@@ -86,6 +86,13 @@ class LifetimeTooShort(BrokerError):
     code = "lifetime_too_short"
 
 
+class Damaged(BrokerError):
+    """The account's record in the broker's vault cannot be read by its release: run the release
+    that wrote it, or remove the account; retrying cannot help."""
+
+    code = "damaged"
+
+
 class Internal(BrokerError):
     """The broker failed (e.g. its vault could not be saved), or sent a code this client does not know."""
 
@@ -139,6 +146,7 @@ ERRORS_BY_CODE: Dict[str, Type[BrokerError]] = {
         Locked,
         Busy,
         LifetimeTooShort,
+        Damaged,
         Internal,
     )
 }
