@@ -234,7 +234,7 @@ public final class Vault: @unchecked Sendable {
     /// records"): starts the log if there is none and renews its reserve when it runs low.
     /// Throws what stands in the way once less than `roomForARefresh` is left, so a refresh
     /// that would rotate a credential is not started when its record could not be written.
-    public func ensureRoom() throws {
+    func ensureRoom() throws {
         try state.withLock { state in
             guard state.loaded, state.snapshot != nil, state.key != nil else { return }
             if state.log == nil { try startLog(&state) }
