@@ -129,7 +129,7 @@ struct FullDiskTests {
         _ = try await owner.refresh(account: "disk")
         let saved = try await owner.token(account: "disk", minTTL: 0).accessToken
 
-        shim.fail(true)
+        try shim.fail(true)
         let calls = idp.refreshCalls.count
         _ = try? await owner.refresh(account: "disk")
         #expect(idp.refreshCalls.count == calls + 1)
@@ -153,7 +153,7 @@ struct FullDiskTests {
         _ = try? await owner.refresh(account: "disk")
         #expect(try await owner.status(account: "disk").first?.state == "degraded")
         let rotatedCalls = idp.refreshCalls.count
-        shim.fail(false)
+        try shim.fail(false)
         let healed = Date()
         while try await owner.status(account: "disk").first?.state != "valid" {
             guard Date().timeIntervalSince(healed) < Self.retryInterval + Self.slack else { break }

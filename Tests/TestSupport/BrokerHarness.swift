@@ -55,9 +55,10 @@ public struct BrokerHarness: Sendable {
     /// Runs `body` against a fresh broker and IdP (see `start`), then shuts both down.
     public static func run(
         initialRefreshToken: String = "rt-0", settings: BrokerSettings = BrokerSettings(), vault: VaultContents? = nil,
-        _ body: (BrokerHarness) async throws -> Void
+        stateDirectory: String? = nil, _ body: (BrokerHarness) async throws -> Void
     ) async throws {
-        let harness = try await start(initialRefreshToken: initialRefreshToken, settings: settings, vault: vault)
+        let harness = try await start(
+            initialRefreshToken: initialRefreshToken, settings: settings, vault: vault, stateDirectory: stateDirectory)
         try await runThenStop(harness, stop: { await $0.stop() }, body)
     }
 

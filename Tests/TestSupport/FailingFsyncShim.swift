@@ -48,9 +48,9 @@ public struct FailingFsyncShim: Sendable {
     public var environment: [String: String] { ["LD_PRELOAD": library, "TB_FAILING_FSYNC_FLAG": flag] }
 
     /// Makes `fsync` and `fdatasync` fail (`true`) or work again.
-    public func fail(_ failing: Bool) {
+    public func fail(_ failing: Bool) throws {
         if failing {
-            FileManager.default.createFile(atPath: flag, contents: Data())
+            try Data().write(to: URL(fileURLWithPath: flag))
         } else {
             try? FileManager.default.removeItem(atPath: flag)
         }
