@@ -57,7 +57,8 @@ import Glibc
             try await h.addWithValidToken()
             _ = try await h.broker.refreshNow(account: "api")
             let saved = try await h.broker.token(account: "api", minTTL: 0).result.accessToken
-            h.idp.padAccessTokens(by: Vault.reserveLength)
+            // A record longer than the reserve (and its last page) by far.
+            h.idp.padAccessTokens(by: Vault.reserveLength + 32 * 1024)
             try disk.fill()
 
             await #expect(throws: BrokerError.self) { try await h.broker.refreshNow(account: "api") }
