@@ -84,6 +84,8 @@ let package = Package(
         .target(name: "ProcessSpawn", dependencies: ["CSpawn"], swiftSettings: upcoming),
         // timerfd(2) for the refresh scheduler's wall-clock timer (libc's own; nothing to link).
         .systemLibrary(name: "CTimerFD"),
+        // fallocate(2) keeping the size, for the vault log's reserve (libc's own; nothing to link).
+        .systemLibrary(name: "CFileSpace"),
         // brokerd's heap: wipe-on-free `free` and `realloc`, and a kept trim threshold; linked
         // into brokerd only.
         .target(name: "CWipeOnFree"),
@@ -94,7 +96,7 @@ let package = Package(
         .target(
             name: "BrokerCore",
             dependencies: [
-                "BrokerProtocol", "COpenSSL", "CQREncode", "CSodium", "ProcessSpawn", "CTimerFD",
+                "BrokerProtocol", "CFileSpace", "COpenSSL", "CQREncode", "CSodium", "ProcessSpawn", "CTimerFD",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -230,14 +230,20 @@ import Testing
         #expect(effects == [.persist, .publish(expired), .refresh])
     }
 
-    @Test func aFailedSaveRetriesAfterTheBackoffBase() {
+    @Test func whatAFailedSaveHeldBackIsRunOnceASaveSucceedsAndNoRefreshIsScheduledForIt() {
         var machine = machine()
         _ = machine.beginRefresh(serial: 1)
-        _ = machine.refreshSucceeded(
+        let result = machine.refreshSucceeded(
             serial: 1, presented: machine.record.secrets, grant: grant("at-2", rotated: "rt-2", at: start),
             planner: planner, now: start)
-        machine.saveFailed(planner: planner, now: start)
-        #expect(machine.nextRefreshAt == start.addingTimeInterval(planner.settings.backoffBase))
+        guard case .applied(let effects) = result else { Issue.record("not applied"); return }
+        let held = Array(effects.drop { $0 != .persist }.dropFirst())
+        let scheduled = machine.nextRefreshAt
+        machine.saveFailed(holding: held)
+        #expect(machine.nextRefreshAt == scheduled, "the save is retried, not the refresh")
+        #expect(held.contains(.publish(machine.record.token)))
+        #expect(machine.saved() == held)
+        #expect(machine.saved().isEmpty, "run once")
     }
 
     // MARK: Schedule and clock

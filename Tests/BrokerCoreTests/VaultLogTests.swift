@@ -212,13 +212,37 @@ import Testing
     }
 
     @Test(arguments: [0, 1, 9, VaultLog.headerLength - 1, VaultLog.headerLength, VaultLog.headerLength + 20])
-    func aLogCutShortWhileItWasCreatedHoldsNothingAndIsRemoved(length: Int) throws {
+    func aLogCutShortWhileItWasStartedHoldsNothing(length: Int) throws {
         let (rig, snapshot, _) = try Self.vaultWithLog(changes: 1)
         defer { rig.directory.remove() }
         let log = try #require(rig.bytes(rig.logPath))
         try rig.place(snapshot: rig.bytes(rig.path), log: Array(log.prefix(length)))
         #expect(try rig.load() == snapshot)
-        #expect(rig.bytes(rig.logPath) == nil)
+        // Shorter than its header, it is removed; a whole header stays, a log of no record yet.
+        let header = Array(log.prefix(VaultLog.headerLength))
+        #expect(rig.bytes(rig.logPath) == (length < VaultLog.headerLength ? nil : header))
+    }
+
+    @Test func zerosAfterTheLastRecordEndTheLogAndAreCutAway() throws {
+        let (rig, _, saved) = try Self.vaultWithLog(changes: 3)
+        defer { rig.directory.remove() }
+        let log = try #require(rig.bytes(rig.logPath))
+        for zeros in [1, VaultLog.recordPrefixLength, 5000] {
+            try rig.place(snapshot: rig.bytes(rig.path), log: log + [UInt8](repeating: 0, count: zeros))
+            #expect(try rig.load() == Self.sorted(saved))
+            #expect(rig.bytes(rig.logPath) == log)
+        }
+    }
+
+    @Test func zerosFollowedByAnythingElseAreRefused() throws {
+        let (rig, _, _) = try Self.vaultWithLog(changes: 3)
+        defer { rig.directory.remove() }
+        let log = try #require(rig.bytes(rig.logPath))
+        let tampered = log + [UInt8](repeating: 0, count: 100) + [1]
+        try rig.place(snapshot: rig.bytes(rig.path), log: tampered)
+        let error = #expect(throws: VaultError.self) { try rig.load() }
+        #expect(error?.description.contains("damaged length at record 3") == true)
+        #expect(rig.bytes(rig.logPath) == tampered)
     }
 
     /// The instants of a compaction: the new snapshot staged (cut short at some byte, or

@@ -19,16 +19,17 @@ public struct BrokerHarness: Sendable {
 
     /// A fresh broker with `settings`, and an IdP whose first refresh token is
     /// `initialRefreshToken`; the vault holds `vault` before the broker starts on it (empty when
-    /// `nil`). `stop` shuts both down.
+    /// `nil`), in `stateDirectory` (by default one in the harness's directory). `stop` shuts both down.
     public static func start(
-        initialRefreshToken: String = "rt-0", settings: BrokerSettings = BrokerSettings(), vault: VaultContents? = nil
+        initialRefreshToken: String = "rt-0", settings: BrokerSettings = BrokerSettings(), vault: VaultContents? = nil,
+        stateDirectory: String? = nil
     ) async throws -> BrokerHarness {
         let directory = try TemporaryDirectory()
         let http = IdPClient.inProcess(settings: settings)
         do {
             let idp = try await OAuth2TestIdP(initialRefreshToken: initialRefreshToken, serving: .inProcess)
             let keyPath = directory.file("config/vault.key")
-            let vaultPath = directory.file("state/vault")
+            let vaultPath = (stateDirectory ?? directory.file("state")) + "/vault"
             let clock = TestClock()
             let logs = LogRecorder()
             do {
@@ -54,9 +55,10 @@ public struct BrokerHarness: Sendable {
     /// Runs `body` against a fresh broker and IdP (see `start`), then shuts both down.
     public static func run(
         initialRefreshToken: String = "rt-0", settings: BrokerSettings = BrokerSettings(), vault: VaultContents? = nil,
-        _ body: (BrokerHarness) async throws -> Void
+        stateDirectory: String? = nil, _ body: (BrokerHarness) async throws -> Void
     ) async throws {
-        let harness = try await start(initialRefreshToken: initialRefreshToken, settings: settings, vault: vault)
+        let harness = try await start(
+            initialRefreshToken: initialRefreshToken, settings: settings, vault: vault, stateDirectory: stateDirectory)
         try await runThenStop(harness, stop: { await $0.stop() }, body)
     }
 

@@ -16,4 +16,13 @@ extension BrokerProcess {
         }
         return keys
     }
+
+    /// The refresh token of each account of the vault, read with the key file, so that a test
+    /// can compare it with its IdP's. Only while brokerd is stopped.
+    public func storedRefreshTokens() throws -> [String: String] {
+        let vault = try Vault(path: vaultPath, key: VaultKey.load(path: keyPath, create: false))
+        var tokens: [String: String] = [:]
+        for record in try vault.load()?.accounts ?? [] { tokens[record.name] = record.secrets.refreshToken?.text }
+        return tokens
+    }
 }

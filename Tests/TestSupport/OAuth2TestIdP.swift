@@ -74,6 +74,8 @@ public final class OAuth2TestIdP: Sendable {
         /// Issue tokens with 40 random hex digits, long enough that finding one in a memory
         /// scan cannot be a coincidence.
         var longTokens = false
+        /// Characters added to every access token issued, so a test can make records large.
+        var accessTokenPadding = 0
         /// Whether a new grant revokes every access token issued before it (django-oauth-toolkit
         /// does when it rotates the refresh token).
         var revokesOnRotation = false
@@ -201,6 +203,10 @@ public final class OAuth2TestIdP: Sendable {
     }
     /// From now on, tokens carry 40 random hex digits instead of a short number.
     public func issueLongTokens() { state.withLock { $0.longTokens = true } }
+    /// From now on, access tokens are `count` characters longer.
+    public func padAccessTokens(by count: Int) { state.withLock { $0.accessTokenPadding = count } }
+    /// The one refresh token the IdP accepts now.
+    public var currentRefreshToken: String { state.withLock { $0.currentRefreshToken } }
     /// Makes `refreshToken` the one valid refresh token, as if the user had logged in elsewhere.
     public func acceptRefreshToken(_ refreshToken: String) {
         state.withLock { $0.currentRefreshToken = refreshToken }
@@ -369,7 +375,7 @@ public final class OAuth2TestIdP: Sendable {
         state.serial += 1
         let long = state.longTokens
         let suffix = { long ? longRandomHex() : String(UInt32.random(in: 0...UInt32.max)) }
-        let access = "at-\(state.serial)-\(suffix())"
+        let access = "at-\(state.serial)-\(suffix())" + String(repeating: "p", count: state.accessTokenPadding)
         let refresh = "rt-\(state.serial)-\(suffix())"
         state.currentRefreshToken = refresh
         let now = Date()

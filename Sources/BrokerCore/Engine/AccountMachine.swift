@@ -83,6 +83,9 @@ struct AccountMachine: Sendable {
     /// Set when new tokens restored an account that was down (`isDown`) but could not serve yet
     /// (a refresh must come first): that refresh's success announces `valid`.
     private var owesValid = false
+    /// What a refresh whose save failed did not run yet (its token served, its events): run
+    /// once a save writes its record (`saved`), so nothing unsaved is served.
+    private var heldUntilSaved: [Effect]?
 
     /// The machine of a record loaded from the vault or just created.
     init(record: AccountRecord, planner: RefreshPlanner, now: Date) {
@@ -305,14 +308,16 @@ struct AccountMachine: Sendable {
         return keepRotated(grant, presented: presented)
     }
 
-    /// The vault could not save what refresh `serial` brought: try again after `backoffBase`.
-    mutating func saveFailed(planner: RefreshPlanner, now: Date) {
-        let retry = now.addingTimeInterval(planner.settings.backoffBase)
-        if beforeLogout != nil {
-            beforeLogout?.nextRefreshAt = retry
-        } else {
-            nextRefreshAt = retry
-        }
+    /// The vault could not save what a refresh brought: `held`, the effects after the save,
+    /// wait for a save that succeeds (the engine retries the save, not the refresh).
+    mutating func saveFailed(holding held: [Effect]) {
+        heldUntilSaved = (heldUntilSaved ?? []) + held
+    }
+
+    /// A save wrote the record: the effects held back since a failed one, if any.
+    mutating func saved() -> [Effect] {
+        defer { heldUntilSaved = nil }
+        return heldUntilSaved ?? []
     }
 
     /// The IdP refused the credential refresh `serial` presented: stop until new tokens arrive.
@@ -442,6 +447,7 @@ struct AccountMachine: Sendable {
         spreadOverdue = false
         beforeLogout = nil
         clientRefreshedAt = nil
+        heldUntilSaved = nil
         self.phase = phase
     }
 

@@ -142,6 +142,9 @@ extension Broker {
             }
         }
         defer { if lease != nil { fleet?.holding.remove(name) } }
+        if lease == nil, let failure = unsavable(name) {
+            return narrowedRefreshFailed(refresh, failure, now: clock.now())
+        }
         let outcome = await provider.refresh(started, for: refresh.key, now: clock.now())
             .mapError(started.outsideText().clean)
         if lease != nil, case .failure(let failure) = outcome {

@@ -12,7 +12,7 @@ extension Broker {
     public func runDueRefreshes() -> Date? {
         let now = clock.now()
         let (threshold, spread) = (settings.overdueThreshold, settings.overdueSpread)
-        var next: Date?
+        var next = retryFailedSave(now: now)
         for name in accounts.keys {
             if let poll = pollSource(name, now: now) { next = min(next ?? poll, poll) }
             switch accounts[name]?.due(now: now, overdueThreshold: threshold, spread: Double.random(in: 0...spread))
@@ -23,6 +23,38 @@ extension Broker {
             }
         }
         return next
+    }
+
+    /// Tries a failed save again once its backoff is over (`saveTrouble`): the save, never a
+    /// new refresh. Returns when to try next while it still fails.
+    func retryFailedSave(now: Date) -> Date? {
+        guard let trouble = saveTrouble else { return nil }
+        guard trouble.retryAt <= now else { return trouble.retryAt }
+        try? persist(changing: [])
+        return saveTrouble?.retryAt
+    }
+
+    /// The refusal of a refresh of local account `name` while a save failed (`saveTrouble`): a
+    /// rotated credential is still unsaved, and another rotation's would not be saved either.
+    /// The account's state is left as it is: the save is retried, not the refresh.
+    func refusalWhileUnsaved(_ name: String) -> BrokerFailure? {
+        guard fleet?.versions[name] == nil, let trouble = saveTrouble else { return nil }
+        return .refreshFailing(
+            reason: trouble.reason, retryAfter: max(0, trouble.retryAt.timeIntervalSince(clock.now())))
+    }
+
+    /// Why a refresh of local account `name` may not call its IdP now, `nil` when it may: the
+    /// vault has no room for the record of the credential the refresh may rotate
+    /// (`Vault.ensureRoom`, protocol/VAULT.md), or a save failed since the refresh started.
+    func unsavable(_ name: String) -> RefreshFailure? {
+        guard fleet?.versions[name] == nil else { return nil }
+        if let trouble = saveTrouble { return .transient(trouble.reason) }
+        do {
+            try vault.ensureRoom()
+            return nil
+        } catch {
+            return .transient("cannot save the vault: \(error); no refresh starts until there is room")
+        }
     }
 
     /// Asks the provider of an account that watches its source whether the source changed, once
@@ -62,6 +94,7 @@ extension Broker {
         if let serial = accounts[name]?.refreshSerial, let running = refreshTasks[name], running.serial == serial {
             return running.task
         }
+        if let refusal = refusalWhileUnsaved(name) { return Task { .failure(refusal) } }
         refreshSerial += 1
         let serial = refreshSerial
         guard accounts[name]?.beginRefresh(serial: serial, forClient: forClient) == true else {
@@ -95,6 +128,8 @@ extension Broker {
         let asked = ContinuousClock.now
         let outcome: Result<Grant, RefreshFailure>
         if case .failed(let failure) = shared {
+            outcome = .failure(failure)
+        } else if let failure = unsavable(name) {
             outcome = .failure(failure)
         } else {
             // Whatever the IdP or helper wrote is cleaned here, once, before it is stored, logged or sent.
@@ -148,7 +183,7 @@ extension Broker {
             do {
                 try run(effects, for: name)
             } catch {
-                accounts[name]?.saveFailed(planner: planner, now: now)
+                accounts[name]?.saveFailed(holding: Array(effects.drop { $0 != .persist }.dropFirst()))
                 return .failure(error)
             }
             // How long the IdP took, and how long a rotated credential then existed only in
@@ -182,6 +217,7 @@ extension Broker {
     func checkRefreshable(_ machine: AccountMachine) throws(BrokerFailure) {
         try checkCredentialUsable(machine)
         try checkShareSettled(machine)
+        if let refusal = refusalWhileUnsaved(machine.record.name) { throw refusal }
         guard machine.refreshesOnItsOwn else {
             throw .noTokenLongEnough(AccountName(known: machine.record.name), kind: machine.record.provider.kind)
         }

@@ -39,6 +39,9 @@ public actor Broker {
     var tokenProviders: [String: any TokenProvider] = [:]
     /// Accounts changed in memory whose last save failed: the next save writes them too.
     var unsaved: Set<String> = []
+    /// Why the last save failed, when, how many failed in a row, and when it is tried again
+    /// (`retryFailedSave`); `nil` once a save succeeds. Meanwhile no local refresh starts.
+    var saveTrouble: (reason: String, at: Date, attempts: Int, retryAt: Date)?
     /// The configuration to apply at unlock: the one given while the broker was locked.
     var pendingConfiguration: BrokerConfiguration?
     /// The serial the last refresh started was given (see `AccountMachine`).
@@ -207,22 +210,34 @@ public actor Broker {
     }
 
     /// Saves the accounts `names` as they are now (a name no longer here is removed), with any
-    /// whose earlier save failed.
+    /// whose earlier save failed; those then serve what the failed save held back. A failure
+    /// is kept in `saveTrouble`, and the save tried again after a backoff.
     func persist(changing names: some Collection<String>) throws(BrokerFailure) {
         // A shared account's state is its row (`commitShared`), never the local vault: also one
         // shared since its local save failed.
         unsaved.formUnion(names)
         unsaved = unsaved.filter { fleet?.versions[$0] == nil }
-        guard !unsaved.isEmpty else { return }
-        let changed = unsaved.sorted().compactMap { accounts[$0]?.record }
-        let removed = unsaved.sorted().filter { accounts[$0] == nil }
+        guard !unsaved.isEmpty else {
+            saveTrouble = nil
+            return
+        }
+        let saving = unsaved.sorted()
         do {
-            try vault.save(changed: changed, removed: removed)
-            unsaved = []
+            try vault.save(
+                changed: saving.compactMap { accounts[$0]?.record }, removed: saving.filter { accounts[$0] == nil })
         } catch {
-            let accounts = names.count == 1 ? "\(names.first!)" : "\(names.count) accounts"
+            let now = clock.now()
+            let attempts = (saveTrouble?.attempts ?? 0) + 1
+            let retryAt = now.addingTimeInterval(planner.backoff(failures: attempts, retryAfter: nil))
+            saveTrouble = ("cannot save the vault: \(error)", now, attempts, retryAt)
+            let accounts = saving.count == 1 ? "\(saving[0])" : "\(saving.count) accounts"
             logger.error("cannot save the vault", metadata: ["account": "\(accounts)", "reason": "\(error)"])
             throw .vaultNotSaved
+        }
+        unsaved = []
+        saveTrouble = nil
+        for name in saving {
+            if let effects = accounts[name]?.saved() { try? run(effects, for: name) }
         }
     }
 
@@ -238,10 +253,17 @@ public actor Broker {
             name: AccountName(known: machine.record.name), kind: machine.record.provider.kind,
             state: state, expiresAt: machine.record.token?.expiresAt,
             refreshExpiresAt: machine.record.secrets.refreshExpiresAt, nextRefreshAt: machine.nextRefreshAt,
-            lastRefreshAt: machine.record.lastRefreshAt, lastError: machine.record.lastError,
+            lastRefreshAt: machine.record.lastRefreshAt,
+            lastError: unsavedError(of: machine) ?? machine.record.lastError,
             lostScope: machine.record.lostScope, shared: sharedStatus(of: machine.record.name),
             dpop: machine.record.dpopStatus, restoration: restoration
         )
-        .degraded(fleet?.pending[machine.record.name] != nil)
+        .degraded(fleet?.pending[machine.record.name] != nil || unsaved.contains(machine.record.name))
+    }
+
+    /// Why the account's last change is not in the vault, while it is not (`unsaved`).
+    private func unsavedError(of machine: AccountMachine) -> AccountError? {
+        guard unsaved.contains(machine.record.name), let trouble = saveTrouble else { return nil }
+        return AccountError(code: "unavailable", message: trouble.reason, at: trouble.at)
     }
 }

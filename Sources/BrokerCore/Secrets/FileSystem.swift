@@ -1,3 +1,4 @@
+import CFileSpace
 import FoundationEssentials
 
 #if canImport(Glibc)
@@ -386,11 +387,29 @@ public enum FileSystem {
         guard fsync(directoryFD) == 0 else { throw FileAccessError("cannot sync \(directory): \(errnoText())") }
     }
 
-    /// Appends `bytes` to the file open at `fd` (opened with `O_APPEND`) and waits until they
-    /// are on disk (`fdatasync`).
-    static func appendDurably(_ bytes: [UInt8], to fd: Int32, role: String, path: String) throws {
-        try writeAll(bytes, to: fd, role: role, path: path)
+    /// Writes `bytes` at `offset` of the file open at `fd` and waits until they are on disk
+    /// (`fdatasync`), retrying after a signal or a short write.
+    static func writeDurably(_ bytes: [UInt8], to fd: Int32, at offset: Int, role: String, path: String) throws {
+        try bytes.withUnsafeBytes { buffer in
+            var done = 0
+            while done < buffer.count {
+                let written = pwrite(fd, buffer.baseAddress! + done, buffer.count - done, off_t(offset + done))
+                if written < 0, errno == EINTR { continue }
+                guard written > 0 else { throw FileAccessError("cannot write the \(role) \(path): \(errnoText())") }
+                done += written
+            }
+        }
         guard fdatasync(fd) == 0 else { throw FileAccessError("cannot sync the \(role) \(path): \(errnoText())") }
+    }
+
+    /// Allocates `length` bytes of the file open at `fd` from `offset`, beyond its end, without
+    /// changing its size, so that writes there need no new blocks. `nil` when done, else why not
+    /// (`unsupported` when the filesystem cannot).
+    static func allocateAhead(_ fd: Int32, from offset: Int, length: Int) -> (reason: String, unsupported: Bool)? {
+        var error: Int32
+        repeat { error = tb_allocate_keeping_size(fd, Int64(offset), Int64(length)) } while error == EINTR
+        guard error != 0 else { return nil }
+        return (String(cString: strerror(error)), [EOPNOTSUPP, ENOSYS].contains(error))
     }
 
     /// Cuts the file open at `fd` to `length` bytes, durably.

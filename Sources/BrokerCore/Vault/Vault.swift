@@ -24,7 +24,9 @@ public struct VaultError: Error, CustomStringConvertible, Sendable {
 ///
 /// A save appends one sealed record to the log and waits for `fdatasync`; once the log has
 /// grown to a quarter of the snapshot, the next save writes a new snapshot instead (staging file,
-/// fsync, rename, fsync of the directory), which starts the log afresh. A crash at any
+/// fsync, rename, fsync of the directory), which starts the log afresh; one that cannot be
+/// written (a full disk) leaves the change to the log. The log keeps room allocated ahead for
+/// its next records (`ensureRoom`), so saves go on for a while on a full disk. A crash at any
 /// instant loses nothing a save returned for: `load` reads the snapshot, completes a staged
 /// one, replays the log and drops only a record that a crash cut short. Opening a vault takes
 /// an exclusive lock, so a second broker on the same vault refuses to start instead of burning
@@ -38,6 +40,12 @@ public final class Vault: @unchecked Sendable {
     /// so a start reads at most a quarter more than the snapshot and a snapshot's cost is shared
     /// by many saves; at least 32 KiB, so a small vault is not rewritten every few saves.
     static func compactionLength(snapshotLength: Int) -> Int { max(snapshotLength / 4, 32 * 1024) }
+    /// The space allocated ahead of the log's end (protocol/VAULT.md, "Room for the next
+    /// records"): room for dozens of records, so that saves go on for a while on a full disk.
+    static let reserveLength = 256 * 1024
+    /// The room a refresh needs before it starts (`ensureRoom`): a record of one account whose
+    /// tokens take tens of KiB.
+    static let roomForARefresh = 64 * 1024
 
     public let path: String
     /// Where the key file is (or would be): read under the key file, written by a rekey to it,
@@ -62,10 +70,16 @@ public final class Vault: @unchecked Sendable {
         var loaded = false
         /// The generation, header nonce and size of the snapshot at `path`, if there is one.
         var snapshot: (generation: UInt64, nonce: [UInt8], length: Int)?
-        /// The log continuing that snapshot, open for appending; `nil` until its first record.
+        /// The log continuing that snapshot, open for writing; `nil` until it is needed.
         var log: (fd: Int32, header: [UInt8], tail: VaultLog.Tail)?
-        /// Set when an append failed, leaving the log's end unknown: the next save writes a snapshot.
-        var logUnusable = false
+        /// Where the space allocated ahead for the log ends (`reserveLog`).
+        var reservedEnd = 0
+        /// Cleared when the filesystem cannot allocate ahead: there is no reserve to wait for.
+        var allocatesAhead = true
+        /// The record of a save whose write or `fdatasync` failed, where the log would end after
+        /// it, and its change: the next save writes a snapshot holding it, or, when it cannot,
+        /// writes these very bytes again at the same place first (protocol/VAULT.md).
+        var unsynced: (record: [UInt8], tail: VaultLog.Tail, change: VaultChange)?
         /// Whether the last `load` completed an interrupted save.
         var recovered = false
         /// The format the last `load` converted, if it did.
@@ -73,13 +87,22 @@ public final class Vault: @unchecked Sendable {
 
         /// Whether the next save writes a whole snapshot instead of appending to the log.
         var needsSnapshot: Bool {
-            guard let snapshot, !logUnusable else { return true }
+            guard let snapshot, unsynced == nil else { return true }
             return (log?.tail.length ?? 0) >= Vault.compactionLength(snapshotLength: snapshot.length)
+        }
+
+        /// The bytes reserved beyond the log's last saved record (unbounded without allocation ahead).
+        var room: Int {
+            guard allocatesAhead else { return .max }
+            guard let log else { return 0 }
+            return max(0, reservedEnd - log.tail.length)
         }
 
         mutating func closeLog() {
             if let fd = log?.fd { close(fd) }
             log = nil
+            reservedEnd = 0
+            unsynced = nil
         }
     }
 
@@ -162,14 +185,16 @@ public final class Vault: @unchecked Sendable {
             state.snapshot = (snapshot.generation, snapshot.nonce, snapshot.length)
             state.accounts = Dictionary(snapshot.contents.accounts.map { ($0.name, $0) }) { $1 }
             state.damaged = Dictionary(snapshot.contents.damaged.map { ($0.name, $0) }) { $1 }
-            if let log, case .changes(let changes, let header, let tail) = log.reading, !changes.isEmpty {
+            if let log, case .changes(let changes, let header, let tail) = log.reading {
                 for change in changes { change.apply(to: &state.accounts, &state.damaged) }
                 state.log = (log.fd, header, tail)
                 if tail.length < log.length {
                     try FileSystem.truncateDurably(log.fd, to: tail.length, role: "vault log", path: logPath)
                 }
+                // Renewed here and at the next saves; a full disk is met by `ensureRoom`.
+                try? reserveLog(&state)
             } else if let log {
-                // Superseded, or holding nothing saved: the snapshot has all there is.
+                // Superseded, or cut short while it was started: the snapshot has all there is.
                 close(log.fd)
                 unlink(logPath)
             }
@@ -197,12 +222,33 @@ public final class Vault: @unchecked Sendable {
             if state.needsSnapshot {
                 var accounts = state.accounts
                 var damaged = state.damaged
+                state.unsynced?.change.apply(to: &accounts, &damaged)
                 change.apply(to: &accounts, &damaged)
-                try writeSnapshot(accounts, damaged, &state)
-            } else {
-                try append(change, &state)
-                change.apply(to: &state.accounts, &state.damaged)
+                let generation = state.snapshot?.generation
+                do {
+                    return try writeSnapshot(accounts, damaged, &state)
+                } catch where generation != nil && state.snapshot?.generation == generation {
+                    // Not written (no room for it, say), the old snapshot still current: the log
+                    // takes the change, and the next save tries the snapshot again.
+                }
             }
+            try append(change, &state)
+            change.apply(to: &state.accounts, &state.damaged)
+        }
+    }
+
+    /// Makes sure the next save has room for its record (protocol/VAULT.md, "Room for the next
+    /// records"): starts the log if there is none and renews its reserve when it runs low.
+    /// Throws what stands in the way once less than `roomForARefresh` is left, so a refresh
+    /// that would rotate a credential is not started when its record could not be written.
+    func ensureRoom() throws {
+        try state.withLock { state in
+            guard state.loaded, state.snapshot != nil, state.key != nil else { return }
+            if state.log == nil { try startLog(&state) }
+            guard state.room < Self.reserveLength / 2 else { return }
+            do {
+                try reserveLog(&state)
+            } catch  where state.room >= Self.roomForARefresh {}
         }
     }
 
@@ -231,7 +277,7 @@ public final class Vault: @unchecked Sendable {
     )? {
         guard
             let (fd, content) = try FileSystem.openAndReadPrivateFile(
-                logPath, role: "vault log", flags: O_RDWR | O_APPEND)
+                logPath, role: "vault log", flags: O_RDWR)
         else { return nil }
         do {
             return (
@@ -271,7 +317,6 @@ public final class Vault: @unchecked Sendable {
         state.key = key
         try checkpoint(.renamed)
         state.closeLog()
-        state.logUnusable = false
         state.snapshot = (generation, nonce, file.count)
         state.accounts = accounts
         state.damaged = damaged
@@ -280,32 +325,64 @@ public final class Vault: @unchecked Sendable {
         unlink(logPath)
     }
 
-    /// Appends `change` to the log, creating the log with its first record; durable on return.
-    /// A failure leaves the log's end unknown, so the next save writes a snapshot instead.
+    /// Appends `change` to the log, starting the log first if there is none; durable on return.
+    /// A record whose write or `fdatasync` failed is written again first, byte for byte at the
+    /// same place: the page cache is not trusted once a write or `fdatasync` failed, and a kill
+    /// during the rewrite leaves the same bytes (protocol/VAULT.md, "Room for the next records").
     private func append(_ change: VaultChange, _ state: inout State) throws {
-        guard let snapshot = state.snapshot else { preconditionFailure("a log continues a snapshot") }
         guard let key = state.key?.secret else { throw Self.locked }
+        if state.log == nil { try startLog(&state) }
+        if let unsynced = state.unsynced, let log = state.log {
+            try FileSystem.writeDurably(
+                unsynced.record, to: log.fd, at: log.tail.length, role: "vault log", path: logPath)
+            state.unsynced = nil
+            state.log?.tail = unsynced.tail
+            unsynced.change.apply(to: &state.accounts, &state.damaged)
+        }
+        guard let log = state.log else { preconditionFailure("a started log is open") }
+        let (record, tail) = try VaultLog.seal(change, header: log.header, after: log.tail, key: key)
         do {
-            if let log = state.log {
-                let (record, tail) = try VaultLog.seal(change, header: log.header, after: log.tail, key: key)
-                try FileSystem.appendDurably(record, to: log.fd, role: "vault log", path: logPath)
-                state.log?.tail = tail
-            } else {
-                let (header, start) = VaultLog.header(
-                    generation: snapshot.generation, snapshotNonce: snapshot.nonce, key: key)
-                let (record, tail) = try VaultLog.seal(change, header: header, after: start, key: key)
-                let fd = try FileSystem.createPrivateFile(logPath, role: "vault log", flags: O_APPEND)
-                state.log = (fd, header, start)
-                // The header and first record in one write, then the new name made durable.
-                try FileSystem.appendDurably(header + record, to: fd, role: "vault log", path: logPath)
-                try FileSystem.syncDirectory(of: logPath)
-                state.log?.tail = tail
-            }
+            try FileSystem.writeDurably(record, to: log.fd, at: log.tail.length, role: "vault log", path: logPath)
         } catch {
-            state.closeLog()
-            state.logUnusable = true
+            state.unsynced = (record, tail, change)
             throw error
         }
+        state.log?.tail = tail
+        if state.room < Self.reserveLength / 2 { try? reserveLog(&state) }
+    }
+
+    /// Starts the log continuing the snapshot: its header, durable under a durable name, then
+    /// its reserve. A log that cannot be started is removed.
+    private func startLog(_ state: inout State) throws {
+        guard let snapshot = state.snapshot else { preconditionFailure("a log continues a snapshot") }
+        guard let key = state.key?.secret else { throw Self.locked }
+        let (header, start) = VaultLog.header(generation: snapshot.generation, snapshotNonce: snapshot.nonce, key: key)
+        let fd = try FileSystem.createPrivateFile(logPath, role: "vault log")
+        do {
+            try FileSystem.writeDurably(header, to: fd, at: 0, role: "vault log", path: logPath)
+            try FileSystem.syncDirectory(of: logPath)
+        } catch {
+            close(fd)
+            unlink(logPath)
+            throw error
+        }
+        state.log = (fd, header, start)
+        try? reserveLog(&state)
+    }
+
+    /// Allocates `reserveLength` bytes ahead of the log's last saved record, beyond the end of
+    /// the file (its size unchanged), so the records written there need no new blocks. A
+    /// filesystem that cannot allocate ahead has no reserve, and no limit on starting refreshes.
+    private func reserveLog(_ state: inout State) throws {
+        guard let log = state.log, state.allocatesAhead else { return }
+        if let refusal = FileSystem.allocateAhead(log.fd, from: log.tail.length, length: Self.reserveLength) {
+            guard refusal.unsupported else {
+                throw VaultError("cannot reserve room for the vault's next records (\(logPath): \(refusal.reason))")
+            }
+            state.allocatesAhead = false
+            return
+        }
+        state.reservedEnd = log.tail.length + Self.reserveLength
     }
 }
 

@@ -97,12 +97,12 @@ enum VaultLog {
         /// It continued an older snapshot, which a newer one replaced with everything in it.
         case superseded
         /// The changes saved since the snapshot; `tail.length` is where the last complete
-        /// record ends (before a record that a crash cut short).
+        /// record ends (before a record that a crash cut short, or zeros to the end).
         case changes([VaultChange], header: [UInt8], tail: Tail)
     }
 
     /// Reads the log `bytes` found at `path` (named in errors) beside `snapshot`. A record cut
-    /// short at the end is left out; anything else that does not authenticate, is out of
+    /// short at the end, and zeros to the end, are left out; anything else that does not authenticate, is out of
     /// order, or continues another snapshot is refused. `reader` reads the records' plaintext.
     static func read(
         _ bytes: [UInt8], continuing snapshot: VaultSnapshot, path: String, key: SecretKey,
@@ -135,6 +135,9 @@ enum VaultLog {
         while bytes.count - tail.length >= recordPrefixLength {
             let start = tail.length
             let length = bytes.bigEndian(UInt32.self, at: start)
+            // Zeros from a record's start to the end of the file end the log (protocol/VAULT.md,
+            // "Reading"): room allocated ahead that a filesystem shows, not a record cut short.
+            if length == 0, bytes[start...].allSatisfy({ $0 == 0 }) { break }
             guard bytes.bigEndian(UInt32.self, at: start + 4) == ~length else {
                 throw refuse("has a damaged length at record \(tail.sequence)")
             }
