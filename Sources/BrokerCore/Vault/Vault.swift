@@ -227,7 +227,7 @@ public final class Vault: @unchecked Sendable {
                 let generation = state.snapshot?.generation
                 do {
                     return try writeSnapshot(accounts, damaged, &state)
-                } catch where generation != nil && state.snapshot?.generation == generation {
+                } catch  where generation != nil && state.snapshot?.generation == generation {
                     // Not written (no room for it, say), the old snapshot still current: the log
                     // takes the change, and the next save tries the snapshot again.
                 }
