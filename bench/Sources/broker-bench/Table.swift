@@ -127,14 +127,15 @@ enum Table {
     ]
 
     /// Cached tokens of a DPoP account asked with a `dpop` object, each answer with a fresh proof
-    /// (an ES256 signature), beside plain cached tokens of the same run (docs/dpop.md).
+    /// (a whole ES256 signature, nothing made ahead), beside plain cached tokens of the same run
+    /// (docs/dpop.md, "Signing"; the targets are docs/performance.md's).
     static let dpopRows: [Row] = [
         Row(
             figure: "cached `token` with a DPoP proof, 64 connections, proofs/s", key: "dpop_64_rps",
-            unit: .requestsPerSecond, yardstick: ("plain token", "token_64_rps"), target: .atLeast(25_000)),
+            unit: .requestsPerSecond, yardstick: ("plain token", "token_64_rps"), target: .atLeast(20_000)),
         Row(
             figure: "cached `token` with a DPoP proof, 1 connection, p50", key: "dpop_1_p50_us", unit: .microseconds,
-            yardstick: ("plain token", "token_1_p50_us"), target: .ratioAtMost(2)),
+            yardstick: ("plain token", "token_1_p50_us"), target: .ratioAtMost(4)),
         Row(
             figure: "cached `token` with a DPoP proof, 1 connection, p99", key: "dpop_1_p99_us", unit: .microseconds,
             yardstick: ("plain token", "token_1_p99_us"), target: .none),
