@@ -31,9 +31,10 @@ import Glibc
     }
 
     /// A running broker with the oauth2 account `api` of `idp` (made with the refresh token
-    /// `rt-exit`).
-    static func broker(with idp: OAuth2TestIdP) async throws -> BrokerProcess {
+    /// `rt-exit`), and `settings` as its broker.toml when given.
+    static func broker(with idp: OAuth2TestIdP, settings: String? = nil) async throws -> BrokerProcess {
         let broker = try BrokerProcess()
+        if let settings { try broker.writeConfig(settings) }
         try await broker.start()
         let added = try await broker.brokerctlOnOwnThread(
             [
@@ -243,9 +244,11 @@ import Glibc
     /// not running: 75, on the short path and through ArgumentParser alike.
     @Test func seventyFiveIsNoAnswerWithinTheTimeout() async throws {
         let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-exit")
-        // Hung from the start: the account never holds a token `token` could answer with at once.
+        // Hung from the start, for longer than the test: the account never holds a token `token`
+        // could answer with at once, and its first refresh does not time out (which would make
+        // it `unavailable`, 6) while the test runs.
         idp.setBehavior(.hang)
-        let broker = try await Self.broker(with: idp)
+        let broker = try await Self.broker(with: idp, settings: "[broker]\nrequest_timeout = 600\n")
         defer { broker.stop() }
         let line = "brokerctl: the broker did not answer in time; try again, or wait longer with --timeout"
         for arguments in [["refresh", "api"], ["token", "api"], ["token", "api", "--json"]] {
