@@ -97,7 +97,7 @@ extension Broker {
     private func startNarrowedRefresh(_ name: String, key: TokenKey) -> Task<Result<Void, BrokerFailure>, Never> {
         let refresh = NarrowedRefresh(account: name, key: key)
         if let running = narrowedRefreshes[refresh] { return running }
-        let task = Task { await self.performNarrowedRefresh(refresh) }
+        let task = refreshTask { await self.performNarrowedRefresh(refresh) }
         narrowedRefreshes[refresh] = task
         return task
     }
@@ -122,6 +122,7 @@ extension Broker {
         } catch {
             return .failure(error)
         }
+        if let failure = unstorable(started) { return narrowedRefreshFailed(refresh, failure, now: clock.now()) }
         // A shared account's scoped refresh presents the row's credential under the account's
         // lease, as its own refresh does (docs/fleet.md, "One refresher").
         var lease: (row: SharedRow, until: Date)?

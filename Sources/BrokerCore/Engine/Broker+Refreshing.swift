@@ -57,6 +57,36 @@ extension Broker {
         }
     }
 
+    /// Why a refresh of `record` may not call its IdP for want of guarded memory, `nil` when
+    /// the task's `SecretArena.reservation` now holds the slots the answer will need.
+    func unstorable(_ record: AccountRecord) -> RefreshFailure? {
+        do {
+            try SecretArena.reservation?.fill(from: .current, sizes: Self.answerSizes(record))
+            return nil
+        } catch {
+            return .transient("the broker is out of guarded memory for secrets; no refresh starts until there is some")
+        }
+    }
+
+    /// What a refresh of `record` reserves for its answer: a slot for each secret it may bring
+    /// (refresh token, access token, id token, and the token's prepared answer), twice the size
+    /// of the account's present one and at least 8 KiB, so that a rotation is not lost for
+    /// want of memory. A larger secret is stored like any other.
+    static func answerSizes(_ record: AccountRecord) -> [Int] {
+        let access = record.token?.value.count ?? 0
+        let id = record.token?.idToken?.count ?? 0
+        let refresh = record.secrets.refreshToken?.count ?? 0
+        return [refresh, access, id, access + id + 512].map { max(8192, 2 * $0) }
+    }
+
+    /// Runs a refresh's `body` in a task of its own that holds a `SecretArena.Reservation`
+    /// (`unstorable` fills it).
+    func refreshTask(_ body: @escaping @Sendable () async -> Result<Void, BrokerFailure>) -> Task<
+        Result<Void, BrokerFailure>, Never
+    > {
+        Task { await SecretArena.$reservation.withValue(SecretArena.Reservation()) { await body() } }
+    }
+
     /// Asks the provider of an account that watches its source whether the source changed, once
     /// every poll interval, and starts a refresh when it did. Returns when to ask next.
     func pollSource(_ name: String, now: Date) -> Date? {
@@ -101,7 +131,7 @@ extension Broker {
             let refusal = BrokerFailure.refreshNotStarted(AccountName(known: name))
             return Task { .failure(refusal) }
         }
-        let task = Task { await self.performRefresh(name, serial: serial) }
+        let task = refreshTask { await self.performRefresh(name, serial: serial) }
         refreshTasks[name] = (serial, task)
         return task
     }
@@ -129,7 +159,7 @@ extension Broker {
         let outcome: Result<Grant, RefreshFailure>
         if case .failed(let failure) = shared {
             outcome = .failure(failure)
-        } else if let failure = unsavable(name) {
+        } else if let failure = unsavable(name) ?? unstorable(started) {
             outcome = .failure(failure)
         } else {
             // Whatever the IdP or helper wrote is cleaned here, once, before it is stored, logged or sent.

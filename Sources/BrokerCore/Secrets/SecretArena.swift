@@ -79,7 +79,8 @@ final class SecretArena: Sendable {
     /// How many regions the arena has mapped (slabs and secrets of their own).
     var regionCount: Int { state.withLock { $0.regions } }
 
-    /// A copy of `bytes` in guarded memory.
+    /// A copy of `bytes` in guarded memory: in a slot the task's `reservation` holds when one
+    /// fits, otherwise in a free slot of the arena.
     func store(_ bytes: UnsafeRawBufferPointer) throws(BrokerFailure) -> Place {
         let copy = { (target: UnsafeMutableRawPointer) in
             if let base = bytes.baseAddress { target.copyMemory(from: base, byteCount: bytes.count) }
@@ -91,26 +92,73 @@ final class SecretArena: Sendable {
             pages.makeReadOnly(region)
             return Place(bytes: region.start, slab: region, sizeClass: -1)
         }
+        let reserved = Self.reservation?.take(atLeast: sizeClass, of: self)
         let (place, lockError) = try state.withLock { state throws(BrokerFailure) in
             var lockError: Int32?
-            if state.free[sizeClass].isEmpty {
-                let slot = Self.slotSizes[sizeClass]
-                let wanted = min(
-                    Self.largestSlab(slot: slot), max(Self.firstSlabSize, slot, 2 * state.lastSlab[sizeClass]))
-                guard let (slab, error) = pages.map(wanted) else { throw BrokerFailure.outOfGuardedMemory }
-                lockError = noteMapped(error, in: &state)
-                state.lastSlab[sizeClass] = slab.size
-                state.slabs.append(slab)
-                state.free[sizeClass] = stride(from: slab.size - slot, through: 0, by: -slot).map {
-                    (slab, slab.start + $0)
-                }
+            let taken: Place
+            if let reserved {
+                taken = reserved
+            } else {
+                taken = try takeSlot(sizeClass, in: &state, lockError: &lockError)
             }
-            let (slab, slot) = state.free[sizeClass].removeLast()
-            writing(slab, in: &state) { copy(slot) }
-            return (Place(bytes: slot, slab: slab, sizeClass: sizeClass), lockError)
+            writing(taken.slab, in: &state) { copy(taken.bytes) }
+            return (taken, lockError)
         }
         if let lockError { Self.logLockRefused(lockError) }
         return place
+    }
+
+    /// Takes a free slot of `sizeClass`, mapping a new slab for the class when it has none, or,
+    /// when no slab can be mapped, the smallest free slot of a larger class.
+    private func takeSlot(_ sizeClass: Int, in state: inout State, lockError: inout Int32?) throws(BrokerFailure)
+        -> Place
+    {
+        if state.free[sizeClass].isEmpty {
+            let slot = Self.slotSizes[sizeClass]
+            let wanted = min(
+                Self.largestSlab(slot: slot), max(Self.firstSlabSize, slot, 2 * state.lastSlab[sizeClass]))
+            guard let (slab, error) = pages.map(wanted) else {
+                guard let larger = state.free.indices.dropFirst(sizeClass + 1).first(where: { !state.free[$0].isEmpty })
+                else { throw BrokerFailure.outOfGuardedMemory }
+                let (slab, slot) = state.free[larger].removeLast()
+                return Place(bytes: slot, slab: slab, sizeClass: larger)
+            }
+            lockError = noteMapped(error, in: &state) ?? lockError
+            state.lastSlab[sizeClass] = slab.size
+            state.slabs.append(slab)
+            state.free[sizeClass] = stride(from: slab.size - slot, through: 0, by: -slot).map {
+                (slab, slab.start + $0)
+            }
+        }
+        let (slab, slot) = state.free[sizeClass].removeLast()
+        return Place(bytes: slot, slab: slab, sizeClass: sizeClass)
+    }
+
+    /// Takes a slot for a secret of each of `sizes` bytes (at most 2 MiB each), all or none.
+    fileprivate func takeSlots(_ sizes: [Int]) throws(BrokerFailure) -> [Place] {
+        let (places, lockError) = try state.withLock { state throws(BrokerFailure) in
+            var lockError: Int32?
+            var places: [Place] = []
+            for size in sizes {
+                guard let sizeClass = Self.slotSizes.firstIndex(where: { $0 >= size }) else { continue }
+                do throws(BrokerFailure) {
+                    places.append(try takeSlot(sizeClass, in: &state, lockError: &lockError))
+                } catch {
+                    for place in places { state.free[place.sizeClass].append((place.slab, place.bytes)) }
+                    throw error
+                }
+            }
+            return (places, lockError)
+        }
+        if let lockError { Self.logLockRefused(lockError) }
+        return places
+    }
+
+    /// Gives back slots taken by `takeSlots` and never written.
+    fileprivate func giveBack(_ places: [Place]) {
+        state.withLock { state in
+            for place in places { state.free[place.sizeClass].append((place.slab, place.bytes)) }
+        }
     }
 
     /// Wipes the secret at `place` and takes its memory back.
@@ -184,5 +232,49 @@ final class SecretArena: Sendable {
             swapped out; raise the locked-memory limit (RLIMIT_MEMLOCK, LimitMEMLOCK=)
             """,
             metadata: ["memlock_limit_bytes": "\(bytes)"])
+    }
+}
+
+extension SecretArena {
+    /// The slots the current task holds for the secrets of an answer it awaits (a refresh's).
+    @TaskLocal static var reservation: Reservation?
+
+    /// Guarded memory taken before an IdP is called, for the secrets its answer brings: once
+    /// the IdP has answered a refresh, the credential presented is spent, and an answer that
+    /// found no memory would lose its successor. A refresh's task holds an empty one
+    /// (`SecretArena.reservation`); `fill` takes the slots before the call (failing, and
+    /// calling nothing, when no memory can be had), `store` uses them first, and those left go
+    /// back to the arena when the task ends.
+    final class Reservation: Sendable {
+        private let held = Mutex<(arena: SecretArena?, slots: [Place])>((nil, []))
+
+        init() {}
+
+        deinit { held.withLock { if let arena = $0.arena { arena.giveBack($0.slots) } } }
+
+        /// Takes from `arena` one slot for a secret of each of `sizes` bytes, on top of those
+        /// already held from it.
+        func fill(from arena: SecretArena, sizes: [Int]) throws(BrokerFailure) {
+            let places = try arena.takeSlots(sizes)
+            held.withLock { held in
+                if let previous = held.arena, previous !== arena {
+                    previous.giveBack(held.slots)
+                    held.slots = []
+                }
+                held.arena = arena
+                held.slots += places
+            }
+        }
+
+        /// The smallest held slot of `arena` of `sizeClass` or larger, taken out.
+        fileprivate func take(atLeast sizeClass: Int, of arena: SecretArena) -> Place? {
+            held.withLock { held in
+                guard held.arena === arena,
+                    let index = held.slots.indices.filter({ held.slots[$0].sizeClass >= sizeClass })
+                        .min(by: { held.slots[$0].sizeClass < held.slots[$1].sizeClass })
+                else { return nil }
+                return held.slots.remove(at: index)
+            }
+        }
     }
 }
