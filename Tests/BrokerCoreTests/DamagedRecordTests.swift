@@ -122,6 +122,69 @@ import Testing
         #expect(kept, "the changed account")
     }
 
+    /// DPoP keys past what OpenSSL's secure heap holds (its 1 MiB, 64 bytes a key) are their
+    /// accounts' problem: a real brokerd (its own process, so that this process's heap, which
+    /// the other tests share, stays as it is) loads a vault of 20,000 accounts with keys, shows
+    /// those it found no room for `damaged` with that reason, and serves the others.
+    @Test func keysTheSecureHeapCannotHoldAreTheirAccountsProblem() async throws {
+        let broker = try BrokerProcess()
+        let key = try VaultKey.load(path: broker.keyPath, create: true)
+        try FileManager.default.createDirectory(
+            at: broker.stateDirectory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        let template = String(decoding: try JSONEncoder().encode(try Self.record(0, now: Date())), as: UTF8.self)
+        let count = 20_000
+        // Scalars below the P-256 group's order: their first byte under 0xff.
+        let keys = (0..<count).map { _ in
+            DPoPVerifier.base64URL(
+                Data([UInt8.random(in: 1..<0xff)] + (1..<32).map { _ in UInt8.random(in: 0...0xff) }))
+        }
+        // The template with its name and its empty secrets cut out, to be put back per account.
+        let cuts = try [#""name":"acct-0""#, #""secrets":{}"#].map { try #require(template.range(of: $0)) }
+        let (first, second) = (cuts.min { $0.lowerBound < $1.lowerBound }!, cuts.max { $0.lowerBound < $1.lowerBound }!)
+        let pieces = [
+            template[..<first.lowerBound], template[first.upperBound..<second.lowerBound],
+            template[second.upperBound...],
+        ]
+        let nameFirst = first == cuts[0]
+        let objects = keys.enumerated().map { index, key in
+            let fields = [#""name":"acct-\#(index)""#, #""secrets":{"dpopKey":"\#(key)"}"#]
+            let (one, two) = nameFirst ? (fields[0], fields[1]) : (fields[1], fields[0])
+            return String(pieces[0]) + one + pieces[1] + two + pieces[2]
+        }
+        #expect(objects[1].contains(#""name":"acct-1""#) && objects[1].contains("dpopKey"))
+        Self.writeVault(objects, at: broker.vaultPath, key: key)
+        try await broker.start(timeout: 300)  // 20,000 keys made in a debug build
+        defer { broker.stop() }
+
+        let shown = try await broker.brokerctlOnOwnThread(["status", "--json"]).stdout
+        let object = try JSONSerialization.jsonObject(with: Data(shown.utf8)) as? [String: Any]
+        let accounts = try #require(
+            object?["accounts"] as? [[String: Any]],
+            "status --json: \(shown.prefix(300))")
+        #expect(accounts.count == count)
+        let damaged = accounts.filter { $0["state"] as? String == "damaged" }
+        let served = accounts.filter { $0["state"] as? String == "valid" }
+        #expect(
+            !damaged.isEmpty && damaged.count + served.count == count, "\(damaged.count) damaged, \(served.count) valid"
+        )
+        #expect(served.count >= 16_000, "the documented room: about 16,000 keys")
+        let reasons = Set(damaged.map { ($0["last_error"] as? [String: Any])?["message"] as? String ?? "" })
+        #expect(reasons == ["OpenSSL's secure heap had no room for its DPoP key"], "\(reasons)")
+
+        let good = try #require(served.first?["account"] as? String)
+        let token = try await broker.brokerctlOnOwnThread(["token", good])
+        #expect(token.status == 0 && token.stdout.contains("at-0"))
+        let bad = try #require(damaged.first?["account"] as? String)
+        let refused = try await broker.brokerctlOnOwnThread(["token", bad])
+        #expect(refused.status != 0 && refused.stderr.contains("brokerctl remove \(bad)"), "\(refused.stderr)")
+        let removed = try await broker.brokerctlOnOwnThread(["remove", bad])
+        #expect(removed.status == 0, "\(removed.stderr)")
+        #expect(broker.stop() == 0)
+        // Every word of the log that could be a key (43 characters of base64url), against the keys.
+        let words = broker.log.split { !($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") }
+        #expect(Set(words.filter { $0.count == 43 }.map(String.init)).isDisjoint(with: keys), "no key in the log")
+    }
+
     /// What a broker started on a copy of the vault at `path` would load.
     static func reload(_ path: String, key: SecretKey, in harness: BrokerHarness) throws -> VaultContents {
         let copy = harness.directory.file("copy-\(UUID().uuidString)/vault")

@@ -70,11 +70,14 @@ public final class BrokerProcess: @unchecked Sendable {
         process = try launch(brokerd, arguments: [], extraEnvironment: ["NOTIFY_SOCKET": path])
     }
 
-    /// Starts brokerd and waits until its socket answers; throws with its log if it exits instead.
-    public func start(arguments: [String] = [], environment extra: [String: String] = [:]) async throws {
+    /// Starts brokerd and waits until its socket answers (`timeout` seconds at most); throws
+    /// with its log if it exits instead.
+    public func start(arguments: [String] = [], environment extra: [String: String] = [:], timeout: TimeInterval = 30)
+        async throws
+    {
         let process = try launch(brokerd, arguments: arguments, extraEnvironment: extra)
         self.process = process
-        let deadline = Date().addingTimeInterval(30)
+        let deadline = Date().addingTimeInterval(timeout)
         // One look past the deadline too: on a loaded machine this task may not have run for
         // a while (the cooperative threads busy with other suites) while brokerd came up.
         var lastLook = false

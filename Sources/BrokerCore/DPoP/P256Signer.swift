@@ -125,8 +125,8 @@ final class P256Signer: @unchecked Sendable {
     /// signature): more than OpenSSL's P-256 code uses, its point tables included.
     private static let stackWiped = 16 << 10
 
-    /// The secure heap's size: the keys of about 8,000 accounts (a scalar and its parameter
-    /// copy while the key is made, 64 bytes each) with room to spare.
+    /// The secure heap's size: the keys of about 16,000 accounts (64 bytes each, and a
+    /// scalar and its parameter copy for a moment while a key is made).
     private static let secureHeapSize = 1 << 20
 
     /// What `CRYPTO_secure_malloc_init` answered (1: locked; 2: not locked; 0: no secure heap),
