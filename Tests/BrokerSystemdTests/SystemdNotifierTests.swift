@@ -84,45 +84,80 @@ func withEnvironment<T>(_ values: [String: String?], _ body: () async throws -> 
 @Suite(.serialized) struct SystemdNotifierTests {
     @Test func everyNotificationArrivesAsTheExactDatagramInOrder() async throws {
         let manager = try NotifySocket()
-        await withEnvironment(["NOTIFY_SOCKET": manager.path]) {
+        try await withEnvironment(["NOTIFY_SOCKET": manager.path]) { () async throws in
             let notifier = SystemdNotifier()
-            #expect(notifier.ready(status: "5 accounts: 4 valid, 1 needs login"))
-            #expect(notifier.status("5 accounts: 5 valid"))
-            #expect(notifier.reloading(monotonicMicroseconds: 123_456_789))
-            #expect(notifier.watchdog())
-            #expect(notifier.stopping())
-            #expect(notifier.send("EXTEND_TIMEOUT_USEC=5000000", "STATUS=raw"))
-
+            #expect(notifier.isEnabled)
+            notifier.ready(status: "5 accounts: 4 valid, 1 needs login")
+            notifier.reloading(monotonicMicroseconds: 123_456_789)
+            notifier.stopping()
+            notifier.send("EXTEND_TIMEOUT_USEC=5000000", "STATUS=raw")
+            #expect(notifier.flush(timeout: .seconds(10)))
             var received: [String] = []
-            while let datagram = manager.poll() { received.append(datagram) }
+            while received.count < 4, let datagram = try await manager.next() { received.append(datagram) }
             #expect(
                 received == [
                     "READY=1\nSTATUS=5 accounts: 4 valid, 1 needs login",
-                    "STATUS=5 accounts: 5 valid",
                     "RELOADING=1\nMONOTONIC_USEC=123456789",
-                    "WATCHDOG=1",
                     "STOPPING=1",
                     "EXTEND_TIMEOUT_USEC=5000000\nSTATUS=raw",
                 ])
+            notifier.watchdog()
+            #expect(try await manager.next() == "WATCHDOG=1")
+            notifier.status("5 accounts: 5 valid")
+            #expect(try await manager.next() == "STATUS=5 accounts: 5 valid")
             #expect(String(cString: getenv("NOTIFY_SOCKET")) == manager.path, "NOTIFY_SOCKET is kept for later calls")
+        }
+    }
+
+    /// A burst of summaries is one STATUS= with the latest, and the next waits for its second.
+    @Test func statusIsCoalescedToTheLatestAtMostAboutOnceASecond() async throws {
+        let manager = try NotifySocket()
+        try await withEnvironment(["NOTIFY_SOCKET": manager.path]) { () async throws in
+            let notifier = SystemdNotifier()
+            notifier.status("first")
+            #expect(try await manager.next() == "STATUS=first")
+            for index in 0..<1000 { notifier.status("burst \(index)") }
+            notifier.watchdog()
+            // The ping is not held back by the status waiting for its second.
+            #expect(try await manager.next() == "WATCHDOG=1")
+            #expect(try await manager.next() == "STATUS=burst 999")
+            #expect(manager.poll() == nil, "one datagram for the whole burst")
+        }
+    }
+
+    /// A manager that never reads: its queue fills, and every call still returns at once (a
+    /// blocking `sendmsg` here would hang this test); the sender's thread waits alone.
+    @Test(.timeLimit(.minutes(1))) func aManagerThatNeverReadsBlocksNoCaller() async throws {
+        let manager = try NotifySocket()
+        await withEnvironment(["NOTIFY_SOCKET": manager.path]) {
+            let notifier = SystemdNotifier()
+            for index in 0..<10000 {
+                notifier.send("EXTEND_TIMEOUT_USEC=\(index)")
+                notifier.status("status \(index)")
+                notifier.watchdog()
+            }
+            #expect(!notifier.flush(timeout: .milliseconds(200)), "the manager's queue is full")
+            // Once it reads, what is queued (bounded) goes out.
+            var received = 0
+            while received < 10000, manager.poll() != nil { received += 1 }
+            #expect(received > 0)
         }
     }
 
     @Test func withoutNotifySocketNothingIsSent() async throws {
         await withEnvironment(["NOTIFY_SOCKET": nil]) {
             let notifier = SystemdNotifier()
-            #expect(!notifier.send("READY=1"))
-            #expect(!notifier.ready(status: "0 accounts"))
-            #expect(!notifier.status("x"))
-            #expect(!notifier.watchdog())
-            #expect(!notifier.stopping())
-            #expect(!notifier.reloading(monotonicMicroseconds: 1))
+            #expect(!notifier.isEnabled)
+            notifier.ready(status: "0 accounts")
+            #expect(notifier.flush(timeout: .zero))
         }
     }
 
-    @Test func aNotifySocketNobodyListensOnReportsFailure() async throws {
+    @Test func aNotifySocketNobodyListensOnLosesNothingElse() async throws {
         await withEnvironment(["NOTIFY_SOCKET": "/tmp/tbsd-nonexistent-\(UUID().uuidString.prefix(8))/notify"]) {
-            #expect(!SystemdNotifier().ready(status: "0 accounts"))
+            let notifier = SystemdNotifier()
+            notifier.ready(status: "0 accounts")
+            #expect(notifier.flush(timeout: .seconds(10)), "a failed send is not retried")
         }
     }
 
@@ -151,7 +186,8 @@ func withEnvironment<T>(_ values: [String: String?], _ body: () async throws -> 
             "NOTIFY_SOCKET": manager.path, "WATCHDOG_USEC": "100000", "WATCHDOG_PID": "\(getpid())",
         ]) {
             let summary = Summary("1 account: 1 valid")
-            let lifecycle = SystemdLifecycle(summary: { summary.read() }, isHealthy: { healthy })
+            let notifier = SystemdNotifier()
+            let lifecycle = SystemdLifecycle(notifier: notifier, summary: { summary.read() }, isHealthy: { healthy })
             let group = ServiceGroup(
                 configuration: .init(
                     services: [lifecycle], logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })))
@@ -176,6 +212,7 @@ func withEnvironment<T>(_ values: [String: String?], _ body: () async throws -> 
 
             await group.triggerGracefulShutdown()
             try await running.value
+            #expect(notifier.flush(timeout: .seconds(10)))
             var tail: [String] = []
             while let datagram = manager.poll() { tail.append(datagram) }
             #expect(tail.last == "STOPPING=1", "\(tail)")
