@@ -9,9 +9,11 @@ import Glibc
 /// Talks to the service manager through libsystemd's `sd_notify`, from a thread of its own:
 /// `sendmsg` on the notification socket blocks while the manager does not read it (a
 /// daemon-reload, a boot), and neither an event loop nor the cooperative pool may wait for
-/// that. Callers only queue: messages go out in order, then the status, then a ping; `STATUS=` is coalesced to the latest
-/// text, at most about once a second; a watchdog ping already waiting is not queued twice.
-/// Every call is a no-op when the daemon was not started by systemd (no `NOTIFY_SOCKET`).
+/// that. Callers only queue: messages go out in order, then the status, then a ping; `STATUS=`
+/// is coalesced to the latest text, at most about once a second; a watchdog ping already
+/// waiting is not queued twice. The thread sleeps until there is something to send, so an idle
+/// broker does not wake it. Every call is a no-op when the daemon was not started by systemd
+/// (no `NOTIFY_SOCKET`).
 public final class SystemdNotifier: Sendable {
     /// The shortest time between two `STATUS=` datagrams.
     static let statusInterval = Duration.seconds(1)
@@ -22,6 +24,8 @@ public final class SystemdNotifier: Sendable {
         outbox = getenv("NOTIFY_SOCKET") == nil ? nil : Outbox()
     }
 
+    /// Ends the thread; what was not flushed is dropped, so nothing is sent after the notifier
+    /// is gone (`sd_notify` reads `NOTIFY_SOCKET` again for each datagram).
     deinit { outbox?.close() }
 
     /// Whether there is a service manager to tell (`NOTIFY_SOCKET` was set).
@@ -73,22 +77,67 @@ private final class Outbox: Sendable {
         case watchdog
     }
 
-    private struct Pending {
+    /// How the sender waits on `wake`: each sleep is ended by at most one signal, so a burst of
+    /// calls costs it one wake-up, not one each.
+    private enum Sleep {
+        case awake
+        case untilWoken
+        /// Until the coalesced `STATUS=` is due; a newer status does not wake it earlier.
+        case untilStatusDue(ContinuousClock.Instant)
+    }
+
+    private struct State {
         var messages: [String] = []
         var status: String?
         var watchdog = false
         var lastStatus: ContinuousClock.Instant?
-        /// Items taken by the sender and not yet handed to the manager.
-        var sending = 0
+        /// Datagrams taken by the sender and not yet handed to the manager.
+        var sending = false
+        var sleep = Sleep.awake
+        /// A `flush` waits on `drained`.
+        var flushing = false
         var closed = false
 
-        var isEmpty: Bool { messages.isEmpty && status == nil && !watchdog && sending == 0 }
+        var isEmpty: Bool { messages.isEmpty && status == nil && !watchdog && !sending }
+
+        /// When the waiting `STATUS=` may go (`now` when it may go at once).
+        func statusDue(at now: ContinuousClock.Instant) -> ContinuousClock.Instant? {
+            guard status != nil else { return nil }
+            return lastStatus.map { $0 + SystemdNotifier.statusInterval } ?? now
+        }
+
+        /// Whether the sender must be signalled; it is then counted as awake.
+        mutating func wakeSender(forStatusOnly: Bool = false) -> Bool {
+            switch sleep {
+            case .awake: return false
+            case .untilStatusDue where forStatusOnly: return false
+            case .untilWoken, .untilStatusDue:
+                sleep = .awake
+                return true
+            }
+        }
+
+        /// The datagrams to send now, in order; `nil` once closed.
+        mutating func take(at now: ContinuousClock.Instant) -> [String]? {
+            guard !closed else { return nil }
+            var datagrams = messages
+            messages = []
+            if let status, let due = statusDue(at: now), due <= now {
+                datagrams.append("STATUS=\(status)")
+                self.status = nil
+                lastStatus = now
+            }
+            if watchdog { datagrams.append("WATCHDOG=1") }
+            watchdog = false
+            sending = !datagrams.isEmpty
+            return datagrams
+        }
     }
 
     /// Messages other than `STATUS=` and pings kept at most (a few per reload in practice).
     static let messageLimit = 256
 
-    private let pending = Mutex(Pending())
+    private let state = Mutex(State())
     private let wake = DispatchSemaphore(value: 0)
     private let drained = DispatchSemaphore(value: 0)
 
@@ -110,75 +159,91 @@ private final class Outbox: Sendable {
     }
 
     func queue(_ item: Item) {
-        pending.withLock { pending in
+        let signal = state.withLock { state in
             switch item {
             case .message(let text):
                 // A manager that never reads (or a thread that could not start) costs a bounded queue.
-                if pending.messages.count >= Self.messageLimit { pending.messages.removeFirst() }
-                pending.messages.append(text)
-            case .status(let text): pending.status = text
-            case .watchdog: pending.watchdog = true
+                if state.messages.count >= Self.messageLimit { state.messages.removeFirst() }
+                state.messages.append(text)
+            case .status(let text):
+                state.status = text
+                return state.wakeSender(forStatusOnly: true)
+            case .watchdog: state.watchdog = true
             }
+            return state.wakeSender()
         }
-        wake.signal()
+        if signal { wake.signal() }
     }
 
     func close() {
-        pending.withLock { $0.closed = true }
-        wake.signal()
+        let signal = state.withLock { state in
+            state.closed = true
+            return state.wakeSender()
+        }
+        if signal { wake.signal() }
     }
 
     func flush(timeout: Duration) -> Bool {
         let deadline = ContinuousClock.now + timeout
-        // A coalesced STATUS= waiting for its second goes now.
-        pending.withLock { $0.lastStatus = nil }
-        while !pending.withLock({ $0.isEmpty }) {
+        while true {
+            let (done, signal) = state.withLock { state in
+                // A coalesced STATUS= waiting for its second goes now.
+                state.lastStatus = nil
+                if state.isEmpty { return (true, false) }
+                state.flushing = true
+                return (false, state.wakeSender())
+            }
+            if done { return true }
+            if signal { wake.signal() }
             let left = ContinuousClock.now.duration(to: deadline)
             guard left > .zero else { return false }
-            wake.signal()
-            _ = drained.wait(timeout: .now() + .milliseconds(Int(min(left, .milliseconds(50)).milliseconds)))
+            _ = drained.wait(timeout: .now() + left.dispatchInterval)
         }
-        return true
     }
 
-    /// Sends what is queued, in order, then waits for more (or for the next `STATUS=` to be due).
+    /// Sends what is queued, in order, then sleeps until more is queued or the waiting
+    /// `STATUS=` is due; returns once closed, dropping the rest.
     private func run() {
-        while true {
-            let now = ContinuousClock.now
-            let (messages, watchdog, status, statusDue, closed) = pending.withLock { pending in
-                let due = pending.lastStatus.map { $0 + SystemdNotifier.statusInterval } ?? now
-                let status = due <= now ? pending.status : nil
-                if status != nil {
-                    pending.status = nil
-                    pending.lastStatus = now
-                }
-                let taken = (
-                    pending.messages, pending.watchdog, status, pending.status == nil ? nil : due, pending.closed
-                )
-                pending.sending = taken.0.count + (taken.1 ? 1 : 0) + (status == nil ? 0 : 1)
-                pending.messages = []
-                pending.watchdog = false
-                return taken
+        while let datagrams = state.withLock({ $0.take(at: .now) }) {
+            for datagram in datagrams {
+                guard !state.withLock({ $0.closed }) else { return }
+                sd_notify(0, datagram)
             }
-            for message in messages { sd_notify(0, message) }
-            if let status { sd_notify(0, "STATUS=\(status)") }
-            if watchdog { sd_notify(0, "WATCHDOG=1") }
-            pending.withLock { $0.sending = 0 }
-            drained.signal()
-            if closed, statusDue == nil, messages.isEmpty { return }
-            if let statusDue {
-                _ = wake.wait(
-                    timeout: .now() + .milliseconds(Int(ContinuousClock.now.duration(to: statusDue).milliseconds)))
-            } else {
-                wake.wait()
+            let (sleep, drainedNow) = state.withLock { state in
+                let now = ContinuousClock.now
+                state.sending = false
+                // While a flush waits, a coalesced STATUS= does not wait for its second.
+                if state.flushing { state.lastStatus = nil }
+                let drainedNow = state.flushing && state.isEmpty
+                if drainedNow { state.flushing = false }
+                if state.closed || !state.messages.isEmpty || state.watchdog {
+                    state.sleep = .awake
+                } else if let due = state.statusDue(at: now), due > now {
+                    state.sleep = .untilStatusDue(due)
+                } else if state.status != nil {
+                    state.sleep = .awake
+                } else {
+                    state.sleep = .untilWoken
+                }
+                return (state.sleep, drainedNow)
+            }
+            if drainedNow { drained.signal() }
+            switch sleep {
+            case .awake: continue
+            case .untilWoken: wake.wait()
+            case .untilStatusDue(let due):
+                if wake.wait(timeout: .now() + ContinuousClock.now.duration(to: due).dispatchInterval) == .timedOut {
+                    // A signal sent as this timed out is left in `wake` and ends the next sleep early, once.
+                    state.withLock { $0.sleep = .awake }
+                }
             }
         }
     }
 }
 
 extension Duration {
-    /// Whole milliseconds, at least 0.
-    fileprivate var milliseconds: Int64 {
-        max(0, components.seconds * 1000 + components.attoseconds / 1_000_000_000_000_000)
+    /// The same span for Dispatch, at least 0.
+    fileprivate var dispatchInterval: DispatchTimeInterval {
+        .nanoseconds(Int(max(0, components.seconds * 1_000_000_000 + components.attoseconds / 1_000_000_000)))
     }
 }

@@ -54,10 +54,10 @@ final class NotifySocket {
         return String(decoding: buffer.prefix(count), as: UTF8.self)
     }
 
-    /// The next datagram, waiting up to 10 s for it (polling, so no thread is blocked); one
+    /// The next datagram, waiting up to `limit` for it (polling, so no thread is blocked); one
     /// look past the deadline too, since a loaded machine may not have run this task for long.
-    func next() async throws -> String? {
-        let deadline = ContinuousClock.now + .seconds(10)
+    func next(within limit: Duration = .seconds(10)) async throws -> String? {
+        let deadline = ContinuousClock.now + limit
         while ContinuousClock.now < deadline {
             if let datagram = poll() { return datagram }
             try await Task.sleep(for: .milliseconds(5))
@@ -126,21 +126,30 @@ func withEnvironment<T>(_ values: [String: String?], _ body: () async throws -> 
     }
 
     /// A manager that never reads: its queue fills, and every call still returns at once (a
-    /// blocking `sendmsg` here would hang this test); the sender's thread waits alone.
-    @Test(.timeLimit(.minutes(1))) func aManagerThatNeverReadsBlocksNoCaller() async throws {
+    /// blocking `sendmsg` here would hang this test); the sender's thread waits alone. Released,
+    /// the notifier sends nothing more: `sd_notify` reads `NOTIFY_SOCKET` for each datagram, so
+    /// a thread sending on would reach whatever manager it names by then (here, the next one).
+    @Test(.timeLimit(.minutes(1))) func aManagerThatNeverReadsBlocksNoCallerAndARemovedNotifierSendsNoMore()
+        async throws
+    {
         let manager = try NotifySocket()
-        await withEnvironment(["NOTIFY_SOCKET": manager.path]) {
-            let notifier = SystemdNotifier()
-            for index in 0..<10000 {
-                notifier.send("EXTEND_TIMEOUT_USEC=\(index)")
-                notifier.status("status \(index)")
-                notifier.watchdog()
+        let next = try NotifySocket()
+        try await withEnvironment(["NOTIFY_SOCKET": manager.path]) { () async throws in
+            do {
+                let notifier = SystemdNotifier()
+                for index in 0..<10000 {
+                    notifier.send("EXTEND_TIMEOUT_USEC=\(index)")
+                    notifier.status("status \(index)")
+                    notifier.watchdog()
+                }
+                #expect(!notifier.flush(timeout: .milliseconds(200)), "the manager's queue is full")
             }
-            #expect(!notifier.flush(timeout: .milliseconds(200)), "the manager's queue is full")
-            // Once it reads, what is queued (bounded) goes out.
+            setenv("NOTIFY_SOCKET", next.path, 1)
+            // Reading the queue lets the send in flight finish; nothing follows it.
             var received = 0
-            while received < 10000, manager.poll() != nil { received += 1 }
+            while received < 11, try await manager.next(within: .seconds(1)) != nil { received += 1 }
             #expect(received > 0)
+            #expect(try await next.next(within: .milliseconds(500)) == nil, "nothing sent after the notifier is gone")
         }
     }
 
