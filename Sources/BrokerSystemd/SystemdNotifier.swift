@@ -100,10 +100,12 @@ private final class Outbox: Sendable {
 
         var isEmpty: Bool { messages.isEmpty && status == nil && !watchdog && !sending }
 
-        /// When the waiting `STATUS=` may go (`now` when it may go at once).
+        /// When the waiting `STATUS=` may go (`now` when it may go at once: while a flush
+        /// waits, it does not wait for its second).
         func statusDue(at now: ContinuousClock.Instant) -> ContinuousClock.Instant? {
             guard status != nil else { return nil }
-            return lastStatus.map { $0 + SystemdNotifier.statusInterval } ?? now
+            guard !flushing, let lastStatus else { return now }
+            return lastStatus + SystemdNotifier.statusInterval
         }
 
         /// Whether the sender must be signalled; it is then counted as awake.
@@ -187,8 +189,6 @@ private final class Outbox: Sendable {
         let deadline = ContinuousClock.now + timeout
         while true {
             let (done, signal) = state.withLock { state in
-                // A coalesced STATUS= waiting for its second goes now.
-                state.lastStatus = nil
                 if state.isEmpty { return (true, false) }
                 state.flushing = true
                 return (false, state.wakeSender())
@@ -196,7 +196,10 @@ private final class Outbox: Sendable {
             if done { return true }
             if signal { wake.signal() }
             let left = ContinuousClock.now.duration(to: deadline)
-            guard left > .zero else { return false }
+            guard left > .zero else {
+                state.withLock { $0.flushing = false }
+                return false
+            }
             _ = drained.wait(timeout: .now() + left.dispatchInterval)
         }
     }
@@ -212,8 +215,6 @@ private final class Outbox: Sendable {
             let (sleep, drainedNow) = state.withLock { state in
                 let now = ContinuousClock.now
                 state.sending = false
-                // While a flush waits, a coalesced STATUS= does not wait for its second.
-                if state.flushing { state.lastStatus = nil }
                 let drainedNow = state.flushing && state.isEmpty
                 if drainedNow { state.flushing = false }
                 if state.closed || !state.messages.isEmpty || state.watchdog {
