@@ -176,6 +176,8 @@ struct Brokerd: ParsableCommand {
                 gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()
         await broker.drain()
+        // STOPPING=1 reaches the manager before the process ends, unless it does not read.
+        notifier.flush(timeout: .milliseconds(300))
         logger.info("stopped")
     }
 }

@@ -54,10 +54,10 @@ final class NotifySocket {
         return String(decoding: buffer.prefix(count), as: UTF8.self)
     }
 
-    /// The next datagram, waiting up to 10 s for it (polling, so no thread is blocked); one
+    /// The next datagram, waiting up to `limit` for it (polling, so no thread is blocked); one
     /// look past the deadline too, since a loaded machine may not have run this task for long.
-    func next() async throws -> String? {
-        let deadline = ContinuousClock.now + .seconds(10)
+    func next(within limit: Duration = .seconds(10)) async throws -> String? {
+        let deadline = ContinuousClock.now + limit
         while ContinuousClock.now < deadline {
             if let datagram = poll() { return datagram }
             try await Task.sleep(for: .milliseconds(5))
@@ -84,45 +84,89 @@ func withEnvironment<T>(_ values: [String: String?], _ body: () async throws -> 
 @Suite(.serialized) struct SystemdNotifierTests {
     @Test func everyNotificationArrivesAsTheExactDatagramInOrder() async throws {
         let manager = try NotifySocket()
-        await withEnvironment(["NOTIFY_SOCKET": manager.path]) {
+        try await withEnvironment(["NOTIFY_SOCKET": manager.path]) { () async throws in
             let notifier = SystemdNotifier()
-            #expect(notifier.ready(status: "5 accounts: 4 valid, 1 needs login"))
-            #expect(notifier.status("5 accounts: 5 valid"))
-            #expect(notifier.reloading(monotonicMicroseconds: 123_456_789))
-            #expect(notifier.watchdog())
-            #expect(notifier.stopping())
-            #expect(notifier.send("EXTEND_TIMEOUT_USEC=5000000", "STATUS=raw"))
-
+            #expect(notifier.isEnabled)
+            notifier.ready(status: "5 accounts: 4 valid, 1 needs login")
+            notifier.reloading(monotonicMicroseconds: 123_456_789)
+            notifier.stopping()
+            notifier.send("EXTEND_TIMEOUT_USEC=5000000", "STATUS=raw")
+            #expect(notifier.flush(timeout: .seconds(10)))
             var received: [String] = []
-            while let datagram = manager.poll() { received.append(datagram) }
+            while received.count < 4, let datagram = try await manager.next() { received.append(datagram) }
             #expect(
                 received == [
                     "READY=1\nSTATUS=5 accounts: 4 valid, 1 needs login",
-                    "STATUS=5 accounts: 5 valid",
                     "RELOADING=1\nMONOTONIC_USEC=123456789",
-                    "WATCHDOG=1",
                     "STOPPING=1",
                     "EXTEND_TIMEOUT_USEC=5000000\nSTATUS=raw",
                 ])
+            notifier.watchdog()
+            #expect(try await manager.next() == "WATCHDOG=1")
+            notifier.status("5 accounts: 5 valid")
+            #expect(try await manager.next() == "STATUS=5 accounts: 5 valid")
             #expect(String(cString: getenv("NOTIFY_SOCKET")) == manager.path, "NOTIFY_SOCKET is kept for later calls")
+        }
+    }
+
+    /// A burst of summaries is one STATUS= with the latest, and the next waits for its second.
+    @Test func statusIsCoalescedToTheLatestAtMostAboutOnceASecond() async throws {
+        let manager = try NotifySocket()
+        try await withEnvironment(["NOTIFY_SOCKET": manager.path]) { () async throws in
+            let notifier = SystemdNotifier()
+            notifier.status("first")
+            #expect(try await manager.next() == "STATUS=first")
+            for index in 0..<1000 { notifier.status("burst \(index)") }
+            notifier.watchdog()
+            // The ping is not held back by the status waiting for its second.
+            #expect(try await manager.next() == "WATCHDOG=1")
+            #expect(try await manager.next() == "STATUS=burst 999")
+            #expect(manager.poll() == nil, "one datagram for the whole burst")
+        }
+    }
+
+    /// A manager that never reads: its queue fills, and every call still returns at once (a
+    /// blocking `sendmsg` here would hang this test); the sender's thread waits alone. Released,
+    /// the notifier sends nothing more: `sd_notify` reads `NOTIFY_SOCKET` for each datagram, so
+    /// a thread sending on would reach whatever manager it names by then (here, the next one).
+    @Test(.timeLimit(.minutes(1))) func aManagerThatNeverReadsBlocksNoCallerAndARemovedNotifierSendsNoMore()
+        async throws
+    {
+        let manager = try NotifySocket()
+        let next = try NotifySocket()
+        try await withEnvironment(["NOTIFY_SOCKET": manager.path]) { () async throws in
+            do {
+                let notifier = SystemdNotifier()
+                for index in 0..<10000 {
+                    notifier.send("EXTEND_TIMEOUT_USEC=\(index)")
+                    notifier.status("status \(index)")
+                    notifier.watchdog()
+                }
+                #expect(!notifier.flush(timeout: .milliseconds(200)), "the manager's queue is full")
+            }
+            setenv("NOTIFY_SOCKET", next.path, 1)
+            // Reading the queue lets the send in flight finish; nothing follows it.
+            var received = 0
+            while received < 11, try await manager.next(within: .seconds(1)) != nil { received += 1 }
+            #expect(received > 0)
+            #expect(try await next.next(within: .milliseconds(500)) == nil, "nothing sent after the notifier is gone")
         }
     }
 
     @Test func withoutNotifySocketNothingIsSent() async throws {
         await withEnvironment(["NOTIFY_SOCKET": nil]) {
             let notifier = SystemdNotifier()
-            #expect(!notifier.send("READY=1"))
-            #expect(!notifier.ready(status: "0 accounts"))
-            #expect(!notifier.status("x"))
-            #expect(!notifier.watchdog())
-            #expect(!notifier.stopping())
-            #expect(!notifier.reloading(monotonicMicroseconds: 1))
+            #expect(!notifier.isEnabled)
+            notifier.ready(status: "0 accounts")
+            #expect(notifier.flush(timeout: .zero))
         }
     }
 
-    @Test func aNotifySocketNobodyListensOnReportsFailure() async throws {
+    @Test func aNotifySocketNobodyListensOnLosesNothingElse() async throws {
         await withEnvironment(["NOTIFY_SOCKET": "/tmp/tbsd-nonexistent-\(UUID().uuidString.prefix(8))/notify"]) {
-            #expect(!SystemdNotifier().ready(status: "0 accounts"))
+            let notifier = SystemdNotifier()
+            notifier.ready(status: "0 accounts")
+            #expect(notifier.flush(timeout: .seconds(10)), "a failed send is not retried")
         }
     }
 
@@ -151,7 +195,8 @@ func withEnvironment<T>(_ values: [String: String?], _ body: () async throws -> 
             "NOTIFY_SOCKET": manager.path, "WATCHDOG_USEC": "100000", "WATCHDOG_PID": "\(getpid())",
         ]) {
             let summary = Summary("1 account: 1 valid")
-            let lifecycle = SystemdLifecycle(summary: { summary.read() }, isHealthy: { healthy })
+            let notifier = SystemdNotifier()
+            let lifecycle = SystemdLifecycle(notifier: notifier, summary: { summary.read() }, isHealthy: { healthy })
             let group = ServiceGroup(
                 configuration: .init(
                     services: [lifecycle], logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })))
@@ -176,6 +221,7 @@ func withEnvironment<T>(_ values: [String: String?], _ body: () async throws -> 
 
             await group.triggerGracefulShutdown()
             try await running.value
+            #expect(notifier.flush(timeout: .seconds(10)))
             var tail: [String] = []
             while let datagram = manager.poll() { tail.append(datagram) }
             #expect(tail.last == "STOPPING=1", "\(tail)")

@@ -31,9 +31,9 @@ import Glibc
     @Test func withAWatchdogOnlyItsPingsWakeIt() async throws {
         let broker = try BrokerProcess()
         let notify = try DatagramListener(path: broker.root.appendingPathComponent("notify.sock").path)
-        // A ping every 3 s. The notify socket queues at most 10 datagrams unread, and brokerd
-        // sends from its event loop, as a ping must (docs/performance.md): a full socket would
-        // stall it, so the socket is read after settling and before stopping.
+        // A ping every 3 s. The notify socket queues at most 10 datagrams unread, and brokerd's
+        // notifier sends one ping for all that wait while it is full, so the socket is read
+        // after settling and before stopping: then each ping in the window is a datagram.
         try await broker.start(environment: ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "6000000"])
         defer { broker.stop() }
         try addStatic(to: broker, expiresIn: 3600)
@@ -51,8 +51,9 @@ import Glibc
         // One ping every 3 s of the time counted (a loaded machine may sleep past the window).
         let counted = started.duration(to: .now) / .seconds(1)
         #expect(abs(Double(pings) - counted / 3) <= 1.5, "pings in \(counted) s: \(pings)")
-        // 3 in the window as in the test above, and 3 for each ping (its timer, the task that
-        // sends it); libdispatch's monitor alone would add one a second.
+        // 3 in the window as in the test above, and 3 for each ping (its timer on the event
+        // loop, the task that queues it, the notifier's thread that sends it, which otherwise
+        // sleeps); libdispatch's monitor alone would add one a second.
         #expect(woke <= 3 + 3 * pings, "context switches over \(counted) s with \(pings) pings: \(woke)")
     }
 
