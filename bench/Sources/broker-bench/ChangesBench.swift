@@ -72,7 +72,8 @@ enum ChangesBench {
     /// A `tokens` object with an 800-byte access token valid for a day.
     static func tokens(_ round: Int) -> String {
         let prefix = "bench-token-\(round)-"
-        return #"{"access_token":"\#(prefix + String(repeating: "x", count: 800 - prefix.utf8.count))","expires_in":86400}"#
+        return
+            #"{"access_token":"\#(prefix + String(repeating: "x", count: 800 - prefix.utf8.count))","expires_in":86400}"#
     }
 
     static func format(_ milliseconds: Double) -> String { String(format: "%.3f", milliseconds) }

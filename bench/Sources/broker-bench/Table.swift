@@ -96,7 +96,8 @@ enum Table {
     static let changeRows: [Row] = ["add", "set_tokens", "remove"].flatMap { operation in
         [(100, "100"), (1000, "1,000"), (10_000, "10,000")].map { size, label in
             Row(
-                figure: "`\(operation)` of one account beside \(label) accounts, p50", key: "\(operation)_\(size)_p50_ms",
+                figure: "`\(operation)` of one account beside \(label) accounts, p50",
+                key: "\(operation)_\(size)_p50_ms",
                 unit: .milliseconds, yardstick: size == 100 ? nil : ("100 accounts", "\(operation)_100_p50_ms"),
                 target: size == 10_000 ? .atMostAndRatioAtMost(2, ratio: 1.5) : .atMost(2))
         }
@@ -259,7 +260,8 @@ enum Table {
         case .atLeast(let limit): target = "≥ \(decimal(limit, places: 0)) \(row.unit.symbol)"
         case .atMostYardstickPlus(let extra): target = "≤ \(yardstickName) + \(decimal(extra, places: 0))"
         case .atMostAndRatioAtMost(let limit, let ratio):
-            target = "≤ \(decimal(limit, places: 0)) \(row.unit.symbol), ≤ \(decimal(ratio, places: 1))x \(yardstickName)"
+            target =
+                "≤ \(decimal(limit, places: 0)) \(row.unit.symbol), ≤ \(decimal(ratio, places: 1))x \(yardstickName)"
         case .none: target = "-"
         }
         guard let measured = figures[row.key] else { return [row.figure, "not measured", "-", "-", target, "-"] }
@@ -272,7 +274,8 @@ enum Table {
         case .atMost(let limit): met = row.unit.shown(measured) <= limit
         case .atLeast(let limit): met = row.unit.shown(measured) >= limit
         case .atMostYardstickPlus(let extra): met = yardstick.map { measured <= $0 + extra }
-        case .atMostAndRatioAtMost(let limit, let most): met = ratio.map { $0 <= most && row.unit.shown(measured) <= limit }
+        case .atMostAndRatioAtMost(let limit, let most):
+            met = ratio.map { $0 <= most && row.unit.shown(measured) <= limit }
         case .none: met = nil
         }
         return [
