@@ -9,11 +9,7 @@ import Testing
 /// and the planner has no jitter, so every schedule is exact.
 @Suite struct AccountMachineTests {
     let start = Date(timeIntervalSince1970: 1_800_000_000)
-    let planner: RefreshPlanner = {
-        var settings = BrokerSettings()
-        settings.refreshJitter = 0
-        return RefreshPlanner(settings: settings)
-    }()
+    let planner = RefreshPlanner.withoutJitter
 
     func token(_ value: String, at now: Date, lifetime: TimeInterval = 3600) -> AccessToken {
         AccessToken(

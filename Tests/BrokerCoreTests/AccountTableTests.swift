@@ -11,11 +11,7 @@ import Testing
 /// failure repeats).
 @Suite struct AccountTableTests {
     let start = Date(timeIntervalSince1970: 1_800_000_000)
-    let planner: RefreshPlanner = {
-        var settings = BrokerSettings()
-        settings.refreshJitter = 0
-        return RefreshPlanner(settings: settings)
-    }()
+    let planner = RefreshPlanner.withoutJitter
 
     @Test func countsAndDeadlinesEqualAFullRecountAfterRandomChanges() {
         for seed in UInt64(1)...12 {
