@@ -9,11 +9,7 @@ import Testing
 /// and the planner has no jitter, so every schedule is exact.
 @Suite struct AccountMachineTests {
     let start = Date(timeIntervalSince1970: 1_800_000_000)
-    let planner: RefreshPlanner = {
-        var settings = BrokerSettings()
-        settings.refreshJitter = 0
-        return RefreshPlanner(settings: settings)
-    }()
+    let planner = RefreshPlanner.withoutJitter
 
     func token(_ value: String, at now: Date, lifetime: TimeInterval = 3600) -> AccessToken {
         AccessToken(
@@ -146,8 +142,9 @@ import Testing
         #expect(machine.state(now: start) == .needsLogin)
         let began = machine.beginRefresh(serial: 3)
         #expect(!began)
-        let due = machine.due(now: start.addingTimeInterval(9999), overdueThreshold: 5, spread: 0)
-        #expect(due == .nothing)
+        let due = machine.refreshIsDue(now: start.addingTimeInterval(9999), overdueThreshold: 5, spread: 0)
+        #expect(!due)
+        #expect(machine.wakeAt == nil)
 
         var pushed = machine.record
         pushed.token = token("at-new", at: start)
@@ -251,25 +248,28 @@ import Testing
     @Test func theSchedulerStartsWhatIsDueAndWaitsForTheRest() {
         var machine = machine()
         let scheduled = start.addingTimeInterval(2700)
-        let before = machine.due(now: start, overdueThreshold: 5, spread: 10)
-        #expect(before == .at(scheduled))
-        let atTime = machine.due(now: scheduled, overdueThreshold: 5, spread: 10)
-        #expect(atTime == .refreshNow)
+        let before = machine.refreshIsDue(now: start, overdueThreshold: 5, spread: 10)
+        #expect(!before)
+        #expect(machine.wakeAt == scheduled)
+        let atTime = machine.refreshIsDue(now: scheduled, overdueThreshold: 5, spread: 10)
+        #expect(atTime)
         _ = machine.beginRefresh(serial: 1)
-        let whileRefreshing = machine.due(now: scheduled, overdueThreshold: 5, spread: 10)
-        #expect(whileRefreshing == .nothing)
+        let whileRefreshing = machine.refreshIsDue(now: scheduled, overdueThreshold: 5, spread: 10)
+        #expect(!whileRefreshing)
+        #expect(machine.wakeAt == nil)
     }
 
     @Test func aClockJumpPastTheScheduleSpreadsTheRefreshOnce() {
         var machine = machine()
         let afterJump = start.addingTimeInterval(3 * 3600)
-        let due = machine.due(now: afterJump, overdueThreshold: 5, spread: 7)
-        #expect(due == .at(afterJump.addingTimeInterval(7)))
+        let due = machine.refreshIsDue(now: afterJump, overdueThreshold: 5, spread: 7)
+        #expect(!due)
         #expect(machine.nextRefreshAt == afterJump.addingTimeInterval(7))
+        #expect(machine.wakeAt == afterJump.addingTimeInterval(7))
         // Still late when next looked at (the clock jumped again): it runs now, it is not pushed back twice.
         let later = afterJump.addingTimeInterval(60)
-        let due2 = machine.due(now: later, overdueThreshold: 5, spread: 7)
-        #expect(due2 == .refreshNow)
+        let due2 = machine.refreshIsDue(now: later, overdueThreshold: 5, spread: 7)
+        #expect(due2)
         let began = machine.beginRefresh(serial: 1)
         #expect(began)
         _ = machine.refreshSucceeded(
@@ -277,8 +277,9 @@ import Testing
             planner: planner, now: later)
         // A new schedule can be spread again.
         let jumpAgain = later.addingTimeInterval(5 * 3600)
-        let due3 = machine.due(now: jumpAgain, overdueThreshold: 5, spread: 3)
-        #expect(due3 == .at(jumpAgain.addingTimeInterval(3)))
+        let due3 = machine.refreshIsDue(now: jumpAgain, overdueThreshold: 5, spread: 3)
+        #expect(!due3)
+        #expect(machine.wakeAt == jumpAgain.addingTimeInterval(3))
     }
 
     @Test func aClockJumpBackwardsKeepsTheScheduleAndTheToken() {
@@ -286,7 +287,9 @@ import Testing
         let before = start.addingTimeInterval(-3600)
         #expect(machine.state(now: before) == .valid)
         var copy = machine
-        #expect(copy.due(now: before, overdueThreshold: 5, spread: 10) == .at(start.addingTimeInterval(2700)))
+        let due = copy.refreshIsDue(now: before, overdueThreshold: 5, spread: 10)
+        #expect(!due)
+        #expect(copy.wakeAt == start.addingTimeInterval(2700))
     }
 
     // MARK: Logout
@@ -301,8 +304,9 @@ import Testing
         #expect(machine.nextRefreshAt == nil)
         let began = machine.beginRefresh(serial: 1)
         #expect(!began)
-        let due = machine.due(now: start.addingTimeInterval(9999), overdueThreshold: 5, spread: 0)
-        #expect(due == .nothing)
+        let due = machine.refreshIsDue(now: start.addingTimeInterval(9999), overdueThreshold: 5, spread: 0)
+        #expect(!due)
+        #expect(machine.wakeAt == nil)
 
         let effects = machine.loggedOut()
         #expect(effects == [.publish(nil), .persist, .emit(.loggedOut)])

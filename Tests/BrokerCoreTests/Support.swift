@@ -27,3 +27,12 @@ extension AccountRecord {
             lastRefreshAt: obtained)
     }
 }
+
+extension RefreshPlanner {
+    /// The default settings without jitter, so that every schedule is exact.
+    static let withoutJitter: RefreshPlanner = {
+        var settings = BrokerSettings()
+        settings.refreshJitter = 0
+        return RefreshPlanner(settings: settings)
+    }()
+}

@@ -54,13 +54,6 @@ struct AccountMachine: Sendable {
         case overtaken([Effect])
     }
 
-    /// What is due when the scheduler looks at the account.
-    enum Due: Equatable, Sendable {
-        case refreshNow
-        case at(Date)
-        case nothing
-    }
-
     private(set) var record: AccountRecord
     private(set) var phase: Phase
     /// When the next scheduled refresh starts; `nil` when none is scheduled.
@@ -101,6 +94,22 @@ struct AccountMachine: Sendable {
     }
 
     // MARK: Questions
+
+    /// When the scheduler must look at the account next (`due` and `poll`): its next refresh or
+    /// the end of its backoff, or the next look at the source it watches; `nil`: neither.
+    var wakeAt: Date? {
+        guard record.provider.renewal.watchesSource, refusal == nil else { return scheduledRefresh }
+        let poll = nextPollAt ?? .distantPast
+        return scheduledRefresh.map { min($0, poll) } ?? poll
+    }
+
+    /// When the scheduler starts the next refresh: `nextRefreshAt` in the phases it may start from.
+    private var scheduledRefresh: Date? {
+        switch phase {
+        case .idle, .backingOff: return nextRefreshAt
+        case .refreshing, .denied, .loggingOut, .loggedOut: return nil
+        }
+    }
 
     /// Whether the provider obtains tokens itself (a `static` account only serves pushed ones).
     var refreshesOnItsOwn: Bool { record.provider.renewal != .pushedOnly }
@@ -342,33 +351,30 @@ struct AccountMachine: Sendable {
         return .applied(failures == 1 ? [.emit(.refreshFailed, message: message)] : [])
     }
 
-    /// Whether the scheduler should start a refresh now, and otherwise when to look again.
+    /// Whether the scheduler should start a refresh now; otherwise it looks again at `wakeAt`.
     /// A refresh found more than `overdueThreshold` seconds late (the machine slept, or the
     /// wall clock jumped) is moved `spread` seconds ahead once, so a backlog does not hit the
     /// IdPs in one instant. `spread` is asked for only then (a random draw is a system call).
-    mutating func due(now: Date, overdueThreshold: TimeInterval, spread: @autoclosure () -> TimeInterval) -> Due {
-        guard var due = nextRefreshAt else { return .nothing }
-        switch phase {
-        case .idle, .backingOff: break
-        case .refreshing, .denied, .loggingOut, .loggedOut: return .nothing
-        }
+    mutating func refreshIsDue(now: Date, overdueThreshold: TimeInterval, spread: @autoclosure () -> TimeInterval)
+        -> Bool
+    {
+        guard var due = scheduledRefresh else { return false }
         if !spreadOverdue, now.timeIntervalSince(due) > overdueThreshold {
             due = now.addingTimeInterval(spread())
             nextRefreshAt = due
             spreadOverdue = true
         }
-        return due <= now ? .refreshNow : .at(due)
+        return due <= now
     }
 
     /// For a kind that watches its source: whether to ask the provider now if the source
     /// changed (once every poll interval, not while a refresh runs or the credential is
-    /// refused), and when to look again. `nil` for other kinds and refused credentials.
-    mutating func poll(now: Date) -> (askNow: Bool, next: Date)? {
-        guard case .watches(let interval) = record.provider.renewal, refusal == nil else { return nil }
-        if let due = nextPollAt, due > now { return (false, due) }
-        let next = now.addingTimeInterval(interval)
-        nextPollAt = next
-        return (refreshSerial == nil, next)
+    /// refused); the next look is due at `wakeAt`. `false` for other kinds and refused credentials.
+    mutating func poll(now: Date) -> Bool {
+        guard case .watches(let interval) = record.provider.renewal, refusal == nil else { return false }
+        if let due = nextPollAt, due > now { return false }
+        nextPollAt = now.addingTimeInterval(interval)
+        return refreshSerial == nil
     }
 
     /// Polls again at the next pass (the provider was rebuilt, and knows nothing yet).

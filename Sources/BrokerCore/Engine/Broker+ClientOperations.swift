@@ -90,7 +90,7 @@ extension Broker {
     /// Where every account stands, sorted by name: the damaged records among them.
     public func snapshots() -> [AccountSnapshot] {
         let now = clock.now()
-        let served = accounts.values.map { describe($0, now: now) }
+        let served = accounts.machines.values.map { describe($0, now: now) }
         let kept = damaged.values.map { describe($0.record, since: $0.since) }
         return (served + kept).sorted { $0.name < $1.name }
     }
@@ -98,15 +98,14 @@ extension Broker {
     /// A one-line summary such as "5 accounts: 4 valid, 1 needs login" (systemd `STATUS=`).
     public func summary() -> String {
         if padlock.isLocked { return "locked (run brokerctl unlock)" }
-        let now = clock.now()
-        var counts: [String: Int] = [:]
-        for machine in accounts.values { counts[machine.state(now: now).rawValue, default: 0] += 1 }
-        if !damaged.isEmpty { counts[AccountState.damaged.rawValue] = damaged.count }
+        // Counts kept as the accounts change: the text costs the same however many there are.
+        var counts = accounts.stateCounts(now: clock.now())
+        if !damaged.isEmpty { counts[.damaged] = damaged.count }
         let total = accounts.count + damaged.count
         let noun = total == 1 ? "account" : "accounts"
         guard !counts.isEmpty else { return "0 accounts" }
-        let parts = counts.sorted { $0.key < $1.key }.map {
-            "\($0.value) \($0.key.replacing("_", with: " "))"
+        let parts = counts.map { ($0.key.rawValue, $0.value) }.sorted { $0.0 < $1.0 }.map {
+            "\($0.1) \($0.0.replacing("_", with: " "))"
         }
         return "\(total) \(noun): " + parts.joined(separator: ", ")
     }

@@ -67,7 +67,7 @@ extension Broker {
         }
         bridges.replace(with: configuration.bridges)
         let now = clock.now()
-        let stored = accounts.mapValues(\.record)
+        let stored = accounts.machines.mapValues(\.record)
         for (name, provider) in providers {
             var machine =
                 accounts[name]
@@ -86,7 +86,10 @@ extension Broker {
             machine.declared(provider: provider, dropClientSecret: dropClientSecret, planner: planner, now: now)
             accounts[name] = machine
         }
-        for (name, machine) in accounts where machine.record.declared == true && providers[name] == nil {
+        let undeclared = accounts.machines.keys.filter {
+            accounts[$0]?.record.declared == true && providers[$0] == nil
+        }
+        for name in undeclared {
             accounts[name]?.undeclared()
             logger.notice(
                 "account no longer declared in the config; kept as a runtime account", metadata: ["account": "\(name)"])
@@ -94,7 +97,7 @@ extension Broker {
         // New settings, or a declared account's new provider settings: every provider is built
         // afresh (a refresh under way finishes with the provider it started with).
         tokenProviders = [:]
-        for name in accounts.keys { accounts[name]?.restartPolling() }
+        for name in Array(accounts.machines.keys) { accounts[name]?.restartPolling() }
         let wlcgFile = configuration.wlcgAccount == nil ? nil : DefaultPaths().wlcgBearerTokenFile
         if configuration.wlcgAccount != nil, wlcgFile == nil {
             logger.warning("wlcg_account ignored: no XDG_RUNTIME_DIR (nor /run/user/UID) to hold bt_u$UID")
@@ -102,7 +105,7 @@ extension Broker {
         let filePaths = TokenFiles.paths(for: configuration, wlcgFile: wlcgFile)
         rewriteTokenFiles(of: tokenFiles.replace(with: filePaths, logger: logger))
         // Usually nothing stored changed (a start with the same file): no vault write then.
-        let changed = accounts.filter { stored[$0.key] != $0.value.record }.keys
+        let changed = accounts.machines.filter { stored[$0.key] != $0.value.record }.keys
         if !changed.isEmpty { try persist(changing: changed) }
         // A token served is prepared with the IdP endpoints and `dpop_allow` of its settings
         // (`DPoPIdPEndpoints`): new settings prepare it again.

@@ -131,7 +131,7 @@ extension Broker {
     /// Runs at each read of the store until every mark is settled.
     func settleFleetMarks() async {
         guard let store = fleet?.store, !padlock.isLocked else { return }
-        for name in accounts.keys.sorted() where accounts[name]?.record.fleet?.step == .sharing {
+        for name in accounts.machines.keys.sorted() where accounts[name]?.record.fleet?.step == .sharing {
             // Under the account's chain, so that no share of it runs meanwhile.
             await takeChainTurn(name)
             await settleShare(name, store: store)

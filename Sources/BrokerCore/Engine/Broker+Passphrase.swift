@@ -101,11 +101,11 @@ extension Broker {
             logger.error("locked with changes the vault could not save", metadata: ["accounts": "\(unsaved.count)"])
         }
         forgetFleetAtLock()
-        let shown = accounts.values.map {
+        let shown = accounts.machines.values.map {
             Padlock.LockedAccount(name: $0.record.name, kind: $0.record.provider.kind)
         }
         padlock.enter(.locked, known: shown)
-        accounts = [:]
+        accounts.replaceAll(with: [:])
         damaged = [:]
         tokenProviders = [:]
         refreshTasks = [:]
@@ -166,7 +166,8 @@ extension Broker {
             throw .vaultUnusable(reason: "\(error)")
         }
         Self.reportLoad(of: vault, logger: logger)
-        accounts = Self.machines(for: contents, settings: settings, cache: cache, http: http, now: clock.now())
+        accounts.replaceAll(
+            with: Self.machines(for: contents, settings: settings, cache: cache, http: http, now: clock.now()))
         heldForFleet = Self.heldForFleet(in: contents)
         damaged = Self.damaged(in: contents, now: clock.now(), logger: logger)
         padlock.enter(.unlocked)

@@ -8,21 +8,24 @@ extension Broker {
     /// Starts every refresh that is due and returns when the next one will be. Refreshes found
     /// long overdue (the machine slept, or the wall clock jumped) are spread over the next
     /// `overdueSpread` seconds instead of all hitting the IdPs in the same instant; a client
-    /// that needs such an account's token meanwhile gets an on-demand refresh.
+    /// that needs such an account's token meanwhile gets an on-demand refresh. Only the accounts
+    /// whose deadline came are looked at (`AccountTable.names(dueBy:)`).
     public func runDueRefreshes() -> Date? {
         let now = clock.now()
         let (threshold, spread) = (settings.overdueThreshold, settings.overdueSpread)
-        var next = retryFailedSave(now: now)
-        for name in accounts.keys {
-            if let poll = pollSource(name, now: now) { next = min(next ?? poll, poll) }
-            switch accounts[name]?.due(now: now, overdueThreshold: threshold, spread: Double.random(in: 0...spread))
+        let retry = retryFailedSave(now: now)
+        for name in accounts.names(dueBy: now) {
+            pollSource(name, now: now)
+            if accounts[name]?.refreshIsDue(
+                now: now, overdueThreshold: threshold, spread: Double.random(in: 0...spread)) == true
             {
-            case .refreshNow: _ = startRefresh(name, forClient: false)
-            case .at(let due): next = min(next ?? due, due)
-            case .nothing, nil: break
+                _ = startRefresh(name, forClient: false)
             }
+            // A refresh that may not start while a save fails (`refusalWhileUnsaved`) is looked
+            // at again when the save is tried again.
+            if let retry, let wake = accounts[name]?.wakeAt, wake <= now { accounts.postpone(name, to: retry) }
         }
-        return next
+        return [retry, accounts.nextDeadline].compactMap { $0 }.min()
     }
 
     /// Tries a failed save again once its backoff is over (`saveTrouble`): the save, never a
@@ -88,15 +91,13 @@ extension Broker {
     }
 
     /// Asks the provider of an account that watches its source whether the source changed, once
-    /// every poll interval, and starts a refresh when it did. Returns when to ask next.
-    func pollSource(_ name: String, now: Date) -> Date? {
-        guard let poll = accounts[name]?.poll(now: now) else { return nil }
-        if poll.askNow, let machine = accounts[name], machine.refreshSerial == nil,
+    /// every poll interval, and starts a refresh when it did.
+    func pollSource(_ name: String, now: Date) {
+        if accounts[name]?.poll(now: now) == true, let machine = accounts[name], machine.refreshSerial == nil,
             provider(for: machine.record).sourceChanged()
         {
             _ = startRefresh(name, forClient: false)
         }
-        return poll.next
     }
 
     /// Waits for refreshes under way, so their vault writes complete before exit.

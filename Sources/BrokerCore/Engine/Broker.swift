@@ -29,10 +29,11 @@ public actor Broker {
     let http: IdPClient
     let logger: Logger
     var planner: RefreshPlanner { RefreshPlanner(settings: settings) }
-    /// Every account's lifecycle; the actor runs the effects its transitions return.
-    var accounts: [String: AccountMachine] = [:] { didSet { changes.announce() } }
+    /// Every account's lifecycle; the actor runs the effects its transitions return. Each
+    /// change to it is announced to `changes`.
+    var accounts: AccountTable
     /// Told of every change to `accounts`, so the scheduler and the service status sleep till then.
-    public nonisolated let changes = ChangeBroadcast()
+    public nonisolated let changes: ChangeBroadcast
     /// The task of each refresh under way, by account, with the serial its machine knows it by.
     var refreshTasks: [String: (serial: Int, task: Task<Result<Void, BrokerFailure>, Never>)] = [:]
     /// Each account's provider, built when first needed (see `provider(for:)`).
@@ -78,6 +79,9 @@ public actor Broker {
         logger: Logger, configPath: String? = nil
     ) throws {
         self.vault = vault
+        let changes = ChangeBroadcast()
+        self.changes = changes
+        accounts = AccountTable(changes: changes)
         self.settingsBox = Mutex(settings)
         self.configPath = configPath
         self.http = http
@@ -91,7 +95,8 @@ public actor Broker {
             return
         }
         let contents = try vault.load()
-        accounts = Self.machines(for: contents, settings: settings, cache: cache, http: http, now: clock.now())
+        accounts.replaceAll(
+            with: Self.machines(for: contents, settings: settings, cache: cache, http: http, now: clock.now()))
         heldForFleet = Self.heldForFleet(in: contents)
         damaged = Self.damaged(in: contents, now: clock.now(), logger: logger)
         Self.reportLoad(of: vault, logger: logger)

@@ -45,9 +45,9 @@ extension Broker {
     /// deadline, which includes the next token expiry (an account's state changes then, so the
     /// service manager's status is told). The pass's own changes do not wake the scheduler again.
     fileprivate func schedulingPass(clearing wake: WakeSignal) -> Date? {
-        let now = clock.now()
-        let expiry = accounts.values.lazy.compactMap { $0.record.token?.expiresAt }.filter { $0 > now }.min()
-        let next = [runDueRefreshes(), expiry].compactMap { $0 }.min()
+        // Counting the states at `now` leaves the expiries still to come.
+        _ = accounts.stateCounts(now: clock.now())
+        let next = [runDueRefreshes(), accounts.nextStateChange].compactMap { $0 }.min()
         changes.announce()
         wake.clear()
         return next

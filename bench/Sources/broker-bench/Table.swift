@@ -45,6 +45,8 @@ enum Table {
         case atLeast(Double)
         /// At most the yardstick plus this much (wake-ups beyond the watchdog's pings).
         case atMostYardstickPlus(Double)
+        /// At most this much, and at most this ratio to the yardstick.
+        case atMostAndRatioAtMost(Double, ratio: Double)
         /// No target: shown to explain another figure.
         case none
     }
@@ -84,9 +86,22 @@ enum Table {
             Row(
                 figure: "expired token, 1,000 waiting clients: last served after the IdP's answer",
                 key: "expired_1000_last_after_idp_ms", unit: .milliseconds, target: .atMost(10)),
-        ] + idleRows + swiftNIORows + policyRows + dpopRows
+        ] + changeRows + idleRows + swiftNIORows + policyRows + dpopRows
         + cachedTokenRows(server: "loops1", label: "1 event loop: cached `token`")
         + cachedTokenRows(server: "loops2", label: "2 event loops: cached `token`") + fleetRows
+
+    /// One account's `add`, `set_tokens` and `remove` over the socket beside 100, 1,000 and
+    /// 10,000 accounts (`broker-bench changes`): at most 2 ms each, and with 10,000 at most 1.5x
+    /// the figure with 100 of the same run, as a change costs the same however many there are.
+    static let changeRows: [Row] = ["add", "set_tokens", "remove"].flatMap { operation in
+        [(100, "100"), (1000, "1,000"), (10_000, "10,000")].map { size, label in
+            Row(
+                figure: "`\(operation)` of one account beside \(label) accounts, p50",
+                key: "\(operation)_\(size)_p50_ms",
+                unit: .milliseconds, yardstick: size == 100 ? nil : ("100 accounts", "\(operation)_100_p50_ms"),
+                target: size == 10_000 ? .atMostAndRatioAtMost(2, ratio: 1.5) : .atMost(2))
+        }
+    }
 
     /// An idle brokerd's wake-ups over 60 s (`broker-bench idle`), beside ssh-agent's in the
     /// same run, and with a watchdog beside its pings.
@@ -244,6 +259,9 @@ enum Table {
         case .atMost(let limit): target = "≤ \(decimal(limit, places: 0)) \(row.unit.symbol)"
         case .atLeast(let limit): target = "≥ \(decimal(limit, places: 0)) \(row.unit.symbol)"
         case .atMostYardstickPlus(let extra): target = "≤ \(yardstickName) + \(decimal(extra, places: 0))"
+        case .atMostAndRatioAtMost(let limit, let ratio):
+            target =
+                "≤ \(decimal(limit, places: 0)) \(row.unit.symbol), ≤ \(decimal(ratio, places: 1))x \(yardstickName)"
         case .none: target = "-"
         }
         guard let measured = figures[row.key] else { return [row.figure, "not measured", "-", "-", target, "-"] }
@@ -256,6 +274,8 @@ enum Table {
         case .atMost(let limit): met = row.unit.shown(measured) <= limit
         case .atLeast(let limit): met = row.unit.shown(measured) >= limit
         case .atMostYardstickPlus(let extra): met = yardstick.map { measured <= $0 + extra }
+        case .atMostAndRatioAtMost(let limit, let most):
+            met = ratio.map { $0 <= most && row.unit.shown(measured) <= limit }
         case .none: met = nil
         }
         return [

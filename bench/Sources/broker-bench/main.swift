@@ -14,7 +14,8 @@ import Glibc
 // (IdleWakeups.swift), and `broker-bench flood`: the latency of cached tokens
 // while one process floods the broker (Flood.swift), and `broker-bench fleet`: what sharing an
 // account through the fleet's PostgreSQL store costs (FleetBench.swift), and `broker-bench soak`:
-// minutes of rotations through outages, kills and a full disk (Soak.swift, run by bench/soak).
+// minutes of rotations through outages, kills and a full disk (Soak.swift, run by bench/soak), and
+// `broker-bench changes`: one account's `add`, `set_tokens` and `remove` beside thousands (ChangesBench.swift).
 // Run it through bench/run (release build).
 
 let usage = """
@@ -25,6 +26,7 @@ let usage = """
            broker-bench fleet PATH-TO-BROKERD PATH-TO-LOAD-CLIENT [SECONDS-PER-LOAD-RUN]
            broker-bench idle PATH-TO-BROKERD [SECONDS]
            broker-bench save
+           broker-bench changes PATH-TO-BROKERD
            broker-bench soak PATH-TO-BROKERD MINUTES
            broker-bench table < FIGURES
            broker-bench flood PATH-TO-BROKERD [SECONDS-PER-RUN]
@@ -84,6 +86,8 @@ do {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         try VaultSaveBench.run(directory: directory.path)
+    case "changes" where arguments.count >= 3:
+        try await ChangesBench.run(brokerd: arguments[2])
     case "table":
         Table.printTable(figures: Table.readFigures())
     default:
