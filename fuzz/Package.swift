@@ -1,10 +1,11 @@
 // swift-tools-version: 6.0
 import PackageDescription
 
-/// libFuzzer's coverage instrumentation, for the project's own modules and the fuzz targets
-/// only: the dependencies (NIO, AsyncHTTPClient) build as usual.
+/// libFuzzer's coverage instrumentation and AddressSanitizer (with its leak checker, so that a
+/// leak fails a run as a crash does), for the project's own modules and the fuzz targets only:
+/// the dependencies (NIO, AsyncHTTPClient) build as usual.
 let instrumented: [SwiftSetting] = [
-    .unsafeFlags(["-sanitize=fuzzer", "-enable-testing"]),
+    .unsafeFlags(["-sanitize=fuzzer,address", "-enable-testing"]),
     .enableUpcomingFeature("ExistentialAny"),
     .enableUpcomingFeature("MemberImportVisibility"),
 ]
@@ -13,7 +14,7 @@ let instrumented: [SwiftSetting] = [
 func fuzzTarget(_ name: String, _ dependencies: [Target.Dependency]) -> Target {
     .executableTarget(
         name: name, dependencies: ["FuzzSupport"] + dependencies, path: "Targets/\(name)",
-        swiftSettings: instrumented, linkerSettings: [.unsafeFlags(["-sanitize=fuzzer"])])
+        swiftSettings: instrumented, linkerSettings: [.unsafeFlags(["-sanitize=fuzzer,address"])])
 }
 
 /// The project's fuzz targets. `Linked` points at the project's `Sources`, so the modules
@@ -32,6 +33,8 @@ let package = Package(
         .systemLibrary(name: "CSodium", path: "Linked/CSodium", pkgConfig: "libsodium"),
         .systemLibrary(name: "COpenSSL", path: "Linked/COpenSSL", pkgConfig: "libcrypto"),
         .systemLibrary(name: "CTimerFD", path: "Linked/CTimerFD"),
+        .systemLibrary(name: "CQREncode", path: "Linked/CQREncode", pkgConfig: "libqrencode"),
+        .systemLibrary(name: "CFileSpace", path: "Linked/CFileSpace"),
         .target(name: "CSpawn", path: "Linked/CSpawn"),
         .target(
             name: "ProcessSpawn", dependencies: ["CSpawn"], path: "Linked/ProcessSpawn", swiftSettings: instrumented),
@@ -39,7 +42,7 @@ let package = Package(
         .target(
             name: "BrokerCore",
             dependencies: [
-                "BrokerProtocol", "COpenSSL", "CSodium", "ProcessSpawn", "CTimerFD",
+                "BrokerProtocol", "CFileSpace", "COpenSSL", "CQREncode", "CSodium", "ProcessSpawn", "CTimerFD",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
