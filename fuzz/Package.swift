@@ -1,8 +1,8 @@
 // swift-tools-version: 6.0
 import PackageDescription
 
-/// libFuzzer's coverage instrumentation and AddressSanitizer (with its leak checker, so that a
-/// leak fails a run as a crash does), for the project's own modules and the fuzz targets only:
+/// libFuzzer's coverage instrumentation and AddressSanitizer, for the project's own modules and
+/// the fuzz targets only:
 /// the dependencies (NIO, AsyncHTTPClient) build as usual.
 let instrumented: [SwiftSetting] = [
     .unsafeFlags(["-sanitize=fuzzer,address", "-enable-testing"]),
