@@ -118,10 +118,16 @@ func withEnvironment<T>(_ values: [String: String?], _ body: () async throws -> 
             #expect(try await manager.next() == "STATUS=first")
             for index in 0..<1000 { notifier.status("burst \(index)") }
             notifier.watchdog()
-            // The ping is not held back by the status waiting for its second.
-            #expect(try await manager.next() == "WATCHDOG=1")
-            #expect(try await manager.next() == "STATUS=burst 999")
-            #expect(manager.poll() == nil, "one datagram for the whole burst")
+            var received: [String] = []
+            while !received.contains("STATUS=burst 999"), let datagram = try await manager.next() {
+                received.append(datagram)
+            }
+            // The ping is sent, whatever the status waits for; of the burst, the latest, and at
+            // most one more when the second since the first ran out during the burst (a loaded
+            // machine may take that long over it).
+            #expect(received.contains("WATCHDOG=1"), "\(received)")
+            #expect(received.last == "STATUS=burst 999" && received.count <= 3, "\(received)")
+            #expect(manager.poll() == nil, "nothing more for the whole burst")
         }
     }
 

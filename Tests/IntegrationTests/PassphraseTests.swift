@@ -116,12 +116,16 @@ import Glibc
         #expect(try await third.value.status != 0)
 
         // Restarted again, even the right passphrase waits out the rest of that delay.
+        let restarted = Date().timeIntervalSince1970
         try await broker.start(arguments: ["--passphrase"])
         let right = try await broker.brokerctlOnOwnThread(["unlock"], stdin: Self.passphrase + "\n")
         #expect(right.status == 0, "\(right.stderr)")
         // `until` is in whole seconds.
         #expect(Date().timeIntervalSince1970 >= until - 1, "the 4 s delay ran on across the restart")
-        #expect(broker.log.contains("unlock waits out the delay of a wrong passphrase given before a restart"))
+        // Said when there was a delay left to wait (a loaded machine may restart after its end).
+        #expect(
+            restarted >= until - 1
+                || broker.log.contains("unlock waits out the delay of a wrong passphrase given before a restart"))
         #expect(!FileManager.default.fileExists(atPath: paceFile), "a right passphrase clears the pace")
         #expect(!broker.log.contains(Self.passphrase))
     }
