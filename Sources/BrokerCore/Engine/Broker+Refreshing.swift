@@ -64,7 +64,7 @@ extension Broker {
     /// the task's `SecretArena.reservation` now holds the slots the answer will need.
     func unstorable(_ record: AccountRecord) -> RefreshFailure? {
         do {
-            try SecretArena.reservation?.fill(from: .current, sizes: Self.answerSizes(record))
+            try SecretArena.reservation?.fill(sizes: Self.answerSizes(record))
             return nil
         } catch {
             return .transient("the broker is out of guarded memory for secrets; no refresh starts until there is some")

@@ -144,7 +144,7 @@ final class SecretArena: Sendable {
                 do throws(BrokerFailure) {
                     places.append(try takeSlot(sizeClass, in: &state, lockError: &lockError))
                 } catch {
-                    for place in places { state.free[place.sizeClass].append((place.slab, place.bytes)) }
+                    Self.putBack(places, in: &state)
                     throw error
                 }
             }
@@ -156,9 +156,12 @@ final class SecretArena: Sendable {
 
     /// Gives back slots taken by `takeSlots` and never written.
     fileprivate func giveBack(_ places: [Place]) {
-        state.withLock { state in
-            for place in places { state.free[place.sizeClass].append((place.slab, place.bytes)) }
-        }
+        state.withLock { Self.putBack(places, in: &$0) }
+    }
+
+    /// Returns free slots (wiped, or never written) to their classes.
+    private static func putBack(_ places: [Place], in state: inout State) {
+        for place in places { state.free[place.sizeClass].append((place.slab, place.bytes)) }
     }
 
     /// Wipes the secret at `place` and takes its memory back.
@@ -172,7 +175,7 @@ final class SecretArena: Sendable {
             writing(place.slab, in: &state) {
                 Sodium.wipe(UnsafeMutableRawBufferPointer(start: place.bytes, count: Self.slotSizes[place.sizeClass]))
             }
-            state.free[place.sizeClass].append((place.slab, place.bytes))
+            Self.putBack([place], in: &state)
         }
     }
 
@@ -241,39 +244,31 @@ extension SecretArena {
 
     /// Guarded memory taken before an IdP is called, for the secrets its answer brings: once
     /// the IdP has answered a refresh, the credential presented is spent, and an answer that
-    /// found no memory would lose its successor. A refresh's task holds an empty one
-    /// (`SecretArena.reservation`); `fill` takes the slots before the call (failing, and
-    /// calling nothing, when no memory can be had), `store` uses them first, and those left go
-    /// back to the arena when the task ends.
+    /// found no memory would lose its successor. A refresh's task holds an empty one of the
+    /// task's arena (`SecretArena.reservation`); `fill` takes the slots before the call
+    /// (failing, and calling nothing, when no memory can be had), `store` uses them first, and
+    /// those left go back to the arena when the task ends.
     final class Reservation: Sendable {
-        private let held = Mutex<(arena: SecretArena?, slots: [Place])>((nil, []))
+        private let arena: SecretArena
+        private let slots = Mutex<[Place]>([])
 
-        init() {}
+        init(arena: SecretArena = .current) { self.arena = arena }
 
-        deinit { held.withLock { if let arena = $0.arena { arena.giveBack($0.slots) } } }
+        deinit { slots.withLock { arena.giveBack($0) } }
 
-        /// Takes from `arena` one slot for a secret of each of `sizes` bytes, on top of those
-        /// already held from it.
-        func fill(from arena: SecretArena, sizes: [Int]) throws(BrokerFailure) {
+        /// Takes one slot for a secret of each of `sizes` bytes, on top of those already held.
+        func fill(sizes: [Int]) throws(BrokerFailure) {
             let places = try arena.takeSlots(sizes)
-            held.withLock { held in
-                if let previous = held.arena, previous !== arena {
-                    previous.giveBack(held.slots)
-                    held.slots = []
-                }
-                held.arena = arena
-                held.slots += places
-            }
+            slots.withLock { $0 += places }
         }
 
-        /// The smallest held slot of `arena` of `sizeClass` or larger, taken out.
+        /// The smallest held slot of `sizeClass` or larger, taken out; `nil` for another arena.
         fileprivate func take(atLeast sizeClass: Int, of arena: SecretArena) -> Place? {
-            held.withLock { held in
-                guard held.arena === arena,
-                    let index = held.slots.indices.filter({ held.slots[$0].sizeClass >= sizeClass })
-                        .min(by: { held.slots[$0].sizeClass < held.slots[$1].sizeClass })
-                else { return nil }
-                return held.slots.remove(at: index)
+            guard arena === self.arena else { return nil }
+            return slots.withLock { slots in
+                let fitting = slots.indices.filter { slots[$0].sizeClass >= sizeClass }
+                guard let index = fitting.min(by: { slots[$0].sizeClass < slots[$1].sizeClass }) else { return nil }
+                return slots.remove(at: index)
             }
         }
     }
