@@ -93,13 +93,46 @@ let package = Package(
         // event loops (`EventLoops.takeOver`); linked into brokerd only.
         .target(name: "CGlobalExecutorHook"),
         .target(name: "BrokerProtocol", swiftSettings: upcoming),
+        // The broker's core, in layers that import only the layers below them (ARCHITECTURE.md,
+        // "Modules"; `ModuleGraphTests` holds every import to that map). None of them opens a
+        // socket or encodes the wire.
+        // The words every layer speaks: account names, the broker's failures, how to restore an account.
+        .target(name: "BrokerModel", dependencies: ["BrokerProtocol"], swiftSettings: upcoming),
+        // Secrets in guarded memory, libsodium, and the file-system trust every file read goes through.
         .target(
-            name: "BrokerCore",
+            name: "BrokerSecrets",
             dependencies: [
-                "BrokerProtocol", "CFileSpace", "COpenSSL", "CQREncode", "CSodium", "ProcessSpawn", "CTimerFD",
+                "BrokerModel", "CFileSpace", "CSodium",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: upcoming
+        ),
+        // The IdP side: an account's record, the providers, discovery, the login flows and DPoP.
+        .target(
+            name: "BrokerIdP",
+            dependencies: [
+                "BrokerModel", "BrokerProtocol", "BrokerSecrets", "COpenSSL", "CQREncode", "ProcessSpawn",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: upcoming
+        ),
+        // The vault: records encrypted at rest in a snapshot and a log.
+        .target(
+            name: "BrokerVault",
+            dependencies: ["BrokerIdP", "BrokerModel", "BrokerProtocol", "BrokerSecrets"],
+            swiftSettings: upcoming
+        ),
+        // The engine: the `Broker` actor, the account machines, scheduling, the cache, the
+        // configuration and the fleet's rows apart from the database.
+        .target(
+            name: "BrokerEngine",
+            dependencies: [
+                "BrokerIdP", "BrokerModel", "BrokerProtocol", "BrokerSecrets", "BrokerVault", "CTimerFD",
+                .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -109,7 +142,7 @@ let package = Package(
         .target(
             name: "BrokerServer",
             dependencies: [
-                "BrokerProtocol", "BrokerCore",
+                "BrokerProtocol", "BrokerEngine", "BrokerIdP", "BrokerModel", "BrokerSecrets", "BrokerVault",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -122,7 +155,7 @@ let package = Package(
         .target(
             name: "BrokerFleet",
             dependencies: [
-                "BrokerCore",
+                "BrokerEngine", "BrokerIdP", "BrokerModel", "BrokerSecrets", "BrokerVault",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -145,7 +178,8 @@ let package = Package(
         .executableTarget(
             name: "brokerd",
             dependencies: [
-                "BrokerCore", "BrokerFleet", "BrokerServer", "BrokerSystemd", "CGlobalExecutorHook", "CWipeOnFree",
+                "BrokerEngine", "BrokerIdP", "BrokerModel", "BrokerSecrets", "BrokerVault", "BrokerFleet",
+                "BrokerServer", "BrokerSystemd", "CGlobalExecutorHook", "CWipeOnFree",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -171,7 +205,8 @@ let package = Package(
         .target(
             name: "TestSupport",
             dependencies: [
-                "BrokerClient", "BrokerCore", "BrokerProtocol", "BrokerServer", "CSodium", "ProcessSpawn",
+                "BrokerClient", "BrokerEngine", "BrokerIdP", "BrokerModel", "BrokerSecrets", "BrokerVault",
+                "BrokerProtocol", "BrokerServer", "CSodium", "ProcessSpawn",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
@@ -185,7 +220,8 @@ let package = Package(
         .executableTarget(
             name: "broker-bench",
             dependencies: [
-                "BrokerProtocol", "BrokerCore", "TestSupport",
+                "BrokerProtocol", "BrokerEngine", "BrokerIdP", "BrokerModel", "BrokerSecrets", "BrokerVault",
+                "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
@@ -194,11 +230,13 @@ let package = Package(
             // lld, as for brokerd and brokerctl.
             linkerSettings: [.unsafeFlags(["-use-ld=lld"])]
         ),
+        // ARCHITECTURE.md's module map against Package.swift and every source file's imports.
+        .testTarget(name: "ArchitectureTests", swiftSettings: upcoming),
         .testTarget(name: "BrokerProtocolTests", dependencies: ["BrokerProtocol"], swiftSettings: upcoming),
         .testTarget(
             name: "BrokerCoreTests",
             dependencies: [
-                "BrokerCore", "TestSupport",
+                "BrokerEngine", "BrokerIdP", "BrokerModel", "BrokerSecrets", "BrokerVault", "TestSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -209,16 +247,23 @@ let package = Package(
         // in real time: the broker's own loopback listener on 127.0.0.1 and the waits of the flows.
         .testTarget(
             name: "BrokerLoginTests",
-            dependencies: ["BrokerCore", "BrokerProtocol", "BrokerServer", "TestSupport"],
+            dependencies: [
+                "BrokerEngine", "BrokerIdP", "BrokerModel", "BrokerSecrets", "BrokerVault", "BrokerProtocol",
+                "BrokerServer", "TestSupport",
+            ],
             swiftSettings: upcoming
         ),
         // The exec provider against real child processes, with their real timeouts: the one part
         // of the engine that cannot run on a test clock.
-        .testTarget(name: "BrokerProcessTests", dependencies: ["BrokerCore", "TestSupport"], swiftSettings: upcoming),
+        .testTarget(
+            name: "BrokerProcessTests",
+            dependencies: ["BrokerEngine", "BrokerIdP", "BrokerModel", "BrokerSecrets", "BrokerVault", "TestSupport"],
+            swiftSettings: upcoming),
         .testTarget(
             name: "BrokerServerTests",
             dependencies: [
-                "BrokerServer", "BrokerCore", "BrokerProtocol", "TestSupport",
+                "BrokerServer", "BrokerEngine", "BrokerIdP", "BrokerModel", "BrokerSecrets", "BrokerVault",
+                "BrokerProtocol", "TestSupport",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
@@ -230,7 +275,8 @@ let package = Package(
         .testTarget(
             name: "BrokerFleetTests",
             dependencies: [
-                "BrokerFleet", "BrokerCore", "TestSupport",
+                "BrokerFleet", "BrokerEngine", "BrokerIdP", "BrokerModel", "BrokerSecrets", "BrokerVault",
+                "TestSupport",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ],

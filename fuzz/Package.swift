@@ -40,22 +40,45 @@ let package = Package(
             name: "ProcessSpawn", dependencies: ["CSpawn"], path: "Linked/ProcessSpawn", swiftSettings: instrumented),
         .target(name: "BrokerProtocol", path: "Linked/BrokerProtocol", swiftSettings: instrumented),
         .target(
-            name: "BrokerCore",
+            name: "BrokerModel", dependencies: ["BrokerProtocol"], path: "Linked/BrokerModel",
+            swiftSettings: instrumented),
+        .target(
+            name: "BrokerSecrets",
+            dependencies: ["BrokerModel", "CFileSpace", "CSodium", .product(name: "Logging", package: "swift-log")],
+            path: "Linked/BrokerSecrets", swiftSettings: instrumented),
+        .target(
+            name: "BrokerIdP",
             dependencies: [
-                "BrokerProtocol", "CFileSpace", "COpenSSL", "CQREncode", "CSodium", "ProcessSpawn", "CTimerFD",
+                "BrokerModel", "BrokerProtocol", "BrokerSecrets", "COpenSSL", "CQREncode", "ProcessSpawn",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Linked/BrokerIdP", swiftSettings: instrumented),
+        .target(
+            name: "BrokerVault", dependencies: ["BrokerIdP", "BrokerModel", "BrokerProtocol", "BrokerSecrets"],
+            path: "Linked/BrokerVault", swiftSettings: instrumented),
+        .target(
+            name: "BrokerEngine",
+            dependencies: [
+                "BrokerIdP", "BrokerModel", "BrokerProtocol", "BrokerSecrets", "BrokerVault", "CTimerFD",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
-            path: "Linked/BrokerCore", swiftSettings: instrumented),
+            path: "Linked/BrokerEngine", swiftSettings: instrumented),
         .target(name: "FuzzSupport", path: "Targets/FuzzSupport"),
         fuzzTarget("RequestLineFuzz", ["BrokerProtocol"]),
-        fuzzTarget("ProviderFuzz", ["BrokerCore"]),
-        fuzzTarget("ConfigFuzz", ["BrokerCore"]),
+        fuzzTarget("ProviderFuzz", ["BrokerEngine", "BrokerIdP", "BrokerModel", "BrokerSecrets", "BrokerVault"]),
+        fuzzTarget("ConfigFuzz", ["BrokerEngine", "BrokerIdP", "BrokerModel", "BrokerSecrets", "BrokerVault"]),
         fuzzTarget(
-            "VaultFuzz", ["BrokerCore", "CSodium", .product(name: "Logging", package: "swift-log")]),
+            "VaultFuzz",
+            [
+                "BrokerEngine", "BrokerIdP", "BrokerModel", "BrokerSecrets", "BrokerVault", "CSodium",
+                .product(name: "Logging", package: "swift-log"),
+            ]),
     ]
 )

@@ -1,4 +1,8 @@
-import BrokerCore
+import BrokerEngine
+import BrokerIdP
+import BrokerModel
+import BrokerSecrets
+import BrokerVault
 import Synchronization
 
 /// Gives up on a call to the fleet's database after a deadline. postgres-nio keeps a query

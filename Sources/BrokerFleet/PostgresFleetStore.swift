@@ -1,4 +1,8 @@
-import BrokerCore
+import BrokerEngine
+import BrokerIdP
+import BrokerModel
+import BrokerSecrets
+import BrokerVault
 import Logging
 import NIOCore
 import PostgresNIO

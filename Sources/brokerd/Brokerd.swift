@@ -1,9 +1,13 @@
 import ArgumentParser
-import BrokerCore
+import BrokerEngine
 import BrokerFleet
+import BrokerIdP
+import BrokerModel
 import BrokerProtocol
+import BrokerSecrets
 import BrokerServer
 import BrokerSystemd
+import BrokerVault
 import CWipeOnFree
 import FoundationEssentials
 import Logging

@@ -1,5 +1,9 @@
-import BrokerCore
+import BrokerEngine
+import BrokerIdP
+import BrokerModel
+import BrokerSecrets
 import BrokerSystemd
+import BrokerVault
 import Logging
 import NIOPosix
 import ServiceLifecycle

@@ -1,7 +1,10 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
 import Testing
-
-@testable import BrokerCore
 
 /// `[accounts.NAME.access]` and the access keys of `[broker]` in `broker.toml`, and the unit a
 /// process's cgroup names.

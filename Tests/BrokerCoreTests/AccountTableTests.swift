@@ -1,9 +1,12 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// The indexes `AccountTable` keeps as accounts change (the count of each state, the
 /// scheduler's deadlines, the next expiry) stay equal to what a walk over every account finds,

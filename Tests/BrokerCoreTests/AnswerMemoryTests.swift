@@ -1,9 +1,12 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// A refresh takes the guarded memory its answer needs before it calls the IdP
 /// (`SecretArena.Reservation`): the broker runs on an arena with a small budget, and the test

@@ -1,7 +1,10 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
 import Testing
-
-@testable import BrokerCore
 
 /// The hand-written base64url agrees with Foundation's base64 (RFC 4648 sections 4 and 5) on
 /// every length, and refuses what is not base64url.

@@ -1,8 +1,11 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
 import Testing
-
-@testable import BrokerCore
 
 /// `[accounts.NAME.git]` and `[accounts.NAME.docker]`: checked and normalised when read.
 @Suite struct BridgeSettingsTests {

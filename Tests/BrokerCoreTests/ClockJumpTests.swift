@@ -1,9 +1,12 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// After the wall clock jumps hours forward (suspend/resume), no expired token is served and
 /// the overdue refreshes are spread over time instead of all firing at once.

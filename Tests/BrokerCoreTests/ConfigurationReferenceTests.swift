@@ -1,7 +1,10 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
 import Testing
-
-@testable import BrokerCore
 
 /// docs/configuration.md names every key `broker.toml` may hold, and each engine setting's
 /// row gives the default the broker uses: a key added to the reader without its line in the

@@ -1,9 +1,12 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// No proof for the IdP's doors (docs/dpop.md): a program gets no DPoP proof for an endpoint of
 /// the account's IdP, however it spells it, nor for any other URL on its origins unless

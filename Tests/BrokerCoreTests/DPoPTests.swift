@@ -1,9 +1,12 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// DPoP (RFC 9449, docs/dpop.md): an account with `dpop = "ES256"` has a key brokerd made,
 /// every request to its token endpoint carries a proof the test IdP verifies (under the manual

@@ -1,9 +1,12 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Foundation
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// A record the release cannot read is one account's problem (protocol/VAULT.md, "Records of
 /// other releases"): it is shown `damaged` with its reason, refused with an error naming it,

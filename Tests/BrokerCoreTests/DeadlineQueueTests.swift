@@ -1,7 +1,10 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
 import Testing
-
-@testable import BrokerCore
 
 /// The scheduler's deadlines: the earliest date and the keys due by a date stay those of a
 /// plain dictionary through any sequence of dates set, moved and removed.

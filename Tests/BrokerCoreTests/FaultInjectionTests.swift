@@ -1,9 +1,12 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// The lifecycle under IdP failures, with an injected clock: the state reached, what `token`
 /// answers before and after the old token expires, how many IdP calls happen and how far

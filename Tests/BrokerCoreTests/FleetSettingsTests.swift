@@ -1,12 +1,15 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
-import TestSupport
 import Testing
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
 #endif
-
-@testable import BrokerCore
 
 /// broker.toml's `[fleet]`: the database URL checked whole (never a password), TLS unless the
 /// server is on this host or `tls = "disable"`, a lease that outlasts three IdP timeouts.

@@ -1,10 +1,13 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Foundation
 import NIOHTTP1
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// A broker on a real vault whose IdP answers with hostile numbers and texts: nothing traps,
 /// the vault stays loadable, and nothing secret is reflected (docs/security.md, "What brokerd does not trust").

@@ -1,9 +1,12 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// `logout`: revoke at the IdP where the provider can (RFC 7009), then discard every token and
 /// refresh credential; refused while the IdP is unreachable unless forced; silent afterwards

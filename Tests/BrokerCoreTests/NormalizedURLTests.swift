@@ -1,7 +1,10 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
 import Testing
-
-@testable import BrokerCore
 
 /// The normal form of a proof's `htu` (RFC 3986 section 6.2.2, docs/dpop.md, "Which URLs get a
 /// proof") and the looser comparison of an IdP's endpoints (`DPoPDoor`).

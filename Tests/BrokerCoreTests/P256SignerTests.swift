@@ -1,10 +1,13 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Crypto
 import FoundationEssentials
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// The ES256 key DPoP proofs are signed with (docs/dpop.md, "Signing"), checked against
 /// swift-crypto's P-256, another implementation: the public key it derives and the signatures it

@@ -1,10 +1,13 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Foundation
 import Logging
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// A broker in passphrase mode, in process: it starts locked, serves nothing until unlocked,
 /// makes a wrong passphrase wait longer each time without holding anyone else up, forgets every

@@ -1,8 +1,11 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Foundation
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// Passphrase mode in the vault: a format 3 header naming the Argon2id derivation, a vault
 /// that opens only with its passphrase and never holds it or its key, and a rekey that leaves

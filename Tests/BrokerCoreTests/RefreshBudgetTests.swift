@@ -1,9 +1,12 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// What clients can make the broker refresh (docs/limits.md): one refresh of an account per
 /// `minimum_refresh_interval` for all their requests together, narrowed refreshes within a

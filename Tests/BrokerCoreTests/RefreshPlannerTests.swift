@@ -1,8 +1,11 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Foundation
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// docs/configuration.md, `[broker]`: refresh when about 25% of the lifetime remains (± jitter), never later
 /// than a floor before expiry, before a refresh token lapses; capped, jittered backoff.

@@ -1,8 +1,11 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// How a refresh URL's answers are classified (seed 000, protocol/PROTOCOL.md section 11), and that the URL,
 /// a secret, never shows up in a message.

@@ -1,12 +1,15 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
-import TestSupport
 import Testing
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
 #endif
-
-@testable import BrokerCore
 
 /// `SecretBytes` and its arena on their own: the bytes come back as given, compare by content,
 /// never print, travel through JSON as a string, and a released secret's slot is wiped at once.

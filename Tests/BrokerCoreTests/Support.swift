@@ -1,9 +1,12 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Foundation
 import Logging
 import Synchronization
-
-@testable import BrokerCore
 
 extension AccountRecord {
     /// A record with every field set, for vault round trips.

@@ -1,7 +1,10 @@
-import TestSupport
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// The TOML subset `broker.toml` is read with: what it reads, what it means, and what it refuses.
 @Suite struct TOMLTests {

@@ -1,9 +1,12 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// JSON of unknown shape, as IdPs and exec helpers print it (`JSONValue.object(decoding:)`).
 @Suite struct JSONObjectReadingTests {

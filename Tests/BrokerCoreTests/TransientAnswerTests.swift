@@ -1,9 +1,12 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// An IdP's hiccup never costs a sign-in: every answer but a refusal of the grant keeps the
 /// account serving its token while it retries at its backoff, in state `stale` (a valid token

@@ -1,9 +1,12 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Foundation
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// An account's settings and client secret corrected in place (`update`, and `set_tokens` with
 /// a `client_secret`): the refresh token stays, the IdP receives the change at once, and what

@@ -1,9 +1,12 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Foundation
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// `VaultJSONReader`, the reader of the vault's plaintext: it gives what `JSONDecoder` gives for
 /// every record shape the vault writes (and wrote), in any key order; it keeps what it does not

@@ -1,8 +1,11 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Foundation
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// protocol/VAULT.md: a save writes what changed (one sealed record appended to the log beside the
 /// snapshot), and every guarantee of the single-file vault stays: a torn end is the only thing

@@ -1,8 +1,11 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Foundation
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// protocol/VAULT.md: one encrypted vault, refused (and left alone) when the key is wrong or a
 /// byte was changed; one broker per vault; a private key file.

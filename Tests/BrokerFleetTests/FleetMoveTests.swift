@@ -1,11 +1,14 @@
+@testable import BrokerEngine
 import BrokerFleet
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Foundation
 import PostgresNIO
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// `share` and `unshare` stopped after each of their steps, as a crash would stop them, then
 /// the broker started again on its vault as the crash left it, against a real PostgreSQL: the

@@ -1,11 +1,14 @@
+@testable import BrokerEngine
 import BrokerFleet
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Foundation
 import PostgresNIO
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// What another broker's notification of a lease makes a broker do (docs/fleet.md,
 /// "Notifications"): stop serving the cached token and wait for that host's commit or release,

@@ -1,11 +1,14 @@
+@testable import BrokerEngine
 import BrokerFleet
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Foundation
 import PostgresNIO
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// A shared account's refresh whose commit the database refuses (its table renamed away, a
 /// real fault of PostgreSQL's): the rotated record is kept in the vault, the account is

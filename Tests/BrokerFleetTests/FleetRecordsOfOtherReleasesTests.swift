@@ -1,11 +1,14 @@
+@testable import BrokerEngine
 import BrokerFleet
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Foundation
 import PostgresNIO
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// A later release's fields in an account's record (protocol/VAULT.md, "Records of other
 /// releases"; docs/fleet.md, "Rows"): kept byte for byte through rotations, a compaction, a

@@ -1,11 +1,14 @@
+@testable import BrokerEngine
 import BrokerFleet
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Foundation
 import PostgresNIO
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// Scoped tokens of a shared account take the account's lease and present the row's
 /// credential, as its own refresh does; the credential the IdP rotated is committed before the

@@ -1,13 +1,16 @@
+@testable import BrokerEngine
 import BrokerFleet
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Foundation
 import Logging
 import NIOCore
 import PostgresNIO
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// The shared store against a real PostgreSQL server per test (`PostgresServer`): the schema
 /// and its canary, rows sealed to their name and version, tampering refused row by row, one

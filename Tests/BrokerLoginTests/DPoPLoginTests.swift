@@ -1,9 +1,12 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// `login` of an account with `dpop` (docs/dpop.md): the code and device-code exchanges carry
 /// proofs of the key the account keeps, the browser flow's authorization request names its

@@ -1,12 +1,15 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
 import BrokerServer
+@testable import BrokerVault
 import Foundation
 import NIOHTTP1
 import Synchronization
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// `login` against the test IdP (in process), the test playing the user: the device flow
 /// (RFC 8628), the browser flow (PKCE and a loopback redirect), what a login creates, restores

@@ -1,10 +1,13 @@
-import BrokerCore
+import BrokerEngine
+import BrokerIdP
+import BrokerModel
+import BrokerSecrets
+@testable import BrokerServer
+import BrokerVault
 import Foundation
 import Logging
-import TestSupport
 import Testing
-
-@testable import BrokerServer
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc

@@ -1,13 +1,16 @@
-import BrokerCore
+import BrokerEngine
+import BrokerIdP
+import BrokerModel
 import BrokerProtocol
+import BrokerSecrets
+@testable import BrokerServer
+import BrokerVault
 import Foundation
 import Logging
 import NIOCore
 import NIOEmbedded
-import TestSupport
 import Testing
-
-@testable import BrokerServer
+import TestSupport
 
 /// `ConnectionHandler` on NIO's `EmbeddedChannel`: what is answered inline, what is handed to
 /// the connection's task, and how the handler holds lines back, refuses and closes. Time is the

@@ -1,10 +1,14 @@
-import BrokerCore
+import BrokerEngine
+import BrokerIdP
+import BrokerModel
 import BrokerProtocol
+import BrokerSecrets
 import BrokerServer
+import BrokerVault
 import Foundation
 import Logging
-import TestSupport
 import Testing
+import TestSupport
 
 /// `login` on a real socket: progress lines, then the final line, on the request's connection;
 /// the connection closing cancels the login. And the `token` answer with `"id_token": true`.

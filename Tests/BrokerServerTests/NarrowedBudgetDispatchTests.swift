@@ -1,11 +1,14 @@
-import BrokerCore
+import BrokerEngine
+import BrokerIdP
+import BrokerModel
 import BrokerProtocol
+import BrokerSecrets
+@testable import BrokerServer
+import BrokerVault
 import Foundation
 import Logging
-import TestSupport
 import Testing
-
-@testable import BrokerServer
+import TestSupport
 
 /// The dispatcher charges a scoped `token` request to its caller's uid (docs/limits.md): once
 /// one uid has spent its budget on an account, another uid listed for it still gets its own.

@@ -1,11 +1,14 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerServer
+@testable import BrokerVault
 import Foundation
 import Logging
-import TestSupport
 import Testing
-
-@testable import BrokerCore
-@testable import BrokerServer
+import TestSupport
 
 /// A secret that finds no guarded memory refuses the request that brought it, with an error
 /// that says so, and the broker goes on serving: the request runs with an arena that can map

@@ -1,10 +1,13 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
 import BrokerServer
+@testable import BrokerVault
 import FoundationEssentials
-import TestSupport
 import Testing
-
-@testable import BrokerCore
+import TestSupport
 
 /// A provider object of `kind`, with its fields set by `configure`.
 private func spec(_ kind: String, _ configure: (inout ProviderSpec) -> Void = { _ in }) -> ProviderSpec {

@@ -1,13 +1,16 @@
-import BrokerCore
+import BrokerEngine
+import BrokerIdP
+import BrokerModel
 import BrokerProtocol
+import BrokerSecrets
+@testable import BrokerServer
+import BrokerVault
 import Foundation
 import Logging
 import NIOCore
 import NIOEmbedded
-import TestSupport
 import Testing
-
-@testable import BrokerServer
+import TestSupport
 
 /// `token` requests that miss the cache, and `reject`s, wait on their event loops
 /// (`RefreshWaiters`) for one shared fetch: several connections (each a `ConnectionHandler` on a

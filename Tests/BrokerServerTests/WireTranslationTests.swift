@@ -1,10 +1,13 @@
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
-import FoundationEssentials
-import TestSupport
-import Testing
-
-@testable import BrokerCore
+@testable import BrokerSecrets
 @testable import BrokerServer
+@testable import BrokerVault
+import FoundationEssentials
+import Testing
+import TestSupport
 
 /// `WireTranslation` on its own: request fields refused with the protocol's texts, and every
 /// domain failure turned into its code, text (with the brokerctl advice) and retry hint.

@@ -1,6 +1,10 @@
-import BrokerCore
+import BrokerEngine
+import BrokerIdP
+import BrokerModel
 import BrokerProtocol
+import BrokerSecrets
 import BrokerServer
+import BrokerVault
 import FoundationEssentials
 
 #if canImport(Glibc)

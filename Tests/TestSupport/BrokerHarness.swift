@@ -1,6 +1,10 @@
-import BrokerCore
+import BrokerEngine
+import BrokerIdP
+import BrokerModel
 import BrokerProtocol
+import BrokerSecrets
 import BrokerServer
+import BrokerVault
 import FoundationEssentials
 
 /// The in-process broker harness: a `Broker` on a real vault in a temporary directory, reaching

@@ -1,4 +1,8 @@
-import BrokerCore
+import BrokerEngine
+import BrokerIdP
+import BrokerModel
+import BrokerSecrets
+import BrokerVault
 
 /// Lets a test write a secret as a literal (`refreshToken: "rt-1"`) and compare with one.
 extension SecretBytes: ExpressibleByStringLiteral {

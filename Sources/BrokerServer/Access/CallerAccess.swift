@@ -1,5 +1,9 @@
-import BrokerCore
+import BrokerEngine
+import BrokerIdP
+import BrokerModel
 import BrokerProtocol
+import BrokerSecrets
+import BrokerVault
 
 /// One connection's caller and the accounts it may use, each decided once and kept until the
 /// rules change (a reload), so the cached-token path pays a lookup, not a check; an account

@@ -1,5 +1,9 @@
-import BrokerCore
+import BrokerEngine
+import BrokerIdP
+import BrokerModel
 import BrokerProtocol
+import BrokerSecrets
+import BrokerVault
 import NIOCore
 
 /// Raised when a request line exceeds the protocol's limit.

@@ -1,5 +1,9 @@
-import BrokerCore
+import BrokerEngine
+import BrokerIdP
+import BrokerModel
 import BrokerProtocol
+import BrokerSecrets
+import BrokerVault
 
 #if canImport(Glibc)
 import Glibc

@@ -1,5 +1,9 @@
-import BrokerCore
+import BrokerEngine
+import BrokerIdP
+import BrokerModel
 import BrokerProtocol
+import BrokerSecrets
+import BrokerVault
 import FoundationEssentials
 
 /// The passphrase-mode operations as the protocol states them (see `WireOperations`).

@@ -1,4 +1,8 @@
-@testable import BrokerCore
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
+@testable import BrokerSecrets
+@testable import BrokerVault
 import Dispatch
 import FoundationEssentials
 import FuzzSupport

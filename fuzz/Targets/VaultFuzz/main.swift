@@ -1,5 +1,9 @@
-@testable import BrokerCore
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
+@testable import BrokerSecrets
+@testable import BrokerVault
 import FoundationEssentials
 import FuzzSupport
 import Glibc
