@@ -16,6 +16,8 @@ public struct FileAccessError: Error, CustomStringConvertible, Sendable {
 
 /// POSIX helpers for brokerd's private files and directories. No symbolic link is followed
 /// to a state file, and nothing that another user could have written (or can read) is used.
+/// Every such check brokerd makes is in this one file, so that an audit of what it trusts
+/// reads them together.
 public enum FileSystem {
     // MARK: Directories
 

@@ -1,4 +1,5 @@
 import BrokerModel
+
 /// A value a client sent, repeated in an error message: printable ASCII only, at most 64
 /// characters. (Text from an IdP is cleaned by `OutsideText` instead, which also redacts the
 /// account's secrets.)

@@ -1,6 +1,7 @@
 import BrokerIdP
 import BrokerModel
 import BrokerSecrets
+
 /// Fixed-width unsigned integers in the vault's file headers, written and read big-endian.
 extension Array where Element == UInt8 {
     /// Appends `value`'s bytes, most significant first.

@@ -2,6 +2,7 @@ import BrokerIdP
 import BrokerModel
 import BrokerSecrets
 import BrokerVault
+
 /// systemd unit names, and the unit a process runs in as its cgroup path shows it.
 public enum SystemdUnit {
     /// Longest unit name systemd accepts.

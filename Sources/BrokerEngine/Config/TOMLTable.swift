@@ -2,6 +2,7 @@ import BrokerIdP
 import BrokerModel
 import BrokerSecrets
 import BrokerVault
+
 /// A TOML document as `broker.toml` needs it: a strict subset of TOML 1.0, read in Swift (it
 /// replaces TOMLKit, whose Swift layer imports Foundation and so links ICU, and whose C++
 /// parser aborts on some malformed input). Every document it accepts means what TOML says it
@@ -11,6 +12,9 @@ import BrokerVault
 /// - strings of all four kinds, integers (decimal, `0x`, `0o`, `0b`), floats (with `inf` and
 ///   `nan`), booleans, arrays (nested, over several lines, with comments and a trailing comma)
 ///   and inline tables (not dates or times).
+///
+/// One file for the whole reader: its parts share one cursor and one set of refusals, and a
+/// reviewer checks it against the TOML grammar from top to bottom.
 package struct TOMLTable: Sendable, Equatable {
     /// The keys in the order they were defined.
     private(set) var keys: [String] = []

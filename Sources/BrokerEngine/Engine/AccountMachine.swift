@@ -12,6 +12,9 @@ import FoundationEssentials
 /// the style of async-http-client's `HTTPConnectionPool.StateMachine`. A refresh is known by
 /// the serial the engine gave it: a result whose serial is not the one under way (because
 /// new tokens or a logout overtook it) changes nothing but a rotated credential.
+///
+/// One file for every transition: each must respect the same phases and serials, which a
+/// reader checks only when they are side by side.
 package struct AccountMachine: Sendable {
     /// Where the account is in its lifecycle.
     package enum Phase: Equatable, Sendable {

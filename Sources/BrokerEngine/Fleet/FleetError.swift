@@ -2,6 +2,7 @@ import BrokerIdP
 import BrokerModel
 import BrokerSecrets
 import BrokerVault
+
 /// A problem of the fleet (its shared store, a row, the fleet key), with a message that says
 /// what to do; never contains a secret.
 public struct FleetError: Error, CustomStringConvertible, Sendable {

@@ -2,6 +2,7 @@ import BrokerIdP
 import BrokerModel
 import BrokerSecrets
 import BrokerVault
+
 /// A shared account as its row holds it (docs/fleet.md, "Rows").
 public struct SharedRow: Sendable {
     public let record: AccountRecord

@@ -1,5 +1,6 @@
 import BrokerModel
 import BrokerSecrets
+
 /// A local vault record's part in the fleet (docs/fleet.md, "Moving an account" and "A commit
 /// the database missed"). A marked record is written before the step that could leave an
 /// account in two places or none, so that a broker started again after a crash finishes or

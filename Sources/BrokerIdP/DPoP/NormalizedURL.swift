@@ -1,5 +1,6 @@
 import BrokerModel
 import BrokerSecrets
+
 /// An http(s) URL without query and fragment in the normal form of RFC 3986 section 6.2.2
 /// (docs/dpop.md, "Which URLs get a proof"): scheme and host lowercased, the scheme's default
 /// port left out, escapes of unreserved characters decoded and the others in uppercase hex,

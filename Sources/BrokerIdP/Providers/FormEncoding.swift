@@ -1,5 +1,6 @@
 import BrokerModel
 import BrokerSecrets
+
 /// `application/x-www-form-urlencoded` bodies (RFC 6749 appendix B): what `oauth2` sends, and
 /// how a secret looks when an IdP echoes a request body (so it can be redacted in that form too).
 package enum FormEncoding {

@@ -1,5 +1,6 @@
 import BrokerModel
 import BrokerSecrets
+
 /// Every provider kind the broker knows. Adding a kind is one file under `Providers/` with a
 /// `ProviderSettings` type, and one line here.
 package enum ProviderKinds {

@@ -9,27 +9,6 @@ import Logging
 import NIOCore
 import NIOPosix
 
-/// Work a connection hands to its task (`ConnectionSession`).
-enum ConnectionWork: Sendable {
-    /// A request to run on the broker; its answer comes back as `ConnectionReply.answer`.
-    case run(Request)
-    /// A subscription whose events are to be written as they come.
-    case subscribe(id: RequestID, events: EventHub.Events)
-    /// A `login` from process `peerPID`: its progress comes back as `ConnectionReply.event`
-    /// lines, its answer as `ConnectionReply.answer`; it is cancelled when the connection closes.
-    case login(Request, peerPID: Int32)
-}
-
-/// What a connection's task writes back.
-enum ConnectionReply: Sendable {
-    /// The answer to a `ConnectionWork.run`.
-    case answer(ByteBuffer)
-    /// One event line of a subscription.
-    case event(ByteBuffer)
-    /// A last line, after which the connection is closed.
-    case farewell(ByteBuffer)
-}
-
 /// Asks a connection to finish (graceful shutdown): read nothing more, answer the requests
 /// that are running, then close.
 struct DrainConnection {}
@@ -41,7 +20,8 @@ struct DrainConnection {}
 /// No next line is taken while the answers queued for the peer are above the channel's
 /// high-water mark or while `requestsPerConnection` requests run; lines already received then
 /// wait here and nothing more is read, so a client that does not read its answers is no
-/// longer read from.
+/// longer read from. One file for the handler: reading, the inline answers and back-pressure
+/// share the channel's state and must be read together to see that no line is lost.
 final class ConnectionHandler: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ConnectionWork
