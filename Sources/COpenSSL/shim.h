@@ -1,6 +1,6 @@
 // libcrypto's EVP interface for ES256 keys and signatures (OpenSSL 3, none of it deprecated):
 // keys built from their parameters (EVP_PKEY_fromdata), signatures made whole
-// (EVP_DigestSign), and the group arithmetic that derives a public key.
+// (EVP_PKEY_sign of a digest), and the group arithmetic that derives a public key.
 #include <openssl/bn.h>
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>

@@ -70,7 +70,11 @@ public final class DPoPKey: Sendable {
     package func proof(
         method: String, url: String, now: Date, nonce: String? = nil, accessTokenHash: String? = nil
     ) -> String? {
-        var claims = Array(#"{"jti":""#.utf8)
+        var claims: [UInt8] = []
+        claims.reserveCapacity(
+            Self.claimsOverhead + method.utf8.count + url.utf8.count + (nonce?.utf8.count ?? 0)
+                + (accessTokenHash?.utf8.count ?? 0))
+        claims += #"{"jti":""#.utf8
         Base64URL.encode(Sodium.randomBytes(16), into: &claims)
         claims += #"","htm":"#.utf8
         JSONText.appendQuoted(method.utf8, to: &claims)
@@ -88,7 +92,10 @@ public final class DPoPKey: Sendable {
             JSONText.appendQuoted(nonce.utf8, to: &claims)
         }
         claims.append(UInt8(ascii: "}"))
-        var proof = header
+        // The whole proof in one buffer, grown once: header, claims and signature in base64url.
+        var proof: [UInt8] = []
+        proof.reserveCapacity(header.count + 1 + (claims.count * 4 + 2) / 3 + 1 + Self.signatureLength)
+        proof += header
         proof.append(UInt8(ascii: "."))
         Base64URL.encode(claims, into: &proof)
         guard let signature = signer.sign(proof) else { return nil }
@@ -96,6 +103,13 @@ public final class DPoPKey: Sendable {
         Base64URL.encode(signature, into: &proof)
         return String(decoding: proof, as: UTF8.self)
     }
+
+    /// Bytes of the claims besides the method, URL, nonce and `ath`: names, quotes, a `jti`,
+    /// an `iat`, and room for escapes.
+    private static let claimsOverhead = 128
+
+    /// An ES256 signature's length in base64url without padding (64 bytes).
+    private static let signatureLength = 86
 
     /// The `ath` of `accessToken` (RFC 9449 section 4.2): base64url of its SHA-256.
     package static func accessTokenHash(_ accessToken: SecretBytes) -> String {

@@ -16,8 +16,9 @@ public struct DPoPTarget: Sendable, Equatable {
     public static let nonceLimit = 1024
 
     public let method: String
-    /// The URL without its query and fragment (RFC 9449 section 4.2: `htu`), in normal form.
-    public var url: String { normalized.description }
+    /// The URL without its query and fragment (RFC 9449 section 4.2: `htu`), in normal form:
+    /// written once, here, for the check and the proof.
+    public let url: String
     /// The URL as it is compared and signed (`NormalizedURL`).
     public let normalized: NormalizedURL
     public let nonce: String?
@@ -41,21 +42,23 @@ public struct DPoPTarget: Sendable, Equatable {
                 "\"dpop\" \"nonce\" must be 1 to \(Self.nonceLimit) printable ASCII characters without quotes")
         }
         self.method = method
-        self.normalized = checked
+        self.normalized = checked.normalized
+        self.url = checked.text
         self.nonce = nonce
     }
 
-    /// `text` without query and fragment in normal form, when it is an absolute URL the broker
-    /// would call (`EndpointPolicy`), without user information, in printable ASCII; `nil` otherwise.
-    package static func checkedURL(_ text: String) -> NormalizedURL? {
+    /// `text` without query and fragment in normal form, and written out, when it is an absolute
+    /// URL the broker would call (`EndpointPolicy`), without user information, in printable
+    /// ASCII; `nil` otherwise.
+    package static func checkedURL(_ text: String) -> (normalized: NormalizedURL, text: String)? {
         guard text.utf8.count <= urlLimit, text.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F }),
             let normalized = NormalizedURL(text)
         else { return nil }
+        let written = normalized.description
         // RFC 9110 section 4.2.4: http(s) URIs carry no user information.
-        guard let url = URL(string: normalized.description), EndpointPolicy.isAllowed(url), url.user == nil,
-            url.password == nil
+        guard let url = URL(string: written), EndpointPolicy.isAllowed(url), url.user == nil, url.password == nil
         else { return nil }
-        return normalized
+        return (normalized, written)
     }
 
     /// `text` up to its first `?` or `#`.

@@ -200,8 +200,8 @@ final class ConnectionHandler: ChannelDuplexHandler {
             write(bytes, context: context)
         case .cached(let token, let id, let now):
             write(token, id: id, now: now, proof: nil, context: context)
-        case .prove(let token, let target, let id, let now):
-            prove(token, for: target, id: id, now: now, context: context)
+        case .prove(let token, let dpop, let id, let now):
+            prove(token, for: dpop, id: id, now: now, context: context)
         case .awaitToken(let key, let id):
             awaitToken(key, id: id, context: context)
         case .deferred(let request):
@@ -274,33 +274,30 @@ final class ConnectionHandler: ChannelDuplexHandler {
         requestAnswered(context: context)
     }
 
-    /// The threads that sign proofs, one per core, started at the first proof: a pool of
-    /// their own, so that no proof waits behind the blocking work of `NIOThreadPool.singleton`
-    /// (an exec helper, a key derivation), and no event loop signs. Idle, they sleep.
-    private static let signers: NIOThreadPool = {
-        let pool = NIOThreadPool(numberOfThreads: System.coreCount)
-        pool.start()
-        return pool
-    }()
-
-    /// Answers a cached token with a proof for `target`, signed whole on `signers` and written
-    /// back on the connection's event loop, counted as a running request.
+    /// Answers a cached token with a proof for the request `dpop` names, checked and signed on
+    /// `RequestDispatcher.signers` (or refused there, answered with why) and written back on the
+    /// connection's event loop, counted as a running request.
     private func prove(
-        _ token: PreparedToken, for target: DPoPTarget, id: RequestID?, now: Date, context: ChannelHandlerContext
+        _ token: PreparedToken, for dpop: DPoPRequest, id: RequestID?, now: Date, context: ChannelHandlerContext
     ) {
         guard reserveRequest(id: id, context: context) else { return }
-        Self.signers.runIfActive(eventLoop: context.eventLoop) { token.proof(for: target, now: now) }
-            .assumeIsolated().whenComplete { result in
-                // Once closed, `handlerRemoved` gave the request back.
-                if case .closed = self.state { return }
-                if case .success(let proof?) = result {
-                    self.write(token, id: id, now: now, proof: proof, context: context)
-                } else {
-                    self.write(self.dispatcher.errorLine(id: id, RequestDispatcher.signingFailed), context: context)
-                }
-                self.flushIfPending(context: context)
-                self.requestAnswered(context: context)
+        RequestDispatcher.signers.runIfActive(eventLoop: context.eventLoop) {
+            RequestDispatcher.proof(token, for: dpop, now: now)
+        }
+        .assumeIsolated().whenComplete { result in
+            // Once closed, `handlerRemoved` gave the request back.
+            if case .closed = self.state { return }
+            switch result {
+            case .success(.success(let proof)):
+                self.write(token, id: id, now: now, proof: proof, context: context)
+            case .success(.failure(let error)):
+                self.write(self.dispatcher.errorLine(id: id, error), context: context)
+            case .failure:
+                self.write(self.dispatcher.errorLine(id: id, RequestDispatcher.signingFailed), context: context)
             }
+            self.flushIfPending(context: context)
+            self.requestAnswered(context: context)
+        }
     }
 
     private func pass(_ work: ConnectionWork, context: ChannelHandlerContext) {

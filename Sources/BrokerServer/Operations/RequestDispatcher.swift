@@ -6,6 +6,8 @@ import BrokerSecrets
 import BrokerVault
 import FoundationEssentials
 import Logging
+import NIOCore
+import NIOPosix
 
 /// Decodes request lines and runs them against the broker; knows nothing about sockets.
 public struct RequestDispatcher: Sendable {
@@ -33,9 +35,10 @@ public struct RequestDispatcher: Sendable {
         case immediate([UInt8])
         /// A cached token, written from guarded memory straight into the outgoing buffer.
         case cached(PreparedToken, id: RequestID?, now: Date)
-        /// A cached token of a DPoP account with a proof for `target` to sign: an ES256
-        /// signature, made off the event loop (`NIOThreadPool`) so that proofs use every core.
-        case prove(PreparedToken, target: DPoPTarget, id: RequestID?, now: Date)
+        /// A cached token with a proof asked for the request `dpop` names: the request checked
+        /// and the proof signed (`proof(_:for:now:)`) off the event loop, on `signers`, so that
+        /// proofs use every core and the event loop only reads and writes.
+        case prove(PreparedToken, dpop: DPoPRequest, id: RequestID?, now: Date)
         /// A plain `token` request that missed the cache, or a plain `reject`: wait on the event
         /// loop with the other requests for the same token (`waiters`) until `fetchToken` has it.
         case awaitToken(RefreshWaiters.Key, id: RequestID?)
@@ -55,19 +58,14 @@ public struct RequestDispatcher: Sendable {
     func decide(line: UnsafeRawBufferPointer, access: inout CallerAccess, decoder: JSONDecoder, now: Date) -> Decision {
         let flat = FlatRequest.parse(line)
         if let flat, flat.op == Operation.token.rawValue {
-            // A `dpop` the full path would refuse is refused by it, as is any cache miss with one.
-            let target = flat.dpop.flatMap { try? Self.target($0) }
-            let refusedTarget = flat.dpop != nil && target == nil
             if let account = try? AccountField.required(flat.account) {
                 guard access.mayUse(account) else { return .immediate(forbidden(id: flat.id, account: account)) }
-                if !refusedTarget, let seconds = try? minTTL(flat.minTTL) {
+                if let seconds = try? minTTL(flat.minTTL) {
                     if let token = broker.cache.token(for: account, minTTL: seconds, now: now) {
-                        guard let target else { return .cached(token, id: flat.id, now: now) }
-                        if let refusal = Self.proofRefusal(token, target) {
-                            return .immediate(errorLine(id: flat.id, refusal))
-                        }
-                        return .prove(token, target: target, id: flat.id, now: now)
+                        guard let dpop = flat.dpop else { return .cached(token, id: flat.id, now: now) }
+                        return .prove(token, dpop: dpop, id: flat.id, now: now)
                     }
+                    // A cache miss with a `dpop` takes the full path, which checks it first.
                     if !broker.padlock.isLocked, flat.dpop == nil {
                         return .awaitToken(RefreshWaiters.Key(account: account, minTTL: seconds), id: flat.id)
                     }
@@ -147,6 +145,35 @@ public struct RequestDispatcher: Sendable {
             return BrokerError(.forbidden, "no DPoP proof is made for this request of the account \(name): \(refusal)")
         }
         return nil
+    }
+
+    /// The threads that check requests for proofs and sign them, one per core, started at the
+    /// first proof: a pool of their own, so that no proof waits behind the blocking work of
+    /// `NIOThreadPool.singleton` (an exec helper, a key derivation), and neither an event loop
+    /// nor a task signs. Idle, they sleep.
+    static let signers: NIOThreadPool = {
+        let pool = NIOThreadPool(numberOfThreads: System.coreCount)
+        pool.start()
+        return pool
+    }()
+
+    /// The proof of a cached token for the request `dpop` names at `now`, or why none is made
+    /// (the request's check, then as `proof(_:for:now:)`). Run on `signers`.
+    static func proof(_ token: PreparedToken, for dpop: DPoPRequest, now: Date) -> Result<String, BrokerError> {
+        do {
+            return proof(token, for: try target(dpop), now: now)
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    /// `token`'s proof for `target` at `now` (a whole signature), or why none is made: the
+    /// account has no DPoP key, the target is one of its IdP's doors, or libcrypto failed. Run
+    /// on `signers`.
+    static func proof(_ token: PreparedToken, for target: DPoPTarget, now: Date) -> Result<String, BrokerError> {
+        if let refusal = proofRefusal(token, target) { return .failure(refusal) }
+        guard let proof = token.proof(for: target, now: now) else { return .failure(signingFailed) }
+        return .success(proof)
     }
 
     /// The checked request of a `dpop` object (`bad_request` naming the field it refuses).
@@ -235,9 +262,8 @@ public struct RequestDispatcher: Sendable {
                     scope: request.scope, resource: request.resource, caller: caller.peer.uid)
                 let now = broker.clock.now()
                 guard let target else { return token.line(id: request.id, now: now) }
-                if let refusal = Self.proofRefusal(token, target) { throw refusal }
-                guard let proof = token.proof(for: target, now: now) else { throw Self.signingFailed }
-                return token.line(id: request.id, now: now, proof: proof)
+                let proof = try await Self.signers.runIfActive { Self.proof(token, for: target, now: now) }
+                return token.line(id: request.id, now: now, proof: try proof.get())
             case .reject:
                 guard let accessToken = request.accessToken else {
                     throw BrokerError(.badRequest, "the field \"access_token\" is required")
