@@ -1,3 +1,4 @@
+import BrokerProtocol
 import Foundation
 import TestSupport
 import Testing
@@ -8,7 +9,8 @@ import Testing
 import Glibc
 #endif
 
-/// How an `exec` command's run is classified: exit code, JSON and the way it ended.
+/// How an `exec` command's run is classified (exit code, JSON and the way it ended), and that a
+/// denied account runs it no more.
 @Suite struct ExecProviderTests {
     static let now = Date(timeIntervalSince1970: 1_795_422_600)
 
@@ -206,6 +208,21 @@ import Glibc
             "CREDENTIALS_DIRECTORY": "/run/credentials/tokenbroker.service", "EMPTY": "",
         ])
         #expect(environment == ["EMPTY=", "HOME=/home/u", "PATH=/usr/bin"])
+    }
+
+    /// A denied exec account runs its command no more, whatever the time and whoever asks.
+    @Test func aDeniedCommandIsNotRunAgain() async throws {
+        try await BrokerHarness.run { harness in
+            let runs = harness.directory.file("runs")
+            var provider = ProviderSpec(kind: "exec")
+            provider["command"] = ["/bin/sh", "-c", .string("echo run >> '\(runs)'; exit 2")]
+            _ = try await harness.broker.add(account: "cred", provider: provider, tokens: nil)
+            let count = { ((try? String(contentsOfFile: runs, encoding: .utf8)) ?? "").split(separator: "\n").count }
+            await #expect(throws: BrokerError.self) { try await harness.broker.token(account: "cred", minTTL: 1) }
+            #expect(try await harness.state("cred").state == "needs_login")
+            #expect(count() >= 1)
+            #expect(await harness.staysQuietAfterDenial("cred", calls: count))
+        }
     }
 
     @Test func theAsyncFormGivesTheSameResult() async throws {

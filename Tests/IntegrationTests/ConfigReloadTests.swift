@@ -99,7 +99,7 @@ import Glibc
         let why = "every process of yours can read the token file"
         for (config, key) in refusals {
             try broker.writeConfig(config)
-            #expect(try broker.runExpectingExit() != 0)
+            #expect(try await broker.runExpectingExit() != 0)
             #expect(broker.log.contains(key) && broker.log.contains(why), "\(broker.log)")
         }
 

@@ -47,7 +47,7 @@ import Glibc
         try FileManager.default.createDirectory(at: broker.configDirectory, withIntermediateDirectories: true)
         try "[broker]\nrefresh_floor = 30\nrequest_timeout = = 3\n".write(
             to: broker.configDirectory.appendingPathComponent("broker.toml"), atomically: true, encoding: .utf8)
-        #expect(try broker.runExpectingExit() != 0)
+        #expect(try await broker.runExpectingExit() != 0)
         #expect(broker.log.contains("broker.toml line 3"))
     }
 

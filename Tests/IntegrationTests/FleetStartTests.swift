@@ -87,7 +87,7 @@ struct FleetStartTests {
 
         let before = try await server.dump()
         let stranger = try Self.broker(on: server, key: keys.file("other.key"), host: "intruder")
-        #expect(try stranger.runExpectingExit() != 0)
+        #expect(try await stranger.runExpectingExit() != 0)
         #expect(stranger.log.contains("does not open this database's canary"))
         #expect(try await server.dump() == before, "the stranger wrote nothing")
     }
@@ -165,7 +165,7 @@ struct FleetStartTests {
             database = "postgresql://tokenbroker:hunter2-secret@127.0.0.1:5432/tokenbroker"
             key_file = "\(key)"
             """)
-        #expect(try broker.runExpectingExit() != 0)
+        #expect(try await broker.runExpectingExit() != 0)
         #expect(broker.log.contains("holds a password"))
         #expect(!broker.log.contains("hunter2-secret"))
     }

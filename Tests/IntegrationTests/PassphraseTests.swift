@@ -185,7 +185,7 @@ import Glibc
 
         // A passphrase asked for is never dropped: a vault under the key file is refused then.
         try broker.writeConfig("[broker]\nkey = \"passphrase\"\n")
-        #expect(try broker.runExpectingExit() != 0)
+        #expect(try await broker.runExpectingExit() != 0)
         #expect(broker.log.contains("sealed with the key file, not a passphrase"))
     }
 

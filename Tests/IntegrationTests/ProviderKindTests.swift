@@ -49,9 +49,7 @@ import Glibc
         #expect(try await eventually { try await client.status(account: "pph").first?.state == "needs_login" })
         let refused = await #expect(throws: BrokerError.self) { try await client.token(account: "pph", minTTL: 1) }
         #expect(refused?.code == .needsLogin)
-        let callsAfterDenial = idp.callCount
-        try await Task.sleep(for: .seconds(3))
-        #expect(idp.callCount == callsAfterDenial, "no IdP call after a denial")
+        // That no IdP call follows a denial is DeniedAccountTests' (on a clock the test moves).
 
         // A new login (set_tokens with a fresh URL) brings it back.
         let fresh = idp.reissue()
@@ -119,9 +117,6 @@ import Glibc
         #expect(denied.state == "needs_login")
         #expect(denied.lastError?.message.contains("RefreshTokenMismatch") == true)
         #expect(idp.rejectedReuse >= 1)
-        let callsAfterDenial = idp.callCount
-        try await Task.sleep(for: .seconds(3))
-        #expect(idp.callCount == callsAfterDenial, "no IdP call after a denial")
 
         client.close()
         #expect(broker.stop() == 0)
@@ -216,9 +211,6 @@ import Glibc
         #expect(denied.lastError?.message.contains("denied") == true)
         #expect(denied.lastError?.message.contains("stderr-marker") == false)
         #expect(broker.log.contains("stderr-marker-"), "the command's stderr is in the broker's log")
-        let runsAfterDenial = helper.calls.count
-        try await Task.sleep(for: .seconds(3))
-        #expect(helper.calls.count == runsAfterDenial, "no run after a denial")
 
         // New tokens clear needs_login; a JSON "invalid_grant" (with exit 1) is a denial too.
         helper.set("mode", "ok")

@@ -109,7 +109,7 @@ import Glibc
         let directory = URL(fileURLWithPath: broker.socketPath).deletingLastPathComponent().path
         let modeBefore = Self.mode(of: directory)
 
-        #expect(try broker.runExpectingExit() != 0)
+        #expect(try await broker.runExpectingExit() != 0)
         #expect(broker.log.contains("refusing the socket directory \(directory)"), "\(broker.log)")
         #expect(broker.log.contains(planted.refusal), "\(broker.log)")
         #expect(broker.log.contains("XDG_RUNTIME_DIR"), "the message says what to set")

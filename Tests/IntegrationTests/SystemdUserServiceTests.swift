@@ -133,7 +133,7 @@ struct SystemdUserServiceTests {
         try FileManager.default.copyItem(atPath: vault, toPath: broker.vaultPath)
         try randomKey().write(to: URL(fileURLWithPath: broker.keyPath))
         chmod(broker.keyPath, 0o600)  // a key file others can read is refused before it is tried
-        #expect(try broker.runExpectingExit() != 0)
+        #expect(try await broker.runExpectingExit() != 0)
         #expect(broker.log.contains("the key is wrong"))
         try key.write(to: URL(fileURLWithPath: broker.keyPath))
         try await broker.start()

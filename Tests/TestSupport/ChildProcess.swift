@@ -107,9 +107,7 @@ public final class ChildProcess: Sendable {
     @discardableResult
     public func stop(grace: Double = 10) -> Int32 {
         if !hasExited() { kill(pid, SIGTERM) }
-        let deadline = ContinuousClock.now + .milliseconds(Int64(grace * 1000))
-        while !hasExited(), ContinuousClock.now < deadline { usleep(10_000) }
-        if !hasExited() { kill(pid, SIGKILL) }
+        if !Poll.blocking(timeout: grace, { hasExited() }) { kill(pid, SIGKILL) }
         return wait()
     }
 
