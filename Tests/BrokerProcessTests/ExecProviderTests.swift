@@ -159,10 +159,7 @@ import Glibc
         #expect(output.ending == .timedOut)
         let child = try #require(
             Int32(String(decoding: output.stderr, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)))
-        let stopped = (0..<200).contains { _ in
-            usleep(10_000)
-            return kill(child, 0) == -1 || Self.state(of: child) == "Z"
-        }
+        let stopped = Poll.blocking(timeout: 2) { kill(child, 0) == -1 || Self.state(of: child) == "Z" }
         #expect(stopped, "the background child outlived the timeout")
     }
 

@@ -279,10 +279,10 @@ import Glibc
                     ("slide", "brokerctl set-tokens slide"), ("cmd", "brokerctl refresh cmd"),
                 ] {
                     // flaky's own retries make it `refreshing` now and then, without advice.
-                    var status = try await Self.status(broker, name)
-                    for _ in 0..<100 where status?["advice_command"] == nil {
-                        try await Task.sleep(for: .milliseconds(50))
+                    var status: [String: Any]?
+                    _ = try await eventually(timeout: 5) {
                         status = try await Self.status(broker, name)
+                        return status?["advice_command"] != nil
                     }
                     commands[name] = try #require(status?["advice_command"] as? String, "\(String(describing: status))")
                     #expect(commands[name] == expected)
@@ -324,12 +324,12 @@ import Glibc
 
     /// Waits until `account` is in `state`, failing with its status after 20 s.
     static func waitForState(_ broker: BrokerProcess, _ account: String, _ state: String) async throws {
-        let deadline = Date().addingTimeInterval(20)
         var last: [String: Any]?
-        while Date() < deadline {
+        if try await eventually(timeout: 20, {
             last = try await status(broker, account)
-            if last?["state"] as? String == state { return }
-            try await Task.sleep(for: .milliseconds(50))
+            return last?["state"] as? String == state
+        }) {
+            return
         }
         Issue.record("\(account) never became \(state): \(String(describing: last))")
         throw HarnessError("\(account) never became \(state)")

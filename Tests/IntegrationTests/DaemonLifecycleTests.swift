@@ -113,10 +113,10 @@ import Glibc
         idp.setBehavior(.normal)
         let back = ContinuousClock.now
         let backAt = Date()
-        var served = try broker.brokerctl(["token", "back"])
-        while served.status != 0, ContinuousClock.now - back < .seconds(20) {
-            try await Task.sleep(for: .milliseconds(200))
-            served = try broker.brokerctl(["token", "back"])
+        var served = (status: Int32(-1), stdout: "", stderr: "")
+        _ = try await eventually(timeout: 20) {
+            served = try await broker.brokerctlOnOwnThread(["token", "back"])
+            return served.status == 0
         }
         let waited = ContinuousClock.now - back
         #expect(served.status == 0, "\(served.stderr)")

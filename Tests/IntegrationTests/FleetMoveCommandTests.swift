@@ -102,14 +102,13 @@ struct FleetMoveCommandTests {
         let clientA = try a.client()
         defer { clientA.close() }
         var code: BrokerError.Code?
-        let gone = Date().addingTimeInterval(15)
-        while code != .notFound, Date() < gone {
+        _ = await eventually(timeout: 15) {
             do {
                 _ = try await clientA.token(account: "ci", minTTL: 1)
-                try await Task.sleep(for: .milliseconds(200))
-            } catch let error as BrokerError {
-                code = error.code
+            } catch {
+                code = (error as? BrokerError)?.code
             }
+            return code == .notFound
         }
         #expect(code == .notFound, "a stopped serving the account unshared on b")
         // b restarted keeps it: the move settled in its vault.
@@ -122,11 +121,11 @@ struct FleetMoveCommandTests {
 
     /// The token `client` serves for `ci` once it serves one, polling for at most `seconds`.
     static func served(by client: BrokerClient, within seconds: Double) async throws -> String? {
-        let end = Date().addingTimeInterval(seconds)
-        while Date() < end {
-            if let token = try? await client.token(account: "ci", minTTL: 1) { return token.accessToken }
-            try await Task.sleep(for: .milliseconds(200))
+        var served: String?
+        _ = await eventually(timeout: seconds) {
+            served = try? await client.token(account: "ci", minTTL: 1).accessToken
+            return served != nil
         }
-        return nil
+        return served
     }
 }

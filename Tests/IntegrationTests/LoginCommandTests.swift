@@ -310,7 +310,7 @@ import Glibc
             let forged = try await TestBrowser.authorize(url)
             let refused = try await TestBrowser.get(forged)
             #expect(refused.status == 403)
-            try await Task.sleep(for: .milliseconds(300))
+            // The login goes on: it ends below with the browser's code, not the forged one.
             #expect(!login.child.hasExited(), "the forged callback does not end the login")
             #expect(try Self.status(broker, "web") == nil)
 
@@ -374,10 +374,12 @@ import Glibc
             let first = try await terminal.waitForScreen("the progress line") { $0.contains(where: progress) }
             #expect(first.contains { $0.contains("enter the code: ") })
             #expect(first.contains { $0.hasPrefix(BackgroundBrokerctl.deviceLinkPrefix) })
-            try await Task.sleep(for: .milliseconds(1200))
-            let second = try terminal.screen()
-            #expect(first.filter(progress).count == 1 && second.filter(progress).count == 1, "one line, redrawn")
             let row = try #require(first.firstIndex(where: progress))
+            // brokerctl redraws its countdown every second.
+            let second = try await terminal.waitForScreen("the progress line redrawn") { lines in
+                lines.firstIndex(where: progress).map { lines[$0] != first[row] } ?? true
+            }
+            #expect(first.filter(progress).count == 1 && second.filter(progress).count == 1, "one line, redrawn")
             #expect(second.firstIndex(where: progress) == row, "the same line")
             #expect(first[row] != second[row], "updated in place: \(first[row]) / \(second[row])")
             #expect(await eventually { idp.devicePolls.count >= 1 })
@@ -388,10 +390,11 @@ import Glibc
             let after = try terminal.screen()
             #expect(after.contains("brokerctl: cancelled"))
             #expect(!after.contains(where: progress), "the progress line is cleared")
-            try await Task.sleep(for: .milliseconds(500))
-            let polls = idp.devicePolls.count
-            try await Task.sleep(for: .seconds(3))
-            #expect(idp.devicePolls.count == polls, "the broker stopped polling")
+            // The broker polled every second while the login ran: a pause of three means it stopped.
+            #expect(
+                await eventually(timeout: 30) {
+                    idp.devicePolls.last.map { Date().timeIntervalSince($0) > 3 } ?? true
+                }, "the broker stopped polling")
             #expect(try Self.status(broker, "tty") == nil)
         }
     }

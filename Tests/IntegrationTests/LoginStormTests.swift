@@ -80,7 +80,8 @@ import Glibc
         #expect(idp.authorizationRequests == 1, "one flow at the IdP")
         #expect(idp.deviceAuthorizations == 0)
         #expect(idp.calls.filter { $0.grantType == "authorization_code" }.count == 1)
-        try await Task.sleep(for: .milliseconds(500))
+        // brokerd sends its notice to the test's session bus as work enters needs_login.
+        #expect(await eventually { !bus.notifications.isEmpty })
         let notifications = bus.notifications
         #expect(notifications.count == 1, "one notification for one change of state")
         let notice = try #require(notifications.first)
@@ -117,8 +118,7 @@ import Glibc
             }
             #expect(!FileManager.default.fileExists(atPath: bin.file("opened")), "no browser window")
             #expect(idp.authorizationRequests == 0 && idp.deviceAuthorizations == 0, "no flow at the IdP")
-            // The notice would have been sent when work entered needs_login, well before now.
-            try await Task.sleep(for: .milliseconds(500))
+            // The notice would have been sent when work entered needs_login, before the helpers ran.
             #expect(bus.notifications.isEmpty, "desktop_notifications = false")
 
             // The bus goes away; a change of state with notifications on sends nowhere, and serves on.

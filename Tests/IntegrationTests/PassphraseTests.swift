@@ -206,13 +206,14 @@ import Glibc
         client.close()
         #expect(try await broker.brokerctlOnOwnThread(["lock"]).status == 0)
         let callsAtLock = idp.callCount
-        try await Task.sleep(for: .seconds(3))
+        // Waits on brokerd, locked, until its 2-second token has come due (a second past it).
+        let issued = try #require(idp.refreshCalls.last?.at)
+        try await Task.sleep(for: .seconds(max(0, issued.addingTimeInterval(3).timeIntervalSinceNow)))
         #expect(idp.callCount == callsAtLock, "nothing is refreshed while locked")
-
         #expect(try await broker.brokerctlOnOwnThread(["unlock"], stdin: "pw\n").status == 0)
-        let deadline = Date().addingTimeInterval(3)
-        while idp.callCount == callsAtLock, Date() < deadline { try await Task.sleep(for: .milliseconds(20)) }
-        #expect(idp.callCount > callsAtLock, "the refresh that came due ran after unlock, before any request")
+        #expect(
+            await eventually(timeout: 3) { idp.callCount > callsAtLock },
+            "the refresh that came due ran after unlock, before any request")
         let served = try await broker.brokerctlOnOwnThread(["token", "api", "--min-ttl", "0"])
         #expect(idp.issuedAccessTokens.contains(String(served.stdout.dropLast())))
         #expect(idp.rejectedReuse == 0)

@@ -192,13 +192,12 @@ private final class Impostor: @unchecked Sendable {
                 "/usr/bin/python3", "-c", Self.script, socketPath, ready, recordPath,
             ],
             environment: ["PATH": "/usr/bin:/bin"])
-        let deadline = Date().addingTimeInterval(15)
-        while !FileManager.default.fileExists(atPath: ready) {
-            guard Date() < deadline, !child.hasExited() else {
-                stop()
-                throw HarnessError("the impostor did not start")
-            }
-            usleep(20_000)
+        let child = self.child
+        guard Poll.blocking(timeout: 15, { FileManager.default.fileExists(atPath: ready) || child.hasExited() }),
+            !child.hasExited()
+        else {
+            stop()
+            throw HarnessError("the impostor did not start")
         }
     }
 
