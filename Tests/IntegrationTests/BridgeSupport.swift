@@ -36,7 +36,7 @@ final class BridgeBroker: Sendable {
             """)
         try await broker.start()
         let access = accessToken.map { #""access_token":"\#($0)","expires_in":3600,"# } ?? ""
-        let pushed = try broker.brokerctl(
+        let pushed = try await broker.brokerctl(
             ["set-tokens", "api"], stdin: #"{\#(access)"refresh_token":"\#(refreshToken)"}"#)
         guard pushed.status == 0 else { throw HarnessError("set-tokens failed: \(pushed.stderr)") }
         return BridgeBroker(broker: broker, idp: idp, initialRefreshToken: refreshToken)

@@ -98,13 +98,13 @@ import Glibc
             to: broker.configDirectory.appendingPathComponent("broker.toml"), atomically: true, encoding: .utf8)
         try await broker.start()
         defer { broker.stop() }
-        let add = try broker.brokerctl(
+        let add = try await broker.brokerctl(
             [
                 "add", "back", "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id", idp.clientID,
                 "--secrets", "-",
             ], stdin: #"{"refresh_token":"rt-back"}"#)
         #expect(add.status == 0, "\(add.stderr)")
-        let down = try broker.brokerctl(["token", "back"])
+        let down = try await broker.brokerctl(["token", "back"])
         #expect(down.status == 6, "unavailable while the IdP is down: \(down.stderr)")
         let client = try broker.client()
         defer { client.close() }
@@ -115,7 +115,7 @@ import Glibc
         let backAt = Date()
         var served = (status: Int32(-1), stdout: "", stderr: "")
         _ = try await eventually(timeout: 20) {
-            served = try await broker.brokerctlOnOwnThread(["token", "back"])
+            served = try await broker.brokerctl(["token", "back"])
             return served.status == 0
         }
         let waited = ContinuousClock.now - back

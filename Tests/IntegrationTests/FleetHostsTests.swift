@@ -78,7 +78,7 @@ struct FleetHostsTests {
         defer { for broker in brokers { broker.stop() } }
         for broker in brokers { try await broker.start() }
 
-        let added = try brokers[0].brokerctl(
+        let added = try await brokers[0].brokerctl(
             [
                 "add", "api", "--shared", "--kind", "oauth2", "--token-endpoint",
                 "http://127.0.0.1:\(proxyPort)\(DjangoOAuthIdP.tokenPath)", "--client-id", idp.clientID,

@@ -24,7 +24,7 @@ struct FleetMoveCrashTests {
             on: server, key: key, host: "a", broker: "request_timeout = 1", fleet: "lease_seconds = 3")
         try await broker.start()
         defer { broker.stop() }
-        let added = try broker.brokerctl(
+        let added = try await broker.brokerctl(
             ["add", "ci", "--kind", "static", "--secrets", "-"],
             stdin: #"{"access_token": "\#(Self.token)", "expires_in": 3600}"#)
         #expect(added.status == 0, "\(added.stderr)")

@@ -36,7 +36,7 @@ struct FleetSharingTests {
             let a = try FleetStartTests.broker(on: server, key: key, host: "a", broker: settings, fleet: lease)
             try await a.start()
             defer { a.stop() }
-            let added = try a.brokerctl(
+            let added = try await a.brokerctl(
                 [
                     "add", "api", "--shared", "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint,
                     "--client-id", idp.clientID, "--secrets", "-",
@@ -108,7 +108,7 @@ struct FleetSharingTests {
 
             // Removed on b: gone from the store, and from a within a lease or two.
             #expect(try await server.dump().contains("\napi\t"), "the row is there")
-            #expect(try b.brokerctl(["remove", "api"]).status == 0)
+            #expect(try await b.brokerctl(["remove", "api"]).status == 0)
             #expect(try await server.dump().contains("\napi\t") == false, "the row is deleted")
             var code: BrokerError.Code?
             _ = await eventually(timeout: 15) {
@@ -137,7 +137,7 @@ struct FleetSharingTests {
         try await a.start()
         defer { a.stop() }
         for name in ["api", "git", "web"] {
-            let added = try a.brokerctl(
+            let added = try await a.brokerctl(
                 ["add", name, "--shared", "--kind", "static", "--secrets", "-"],
                 stdin: #"{"access_token": "at-\#(name)-in-the-row", "expires_in": 3600}"#)
             #expect(added.status == 0, "\(added.stderr)")

@@ -116,7 +116,7 @@ struct FleetStartTests {
             defer { broker.stop() }
             #expect(broker.log.contains("joined the fleet") == trusted, "\(authority)")
             if trusted {
-                let report = try broker.brokerctl(["fleet", "status", "--json"])
+                let report = try await broker.brokerctl(["fleet", "status", "--json"])
                 let status = try JSONDecoder().decode(FleetStatusResult.self, from: Data(report.stdout.utf8))
                 #expect(status.reachable && status.schema == 2, "\(report.stdout)")
             } else {

@@ -286,9 +286,9 @@ import Glibc
         }
         Self.report("live DPoP keys", ["kept", "kept limbs"], scan)
 
-        let rekeyed = try await broker.brokerctlOnOwnThread(["rekey", "--to", "passphrase"], stdin: "pp-dpop\n")
+        let rekeyed = try await broker.brokerctl(["rekey", "--to", "passphrase"], stdin: "pp-dpop\n")
         #expect(rekeyed.status == 0, "\(rekeyed.stderr)")
-        #expect(try await broker.brokerctlOnOwnThread(["lock"]).status == 0)
+        #expect(try await broker.brokerctl(["lock"]).status == 0)
         try await onOwnThread { Self.letBrokerdFinish() }
         let locked = try await onOwnThread { try MemoryScan(pid: pid, labeled: needles) }
         for (label, _) in needles {

@@ -16,7 +16,7 @@ import Glibc
 
     /// `status NAME --json`'s account object; `nil` when there is no such account.
     static func status(_ broker: BrokerProcess, _ account: String) throws -> [String: Any]? {
-        let result = try broker.brokerctl(["status", account, "--json"])
+        let result = try await broker.brokerctl(["status", account, "--json"])
         guard result.status == 0 else { return nil }
         let object = try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any]
         return (object?["accounts"] as? [[String: Any]])?.first
@@ -52,11 +52,11 @@ import Glibc
             #expect(status?["state"] as? String == "valid")
             #expect(status?["provider"] as? String == "oauth2")
             let loginRefreshToken = try #require(idp.issuedRefreshTokens.last)
-            let refreshed = try broker.brokerctl(["refresh", "work"])
+            let refreshed = try await broker.brokerctl(["refresh", "work"])
             #expect(refreshed.status == 0, "\(refreshed.stderr)")
             let refresh = idp.calls.last { $0.grantType == "refresh_token" }
             #expect(refresh?.refreshToken == loginRefreshToken, "the IdP sees the refresh token the login stored")
-            #expect(try broker.brokerctl(["token", "work"]).stdout == idp.issuedAccessTokens.last.map { $0 + "\n" })
+            #expect(try await broker.brokerctl(["token", "work"]).stdout == idp.issuedAccessTokens.last.map { $0 + "\n" })
         }
     }
 
@@ -445,19 +445,19 @@ import Glibc
             #expect(await device.finish() == 5, "\(device.stderr)")
             #expect(device.stderr.contains("enter the code"))
 
-            let missing = try broker.brokerctl(["login", "nobody", "--flow", "device"])
+            let missing = try await broker.brokerctl(["login", "nobody", "--flow", "device"])
             #expect(missing.status == 4)
             #expect(missing.stderr.contains("--issuer"), "\(missing.stderr)")
 
             let browserOnly = try await OAuth2TestIdP()
             browserOnly.setOffersDeviceEndpoint(false)
-            let noDevice = try broker.brokerctl(["login", "nodevice", "--flow", "device"] + Self.provider(browserOnly))
+            let noDevice = try await broker.brokerctl(["login", "nodevice", "--flow", "device"] + Self.provider(browserOnly))
             #expect(noDevice.status == 1)
             #expect(noDevice.stderr.contains("--flow browser"), "\(noDevice.stderr)")
             await browserOnly.shutdown()
 
             idp.setBehavior(.status(503, retryAfter: nil))
-            let down = try broker.brokerctl(["login", "down", "--flow", "device"] + Self.provider(idp))
+            let down = try await broker.brokerctl(["login", "down", "--flow", "device"] + Self.provider(idp))
             #expect(down.status == 6, "\(down.stderr)")
             for account in ["late", "nobody", "nodevice", "down"] { #expect(try Self.status(broker, account) == nil) }
         }
@@ -499,15 +499,15 @@ import Glibc
     @Test func loginRestoresAnAccountInNeedsLogin() async throws {
         try await Self.withBrokerAndIdP { broker, idp in
             idp.setDeviceTiming(interval: 1)
-            let added = try broker.brokerctl(
+            let added = try await broker.brokerctl(
                 ["add", "back", "--kind", "oauth2"] + Self.provider(idp) + ["--secrets", "-"],
                 stdin: #"{"refresh_token": "rt-the-idp-forgot"}"#)
             #expect(added.status == 0, "\(added.stderr)")
             #expect(try await eventually { try Self.status(broker, "back")?["state"] as? String == "needs_login" })
-            #expect(try broker.brokerctl(["status"]).stdout.contains("back: sign in with brokerctl login back\n"))
+            #expect(try await broker.brokerctl(["status"]).stdout.contains("back: sign in with brokerctl login back\n"))
             let before = try #require(try Self.status(broker, "back"))
 
-            let other = try broker.brokerctl(
+            let other = try await broker.brokerctl(
                 ["login", "back", "--flow", "device", "--issuer", idp.issuer, "--client-id", "another-client"])
             #expect(other.status == 1)
             #expect(other.stderr.contains("other settings"), "\(other.stderr)")
@@ -518,19 +518,19 @@ import Glibc
             let after = try #require(try Self.status(broker, "back"))
             #expect(after["state"] as? String == "valid")
             #expect(after["provider"] as? String == before["provider"] as? String)
-            #expect(!(try broker.brokerctl(["status"]).stdout.contains("brokerctl login")))
+            #expect(!(try await broker.brokerctl(["status"]).stdout.contains("brokerctl login")))
 
             let loginRefreshToken = try #require(idp.issuedRefreshTokens.last)
-            #expect(try broker.brokerctl(["refresh", "back"]).status == 0)
+            #expect(try await broker.brokerctl(["refresh", "back"]).status == 0)
             #expect(idp.calls.last { $0.grantType == "refresh_token" }?.refreshToken == loginRefreshToken)
 
             // A non-oauth2 account that lost its tokens is restored with set-tokens instead.
-            _ = try broker.brokerctl(
+            _ = try await broker.brokerctl(
                 ["add", "fixed", "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"t","expires_in":600}"#
             )
-            #expect(try broker.brokerctl(["logout", "fixed"]).status == 0)
+            #expect(try await broker.brokerctl(["logout", "fixed"]).status == 0)
             #expect(
-                try broker.brokerctl(["status"]).stdout.contains(
+                try await broker.brokerctl(["status"]).stdout.contains(
                     "fixed: push a new access_token with brokerctl set-tokens fixed (op set_tokens)"))
         }
     }
@@ -545,17 +545,17 @@ import Glibc
             #expect(await login.finish() == 0, "\(login.stderr)")
             let idToken = try #require(idp.issuedIDTokens.last)
             for arguments in [["token", "oidc", "--id-token"], ["token", "--id-token", "oidc"]] {
-                let printed = try broker.brokerctl(arguments)
+                let printed = try await broker.brokerctl(arguments)
                 #expect(printed.status == 0, "\(printed.stderr)")
                 #expect(printed.stdout == idToken + "\n")
             }
-            #expect(try broker.brokerctl(["token", "oidc"]).stdout == idp.issuedAccessTokens.last.map { $0 + "\n" })
+            #expect(try await broker.brokerctl(["token", "oidc"]).stdout == idp.issuedAccessTokens.last.map { $0 + "\n" })
 
             let plain = try BackgroundBrokerctl(
                 broker, ["login", "plain", "--flow", "device"] + Self.provider(idp, scope: "offline_access"))
             #expect(try await idp.decide(.approve, at: try await plain.deviceLink()) == 200)
             #expect(await plain.finish() == 0, "\(plain.stderr)")
-            let none = try broker.brokerctl(["token", "plain", "--id-token"])
+            let none = try await broker.brokerctl(["token", "plain", "--id-token"])
             #expect(none.status == 4)
             #expect(none.stdout.isEmpty)
             #expect(none.stderr.contains("no id token"), "\(none.stderr)")

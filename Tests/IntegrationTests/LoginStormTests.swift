@@ -130,17 +130,17 @@ import Glibc
                 issuer = "\(idp.issuer)"
                 client_id = "\(idp.clientID)"
                 """)
-            #expect(try await broker.brokerctlOnOwnThread(["reload"]).status == 0)
-            _ = try await broker.brokerctlOnOwnThread(["set-tokens", "work"], stdin: #"{"refresh_token":"rt-gone"}"#)
+            #expect(try await broker.brokerctl(["reload"]).status == 0)
+            _ = try await broker.brokerctl(["set-tokens", "work"], stdin: #"{"refresh_token":"rt-gone"}"#)
             #expect(
                 try await eventually(timeout: 30) {
                     try LoginCommandTests.status(broker, "work")?["state"] as? String == "needs_login"
                 })
-            let pushed2 = try await broker.brokerctlOnOwnThread(
+            let pushed2 = try await broker.brokerctl(
                 ["set-tokens", "work"], stdin: #"{"refresh_token":"rt-0"}"#)
             #expect(pushed2.status == 0, "\(pushed2.stderr)")
             #expect(
-                try await broker.brokerctlOnOwnThread(["token", "work"]).stdout == (idp.issuedAccessTokens.last ?? "?")
+                try await broker.brokerctl(["token", "work"]).stdout == (idp.issuedAccessTokens.last ?? "?")
                     + "\n")
         }
     }
@@ -163,7 +163,7 @@ import Glibc
                 hosts = ["git.example"]
                 """)
         try await broker.start(environment: ["DBUS_SESSION_BUS_ADDRESS": bus.address])
-        let pushed = try await broker.brokerctlOnOwnThread(
+        let pushed = try await broker.brokerctl(
             ["set-tokens", "work"], stdin: #"{"refresh_token":"rt-the-idp-forgot"}"#)
         #expect(pushed.status == 0, "\(pushed.stderr)")
         #expect(

@@ -137,22 +137,18 @@ public final class BrokerProcess: @unchecked Sendable {
         }
     }
 
-    /// Runs brokerctl against this broker; returns exit status, stdout and stderr.
-    public func brokerctl(_ arguments: [String], stdin: String? = nil) throws -> (
+    /// Runs brokerctl against this broker; returns exit status, stdout and stderr. It waits on a
+    /// thread of its own: brokerctl waits for the broker (seconds for an Argon2id unlock, a login
+    /// or a hung IdP), which must not hold a thread of the cooperative pool that other tests'
+    /// tasks (an IdP's answer, an approver) need.
+    public func brokerctl(_ arguments: [String], stdin: String? = nil) async throws -> (
         status: Int32, stdout: String, stderr: String
     ) {
-        try ChildProcess.capture(
-            Self.binary("brokerctl").path, arguments,
-            environment: environment.merging(["TOKENBROKER_SOCKET": socketPath]) { $1 }, stdin: stdin)
-    }
-
-    /// `brokerctl` on a thread of its own, for async tests: it waits for the broker (seconds for
-    /// an Argon2id unlock, a login or a hung IdP), which must not hold a thread of the cooperative
-    /// pool that other tests' tasks (an IdP's answer, an approver) need.
-    public func brokerctlOnOwnThread(_ arguments: [String], stdin: String? = nil) async throws -> (
-        status: Int32, stdout: String, stderr: String
-    ) {
-        try await onOwnThread { try self.brokerctl(arguments, stdin: stdin) }
+        let environment = environment.merging(["TOKENBROKER_SOCKET": socketPath]) { $1 }
+        return try await onOwnThread {
+            try ChildProcess.capture(
+                Self.binary("brokerctl").path, arguments, environment: environment, stdin: stdin)
+        }
     }
 
     /// Every file under the broker's config and state directories, as bytes.
