@@ -11,7 +11,8 @@ import Testing
         try await BrokerHarness.run { harness in
             let idp = try await RefreshURLTestIdP(lifetime: 3, serving: .inProcess)
             _ = try await harness.broker.add(
-                account: "pph", provider: ProviderSpec(kind: "refresh_url"), tokens: TokenSet(refreshURL: idp.initialURL))
+                account: "pph", provider: ProviderSpec(kind: "refresh_url"),
+                tokens: TokenSet(refreshURL: idp.initialURL))
             _ = try await harness.broker.token(account: "pph", minTTL: 1)
             #expect(idp.callCount == 1)
 

@@ -325,12 +325,11 @@ import Glibc
     /// Waits until `account` is in `state`, failing with its status after 20 s.
     static func waitForState(_ broker: BrokerProcess, _ account: String, _ state: String) async throws {
         var last: [String: Any]?
-        if try await eventually(timeout: 20, {
+        let reached = try await eventually(timeout: 20) {
             last = try await status(broker, account)
             return last?["state"] as? String == state
-        }) {
-            return
         }
+        if reached { return }
         Issue.record("\(account) never became \(state): \(String(describing: last))")
         throw HarnessError("\(account) never became \(state)")
     }

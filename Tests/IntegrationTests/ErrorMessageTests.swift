@@ -100,7 +100,8 @@ import Testing
             try await broker.brokerctl(["login", "fresh", "--client-id", "other", "--flow", "device"]),
             "login of an existing account with other options", naming: ["brokerctl login fresh", "broker.toml"])
         Self.expectHelpful(
-            try await broker.brokerctl(["login", "newcomer", "--flow", "device"]), "login of no account without a provider",
+            try await broker.brokerctl(["login", "newcomer", "--flow", "device"]),
+            "login of no account without a provider",
             naming: ["--issuer"])
         Self.expectHelpful(
             try await broker.brokerctl(["login", "newcomer", "--client-id", "x", "--flow", "device"]),
@@ -137,7 +138,8 @@ import Testing
         // reload
         try broker.writeConfig("[accounts.fresh\nkind = ")
         Self.expectHelpful(
-            try await broker.brokerctl(["reload"]), "reload of a broken file", naming: ["broker.toml", "brokerctl reload"])
+            try await broker.brokerctl(["reload"]), "reload of a broken file",
+            naming: ["broker.toml", "brokerctl reload"])
         try broker.writeConfig(config.replacing(#"client_id = "not-"#, with: #"client_id = "moved-"#))
         let moved = try await broker.brokerctl(["reload"])
         Self.expectHelpful(moved, "reload moving a credential", naming: ["brokerctl logout stranger"])

@@ -75,7 +75,9 @@ import Glibc
             tokens: TokenSet(refreshToken: "rt-refused"))
         owner.close()
         #expect(
-            await eventually { (try? await broker.brokerctl(["status", "api"]))?.stdout.contains("needs login") == true })
+            await eventually {
+                (try? await broker.brokerctl(["status", "api"]))?.stdout.contains("needs login") == true
+            })
 
         let outputPath = broker.root.appendingPathComponent("watch.out").path
         let output = open(outputPath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)

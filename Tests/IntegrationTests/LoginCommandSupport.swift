@@ -155,7 +155,11 @@ final class TmuxTerminal {
     @discardableResult
     func waitForScreen(_ what: String, _ condition: ([String]) -> Bool) async throws -> [String] {
         var lines: [String] = []
-        if try await eventually(timeout: 20, { lines = try screen(); return condition(lines) }) { return lines }
+        let shown = try await eventually(timeout: 20) {
+            lines = try screen()
+            return condition(lines)
+        }
+        if shown { return lines }
         throw HarnessError("the terminal never showed \(what): \(try screen().joined(separator: "\n"))")
     }
 }

@@ -56,7 +56,8 @@ import Glibc
             #expect(refreshed.status == 0, "\(refreshed.stderr)")
             let refresh = idp.calls.last { $0.grantType == "refresh_token" }
             #expect(refresh?.refreshToken == loginRefreshToken, "the IdP sees the refresh token the login stored")
-            #expect(try await broker.brokerctl(["token", "work"]).stdout == idp.issuedAccessTokens.last.map { $0 + "\n" })
+            #expect(
+                try await broker.brokerctl(["token", "work"]).stdout == idp.issuedAccessTokens.last.map { $0 + "\n" })
         }
     }
 
@@ -451,7 +452,8 @@ import Glibc
 
             let browserOnly = try await OAuth2TestIdP()
             browserOnly.setOffersDeviceEndpoint(false)
-            let noDevice = try await broker.brokerctl(["login", "nodevice", "--flow", "device"] + Self.provider(browserOnly))
+            let noDevice = try await broker.brokerctl(
+                ["login", "nodevice", "--flow", "device"] + Self.provider(browserOnly))
             #expect(noDevice.status == 1)
             #expect(noDevice.stderr.contains("--flow browser"), "\(noDevice.stderr)")
             await browserOnly.shutdown()
@@ -549,7 +551,8 @@ import Glibc
                 #expect(printed.status == 0, "\(printed.stderr)")
                 #expect(printed.stdout == idToken + "\n")
             }
-            #expect(try await broker.brokerctl(["token", "oidc"]).stdout == idp.issuedAccessTokens.last.map { $0 + "\n" })
+            #expect(
+                try await broker.brokerctl(["token", "oidc"]).stdout == idp.issuedAccessTokens.last.map { $0 + "\n" })
 
             let plain = try BackgroundBrokerctl(
                 broker, ["login", "plain", "--flow", "device"] + Self.provider(idp, scope: "offline_access"))

@@ -407,10 +407,12 @@ import Glibc
 
         #expect(try await broker.brokerctl(["token", "pph"]).stdout == (urlIdP.issuedAccessTokens.first ?? "?") + "\n")
         #expect(urlIdP.calls.first?.method == "POST")
-        #expect(try await broker.brokerctl(["token", "volt"]).stdout == (slidingIdP.issuedAccessTokens.first ?? "?") + "\n")
+        #expect(
+            try await broker.brokerctl(["token", "volt"]).stdout == (slidingIdP.issuedAccessTokens.first ?? "?") + "\n")
         #expect(try await broker.brokerctl(["token", "cred"]).stdout.hasPrefix("exec-at-1-"))
         #expect(helper.calls.first?.arguments == "--not-an-option")
-        #expect(try await broker.brokerctl(["token", "oidc"]).stdout == (oauthIdP.issuedAccessTokens.first ?? "?") + "\n")
+        #expect(
+            try await broker.brokerctl(["token", "oidc"]).stdout == (oauthIdP.issuedAccessTokens.first ?? "?") + "\n")
         #expect(oauthIdP.discoveryCount == 1)
         #expect(try await broker.brokerctl(["token", "nightly"]).stdout == "at-file-ctl\n")
 

@@ -21,7 +21,12 @@ public final class RawConnection: @unchecked Sendable {
     /// Connects once something listens at `path`, trying for up to `seconds`.
     public init(path: String, waitingUpTo seconds: Double) throws {
         var connected: Int32?
-        guard Poll.blocking(timeout: seconds, { connected = try? Self.connect(path); return connected != nil }),
+        guard
+            Poll.blocking(
+                timeout: seconds,
+                {
+                    connected = try? Self.connect(path); return connected != nil
+                }),
             let connected
         else { throw HarnessError("nothing listens on \(path)") }
         descriptor = connected

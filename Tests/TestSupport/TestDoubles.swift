@@ -12,8 +12,9 @@ public final class TestClock: WallClock {
         /// Every duration asked of `sleep`, in order.
         var asked: [Duration] = []
         /// Who waits in `sleepers(where:)`, for what.
-        var watchers: [(ready: @Sendable (_ ends: [Date], _ now: Date) -> Bool, wake: CheckedContinuation<Void, Never>)] =
-            []
+        var watchers:
+            [(ready: @Sendable (_ ends: [Date], _ now: Date) -> Bool, wake: CheckedContinuation<Void, Never>)] =
+                []
 
         /// Takes the watchers whose condition now holds.
         mutating func readyWatchers() -> [CheckedContinuation<Void, Never>] {
