@@ -304,7 +304,7 @@ import Testing
         }
         var environment = ProcessInfo.processInfo.environment
         environment["TOKENBROKER_SOCKET"] = broker.socketPath
-        let result = try ChildProcess.run(
+        let result = try await ChildProcess.run(
             BrokerProcess.binary("brokerctl").path, ["token", "api"], environment: environment)
         #expect(result.status == 0, "\(result.output)")
         #expect(result.output == "at-cli\n")

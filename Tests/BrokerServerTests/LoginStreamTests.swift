@@ -35,7 +35,7 @@ import Testing
     /// The next line as an object, read on a thread of its own (the connection's reads wait up
     /// to a minute, which only stops a hung test).
     static func next(_ connection: RawConnection) async throws -> [String: Any] {
-        try #require(await connection.readObject())
+        try #require(await connection.nextObject())
     }
 
     /// A connection to the broker at `path` whose reads wait up to a minute.

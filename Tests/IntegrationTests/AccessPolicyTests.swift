@@ -167,10 +167,7 @@ import Glibc
     ) async throws -> [String] {
         let environment = broker.environment
         let arguments = ["-e", Self.execAfterConnect, broker.socketPath, program, before, after]
-        // On a thread of its own: the test process's two cooperative threads run other suites' brokers.
-        let (status, output, errors) = try await onOwnThread {
-            try ChildProcess.capture(connecting, arguments, environment: environment)
-        }
+        let (status, output, errors) = try await ChildProcess.capture(connecting, arguments, environment: environment)
         #expect(status == 0, "\(errors)")
         return output.split(separator: "\n").map(String.init)
     }

@@ -108,7 +108,7 @@ import Glibc
         #expect(
             await eventually(timeout: 5) {
                 late.send(#"{"id":"again","op":"subscribe"}"# + "\n")
-                return await late.readObject()?["ok"] as? Bool == true
+                return await late.nextObject()?["ok"] as? Bool == true
             })
     }
 
@@ -144,7 +144,7 @@ import Glibc
             try await eventually(timeout: 5) {
                 let next = try RawConnection(path: broker.socketPath)
                 next.send(#"{"id":3,"op":"hello"}"# + "\n")
-                return await next.readObject()?["ok"] as? Bool == true
+                return await next.nextObject()?["ok"] as? Bool == true
             })
     }
 
@@ -160,7 +160,7 @@ import Glibc
         _ = await eventually(timeout: 5) {
             dripping = drip.send("x")
             good.send(Self.cachedToken)
-            #expect(await good.readObject()?["ok"] as? Bool == true)
+            #expect(await good.nextObject()?["ok"] as? Bool == true)
             return !dripping
         }
         #expect(!dripping, "a line sent a byte at a time stayed open for 5 s")

@@ -40,7 +40,7 @@ import Glibc
         var environment = ProcessInfo.processInfo.environment
         environment["TOKENBROKER_SOCKET"] = impostor.socketPath
 
-        let result = try ChildProcess.run(
+        let result = try await ChildProcess.run(
             BrokerProcess.binary("brokerctl").path,
             [
                 "add", "stolen", "--kind", "oauth2", "--token-endpoint", "https://idp.example/token",

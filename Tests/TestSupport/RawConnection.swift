@@ -85,27 +85,12 @@ public final class RawConnection: @unchecked Sendable {
         return (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any]
     }
 
-    /// `request` for tasks: the answer is waited for on a thread of its own.
-    public func request(_ line: String) async -> String? {
-        guard send(line + "\n"), let answer = await readLine() else { return nil }
-        return String(decoding: answer, as: UTF8.self)
-    }
-
-    /// `readObject` for tasks: the line is waited for on a thread of its own.
-    public func readObject() async -> [String: Any]? {
-        guard let line = await readLine() else { return nil }
+    /// The next line as a JSON object, waited for on a thread of its own, not on one of the few
+    /// threads every test's tasks share (a read may wait its whole timeout); nil when the
+    /// connection closed (or timed out).
+    public func nextObject() async -> [String: Any]? {
+        guard let line = (try? await onOwnThread { self.readLine() }) ?? nil else { return nil }
         return (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any]
-    }
-
-    /// `readLine` for tasks: waited for on a thread of its own, not on one of the few threads
-    /// every test's tasks share (a read may wait its whole timeout).
-    public func readLine() async -> [UInt8]? {
-        (try? await onOwnThread { self.readLine() }) ?? nil
-    }
-
-    /// `waitForClose` for tasks: waited for on a thread of its own.
-    public func waitForClose(seconds: Double) async -> Bool {
-        (try? await onOwnThread { self.waitForClose(seconds: seconds) }) ?? false
     }
 
     /// The next line's bytes, or nil at end of stream.
