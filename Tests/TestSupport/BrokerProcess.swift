@@ -144,7 +144,7 @@ public final class BrokerProcess: @unchecked Sendable {
     public func brokerctl(_ arguments: [String], stdin: String? = nil) async throws -> (
         status: Int32, stdout: String, stderr: String
     ) {
-        let environment = environment.merging(["TOKENBROKER_SOCKET": socketPath]) { $1 }
+        let environment = self.environment.merging(["TOKENBROKER_SOCKET": socketPath]) { $1 }
         return try await onOwnThread {
             try ChildProcess.capture(
                 Self.binary("brokerctl").path, arguments, environment: environment, stdin: stdin)

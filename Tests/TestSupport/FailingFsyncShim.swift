@@ -59,7 +59,7 @@ public struct FailingFsyncShim: Sendable {
 
     /// How many `fsync` and `fdatasync` calls it has failed so far.
     public var failures: Int {
-        ((try? FileManager.default.attributesOfItem(atPath: failureCount))?[.size] as? Int) ?? 0
+        FileManager.default.contents(atPath: failureCount)?.count ?? 0
     }
 
     /// Makes `fsync` and `fdatasync` fail (`true`) or work again.
