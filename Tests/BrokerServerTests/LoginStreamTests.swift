@@ -38,6 +38,9 @@ import Testing
         try #require(await connection.nextObject())
     }
 
+    /// Whether `broker` runs no login, read on its actor.
+    static func runsNoLogin(_ broker: isolated Broker) -> Bool { broker.logins.isEmpty }
+
     /// A connection to the broker at `path` whose reads wait up to a minute.
     static func connect(_ path: String) throws -> RawConnection {
         try RawConnection(path: path, readTimeout: 60)
@@ -99,7 +102,7 @@ import Testing
                 #expect(harness.idp.devicePolls.count == 1)
                 connection = nil
                 // Once the broker sees the connection close, the login ends, and with it its polls.
-                #expect(await eventually { await harness.broker.logins.isEmpty })
+                #expect(await eventually { await Self.runsNoLogin(harness.broker) })
                 _ = try await harness.idp.decide(
                     .approve, at: try #require(progress["verification_uri_complete"] as? String))
                 harness.clock.advance(by: 60)

@@ -61,7 +61,8 @@ import Testing
         let client = try broker.client()
         let before = idps.map(\.issuedAccessTokens.count)
         _ = try await eventually(timeout: 30) {
-            let states = Dictionary(uniqueKeysWithValues: try await client.status().map { ($0.account, $0.state) })
+            let statuses = try await client.status()
+            let states = Dictionary(uniqueKeysWithValues: statuses.map { ($0.account, $0.state) })
             return idps.indices.allSatisfy {
                 idps[$0].issuedAccessTokens.count > before[$0] || states["crash-\($0)"] == "needs_login"
             }
