@@ -329,7 +329,7 @@ import Glibc
         let tokens = #"{"access_token":"t","expires_in":3600}"#
         let refused = try await broker.brokerctl(["add", "api", "--kind", "static", "--secrets", "-"], stdin: tokens)
         #expect(refused.status == 7, "\(refused.stderr)")
-        let (status, _, errors) = try ChildProcess.capture(
+        let (status, _, errors) = try await ChildProcess.capture(
             admin, ["add", "api", "--kind", "static", "--secrets", "-"],
             environment: broker.environment.merging(["TOKENBROKER_SOCKET": broker.socketPath]) { $1 }, stdin: tokens)
         #expect(status == 0, "\(errors)")

@@ -93,7 +93,7 @@ import Testing
         #expect(far.status == 4 && !far.stderr.contains("did you mean"), "\(far.stderr)")
 
         for program in ["brokerd", "brokerctl"] {
-            let (status, output) = try ChildProcess.run(
+            let (status, output) = try await ChildProcess.run(
                 BrokerProcess.binary(program).path, ["--version"], environment: broker.environment)
             #expect(status == 0 && output.trimmingCharacters(in: .whitespacesAndNewlines) == Release.version)
         }

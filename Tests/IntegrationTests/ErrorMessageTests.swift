@@ -161,7 +161,7 @@ import Testing
         // No broker where XDG_RUNTIME_DIR would have put it.
         var environment = broker.environment
         environment["XDG_RUNTIME_DIR"] = nil
-        let missing = try ChildProcess.capture(
+        let missing = try await ChildProcess.capture(
             BrokerProcess.binary("brokerctl").path, ["token", "fresh"], environment: environment, stdin: nil)
         Self.expectHelpful(
             missing, "no runtime directory", naming: ["XDG_RUNTIME_DIR", "TOKENBROKER_SOCKET", "--socket"])

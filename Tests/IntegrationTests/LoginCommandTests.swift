@@ -15,7 +15,7 @@ import Glibc
     }
 
     /// `status NAME --json`'s account object; `nil` when there is no such account.
-    static func status(_ broker: BrokerProcess, _ account: String) throws -> [String: Any]? {
+    static func status(_ broker: BrokerProcess, _ account: String) async throws -> [String: Any]? {
         let result = try await broker.brokerctl(["status", account, "--json"])
         guard result.status == 0 else { return nil }
         let object = try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any]
@@ -48,7 +48,7 @@ import Glibc
             #expect(login.stdout == "logged in work (valid)\n")
             #expect(!login.stderr.contains("\r"), "no progress line in a pipe")
 
-            let status = try Self.status(broker, "work")
+            let status = try await Self.status(broker, "work")
             #expect(status?["state"] as? String == "valid")
             #expect(status?["provider"] as? String == "oauth2")
             let loginRefreshToken = try #require(idp.issuedRefreshTokens.last)
@@ -74,7 +74,7 @@ import Glibc
             #expect(error?["event"] as? String == "error")
             #expect(error?["code"] as? String == "needs_login")
             #expect((error?["message"] as? String)?.contains("access_denied") == true, "\(denied.stdout)")
-            #expect(try Self.status(broker, "denied") == nil, "no account after a denial")
+            #expect(try await Self.status(broker, "denied") == nil, "no account after a denial")
 
             let expired = try BackgroundBrokerctl(
                 broker, ["login", "expired", "--flow", "device"] + Self.provider(idp))
@@ -83,7 +83,7 @@ import Glibc
             #expect(await expired.finish() == 5)
             #expect(expired.stderr.contains("expired"), "\(expired.stderr)")
             #expect(expired.stdout.isEmpty)
-            #expect(try Self.status(broker, "expired") == nil, "no account after an expired code")
+            #expect(try await Self.status(broker, "expired") == nil, "no account after an expired code")
         }
     }
 
@@ -145,7 +145,7 @@ import Glibc
             #expect(page.body.contains("You may close this tab"))
             #expect(await login.finish() == 0, "\(login.stderr)")
             #expect(login.jsonLines.last as? [String: String] == ["event": "done", "account": "web", "state": "valid"])
-            #expect(try Self.status(broker, "web")?["state"] as? String == "valid")
+            #expect(try await Self.status(broker, "web")?["state"] as? String == "valid")
             #expect(!TestBrowser.isListening(port, in: broker.pid), "the redirect listener is closed")
 
             // Another login receives the first login's code (with its own state, as an attacker
@@ -160,7 +160,7 @@ import Glibc
             _ = try await replayBrowser.visit("\(redirect)?code=\(code)&state=\(replayState)")
             #expect(await replay.finish() == 5)
             #expect(idp.rejectedCodeExchanges.last == "code already used")
-            #expect(try Self.status(broker, "replay") == nil)
+            #expect(try await Self.status(broker, "replay") == nil)
         }
     }
 
@@ -313,13 +313,13 @@ import Glibc
             #expect(refused.status == 403)
             // The login goes on: it ends below with the browser's code, not the forged one.
             #expect(!login.child.hasExited(), "the forged callback does not end the login")
-            #expect(try Self.status(broker, "web") == nil)
+            #expect(try await Self.status(broker, "web") == nil)
 
             _ = FileManager.default.createFile(atPath: bin.file("release"), contents: nil)
             let location = try await TestBrowser.authorize(url)
             #expect(try await browser.visit(location).status == 200)
             #expect(await login.finish() == 0, "\(login.stderr)")
-            #expect(try Self.status(broker, "web")?["state"] as? String == "valid")
+            #expect(try await Self.status(broker, "web")?["state"] as? String == "valid")
             let exchanged = idp.calls.filter { $0.grantType == "authorization_code" }.map(\.code)
             #expect(exchanged == [queryValue("code", in: location)], "the browser's code, not the forged one")
             #expect(!FileManager.default.fileExists(atPath: page.deletingLastPathComponent().path), "page removed")
@@ -344,7 +344,7 @@ import Glibc
             #expect(await login.finish() == 143)
             #expect(login.jsonLines.last?["code"] as? String == "cancelled")
             #expect(!FileManager.default.fileExists(atPath: page.deletingLastPathComponent().path))
-            #expect(try Self.status(broker, "gone") == nil)
+            #expect(try await Self.status(broker, "gone") == nil)
         }
     }
 
@@ -359,7 +359,7 @@ import Glibc
             #expect(await login.finish() == 130)
             #expect(login.stderr == "brokerctl: cancelled\n")
             #expect(login.jsonLines.last?["code"] as? String == "cancelled")
-            #expect(try Self.status(broker, "gone") == nil)
+            #expect(try await Self.status(broker, "gone") == nil)
         }
     }
 
@@ -396,7 +396,7 @@ import Glibc
                 await eventually(timeout: 30) {
                     idp.devicePolls.last.map { Date().timeIntervalSince($0) > 3 } ?? true
                 }, "the broker stopped polling")
-            #expect(try Self.status(broker, "tty") == nil)
+            #expect(try await Self.status(broker, "tty") == nil)
         }
     }
 
@@ -422,7 +422,7 @@ import Glibc
             #expect(await eventually { terminal.exitStatus != nil })
             #expect(terminal.exitStatus == 130)
             #expect(await eventually { !TestBrowser.isListening(port, in: broker.pid) }, "the listener is closed")
-            #expect(try Self.status(broker, "tty") == nil)
+            #expect(try await Self.status(broker, "tty") == nil)
         }
     }
 
@@ -461,7 +461,9 @@ import Glibc
             idp.setBehavior(.status(503, retryAfter: nil))
             let down = try await broker.brokerctl(["login", "down", "--flow", "device"] + Self.provider(idp))
             #expect(down.status == 6, "\(down.stderr)")
-            for account in ["late", "nobody", "nodevice", "down"] { #expect(try Self.status(broker, account) == nil) }
+            for account in ["late", "nobody", "nodevice", "down"] {
+                #expect(try await Self.status(broker, account) == nil)
+            }
         }
     }
 
@@ -505,9 +507,10 @@ import Glibc
                 ["add", "back", "--kind", "oauth2"] + Self.provider(idp) + ["--secrets", "-"],
                 stdin: #"{"refresh_token": "rt-the-idp-forgot"}"#)
             #expect(added.status == 0, "\(added.stderr)")
-            #expect(try await eventually { try Self.status(broker, "back")?["state"] as? String == "needs_login" })
+            #expect(
+                try await eventually { try await Self.status(broker, "back")?["state"] as? String == "needs_login" })
             #expect(try await broker.brokerctl(["status"]).stdout.contains("back: sign in with brokerctl login back\n"))
-            let before = try #require(try Self.status(broker, "back"))
+            let before = try #require(try await Self.status(broker, "back"))
 
             let other = try await broker.brokerctl(
                 ["login", "back", "--flow", "device", "--issuer", idp.issuer, "--client-id", "another-client"])
@@ -517,7 +520,7 @@ import Glibc
             let login = try BackgroundBrokerctl(broker, ["login", "back", "--flow", "device"])
             #expect(try await idp.decide(.approve, at: try await login.deviceLink()) == 200)
             #expect(await login.finish() == 0, "\(login.stderr)")
-            let after = try #require(try Self.status(broker, "back"))
+            let after = try #require(try await Self.status(broker, "back"))
             #expect(after["state"] as? String == "valid")
             #expect(after["provider"] as? String == before["provider"] as? String)
             #expect(!(try await broker.brokerctl(["status"]).stdout.contains("brokerctl login")))

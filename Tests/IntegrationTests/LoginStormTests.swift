@@ -134,7 +134,7 @@ import Glibc
             _ = try await broker.brokerctl(["set-tokens", "work"], stdin: #"{"refresh_token":"rt-gone"}"#)
             #expect(
                 try await eventually(timeout: 30) {
-                    try LoginCommandTests.status(broker, "work")?["state"] as? String == "needs_login"
+                    try await LoginCommandTests.status(broker, "work")?["state"] as? String == "needs_login"
                 })
             let pushed2 = try await broker.brokerctl(
                 ["set-tokens", "work"], stdin: #"{"refresh_token":"rt-0"}"#)
@@ -168,7 +168,7 @@ import Glibc
         #expect(pushed.status == 0, "\(pushed.stderr)")
         #expect(
             try await eventually(timeout: 30) {
-                try LoginCommandTests.status(broker, "work")?["state"] as? String == "needs_login"
+                try await LoginCommandTests.status(broker, "work")?["state"] as? String == "needs_login"
             })
         try "#!/bin/sh\nprintf '%s\\n' \"$1\" >> \(bin.file("opened"))\n".write(
             toFile: bin.file("xdg-open"), atomically: true, encoding: .utf8)
