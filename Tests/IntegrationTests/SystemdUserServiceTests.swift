@@ -41,11 +41,11 @@ struct SystemdUserServiceTests {
         #expect(manager.show("tokenbroker.service", "ActiveState") == "inactive")
 
         // The first brokerctl call starts the service through the socket.
-        let added = try await manager.brokerctl(
+        let added = try manager.brokerctl(
             ["add", "api", "--kind", "static", "--secrets", "-"],
             stdin: #"{"access_token":"sd-token","expires_in":3600}"#)
         #expect(added.status == 0, "\(added.output)")
-        let token = try await manager.brokerctl(["token", "api"])
+        let token = try manager.brokerctl(["token", "api"])
         #expect(token.output == "sd-token\n")
         #expect(manager.show("tokenbroker.service", "ActiveState") == "active")
         #expect(await eventually { manager.show("tokenbroker.service", "StatusText") == "1 account: 1 valid" })
@@ -66,7 +66,7 @@ struct SystemdUserServiceTests {
         #expect(try manager.systemctl(["reload", "tokenbroker.service"]).status == 0)
         // `systemctl reload` can return while the manager still shows the unit reloading.
         #expect(await eventually { manager.show("tokenbroker.service", "ActiveState") == "active" })
-        #expect(try await manager.brokerctl(["status"]).output.contains("declared"))
+        #expect(try manager.brokerctl(["status"]).output.contains("declared"))
 
         // A wedged broker stops petting the watchdog; systemd kills and restarts it. Wedged
         // here by stopping it whole (SIGSTOP): no switch in brokerd for tests to throw.
@@ -110,11 +110,11 @@ struct SystemdUserServiceTests {
         #expect(try manager.systemctl(["daemon-reload"]).status == 0)
         #expect(try manager.systemctl(["start", "tokenbroker.socket"]).status == 0)
 
-        let added = try await manager.brokerctl(
+        let added = try manager.brokerctl(
             ["add", "api", "--kind", "static", "--secrets", "-"],
             stdin: #"{"access_token":"cred-token","expires_in":3600}"#)
         #expect(added.status == 0, "\(added.output)")
-        #expect(try await manager.brokerctl(["token", "api"]).output == "cred-token\n")
+        #expect(try manager.brokerctl(["token", "api"]).output == "cred-token\n")
         let service = manager.serviceEnvironment()
         let credentials = try #require(service["CREDENTIALS_DIRECTORY"])
         #expect(manager.isInside(credentials))
@@ -152,7 +152,7 @@ struct SystemdUserServiceTests {
         try "[accounts.api]\nkind = \"static\"\n\n[accounts.api.access]\nunits = [\"allowed-caller.service\"]\n"
             .write(to: configDirectory.appendingPathComponent("broker.toml"), atomically: true, encoding: .utf8)
         #expect(try manager.systemctl(["start", "tokenbroker.socket"]).status == 0)
-        let pushed = try await manager.brokerctl(
+        let pushed = try manager.brokerctl(
             ["set-tokens", "api"], stdin: #"{"access_token":"unit-token","expires_in":3600}"#)
         #expect(pushed.status == 0, "\(pushed.output)")
 
@@ -179,7 +179,7 @@ struct SystemdUserServiceTests {
         #expect(!otherFast.output.contains("unit-token"))
         let otherFull = try inUnit("other-caller", perlClient)
         #expect(otherFull.output.contains(#""code":"forbidden""#), "\(otherFull.output)")
-        let outside = try await manager.brokerctl(["token", "api"])
+        let outside = try manager.brokerctl(["token", "api"])
         #expect(outside.status == 7, "\(outside.output)")
     }
 
@@ -233,7 +233,7 @@ struct SystemdUserServiceTests {
         #expect(second != first)
         #expect(await eventually { Self.content(exportFile) == second && Self.content(wlcgFile) == second })
 
-        let pushed = try await manager.brokerctl(
+        let pushed = try manager.brokerctl(
             ["set-tokens", "other"], stdin: #"{"access_token":"other-token","expires_in":3600}"#)
         #expect(pushed.status == 0, "\(pushed.output)")
         #expect(!FileManager.default.fileExists(atPath: refusedFile))
