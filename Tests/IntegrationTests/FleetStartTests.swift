@@ -153,7 +153,7 @@ struct FleetStartTests {
         }
     }
 
-    @Test func aDatabaseURLWithAPasswordIsRefusedWithoutShowingIt() throws {
+    @Test func aDatabaseURLWithAPasswordIsRefusedWithoutShowingIt() async throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         let key = directory.file("fleet.key")
