@@ -79,7 +79,7 @@ struct SystemdUserServiceTests {
                 && manager.show("tokenbroker.service", "MainPID") != firstPID
         }
         #expect(restarted)
-        #expect(await eventually { (try? await manager.brokerctl(["token", "api"]).output) == "sd-token\n" })
+        #expect(await eventually { (try? manager.brokerctl(["token", "api"]).output) == "sd-token\n" })
 
         // stop: STOPPING=1 and a clean exit.
         #expect(try manager.systemctl(["stop", "tokenbroker.service"]).status == 0)
