@@ -115,13 +115,14 @@ import Glibc
                 bridge.idp.calls.filter { $0.at > issuedAt.addingTimeInterval(3) }.count >= 2
             })
         bridge.idp.setBehavior(.normal)
-        // brokerctl's next try renews the file (and says so before it looks at the job again);
-        // then the job may end.
+        // brokerctl's next try renews the file; then the job may end.
         #expect(
             await eventually(timeout: 30) {
                 let renewed = bridge.lastIssued
                 return renewed != nil && read(tokenFile) == renewed
             })
+        // Waits on brokerctl to tell the outage's end, which it does after the file is renewed.
+        try await Task.sleep(for: .seconds(1))
         #expect(FileManager.default.createFile(atPath: release, contents: nil))
         let result = try await run
         #expect(result.status == 0)
