@@ -243,8 +243,8 @@ let package = Package(
             ],
             swiftSettings: upcoming
         ),
-        // `login` in process, as BrokerCoreTests drive the engine, but with what a login does
-        // in real time: the broker's own loopback listener on 127.0.0.1 and the waits of the flows.
+        // `login` in process, as BrokerCoreTests drive the engine, with the broker's own loopback
+        // listener on 127.0.0.1 for the browser flow; the flows' waits run on the test's clock.
         .testTarget(
             name: "BrokerLoginTests",
             dependencies: [

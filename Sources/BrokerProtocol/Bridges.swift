@@ -42,6 +42,18 @@ public struct DockerBridge: Codable, Sendable, Equatable {
         case registries, username
         case allowHTTP = "allow_http"
     }
+
+    /// Seconds after a refresh during which `erase` leaves the new token alone: long enough for
+    /// the four erases of one `docker logout` on a loaded machine (at 5 s, one CI run saw two).
+    public static let freshTokenAge: TimeInterval = 30
+
+    /// Whether `erase` at `now` has the broker reject a token last refreshed at `refreshedAt`:
+    /// `docker logout` erases up to four spellings of one registry, one after another, and a
+    /// token refreshed moments ago was refused by no one.
+    public static func erasesToken(refreshedAt: Date?, now: Date) -> Bool {
+        guard let refreshedAt else { return true }
+        return now.timeIntervalSince(refreshedAt) >= freshTokenAge
+    }
 }
 
 /// How the names in bridge settings are checked and compared, the same in the broker (reading

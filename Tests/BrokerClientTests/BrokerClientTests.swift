@@ -42,7 +42,7 @@ import Testing
             let answer = Peer.answer(request.id, result: Peer.token(account: "a", accessToken: "at-right"))
             for piece in [answer.prefix(5), answer.dropFirst(5).prefix(20), answer.dropFirst(25)] {
                 peer.write(String(piece))
-                usleep(20_000)
+                peer.pause(milliseconds: 20)
             }
         }
         #expect(try await client.accessToken("a", from: broker) == "at-right")
@@ -204,7 +204,7 @@ import Testing
             peer.write(
                 #"{"id":\#(Self.json(id)),"event":"device_code","user_code":"WDJB-MJHT","expires_in":600}"# + "\n")
             peer.write(#"{"id":999,"event":"slow_down","interval":10}"# + "\n")
-            usleep(300_000)
+            peer.pause(milliseconds: 300)
             peer.write(#"{"id":\#(Self.json(id)),"event":"slow_down","interval":10}"# + "\n")
             peer.write(Peer.answer(id, result: #"{"account":"work","state":"valid","id_token":true}"#))
             return request
@@ -232,7 +232,7 @@ import Testing
             let id = try #require(request.id)
             for _ in 0..<40 {
                 peer.write(#"{"id":\#(Self.json(id)),"event":"slow_down","interval":10}"# + "\n")
-                usleep(10_000)
+                peer.pause(milliseconds: 10)
             }
             peer.write(Peer.answer(id, result: #"{"account":"work","state":"valid","id_token":false}"#))
         }
@@ -304,7 +304,7 @@ import Testing
         }
         var environment = ProcessInfo.processInfo.environment
         environment["TOKENBROKER_SOCKET"] = broker.socketPath
-        let result = try ChildProcess.run(
+        let result = try await ChildProcess.run(
             BrokerProcess.binary("brokerctl").path, ["token", "api"], environment: environment)
         #expect(result.status == 0, "\(result.output)")
         #expect(result.output == "at-cli\n")

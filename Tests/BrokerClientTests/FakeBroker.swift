@@ -111,6 +111,12 @@ struct Peer {
         connection.send(text)
     }
 
+    /// Keeps the stand-in broker silent for `milliseconds` on its own thread, as a real one is
+    /// between the lines it sends (the client's reads and its `idle` meet that silence).
+    func pause(milliseconds: Int) {
+        usleep(UInt32(milliseconds * 1000))
+    }
+
     /// The success line answering `id` with `result` (a JSON object's text), newline included.
     static func answer(_ id: RequestID?, result: String) -> String {
         #"{"id":\#(json(id)),"ok":true,"result":\#(result)}"# + "\n"

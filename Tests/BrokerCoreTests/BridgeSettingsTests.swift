@@ -140,4 +140,15 @@ import Testing
         #expect(BridgeNames.host("localhost:8080") == "localhost:8080")
         #expect(BridgeNames.host("") == nil)
     }
+
+    /// `docker logout` erases four spellings of a registry in a row: the first has the token
+    /// rejected, the ones that follow within 30 s of the refresh leave the new token alone.
+    @Test func eraseRejectsATokenOnlyOnceItIsThirtySecondsOld() {
+        let refreshed = Date(timeIntervalSince1970: 1_795_422_600)
+        #expect(DockerBridge.erasesToken(refreshedAt: nil, now: refreshed), "never refreshed by the broker")
+        #expect(!DockerBridge.erasesToken(refreshedAt: refreshed, now: refreshed))
+        #expect(!DockerBridge.erasesToken(refreshedAt: refreshed, now: refreshed.addingTimeInterval(29.9)))
+        #expect(DockerBridge.erasesToken(refreshedAt: refreshed, now: refreshed.addingTimeInterval(30)))
+        #expect(DockerBridge.erasesToken(refreshedAt: refreshed, now: refreshed.addingTimeInterval(3600)))
+    }
 }

@@ -159,7 +159,7 @@ import TestSupport
         try await broker.start(timeout: 300)  // 20,000 keys made in a debug build
         defer { broker.stop() }
 
-        let shown = try await broker.brokerctlOnOwnThread(["status", "--json"]).stdout
+        let shown = try await broker.brokerctl(["status", "--json"]).stdout
         let object = try JSONSerialization.jsonObject(with: Data(shown.utf8)) as? [String: Any]
         let accounts = try #require(
             object?["accounts"] as? [[String: Any]],
@@ -175,12 +175,12 @@ import TestSupport
         #expect(reasons == ["OpenSSL's secure heap had no room for its DPoP key"], "\(reasons)")
 
         let good = try #require(served.first?["account"] as? String)
-        let token = try await broker.brokerctlOnOwnThread(["token", good])
+        let token = try await broker.brokerctl(["token", good])
         #expect(token.status == 0 && token.stdout.contains("at-0"))
         let bad = try #require(damaged.first?["account"] as? String)
-        let refused = try await broker.brokerctlOnOwnThread(["token", bad])
+        let refused = try await broker.brokerctl(["token", bad])
         #expect(refused.status != 0 && refused.stderr.contains("brokerctl remove \(bad)"), "\(refused.stderr)")
-        let removed = try await broker.brokerctlOnOwnThread(["remove", bad])
+        let removed = try await broker.brokerctl(["remove", bad])
         #expect(removed.status == 0, "\(removed.stderr)")
         #expect(broker.stop() == 0)
         // Every word of the log that could be a key (43 characters of base64url), against the keys.

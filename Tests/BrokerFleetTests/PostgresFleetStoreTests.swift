@@ -279,7 +279,8 @@ struct PostgresFleetStoreTests {
                     let twin = PostgresFleetStore(client: client, key: key, host: "a", logger: Self.logger)
                     #expect(try await twin.takeLease("api", seconds: 1) == nil, "a's lease is not its twin's")
 
-                    // a stalls past its lease; b takes the lapsed lease and commits first.
+                    // a stalls past its lease (1 s, by the PostgreSQL server's clock); b takes the
+                    // lapsed lease and commits first.
                     try await Task.sleep(for: .milliseconds(1300))
                     #expect(try await b.read("api")?.leaseLapsed == true)
                     let leaseB = try #require(try await b.takeLease("api", seconds: 30))

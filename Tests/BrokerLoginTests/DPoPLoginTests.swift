@@ -41,6 +41,7 @@ import TestSupport
                 harness, LoginTests.request("device", provider: Self.provider(harness)), progress: progress)
             let offer = try await progress.first(.deviceCode)
             #expect(try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete)) == 200)
+            await LoginTests.poll(harness)
             #expect(try await login.value.state == "valid")
             let thumbprint = try await Self.boundThumbprint(harness)
             // Its first poll had no nonce; later ones carried the IdP's.
@@ -83,6 +84,7 @@ import TestSupport
                     harness, LoginTests.request("device", provider: provider), progress: progress)
                 let offer = try await progress.first(.deviceCode)
                 #expect(try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete)) == 200)
+                await LoginTests.poll(harness)
                 _ = try await login.value
                 thumbprints.append(try await Self.boundThumbprint(harness))
             }

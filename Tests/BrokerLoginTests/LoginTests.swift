@@ -13,9 +13,9 @@ import TestSupport
 
 /// `login` against the test IdP (in process), the test playing the user: the device flow
 /// (RFC 8628), the browser flow (PKCE and a loopback redirect), what a login creates, restores
-/// and stores, and how it ends when the user denies, waits too long or goes away. Apart from
-/// BrokerCoreTests: a login waits in real time (poll intervals, timeouts) and the browser flow
-/// opens the broker's own listener on 127.0.0.1.
+/// and stores, and how it ends when the user denies, waits too long or goes away. The waits of
+/// a login (poll intervals, timeouts) are on the harness's clock, which the test moves; apart
+/// from BrokerCoreTests since the browser flow opens the broker's own listener on 127.0.0.1.
 @Suite struct LoginTests {
     /// The progress a login reported, in order.
     final class Progress: Sendable {
@@ -61,8 +61,7 @@ import TestSupport
         Task { try await harness.broker.login(request, peerPID: getpid(), progress: progress.record) }
     }
 
-    /// Starts a device login of a new account "work" at the harness's IdP, which answers each
-    /// poll at once (interval 1 s).
+    /// Starts a device login of a new account "work" at the harness's IdP, polled every second.
     static func startDeviceLogin(_ harness: BrokerHarness, timeout: Double? = nil) -> (
         Task<LoginResult, any Error>, Progress
     ) {
@@ -82,6 +81,13 @@ import TestSupport
         let login = start(
             harness, request("browser", provider: provider(harness.idp), timeout: timeout), progress: progress)
         return (login, try await progress.first(.authorizationURL))
+    }
+
+    /// Lets `count` polls of the running device login happen: each time, waits until it sleeps
+    /// on the harness's clock for its interval (or less, to its timeout), and moves the clock to
+    /// the end of that sleep; the 180 s of a browser login running beside it do not pass.
+    static func poll(_ harness: BrokerHarness, times count: Int = 1) async {
+        for _ in 0..<count { await harness.clock.advanceToNextWake(within: 10) }
     }
 
     static func failure(_ task: Task<LoginResult, any Error>) async -> BrokerError? {
@@ -110,11 +116,15 @@ import TestSupport
             #expect(offer.userCode?.count == 9)
             #expect(offer.verificationURI == harness.idp.tokenEndpoint.replacing("/token", with: "/device"))
             #expect(offer.interval == 1 && offer.expiresIn == 600)
-            // The user takes a while: the broker hears authorization_pending meanwhile.
-            #expect(await eventually { harness.idp.devicePolls.count >= 2 })
+            // The user takes a while: the broker hears authorization_pending meanwhile, a second apart.
+            await Self.poll(harness, times: 2)
+            await harness.clock.sleepersReached(1)
+            let pending = harness.idp.devicePolls
+            #expect(pending.count == 2 && pending[1].timeIntervalSince(pending[0]) == 1)
             #expect(!(await Self.accountExists(harness)))
             let complete = try #require(offer.verificationURIComplete)
             #expect(try await harness.idp.decide(.approve, at: complete) == 200)
+            await Self.poll(harness)
 
             let result = try await login.value
             #expect(result == LoginResult(account: "work", state: "valid", idToken: true))
@@ -147,10 +157,12 @@ import TestSupport
             harness.idp.forceSlowDown()
             // A broker that ignored slow_down would hear it at every poll until the timeout.
             let (login, progress) = Self.startDeviceLogin(harness, timeout: 20)
+            let offer = try await progress.first(.deviceCode)
+            await Self.poll(harness)
             let slow = try await progress.first(.slowDown)
             #expect(slow.interval == 6)
-            let offer = try await progress.first(.deviceCode)
             _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            await Self.poll(harness)
             #expect(try await login.value.state == "valid")
             let polls = harness.idp.devicePolls
             #expect(polls.count == 2)
@@ -164,6 +176,7 @@ import TestSupport
             let (login, progress) = Self.startDeviceLogin(harness)
             let offer = try await progress.first(.deviceCode)
             _ = try await harness.idp.decide(.deny, at: try #require(offer.verificationURIComplete))
+            await Self.poll(harness)
             let error = try #require(await Self.failure(login))
             #expect(error.code == .needsLogin)
             #expect(error.message.contains("denied") && error.message.contains("access_denied"))
@@ -177,6 +190,7 @@ import TestSupport
             let (login, progress) = Self.startDeviceLogin(harness)
             _ = try await progress.first(.deviceCode)
             harness.idp.expireDeviceCodes()
+            await Self.poll(harness)
             let error = try #require(await Self.failure(login))
             #expect(error.code == .needsLogin)
             #expect(error.message.contains("expired_token"))
@@ -186,12 +200,16 @@ import TestSupport
 
     @Test func theWaitEndsAtTheTimeout() async throws {
         try await BrokerHarness.run { harness in
-            let started = Date()
-            let (login, _) = Self.startDeviceLogin(harness, timeout: 2)
+            let started = harness.clock.now()
+            let (login, progress) = Self.startDeviceLogin(harness, timeout: 2)
+            _ = try await progress.first(.deviceCode)
+            // One poll a second later, then the wait for the timeout, a second after that.
+            await Self.poll(harness, times: 2)
             let error = try #require(await Self.failure(login))
             #expect(error.code == .needsLogin)
             #expect(error.message.contains("in time"))
-            #expect(Date().timeIntervalSince(started) >= 2)
+            #expect(harness.idp.devicePolls.count == 1)
+            #expect(harness.clock.now().timeIntervalSince(started) == 2)
             #expect(!(await Self.accountExists(harness)))
         }
     }
@@ -221,6 +239,7 @@ import TestSupport
                 progress: progress)
             let offer = try await progress.first(.deviceCode)
             _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            await Self.poll(harness)
             #expect(try await first.value.state == "valid")
             let read = harness.idp.discoveryCount
 
@@ -481,6 +500,9 @@ import TestSupport
         try await BrokerHarness.run { harness in
             let (login, offer) = try await Self.startBrowserLogin(harness, timeout: 1)
             #expect(offer.expiresIn == 1)
+            // The wait for the browser and the listener's own end.
+            await harness.clock.sleepersReached(2)
+            harness.clock.advance(by: 1)
             let error = try #require(await Self.failure(login))
             #expect(error.code == .needsLogin)
             #expect(!TestBrowser.isListening(try Self.port(of: offer.redirectURI)))
@@ -684,18 +706,22 @@ import TestSupport
     @Test func aClientThatReadsNoProgressDoesNotKeepTheRedirectPortPastTheTimeout() async throws {
         try await BrokerHarness.run { harness in
             let port = try freePort()
-            // 10 s: the login reads the discovery document first, which in a full parallel run can
-            // wait seconds for one of the test process's two cooperative threads.
             let request = Self.request("browser", provider: Self.provider(harness.idp), timeout: 10, redirectPort: port)
-            // The progress line is never taken (as when the client does not read its socket).
+            // The progress line is never taken (as when the client does not read its socket): its
+            // delivery ends only when the login is cancelled.
+            let (untaken, keep) = AsyncStream.makeStream(of: Void.self)
+            defer { keep.finish() }
             let login = Task {
                 try await harness.broker.login(request, peerPID: getpid()) { _ in
-                    try? await Task.sleep(for: .seconds(3600))
+                    for await _ in untaken {}
                 }
             }
-            #expect(await eventually(timeout: 60) { TestBrowser.isListening(port) })
+            // The listener's end is set before it reports its URL.
+            await harness.clock.sleepersReached(1)
+            #expect(TestBrowser.isListening(port))
             let held = try HeldConnection(port: port)
             defer { held.close() }
+            harness.clock.advance(by: 10)
             #expect(await eventually(timeout: 30) { !TestBrowser.isListening(port) && held.isClosedByPeer })
             login.cancel()
             #expect(await Self.failure(login) != nil)
@@ -721,14 +747,16 @@ import TestSupport
         try await BrokerHarness.run { harness in
             let (login, progress) = Self.startDeviceLogin(harness)
             let offer = try await progress.first(.deviceCode)
-            #expect(await eventually { harness.idp.devicePolls.count >= 1 })
+            await Self.poll(harness)
+            await harness.clock.sleepersReached(1)
             login.cancel()
+            // The cancelled login answers once its flow has stopped.
             #expect(await Self.failure(login) != nil)
-            let polls = harness.idp.devicePolls.count
-            // The user approves after all: nobody asks any more.
+            #expect(harness.idp.devicePolls.count == 1)
+            // The user approves after all, and the interval passes many times: nobody asks any more.
             _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
-            try await Task.sleep(for: .milliseconds(2500))
-            #expect(harness.idp.devicePolls.count == polls)
+            harness.clock.advance(by: 60)
+            #expect(harness.idp.devicePolls.count == 1)
             #expect(harness.idp.issuedRefreshTokens.isEmpty)
             #expect(!(await Self.accountExists(harness)))
         }
@@ -755,6 +783,7 @@ import TestSupport
             #expect(await Self.failure(other)?.code == .badRequest)
 
             _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            await Self.poll(harness)
             #expect(try await first.value == LoginResult(account: "work", state: "valid", idToken: true))
             #expect(try await second.value == LoginResult(account: "work", state: "valid", idToken: true))
             #expect(harness.idp.deviceAuthorizations == 1)
@@ -774,13 +803,15 @@ import TestSupport
             _ = try await joined.first(.deviceCode)
             first.cancel()
             #expect(await Self.failure(first) != nil)
-            let polls = harness.idp.devicePolls.count
-            #expect(await eventually { harness.idp.devicePolls.count > polls }, "still polling for the joiner")
+            await Self.poll(harness)
+            await harness.clock.sleepersReached(1)
+            #expect(harness.idp.devicePolls.count == 1, "still polling for the joiner")
 
             let third = Self.start(harness, Self.request("device"), progress: Progress())
             second.cancel()
             #expect(await Self.failure(second) != nil)
             _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            await Self.poll(harness)
             #expect(try await third.value.state == "valid", "the third kept the flow going")
 
             let last = Progress()
@@ -788,10 +819,11 @@ import TestSupport
             let newOffer = try await last.first(.deviceCode)
             #expect(newOffer.userCode != offer.userCode, "a new flow once the last one ended")
             fourth.cancel()
+            // The last participant answers once the flow has stopped.
             #expect(await Self.failure(fourth) != nil)
             let stopped = harness.idp.devicePolls.count
-            try await Task.sleep(for: .milliseconds(2500))
-            #expect(harness.idp.devicePolls.count <= stopped + 1, "no participant left: polling stopped")
+            harness.clock.advance(by: 60)
+            #expect(harness.idp.devicePolls.count == stopped, "no participant left: polling stopped")
         }
     }
 
@@ -812,6 +844,7 @@ import TestSupport
             let login = Self.start(harness, Self.request("device"), progress: progress)
             let offer = try await progress.first(.deviceCode)
             _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            await Self.poll(harness)
             #expect(try await login.value.state == "valid")
 
             let after = try #require(try harness.vaultCopy()?.accounts.first { $0.name == "work" })
@@ -833,6 +866,7 @@ import TestSupport
             let offer = try await progress.first(.deviceCode)
             _ = try await harness.broker.remove(account: "work")
             _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            await Self.poll(harness)
             let error = try #require(await Self.failure(login))
             #expect(error.code == .notFound)
             #expect(!(await Self.accountExists(harness)))
@@ -852,6 +886,7 @@ import TestSupport
             let url = try #require(try await two.first(.authorizationURL).url)
             _ = try await TestBrowser().signIn(url)
             _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            await Self.poll(harness)
             #expect(try await first.value.account == "one")
             #expect(try await second.value.account == "two")
             let stored = try #require(try harness.vaultCopy()?.accounts)
@@ -957,6 +992,7 @@ import TestSupport
                 progress: progress)
             let offer = try await progress.first(.deviceCode)
             _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            await Self.poll(harness)
             #expect(try await login.value.idToken == false)
             await #expect(throws: BrokerError(.notFound, "")) {
                 try await harness.broker.idToken(account: "work", minTTL: 0)
@@ -988,6 +1024,7 @@ import TestSupport
                 progress: progress)
             let offer = try await progress.first(.deviceCode)
             _ = try await harness.idp.decide(.approve, at: try #require(offer.verificationURIComplete))
+            await Self.poll(harness)
             #expect(try await login.value.state == "valid")
             // client_secret_basic, with the secret from the file.
             #expect(harness.idp.calls.last?.clientSecret == harness.idp.clientSecret)

@@ -1,6 +1,7 @@
 @testable import BrokerEngine
 @testable import BrokerIdP
 @testable import BrokerModel
+import BrokerProtocol
 @testable import BrokerSecrets
 @testable import BrokerVault
 import Foundation
@@ -11,7 +12,8 @@ import TestSupport
 import Glibc
 #endif
 
-/// How an `exec` command's run is classified: exit code, JSON and the way it ended.
+/// How an `exec` command's run is classified (exit code, JSON and the way it ended), and that a
+/// denied account runs it no more.
 @Suite struct ExecProviderTests {
     static let now = Date(timeIntervalSince1970: 1_795_422_600)
 
@@ -160,10 +162,7 @@ import Glibc
         #expect(output.ending == .timedOut)
         let child = try #require(
             Int32(String(decoding: output.stderr, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)))
-        let stopped = (0..<200).contains { _ in
-            usleep(10_000)
-            return kill(child, 0) == -1 || Self.state(of: child) == "Z"
-        }
+        let stopped = Poll.blocking(timeout: 2) { kill(child, 0) == -1 || Self.state(of: child) == "Z" }
         #expect(stopped, "the background child outlived the timeout")
     }
 
@@ -209,6 +208,21 @@ import Glibc
             "CREDENTIALS_DIRECTORY": "/run/credentials/tokenbroker.service", "EMPTY": "",
         ])
         #expect(environment == ["EMPTY=", "HOME=/home/u", "PATH=/usr/bin"])
+    }
+
+    /// A denied exec account runs its command no more, whatever the time and whoever asks.
+    @Test func aDeniedCommandIsNotRunAgain() async throws {
+        try await BrokerHarness.run { harness in
+            let runs = harness.directory.file("runs")
+            var provider = ProviderSpec(kind: "exec")
+            provider["command"] = ["/bin/sh", "-c", .string("echo run >> '\(runs)'; exit 2")]
+            _ = try await harness.broker.add(account: "cred", provider: provider, tokens: nil)
+            let count = { ((try? String(contentsOfFile: runs, encoding: .utf8)) ?? "").split(separator: "\n").count }
+            await #expect(throws: BrokerError.self) { try await harness.broker.token(account: "cred", minTTL: 1) }
+            #expect(try await harness.state("cred").state == "needs_login")
+            #expect(count() >= 1)
+            #expect(await harness.staysQuietAfterDenial("cred", calls: count))
+        }
     }
 
     @Test func theAsyncFormGivesTheSameResult() async throws {

@@ -1,10 +1,10 @@
-import BrokerEngine
-import BrokerIdP
-import BrokerModel
+@testable import BrokerEngine
+@testable import BrokerIdP
+@testable import BrokerModel
 import BrokerProtocol
-import BrokerSecrets
+@testable import BrokerSecrets
 import BrokerServer
-import BrokerVault
+@testable import BrokerVault
 import Foundation
 import Logging
 import Testing
@@ -35,16 +35,18 @@ import TestSupport
         _ = try? await task.value
     }
 
-    /// The next line as an object, waiting without blocking a thread of the test's pool. The
-    /// limit only stops a hung test: on two cores, other suites' blocking waits (child processes,
-    /// socket reads) can hold the whole pool for many seconds.
-    static func next(_ connection: RawConnection, seconds: Double = 60) async throws -> [String: Any] {
-        let deadline = Date().addingTimeInterval(seconds)
-        while !connection.hasData(within: 0) {
-            guard Date() < deadline else { throw HarnessError("no line within \(seconds) s") }
-            try await Task.sleep(for: .milliseconds(10))
-        }
-        return try #require(connection.readObject())
+    /// The next line as an object, read on a thread of its own (the connection's reads wait up
+    /// to a minute, which only stops a hung test).
+    static func next(_ connection: RawConnection) async throws -> [String: Any] {
+        try #require(await connection.nextObject())
+    }
+
+    /// Whether `broker` runs no login, read on its actor.
+    static func runsNoLogin(_ broker: isolated Broker) -> Bool { broker.logins.isEmpty }
+
+    /// A connection to the broker at `path` whose reads wait up to a minute.
+    static func connect(_ path: String) throws -> RawConnection {
+        try RawConnection(path: path, readTimeout: 60)
     }
 
     static func loginLine(_ harness: BrokerHarness, flow: String, id: Int = 7) -> String {
@@ -59,7 +61,7 @@ import TestSupport
         try await BrokerHarness.run { harness in
             harness.idp.setDeviceTiming(interval: 1)
             try await Self.serving(harness) { path in
-                let connection = try RawConnection(path: path)
+                let connection = try Self.connect(path)
                 #expect(connection.send(Self.loginLine(harness, flow: "device")))
                 let progress = try await Self.next(connection)
                 #expect(progress["id"] as? Int == 7)
@@ -68,6 +70,7 @@ import TestSupport
                 let complete = try #require(progress["verification_uri_complete"] as? String)
                 #expect(complete.hasSuffix("user_code=" + (progress["user_code"] as? String ?? "?")))
                 #expect(try await harness.idp.decide(.approve, at: complete) == 200)
+                await harness.clock.advanceToNextWake(within: 1)
 
                 let final = try await Self.next(connection)
                 #expect(final["id"] as? Int == 7)
@@ -94,25 +97,19 @@ import TestSupport
         try await BrokerHarness.run { harness in
             harness.idp.setDeviceTiming(interval: 1)
             try await Self.serving(harness) { path in
-                var connection: RawConnection? = try RawConnection(path: path)
+                var connection: RawConnection? = try Self.connect(path)
                 #expect(connection?.send(Self.loginLine(harness, flow: "device")) == true)
                 let progress = try await Self.next(try #require(connection))
-                #expect(await eventually { harness.idp.devicePolls.count >= 1 })
+                await harness.clock.advanceToNextWake(within: 1)
+                await harness.clock.sleepersReached(1)
+                #expect(harness.idp.devicePolls.count == 1)
                 connection = nil
-                // Once the broker sees the connection close, the login ends and its polls stop
-                // (one a second while it runs): wait for a pause longer than the interval.
-                var polls = harness.idp.devicePolls.count
-                #expect(
-                    try await eventually(timeout: 20) {
-                        try await Task.sleep(for: .milliseconds(1500))
-                        let now = harness.idp.devicePolls.count
-                        defer { polls = now }
-                        return now == polls
-                    })
+                // Once the broker sees the connection close, the login ends, and with it its polls.
+                #expect(await eventually { await Self.runsNoLogin(harness.broker) })
                 _ = try await harness.idp.decide(
                     .approve, at: try #require(progress["verification_uri_complete"] as? String))
-                try await Task.sleep(for: .milliseconds(2500))
-                #expect(harness.idp.devicePolls.count == polls)
+                harness.clock.advance(by: 60)
+                #expect(harness.idp.devicePolls.count == 1)
                 #expect(harness.idp.issuedRefreshTokens.isEmpty)
                 await #expect(throws: BrokerError(.notFound, "")) { try await harness.broker.status(account: "work") }
             }
@@ -122,7 +119,7 @@ import TestSupport
     @Test func closingTheConnectionClosesTheLoopbackListener() async throws {
         try await BrokerHarness.run { harness in
             try await Self.serving(harness) { path in
-                var connection: RawConnection? = try RawConnection(path: path)
+                var connection: RawConnection? = try Self.connect(path)
                 #expect(connection?.send(Self.loginLine(harness, flow: "browser")) == true)
                 let progress = try await Self.next(try #require(connection))
                 #expect(progress["event"] as? String == "authorization_url")

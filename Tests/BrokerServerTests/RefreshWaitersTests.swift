@@ -60,11 +60,13 @@ import TestSupport
 
     @Test func theWaitersOfOneRefreshAllGetTheNewTokenFromOneIdPCall() async throws {
         let setup = try await Setup()
-        setup.harness.idp.setDelay(.milliseconds(200))
+        let idpAnswers = setup.harness.idp.holdAnswers()
         let channels = try await (0..<3).asyncMap { _ in try await setup.connect() }
         for (index, channel) in channels.enumerated() {
             try await channel.writeInbound(ByteBuffer(string: #"{"id":\#(index),"op":"token","account":"api"}"# + "\n"))
         }
+        #expect(setup.dispatcher.waiters.count == 3)
+        idpAnswers.open()
         for (index, channel) in channels.enumerated() {
             let answer = try await setup.answer(on: channel)
             #expect(answer.hasPrefix(#"{"id":\#(index),"ok":true"#))
@@ -83,13 +85,14 @@ import TestSupport
     /// same, now replaced, token gets the new one without another IdP call.
     @Test func theRejectsOfOneTokenShareOneRefresh() async throws {
         let setup = try await Setup()
-        setup.harness.idp.setDelay(.milliseconds(200))
+        let idpAnswers = setup.harness.idp.holdAnswers()
         let reject = #""op":"reject","account":"api","access_token":"at-pushed"}"# + "\n"
         let channels = try await (0..<3).asyncMap { _ in try await setup.connect() }
         for (index, channel) in channels.enumerated() {
             try await channel.writeInbound(ByteBuffer(string: #"{"id":\#(index),"# + reject))
         }
         #expect(setup.dispatcher.waiters.count == 3)
+        idpAnswers.open()
         var answers: [String] = []
         for (index, channel) in channels.enumerated() {
             let answer = try await setup.answer(on: channel)
@@ -111,7 +114,7 @@ import TestSupport
 
     @Test func aWaiterWhoseConnectionClosedIsDroppedAndTheOthersAreStillAnswered() async throws {
         let setup = try await Setup()
-        setup.harness.idp.setDelay(.milliseconds(300))
+        let idpAnswers = setup.harness.idp.holdAnswers()
         let leaving = try await setup.connect()
         let staying = try await setup.connect()
         try await leaving.writeInbound(ByteBuffer(string: #"{"id":1,"op":"token","account":"api"}"# + "\n"))
@@ -120,6 +123,7 @@ import TestSupport
 
         try await leaving.close()
         #expect(setup.dispatcher.waiters.count == 1, "the closed connection's request no longer waits")
+        idpAnswers.open()
         let answer = try await setup.answer(on: staying)
         #expect(answer.hasPrefix(#"{"id":2,"ok":true"#))
         #expect(try await leaving.readOutbound(as: ByteBuffer.self) == nil)
@@ -128,12 +132,14 @@ import TestSupport
 
     @Test func aFailedRefreshAnswersEveryWaiterWithItsError() async throws {
         let setup = try await Setup()
-        setup.harness.idp.setDelay(.milliseconds(200))
+        let idpAnswers = setup.harness.idp.holdAnswers()
         setup.harness.idp.setBehavior(.status(503, retryAfter: 30))
         let channels = try await (0..<3).asyncMap { _ in try await setup.connect() }
         for (index, channel) in channels.enumerated() {
             try await channel.writeInbound(ByteBuffer(string: #"{"id":\#(index),"op":"token","account":"api"}"# + "\n"))
         }
+        #expect(setup.dispatcher.waiters.count == 3)
+        idpAnswers.open()
         var errors: [ErrorBody] = []
         for (index, channel) in channels.enumerated() {
             let answer = try JSONDecoder().decode(

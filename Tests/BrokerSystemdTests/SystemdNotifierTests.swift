@@ -57,13 +57,25 @@ final class NotifySocket {
     /// The next datagram, waiting up to `limit` for it (polling, so no thread is blocked); one
     /// look past the deadline too, since a loaded machine may not have run this task for long.
     func next(within limit: Duration = .seconds(10)) async throws -> String? {
-        let deadline = ContinuousClock.now + limit
-        while ContinuousClock.now < deadline {
-            if let datagram = poll() { return datagram }
-            try await Task.sleep(for: .milliseconds(5))
+        var datagram: String?
+        _ = try await lookUntil(limit) {
+            datagram = poll()
+            return datagram != nil
         }
-        return poll()
+        return datagram ?? poll()
     }
+}
+
+/// Looks at `condition` every 5 ms, the task sleeping in between, until it holds (true) or
+/// `limit` passes (false): what the notifier sends and asks for comes on threads of its own.
+/// (This suite depends on BrokerSystemd alone, without TestSupport's `eventually`.)
+func lookUntil(_ limit: Duration, _ condition: () throws -> Bool) async throws -> Bool {
+    let deadline = ContinuousClock.now + limit
+    while ContinuousClock.now < deadline {
+        if try condition() { return true }
+        try await Task.sleep(for: .milliseconds(5))
+    }
+    return false
 }
 
 /// Sets (or unsets, with `nil`) environment variables for the duration of `body`.
@@ -257,12 +269,7 @@ final class Summary: Sendable {
 
     /// Waits (up to 10 s) until the service has asked at least `count` times.
     func waitForReads(_ count: Int) async throws -> Bool {
-        let deadline = ContinuousClock.now + .seconds(10)
-        while ContinuousClock.now < deadline {
-            if state.withLock({ $0.reads }) >= count { return true }
-            try await Task.sleep(for: .milliseconds(5))
-        }
-        return false
+        try await lookUntil(.seconds(10)) { state.withLock { $0.reads } >= count }
     }
 }
 

@@ -56,7 +56,7 @@ import Glibc
             "[accounts.api]\nkind = \"static\"\n\n[accounts.api.access]\nexecutables = [\"\(allowed)\"]\n")
         try await broker.start()
         defer { broker.stop() }
-        let pushed = try broker.brokerctl(
+        let pushed = try await broker.brokerctl(
             ["set-tokens", "api"], stdin: #"{"access_token":"at-api","expires_in":3600}"#)
         #expect(pushed.status == 0, "\(pushed.stderr)")
 
@@ -67,7 +67,7 @@ import Glibc
         let refused = try ask(broker, as: Self.perl)
         #expect(refused.count == 2)
         #expect(refused.allSatisfy { $0.contains(#""code":"forbidden""#) && !$0.contains("at-api") }, "\(refused)")
-        let token = try broker.brokerctl(["token", "api"])
+        let token = try await broker.brokerctl(["token", "api"])
         #expect(token.status == 7, "\(token.stderr)")
         #expect(token.stdout.isEmpty)
 
@@ -86,7 +86,7 @@ import Glibc
         try broker.writeConfig(config("\"\(allowed)\""))
         try await broker.start()
         defer { broker.stop() }
-        _ = try broker.brokerctl(["set-tokens", "api"], stdin: #"{"access_token":"at-api","expires_in":3600}"#)
+        _ = try await broker.brokerctl(["set-tokens", "api"], stdin: #"{"access_token":"at-api","expires_in":3600}"#)
 
         // This test's own program is not listed: refused, and `status` does not show the account.
         let client = try broker.client()
@@ -98,7 +98,7 @@ import Glibc
         // Listed by a reload: the same connection is served at once.
         let ownExecutable = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
         try broker.writeConfig(config("\"\(allowed)\", \"\(ownExecutable)\""))
-        #expect(try broker.brokerctl(["reload"]).status == 0)
+        #expect(try await broker.brokerctl(["reload"]).status == 0)
         #expect(try await client.token(account: "api").accessToken == "at-api")
         #expect(try await client.status().map(\.account) == ["api"])
 
@@ -116,7 +116,7 @@ import Glibc
         try broker.writeConfig("[accounts.api]\nkind = \"static\"\n")
         try await broker.start()
         defer { broker.stop() }
-        _ = try broker.brokerctl(["set-tokens", "api"], stdin: #"{"access_token":"at-api","expires_in":3600}"#)
+        _ = try await broker.brokerctl(["set-tokens", "api"], stdin: #"{"access_token":"at-api","expires_in":3600}"#)
         let early = try broker.client()
         defer { early.close() }
         #expect(try await early.token(account: "api").accessToken == "at-api")
@@ -124,7 +124,7 @@ import Glibc
         let ownExecutable = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
         try broker.writeConfig(
             "[accounts.api]\nkind = \"static\"\n\n[accounts.api.access]\nexecutables = [\"\(ownExecutable)\"]\n")
-        #expect(try broker.brokerctl(["reload"]).status == 0)
+        #expect(try await broker.brokerctl(["reload"]).status == 0)
         let refused = await #expect(throws: BrokerError.self) { try await early.token(account: "api") }
         #expect(refused?.code == .forbidden)
         #expect(broker.log.contains("connected while no rule judged programs"))
@@ -167,10 +167,7 @@ import Glibc
     ) async throws -> [String] {
         let environment = broker.environment
         let arguments = ["-e", Self.execAfterConnect, broker.socketPath, program, before, after]
-        // On a thread of its own: the test process's two cooperative threads run other suites' brokers.
-        let (status, output, errors) = try await onOwnThread {
-            try ChildProcess.capture(connecting, arguments, environment: environment)
-        }
+        let (status, output, errors) = try await ChildProcess.capture(connecting, arguments, environment: environment)
         #expect(status == 0, "\(errors)")
         return output.split(separator: "\n").map(String.init)
     }
@@ -184,9 +181,9 @@ import Glibc
         try broker.writeConfig(config(""))
         try await broker.start()
         defer { broker.stop() }
-        _ = try broker.brokerctl(["set-tokens", "api"], stdin: #"{"access_token":"at-api","expires_in":3600}"#)
+        _ = try await broker.brokerctl(["set-tokens", "api"], stdin: #"{"access_token":"at-api","expires_in":3600}"#)
         try broker.writeConfig(config("[broker]\nadmins = [\"\(allowed)\"]\n"))
-        #expect(try broker.brokerctl(["reload"]).status == 0)
+        #expect(try await broker.brokerctl(["reload"]).status == 0)
 
         // Unlisted when it connected, listed when it asks: refused on both paths and for an
         // owner operation, since the connection's caller is what connected.
@@ -234,7 +231,7 @@ import Glibc
         #expect(warnings.count == 1, "\(broker.log)")
         #expect(warnings.first?.contains(replaceable) == true)
         // And again on reload.
-        #expect(try broker.brokerctl(["reload"]).status == 0)
+        #expect(try await broker.brokerctl(["reload"]).status == 0)
         #expect(
             await eventually {
                 broker.log.split(separator: "\n").filter { $0.contains("listed executable is writable") }.count == 2
@@ -309,7 +306,7 @@ import Glibc
 
         var events = try await client.events().makeAsyncIterator()
         for name in ["hidden", "open"] {
-            let added = try broker.brokerctl(
+            let added = try await broker.brokerctl(
                 ["add", name, "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"t","expires_in":3600}"#)
             #expect(added.status == 0, "\(added.stderr)")
         }
@@ -317,7 +314,7 @@ import Glibc
         #expect(first?.account == "open")
         #expect(first?.event == .added)
         #expect(try await client.status().map(\.account) == ["open"])
-        let status = try broker.brokerctl(["status", "--json"])
+        let status = try await broker.brokerctl(["status", "--json"])
         #expect(!status.stdout.contains("hidden"))
     }
 
@@ -330,9 +327,9 @@ import Glibc
         defer { broker.stop() }
 
         let tokens = #"{"access_token":"t","expires_in":3600}"#
-        let refused = try broker.brokerctl(["add", "api", "--kind", "static", "--secrets", "-"], stdin: tokens)
+        let refused = try await broker.brokerctl(["add", "api", "--kind", "static", "--secrets", "-"], stdin: tokens)
         #expect(refused.status == 7, "\(refused.stderr)")
-        let (status, _, errors) = try ChildProcess.capture(
+        let (status, _, errors) = try await ChildProcess.capture(
             admin, ["add", "api", "--kind", "static", "--secrets", "-"],
             environment: broker.environment.merging(["TOKENBROKER_SOCKET": broker.socketPath]) { $1 }, stdin: tokens)
         #expect(status == 0, "\(errors)")
@@ -370,7 +367,7 @@ import Glibc
         try await broker.start()
         defer { broker.stop() }
         for name in ["shared", "private"] {
-            let pushed = try broker.brokerctl(
+            let pushed = try await broker.brokerctl(
                 ["set-tokens", name], stdin: #"{"access_token":"at-\#(name)","expires_in":3600}"#)
             #expect(pushed.status == 0, "\(pushed.stderr)")
         }

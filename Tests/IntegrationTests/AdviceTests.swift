@@ -60,7 +60,7 @@ import Glibc
             let idp = try await OAuth2TestIdP()
             idp.setDeviceTiming(interval: 1)
             try await withCleanup {
-                let added = try await broker.brokerctlOnOwnThread(
+                let added = try await broker.brokerctl(
                     ["add", "acct"] + Self.providerOptions(idp, endpoints) + ["--secrets", "-"],
                     stdin: #"{"refresh_token": "rt-the-idp-forgot"}"#)
                 #expect(added.status != 64, "\(added.stderr)")
@@ -71,7 +71,7 @@ import Glibc
                 try await Self.follow(command, broker: broker, idp: idp, input: #"{"refresh_token": "rt-0"}"#)
                 try await Self.waitForState(broker, "acct", "valid")
                 #expect(
-                    try await broker.brokerctlOnOwnThread(["token", "acct"]).stdout
+                    try await broker.brokerctl(["token", "acct"]).stdout
                         == (idp.issuedAccessTokens.last ?? "?") + "\n")
             } cleanup: {
                 await idp.shutdown()
@@ -86,15 +86,15 @@ import Glibc
             idp.setDeviceTiming(interval: 1)
             try await withCleanup {
                 let endpoints = Endpoints(issuer: false, browser: false, device: true, expected: "")
-                _ = try await broker.brokerctlOnOwnThread(
+                _ = try await broker.brokerctl(
                     ["add", "out"] + Self.providerOptions(idp, endpoints) + ["--secrets", "-"],
                     stdin: #"{"refresh_token": "rt-0"}"#)
                 try await Self.waitForState(broker, "out", "valid")
-                _ = try await broker.brokerctlOnOwnThread(
+                _ = try await broker.brokerctl(
                     ["add", "pushed", "--kind", "static", "--secrets", "-"],
                     stdin: #"{"access_token": "st-1", "expires_in": 600}"#)
                 for name in ["out", "pushed"] {
-                    #expect(try await broker.brokerctlOnOwnThread(["logout", name]).status == 0)
+                    #expect(try await broker.brokerctl(["logout", name]).status == 0)
                 }
 
                 let signIn = try #require(try await Self.status(broker, "out")?["advice_command"] as? String)
@@ -107,7 +107,7 @@ import Glibc
                 try await Self.follow(
                     push, broker: broker, idp: nil, input: #"{"access_token": "st-2", "expires_in": 600}"#)
                 try await Self.waitForState(broker, "pushed", "valid")
-                #expect(try await broker.brokerctlOnOwnThread(["token", "pushed"]).stdout == "st-2\n")
+                #expect(try await broker.brokerctl(["token", "pushed"]).stdout == "st-2\n")
             } cleanup: {
                 await idp.shutdown()
             }
@@ -123,7 +123,7 @@ import Glibc
             let viaPush = try await OAuth2TestIdP()
             try await withCleanup {
                 for (name, idp) in [("fixed-by-update", viaUpdate), ("fixed-by-push", viaPush)] {
-                    let added = try await broker.brokerctlOnOwnThread(
+                    let added = try await broker.brokerctl(
                         [
                             "add", name, "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id",
                             idp.clientID, "--client-auth", "client_secret_post", "--secrets", "-",
@@ -138,7 +138,7 @@ import Glibc
                 #expect(command == "brokerctl update fixed-by-update --secrets -")
                 let secret = #"{"client_secret": "\#(viaUpdate.clientSecret)"}"#
                 try await Self.follow(command, broker: broker, idp: viaUpdate, input: secret)
-                let pushed = try await broker.brokerctlOnOwnThread(
+                let pushed = try await broker.brokerctl(
                     ["set-tokens", "fixed-by-push"], stdin: #"{"client_secret": "\#(viaPush.clientSecret)"}"#)
                 #expect(pushed.status == 0, "\(pushed.stderr)")
                 for (name, idp) in [("fixed-by-update", viaUpdate), ("fixed-by-push", viaPush)] {
@@ -149,7 +149,7 @@ import Glibc
                     #expect(idp.calls.count == 2)
                 }
                 // Nothing of either secret in the answers.
-                let status = try await broker.brokerctlOnOwnThread(["status", "--json"]).stdout
+                let status = try await broker.brokerctl(["status", "--json"]).stdout
                 #expect(!status.contains(viaUpdate.clientSecret) && !status.contains("not-the-secret"))
             } cleanup: {
                 await viaUpdate.shutdown()
@@ -164,27 +164,27 @@ import Glibc
         try await Self.withBroker { broker in
             let idp = try await OAuth2TestIdP()
             try await withCleanup {
-                _ = try await broker.brokerctlOnOwnThread(
+                _ = try await broker.brokerctl(
                     [
                         "add", "api", "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id",
                         idp.clientID, "--secrets", "-",
                     ],
                     stdin: #"{"refresh_token": "rt-0"}"#)
                 try await Self.waitForState(broker, "api", "valid")
-                let moved = try await broker.brokerctlOnOwnThread(["update", "api", "--client-id", "another-client"])
+                let moved = try await broker.brokerctl(["update", "api", "--client-id", "another-client"])
                 #expect(moved.status == 1)
                 #expect(moved.stderr.contains("changes its client_id; log it out first"), "\(moved.stderr)")
-                let unchecked = try await broker.brokerctlOnOwnThread([
+                let unchecked = try await broker.brokerctl([
                     "update", "api", "--client-auth", "client_secret_basic",
                 ])
                 #expect(unchecked.status == 1)
                 #expect(unchecked.stderr.contains(#"client_auth client_secret_basic needs "client_secret""#))
-                let scoped = try await broker.brokerctlOnOwnThread(["update", "api", "--scope", "read"])
+                let scoped = try await broker.brokerctl(["update", "api", "--scope", "read"])
                 #expect(scoped.status == 0, "\(scoped.stderr)")
-                #expect(try await broker.brokerctlOnOwnThread(["refresh", "api"]).status == 0)
+                #expect(try await broker.brokerctl(["refresh", "api"]).status == 0)
                 #expect(idp.calls.last?.scope == "read")
-                #expect(try await broker.brokerctlOnOwnThread(["update", "api", "--unset", "scope"]).status == 0)
-                #expect(try await broker.brokerctlOnOwnThread(["refresh", "api"]).status == 0)
+                #expect(try await broker.brokerctl(["update", "api", "--unset", "scope"]).status == 0)
+                #expect(try await broker.brokerctl(["refresh", "api"]).status == 0)
                 #expect(idp.calls.last?.scope == nil)
             } cleanup: {
                 await idp.shutdown()
@@ -198,7 +198,7 @@ import Glibc
         try await Self.withBroker { broker in
             let idp = try await OAuth2TestIdP()
             try await withCleanup {
-                let added = try await broker.brokerctlOnOwnThread(
+                let added = try await broker.brokerctl(
                     [
                         "add", "conf", "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id",
                         idp.clientID, "--secrets", "-",
@@ -213,18 +213,18 @@ import Glibc
 
                     """
                 try broker.writeConfig(table + #"client_auth = "none""# + "\n")
-                #expect(try await broker.brokerctlOnOwnThread(["reload"]).status == 0)
-                #expect(try await broker.brokerctlOnOwnThread(["refresh", "conf"]).status == 0)
+                #expect(try await broker.brokerctl(["reload"]).status == 0)
+                #expect(try await broker.brokerctl(["refresh", "conf"]).status == 0)
                 #expect(idp.calls.last?.clientSecret == nil)
                 try broker.writeConfig(table + #"client_auth = "client_secret_basic""# + "\n")
-                let reloaded = try await broker.brokerctlOnOwnThread(["reload"])
+                let reloaded = try await broker.brokerctl(["reload"])
                 #expect(reloaded.status == 0, "\(reloaded.stderr)")
-                #expect(try await broker.brokerctlOnOwnThread(["refresh", "conf"]).status == 0)
+                #expect(try await broker.brokerctl(["refresh", "conf"]).status == 0)
                 #expect(idp.calls.last?.clientSecret == idp.clientSecret)
                 // Without the line, the secret the vault holds is used too (client_secret_basic).
                 try broker.writeConfig(table)
-                #expect(try await broker.brokerctlOnOwnThread(["reload"]).status == 0)
-                #expect(try await broker.brokerctlOnOwnThread(["refresh", "conf"]).status == 0)
+                #expect(try await broker.brokerctl(["reload"]).status == 0)
+                #expect(try await broker.brokerctl(["refresh", "conf"]).status == 0)
                 #expect(idp.calls.last?.clientSecret == idp.clientSecret)
             } cleanup: {
                 await idp.shutdown()
@@ -252,14 +252,14 @@ import Glibc
                 chmod(script, 0o700)
                 urlIdP.revoke()
                 let added = [
-                    try await broker.brokerctlOnOwnThread(
+                    try await broker.brokerctl(
                         ["add", "url", "--kind", "refresh_url", "--secrets", "-"],
                         stdin: #"{"refresh_url": "\#(urlIdP.initialURL)"}"#),
-                    try await broker.brokerctlOnOwnThread(
+                    try await broker.brokerctl(
                         ["add", "slide", "--kind", "sliding", "--endpoint", slidingIdP.endpoint, "--secrets", "-"],
                         stdin: #"{"refresh_token": "srt-unknown"}"#),
-                    try await broker.brokerctlOnOwnThread(["add", "cmd", "--kind", "exec", "--command", script]),
-                    try await broker.brokerctlOnOwnThread(
+                    try await broker.brokerctl(["add", "cmd", "--kind", "exec", "--command", script]),
+                    try await broker.brokerctl(
                         [
                             "add", "flaky", "--kind", "oauth2", "--token-endpoint", oauthIdP.tokenEndpoint,
                             "--client-id", oauthIdP.clientID, "--secrets", "-",
@@ -269,7 +269,7 @@ import Glibc
                 for result in added { #expect(result.status != 64, "\(result.stderr)") }
                 for name in ["url", "slide", "cmd"] { try await Self.waitForState(broker, name, "needs_login") }
                 oauthIdP.setBehavior(.status(503, retryAfter: nil))
-                _ = try await broker.brokerctlOnOwnThread(["refresh", "flaky"])
+                _ = try await broker.brokerctl(["refresh", "flaky"])
                 try await Self.waitForState(broker, "flaky", "stale")
 
                 // The advice is read while the states last (the broker retries failing refreshes on its own).
@@ -279,10 +279,10 @@ import Glibc
                     ("slide", "brokerctl set-tokens slide"), ("cmd", "brokerctl refresh cmd"),
                 ] {
                     // flaky's own retries make it `refreshing` now and then, without advice.
-                    var status = try await Self.status(broker, name)
-                    for _ in 0..<100 where status?["advice_command"] == nil {
-                        try await Task.sleep(for: .milliseconds(50))
+                    var status: [String: Any]?
+                    _ = try await eventually(timeout: 5) {
                         status = try await Self.status(broker, name)
+                        return status?["advice_command"] != nil
                     }
                     commands[name] = try #require(status?["advice_command"] as? String, "\(String(describing: status))")
                     #expect(commands[name] == expected)
@@ -296,7 +296,7 @@ import Glibc
                     try await Self.follow(command, broker: broker, idp: nil, input: inputs[name])
                     try await Self.waitForState(broker, name, "valid")
                 }
-                #expect(try await broker.brokerctlOnOwnThread(["token", "cmd"]).stdout == "exec-at\n")
+                #expect(try await broker.brokerctl(["token", "cmd"]).stdout == "exec-at\n")
             } cleanup: {
                 await urlIdP.shutdown()
                 await slidingIdP.shutdown()
@@ -317,20 +317,19 @@ import Glibc
 
     /// `status NAME --json`'s account object.
     static func status(_ broker: BrokerProcess, _ account: String) async throws -> [String: Any]? {
-        let result = try await broker.brokerctlOnOwnThread(["status", account, "--json"])
+        let result = try await broker.brokerctl(["status", account, "--json"])
         let object = try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any]
         return (object?["accounts"] as? [[String: Any]])?.first
     }
 
     /// Waits until `account` is in `state`, failing with its status after 20 s.
     static func waitForState(_ broker: BrokerProcess, _ account: String, _ state: String) async throws {
-        let deadline = Date().addingTimeInterval(20)
         var last: [String: Any]?
-        while Date() < deadline {
+        let reached = try await eventually(timeout: 20) {
             last = try await status(broker, account)
-            if last?["state"] as? String == state { return }
-            try await Task.sleep(for: .milliseconds(50))
+            return last?["state"] as? String == state
         }
+        if reached { return }
         Issue.record("\(account) never became \(state): \(String(describing: last))")
         throw HarnessError("\(account) never became \(state)")
     }
@@ -343,7 +342,7 @@ import Glibc
         #expect(words.first == "brokerctl")
         let arguments = Array(words.dropFirst())
         guard arguments.first == "login", let idp else {
-            let result = try await broker.brokerctlOnOwnThread(arguments, stdin: input)
+            let result = try await broker.brokerctl(arguments, stdin: input)
             #expect(result.status == 0, "\(command): \(result.stderr)")
             return
         }

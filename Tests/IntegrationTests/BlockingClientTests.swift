@@ -47,7 +47,7 @@ import Testing
         }
         // Accounts come and go until the watcher, once subscribed, has seen two of these events.
         var attempt = 0
-        while !done.withLock({ $0 }), attempt < 100 {
+        _ = try await eventually(timeout: 10) {
             let account = "w\(attempt)"
             _ = try client.perform(
                 .add(
@@ -55,7 +55,7 @@ import Testing
                     tokens: TokenSet(accessToken: "t", expiresIn: 3600)))
             _ = try client.perform(.remove(account: account))
             attempt += 1
-            try await Task.sleep(for: .milliseconds(50))
+            return done.withLock { $0 }
         }
         let events = try await watcher.value
         #expect(events.count == 2)

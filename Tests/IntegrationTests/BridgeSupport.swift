@@ -16,8 +16,12 @@ final class BridgeBroker: Sendable {
     let initialRefreshToken: String
     private let outputs = Mutex<[String]>([])
 
-    /// Starts the IdP (tokens living `lifetime` seconds) and the broker, and pushes the refresh token.
-    static func start(lifetime: Int = 3600, extraConfig: (OAuth2TestIdP) -> String) async throws -> BridgeBroker {
+    /// Starts the IdP (tokens living `lifetime` seconds) and the broker, and pushes the refresh
+    /// token, with `accessToken` (living an hour) when given: the broker then refreshes nothing
+    /// before it is asked to.
+    static func start(lifetime: Int = 3600, accessToken: String? = nil, extraConfig: (OAuth2TestIdP) -> String)
+        async throws -> BridgeBroker
+    {
         let refreshToken = "rt-bridge-\(UInt32.random(in: 0...UInt32.max))"
         let idp = try await OAuth2TestIdP(initialRefreshToken: refreshToken, lifetime: lifetime)
         let broker = try BrokerProcess()
@@ -31,8 +35,9 @@ final class BridgeBroker: Sendable {
             \(extraConfig(idp))
             """)
         try await broker.start()
-        let pushed = try broker.brokerctl(
-            ["set-tokens", "api"], stdin: #"{"refresh_token":"\#(refreshToken)"}"#)
+        let access = accessToken.map { #""access_token":"\#($0)","expires_in":3600,"# } ?? ""
+        let pushed = try await broker.brokerctl(
+            ["set-tokens", "api"], stdin: #"{\#(access)"refresh_token":"\#(refreshToken)"}"#)
         guard pushed.status == 0 else { throw HarnessError("set-tokens failed: \(pushed.stderr)") }
         return BridgeBroker(broker: broker, idp: idp, initialRefreshToken: refreshToken)
     }

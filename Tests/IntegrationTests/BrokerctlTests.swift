@@ -7,42 +7,42 @@ import Testing
 @Suite struct BrokerctlTests {
     @Test func scriptsGetTokensAndDistinctExitCodes() async throws {
         let broker = try BrokerProcess()
-        let notRunning = try broker.brokerctl(["token", "api"])
+        let notRunning = try await broker.brokerctl(["token", "api"])
         #expect(notRunning.status == 3)
         #expect(notRunning.stderr.contains("not running"))
 
         try await broker.start()
         defer { broker.stop() }
-        let added = try broker.brokerctl(
+        let added = try await broker.brokerctl(
             ["add", "api", "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"tok-123","expires_in":600}"#
         )
         #expect(added.status == 0, "\(added.stderr)")
 
-        let token = try broker.brokerctl(["token", "api"])
+        let token = try await broker.brokerctl(["token", "api"])
         #expect(token.status == 0)
         #expect(token.stdout == "tok-123\n")
 
-        let json = try broker.brokerctl(["token", "api", "--json"])
+        let json = try await broker.brokerctl(["token", "api", "--json"])
         let object = try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any]
         #expect(object?["access_token"] as? String == "tok-123")
 
-        #expect(try broker.brokerctl(["token", "nobody"]).status == 4)
+        #expect(try await broker.brokerctl(["token", "nobody"]).status == 4)
         // Valid for 600 s, so a min_ttl of an hour cannot be met by a static account.
-        #expect(try broker.brokerctl(["token", "api", "--min-ttl", "3600"]).status == 5)
+        #expect(try await broker.brokerctl(["token", "api", "--min-ttl", "3600"]).status == 5)
 
-        let status = try broker.brokerctl(["status"])
+        let status = try await broker.brokerctl(["status"])
         #expect(status.status == 0)
         #expect(status.stdout.contains("api") && status.stdout.contains("valid"))
         #expect(!status.stdout.contains("tok-123"))
 
-        let replaced = try broker.brokerctl(
+        let replaced = try await broker.brokerctl(
             ["set-tokens", "api"], stdin: #"{"access_token":"tok-456","expires_in":600}"#)
         #expect(replaced.status == 0)
-        #expect(try broker.brokerctl(["token", "api"]).stdout == "tok-456\n")
+        #expect(try await broker.brokerctl(["token", "api"]).stdout == "tok-456\n")
 
         let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-ctl", lifetime: 3600)
         idp.setBehavior(.status(503, retryAfter: 30))
-        let oauth = try broker.brokerctl(
+        let oauth = try await broker.brokerctl(
             [
                 "add", "flaky", "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id", idp.clientID,
                 "--client-auth", "client_secret_post", "--secrets", "-",
@@ -50,16 +50,16 @@ import Testing
             stdin: #"{"refresh_token":"rt-ctl","client_secret":"\#(idp.clientSecret)"}"#)
         #expect(oauth.status == 0, "\(oauth.stderr)")
         #expect(await eventually { idp.callCount >= 1 })
-        #expect(try broker.brokerctl(["token", "flaky"]).status == 6)
-        #expect(try broker.brokerctl(["refresh", "flaky"]).status == 6)
+        #expect(try await broker.brokerctl(["token", "flaky"]).status == 6)
+        #expect(try await broker.brokerctl(["refresh", "flaky"]).status == 6)
         idp.setBehavior(.normal)
-        let refreshed = try broker.brokerctl(["refresh", "flaky"])
+        let refreshed = try await broker.brokerctl(["refresh", "flaky"])
         #expect(refreshed.status == 0, "\(refreshed.stderr)")
-        #expect(try broker.brokerctl(["token", "flaky"]).stdout == idp.issuedAccessTokens.last.map { $0 + "\n" })
+        #expect(try await broker.brokerctl(["token", "flaky"]).stdout == idp.issuedAccessTokens.last.map { $0 + "\n" })
         #expect(idp.calls.last?.clientSecret == idp.clientSecret)
 
-        #expect(try broker.brokerctl(["remove", "api"]).status == 0)
-        #expect(try broker.brokerctl(["token", "api"]).status == 4)
+        #expect(try await broker.brokerctl(["remove", "api"]).status == 0)
+        #expect(try await broker.brokerctl(["token", "api"]).status == 4)
         await idp.shutdown()
     }
 
@@ -72,28 +72,28 @@ import Testing
         let broker = try BrokerProcess()
         try await broker.start()
         defer { broker.stop() }
-        let added = try broker.brokerctl(
+        let added = try await broker.brokerctl(
             ["add", "dot", "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"tok-dot","expires_in":600}"#
         )
         #expect(added.status == 0, "\(added.stderr)")
 
-        let command = try broker.brokerctl(["tokn", "dot"])
+        let command = try await broker.brokerctl(["tokn", "dot"])
         #expect(command.status == 64 && command.stderr.contains(#"did you mean "token"?"#), "\(command.stderr)")
-        let unrelated = try broker.brokerctl(["frobnicate"])
+        let unrelated = try await broker.brokerctl(["frobnicate"])
         #expect(unrelated.status == 64 && !unrelated.stderr.contains("did you mean"), "\(unrelated.stderr)")
-        let help = try broker.brokerctl(["--help"])
+        let help = try await broker.brokerctl(["--help"])
         #expect(help.stdout.contains("64 usage error"), "\(help.stdout)")
 
         // On both paths of `token` (the short one, and ArgumentParser's for --json).
         for arguments in [["token", "dto"], ["token", "dto", "--json"]] {
-            let account = try broker.brokerctl(arguments)
+            let account = try await broker.brokerctl(arguments)
             #expect(account.status == 4 && account.stderr.contains(#"did you mean "dot"?"#), "\(account.stderr)")
         }
-        let far = try broker.brokerctl(["token", "elsewhere"])
+        let far = try await broker.brokerctl(["token", "elsewhere"])
         #expect(far.status == 4 && !far.stderr.contains("did you mean"), "\(far.stderr)")
 
         for program in ["brokerd", "brokerctl"] {
-            let (status, output) = try ChildProcess.run(
+            let (status, output) = try await ChildProcess.run(
                 BrokerProcess.binary(program).path, ["--version"], environment: broker.environment)
             #expect(status == 0 && output.trimmingCharacters(in: .whitespacesAndNewlines) == Release.version)
         }
@@ -103,7 +103,7 @@ import Testing
         let broker = try BrokerProcess()
         try await broker.start()
         defer { broker.stop() }
-        let added = try broker.brokerctl(
+        let added = try await broker.brokerctl(
             ["add", "api", "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"tok-123","expires_in":600}"#
         )
         #expect(added.status == 0, "\(added.stderr)")
@@ -120,15 +120,15 @@ import Testing
             (["token", "api", "--timeout", "0"], ["token", "api", "--timeout=0"]),
         ]
         for (plain, parsed) in pairs {
-            let short = try broker.brokerctl(plain)
-            let full = try broker.brokerctl(parsed)
+            let short = try await broker.brokerctl(plain)
+            let full = try await broker.brokerctl(parsed)
             #expect(short.status == full.status, "\(plain) vs \(parsed)")
             #expect(short.stdout == full.stdout, "\(plain) vs \(parsed)")
             #expect(short.stderr == full.stderr, "\(plain) vs \(parsed)")
         }
-        #expect(try broker.brokerctl(["token", "api"]).stdout == "tok-123\n")
-        #expect(try broker.brokerctl(["token", "api", "--min-ttl", "3600"]).status == 5)
-        #expect(try broker.brokerctl(["token", "api", "--timeout", "0"]).status != 0)
+        #expect(try await broker.brokerctl(["token", "api"]).stdout == "tok-123\n")
+        #expect(try await broker.brokerctl(["token", "api", "--min-ttl", "3600"]).status == 5)
+        #expect(try await broker.brokerctl(["token", "api", "--timeout", "0"]).status != 0)
     }
 
     /// revoked at the IdP when it is up; the account then answers "needs login" until set-tokens.
@@ -138,7 +138,7 @@ import Testing
         defer { broker.stop() }
         let idp = try await OAuth2TestIdP(initialRefreshToken: "rt-out", lifetime: 3600)
         for name in ["up", "down"] {
-            let added = try broker.brokerctl(
+            let added = try await broker.brokerctl(
                 [
                     "add", name, "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id", idp.clientID,
                     "--revocation-endpoint", idp.revocationEndpoint, "--secrets", "-",
@@ -148,24 +148,24 @@ import Testing
         }
 
         idp.setBehavior(.status(503, retryAfter: nil))
-        let refused = try broker.brokerctl(["logout", "down"])
+        let refused = try await broker.brokerctl(["logout", "down"])
         #expect(refused.status == 6)
         #expect(refused.stderr.contains("--force"))
-        #expect(try broker.brokerctl(["token", "down"]).stdout == "at-down\n", "nothing discarded")
-        let forced = try broker.brokerctl(["logout", "down", "--force"])
+        #expect(try await broker.brokerctl(["token", "down"]).stdout == "at-down\n", "nothing discarded")
+        let forced = try await broker.brokerctl(["logout", "down", "--force"])
         #expect(forced.status == 0)
         #expect(forced.stdout.contains("not revoked"))
 
         idp.setBehavior(.normal)
-        let revoked = try broker.brokerctl(["logout", "up", "--json"])
+        let revoked = try await broker.brokerctl(["logout", "up", "--json"])
         #expect(revoked.status == 0, "\(revoked.stderr)")
         let object = try JSONSerialization.jsonObject(with: Data(revoked.stdout.utf8)) as? [String: Any]
         #expect(object?["revoked"] as? Bool == true)
         #expect(idp.revocations.last?.token == "rt-out")
 
-        #expect(try broker.brokerctl(["token", "up"]).status == 5)
-        #expect(try broker.brokerctl(["status", "up"]).stdout.contains("logged out"))
-        #expect(try broker.brokerctl(["logout", "nobody"]).status == 4)
+        #expect(try await broker.brokerctl(["token", "up"]).status == 5)
+        #expect(try await broker.brokerctl(["status", "up"]).stdout.contains("logged out"))
+        #expect(try await broker.brokerctl(["logout", "nobody"]).status == 4)
         #expect(!broker.log.contains("rt-out"), "no refresh token in the log")
         await idp.shutdown()
     }

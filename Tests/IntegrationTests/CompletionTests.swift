@@ -35,7 +35,7 @@ import Testing
         try await broker.start()
         defer { broker.stop() }
         for name in ["work", "work-ci", "home"] {
-            let added = try broker.brokerctl(
+            let added = try await broker.brokerctl(
                 ["add", name, "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"t","expires_in":600}"#)
             #expect(added.status == 0, "\(added.stderr)")
         }

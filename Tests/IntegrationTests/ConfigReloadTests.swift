@@ -64,21 +64,21 @@ import Glibc
 
         // A broken file is refused, naming the line, and the running configuration stays.
         try broker.writeConfig("[broker]\ndefault_min_ttl = 10\n[accounts.third\nkind = \"static\"\n")
-        let refused = try broker.brokerctl(["reload"])
+        let refused = try await broker.brokerctl(["reload"])
         #expect(refused.status != 0)
         #expect(refused.stderr.contains("line 3"))
         #expect(try await client.status().map(\.account) == ["declared", "second"])
 
         // Secrets never belong in the file.
         try broker.writeConfig("[accounts.leaky]\nkind = \"oauth2\"\nclient_secret = \"s3cret-in-file\"\n")
-        let secret = try broker.brokerctl(["reload"])
+        let secret = try await broker.brokerctl(["reload"])
         #expect(secret.status != 0)
         #expect(secret.stderr.contains("never holds"))
         #expect(!secret.stderr.contains("s3cret-in-file"))
 
         // A good file again: applied.
         try broker.writeConfig("[accounts.third]\nkind = \"static\"\n")
-        let applied = try broker.brokerctl(["reload"])
+        let applied = try await broker.brokerctl(["reload"])
         #expect(applied.status == 0, "\(applied.stderr)")
         #expect(try await client.status().map(\.account) == ["declared", "second", "third"])
         await idp.shutdown()
@@ -99,24 +99,24 @@ import Glibc
         let why = "every process of yours can read the token file"
         for (config, key) in refusals {
             try broker.writeConfig(config)
-            #expect(try broker.runExpectingExit() != 0)
+            #expect(try await broker.runExpectingExit() != 0)
             #expect(broker.log.contains(key) && broker.log.contains(why), "\(broker.log)")
         }
 
         try broker.writeConfig(guarded)
         try await broker.start()
         defer { broker.stop() }
-        let pushed = try broker.brokerctl(
+        let pushed = try await broker.brokerctl(
             ["set-tokens", "api"], stdin: #"{"access_token": "at-guarded", "expires_in": 3600}"#)
         #expect(pushed.status == 0, "\(pushed.stderr)")
         for (config, key) in refusals {
             try broker.writeConfig(config)
-            let refused = try broker.brokerctl(["reload"])
+            let refused = try await broker.brokerctl(["reload"])
             #expect(refused.status != 0)
             #expect(refused.stderr.contains(key) && refused.stderr.contains(why), "\(refused.stderr)")
             // The rule stays in force (this test runs no listed executable), and no file is written.
-            #expect(try broker.brokerctl(["token", "api"]).status == 7)
-            #expect(try broker.brokerctl(["status"]).status == 0)
+            #expect(try await broker.brokerctl(["token", "api"]).status == 7)
+            #expect(try await broker.brokerctl(["status"]).status == 0)
             #expect(!FileManager.default.fileExists(atPath: exportFile))
             #expect(
                 !FileManager.default.fileExists(atPath: broker.root.appendingPathComponent("run/bt_u\(getuid())").path))

@@ -35,13 +35,9 @@ import Glibc
             kill(brokerd.pid, SIGTERM)
             brokerd.wait()
         }
-        let deadline = Date().addingTimeInterval(30)
-        while !Self.answers(broker.socketPath) {
-            guard Date() < deadline, !brokerd.hasExited() else {
-                throw HarnessError("brokerd did not start: \(broker.log)")
-            }
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        let socket = broker.socketPath
+        guard await eventually(timeout: 30, { Self.answers(socket) || brokerd.hasExited() }), !brokerd.hasExited()
+        else { throw HarnessError("brokerd did not start: \(broker.log)") }
 
         let limits = try String(contentsOfFile: "/proc/\(brokerd.pid)/limits", encoding: .utf8)
         let core = try #require(limits.split(separator: "\n").first { $0.hasPrefix("Max core file size") })

@@ -47,7 +47,7 @@ import Glibc
         try FileManager.default.createDirectory(at: broker.configDirectory, withIntermediateDirectories: true)
         try "[broker]\nrefresh_floor = 30\nrequest_timeout = = 3\n".write(
             to: broker.configDirectory.appendingPathComponent("broker.toml"), atomically: true, encoding: .utf8)
-        #expect(try broker.runExpectingExit() != 0)
+        #expect(try await broker.runExpectingExit() != 0)
         #expect(broker.log.contains("broker.toml line 3"))
     }
 
@@ -98,13 +98,13 @@ import Glibc
             to: broker.configDirectory.appendingPathComponent("broker.toml"), atomically: true, encoding: .utf8)
         try await broker.start()
         defer { broker.stop() }
-        let add = try broker.brokerctl(
+        let add = try await broker.brokerctl(
             [
                 "add", "back", "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id", idp.clientID,
                 "--secrets", "-",
             ], stdin: #"{"refresh_token":"rt-back"}"#)
         #expect(add.status == 0, "\(add.stderr)")
-        let down = try broker.brokerctl(["token", "back"])
+        let down = try await broker.brokerctl(["token", "back"])
         #expect(down.status == 6, "unavailable while the IdP is down: \(down.stderr)")
         let client = try broker.client()
         defer { client.close() }
@@ -113,10 +113,10 @@ import Glibc
         idp.setBehavior(.normal)
         let back = ContinuousClock.now
         let backAt = Date()
-        var served = try broker.brokerctl(["token", "back"])
-        while served.status != 0, ContinuousClock.now - back < .seconds(20) {
-            try await Task.sleep(for: .milliseconds(200))
-            served = try broker.brokerctl(["token", "back"])
+        var served = (status: Int32(-1), stdout: "", stderr: "")
+        _ = try await eventually(timeout: 20) {
+            served = try await broker.brokerctl(["token", "back"])
+            return served.status == 0
         }
         let waited = ContinuousClock.now - back
         #expect(served.status == 0, "\(served.stderr)")

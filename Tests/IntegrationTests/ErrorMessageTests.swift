@@ -70,96 +70,98 @@ import Testing
         try await broker.start()
         defer { broker.stop() }
         for account in ["down", "stranger"] {
-            let pushed = try broker.brokerctl(["set-tokens", account], stdin: #"{"refresh_token":"rt-errors"}"#)
+            let pushed = try await broker.brokerctl(["set-tokens", account], stdin: #"{"refresh_token":"rt-errors"}"#)
             #expect(pushed.status == 0, "\(pushed.stderr)")
         }
         let static600 = #"{"access_token":"tok-static","expires_in":600}"#
-        #expect(try broker.brokerctl(["set-tokens", "pushed"], stdin: static600).status == 0)
+        #expect(try await broker.brokerctl(["set-tokens", "pushed"], stdin: static600).status == 0)
 
         // token
         Self.expectHelpful(
-            try broker.brokerctl(["token", "fresh"]), "token of an account never given a refresh token",
+            try await broker.brokerctl(["token", "fresh"]), "token of an account never given a refresh token",
             naming: ["no refresh token", "brokerctl set-tokens fresh", "brokerctl update fresh"])
-        let unreachable = try broker.brokerctl(["token", "down"])
+        let unreachable = try await broker.brokerctl(["token", "down"])
         Self.expectHelpful(
             unreachable, "token at an unreachable IdP", naming: ["127.0.0.1:\(deadPort)", "connection refused"])
         #expect(!unreachable.stderr.contains("denied"))
-        let stranger = try broker.brokerctl(["token", "stranger"])
+        let stranger = try await broker.brokerctl(["token", "stranger"])
         Self.expectHelpful(
             stranger, "token of a client the IdP refuses",
             naming: ["invalid_client", "brokerctl update stranger --secrets -", "client_auth", "broker.toml"])
         #expect(!stranger.stderr.contains("sign in again"))
         Self.expectHelpful(
-            try broker.brokerctl(["token", "nobody"]), "token of no account", naming: ["brokerctl status"])
+            try await broker.brokerctl(["token", "nobody"]), "token of no account", naming: ["brokerctl status"])
         Self.expectHelpful(
-            try broker.brokerctl(["token", "pushed", "--min-ttl", "3600"]), "token longer than a pushed one",
+            try await broker.brokerctl(["token", "pushed", "--min-ttl", "3600"]), "token longer than a pushed one",
             naming: ["brokerctl set-tokens pushed"])
 
         // login
         Self.expectHelpful(
-            try broker.brokerctl(["login", "fresh", "--client-id", "other", "--flow", "device"]),
+            try await broker.brokerctl(["login", "fresh", "--client-id", "other", "--flow", "device"]),
             "login of an existing account with other options", naming: ["brokerctl login fresh", "broker.toml"])
         Self.expectHelpful(
-            try broker.brokerctl(["login", "newcomer", "--flow", "device"]), "login of no account without a provider",
+            try await broker.brokerctl(["login", "newcomer", "--flow", "device"]),
+            "login of no account without a provider",
             naming: ["--issuer"])
         Self.expectHelpful(
-            try broker.brokerctl(["login", "newcomer", "--client-id", "x", "--flow", "device"]),
+            try await broker.brokerctl(["login", "newcomer", "--client-id", "x", "--flow", "device"]),
             "login without an endpoint")
         Self.expectHelpful(
-            try broker.brokerctl([
+            try await broker.brokerctl([
                 "login", "newcomer", "--issuer", "http://127.0.0.1:\(deadPort)", "--client-id", "x", "--flow", "device",
             ]), "login at an unreachable IdP", naming: ["127.0.0.1:\(deadPort)", "connection refused", "--issuer"])
         Self.expectHelpful(
-            try broker.brokerctl([
+            try await broker.brokerctl([
                 "login", "newcomer", "--token-endpoint", idp.tokenEndpoint, "--device-authorization-endpoint",
                 idp.deviceAuthorizationEndpoint, "--client-id", "not-\(idp.clientID)", "--flow", "device",
             ]), "login with a client the IdP refuses", naming: ["invalid_client", "--client-id", "--client-auth"])
 
         // add
         Self.expectHelpful(
-            try broker.brokerctl(["add", "pushed", "--kind", "static", "--secrets", "-"], stdin: static600),
+            try await broker.brokerctl(["add", "pushed", "--kind", "static", "--secrets", "-"], stdin: static600),
             "add of an existing account", naming: ["brokerctl remove pushed", "brokerctl set-tokens pushed"])
         Self.expectHelpful(
-            try broker.brokerctl(["add", "newcomer", "--kind", "oauth2", "--client-id", "x"]),
+            try await broker.brokerctl(["add", "newcomer", "--kind", "oauth2", "--client-id", "x"]),
             "add without an endpoint")
 
         // set-tokens
         Self.expectHelpful(
-            try broker.brokerctl(["set-tokens", "nobody"], stdin: static600), "set-tokens of no account",
+            try await broker.brokerctl(["set-tokens", "nobody"], stdin: static600), "set-tokens of no account",
             naming: ["brokerctl status"])
         Self.expectHelpful(
-            try broker.brokerctl(["set-tokens", "pushed"], stdin: "{}"), "set-tokens of nothing",
+            try await broker.brokerctl(["set-tokens", "pushed"], stdin: "{}"), "set-tokens of nothing",
             naming: ["brokerctl set-tokens"])
         Self.expectHelpful(
-            try broker.brokerctl(["refresh", "pushed"]), "refresh of a pushed-only account",
+            try await broker.brokerctl(["refresh", "pushed"]), "refresh of a pushed-only account",
             naming: ["brokerctl set-tokens pushed"])
 
         // reload
         try broker.writeConfig("[accounts.fresh\nkind = ")
         Self.expectHelpful(
-            try broker.brokerctl(["reload"]), "reload of a broken file", naming: ["broker.toml", "brokerctl reload"])
+            try await broker.brokerctl(["reload"]), "reload of a broken file",
+            naming: ["broker.toml", "brokerctl reload"])
         try broker.writeConfig(config.replacing(#"client_id = "not-"#, with: #"client_id = "moved-"#))
-        let moved = try broker.brokerctl(["reload"])
+        let moved = try await broker.brokerctl(["reload"])
         Self.expectHelpful(moved, "reload moving a credential", naming: ["brokerctl logout stranger"])
 
         // The bridges
         Self.expectHelpful(
-            try broker.brokerctl(["kube-credential", "fresh"]), "kube-credential of an account without tokens",
+            try await broker.brokerctl(["kube-credential", "fresh"]), "kube-credential of an account without tokens",
             naming: ["brokerctl set-tokens fresh"])
         Self.expectHelpful(
-            try broker.brokerctl(["header", "fresh"]), "header of an account without tokens",
+            try await broker.brokerctl(["header", "fresh"]), "header of an account without tokens",
             naming: ["brokerctl set-tokens fresh"])
         Self.expectHelpful(
-            try broker.brokerctl(["git-credential", "get"], stdin: "protocol=https\nhost=git.example\n\n"),
+            try await broker.brokerctl(["git-credential", "get"], stdin: "protocol=https\nhost=git.example\n\n"),
             "git-credential of an account without tokens", naming: ["brokerctl set-tokens fresh"])
-        let docker = try broker.brokerctl(["docker-credential", "get"], stdin: "registry.example")
+        let docker = try await broker.brokerctl(["docker-credential", "get"], stdin: "registry.example")
         Self.expectHelpful(
             docker, "docker-credential of an account without tokens", naming: ["brokerctl set-tokens fresh"])
 
         // No broker where XDG_RUNTIME_DIR would have put it.
         var environment = broker.environment
         environment["XDG_RUNTIME_DIR"] = nil
-        let missing = try ChildProcess.capture(
+        let missing = try await ChildProcess.capture(
             BrokerProcess.binary("brokerctl").path, ["token", "fresh"], environment: environment, stdin: nil)
         Self.expectHelpful(
             missing, "no runtime directory", naming: ["XDG_RUNTIME_DIR", "TOKENBROKER_SOCKET", "--socket"])

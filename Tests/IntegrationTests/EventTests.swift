@@ -75,7 +75,9 @@ import Glibc
             tokens: TokenSet(refreshToken: "rt-refused"))
         owner.close()
         #expect(
-            await eventually { (try? broker.brokerctl(["status", "api"]))?.stdout.contains("needs login") == true })
+            await eventually {
+                (try? await broker.brokerctl(["status", "api"]))?.stdout.contains("needs login") == true
+            })
 
         let outputPath = broker.root.appendingPathComponent("watch.out").path
         let output = open(outputPath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
@@ -94,7 +96,7 @@ import Glibc
         try await broker.start()
         #expect(await eventually { lines().contains { $0.contains("reconnected to the broker") } })
         #expect(!watch.hasExited())
-        let pushed = try broker.brokerctl(
+        let pushed = try await broker.brokerctl(
             ["set-tokens", "api"], stdin: #"{"access_token":"at-pushed","expires_in":3600}"#)
         #expect(pushed.status == 0, "\(pushed.stderr)")
         #expect(

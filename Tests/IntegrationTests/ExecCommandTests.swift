@@ -98,17 +98,30 @@ import Glibc
         // the test lets it go (a minute at most), so a late wake-up of this test cannot cut it short.
         let started = bridge.broker.root.appendingPathComponent("started").path
         let release = bridge.broker.root.appendingPathComponent("release").path
+        // The job writes where its token file is (the file exists before the job starts).
         let job =
-            "touch '\(started)'; i=0; while [ ! -e '\(release)' ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done"
+            "echo \"$BEARER_TOKEN_FILE\" > '\(started)'; i=0; "
+            + "while [ ! -e '\(release)' ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done"
         async let run = bridge.run(["exec", "api", "--min-ttl", "1", "--", "sh", "-c", job])
-        #expect(await eventually(timeout: 30) { FileManager.default.fileExists(atPath: started) })
+        let read = { (path: String) in (try? String(contentsOfFile: path, encoding: .utf8)) ?? "" }
+        #expect(await eventually(timeout: 30) { read(started).hasSuffix("\n") })
+        let tokenFile = read(started).trimmingCharacters(in: .newlines)
+        let issuedAt = try #require(bridge.idp.refreshCalls.last?.at)
         bridge.idp.setBehavior(.status(503, retryAfter: nil))
-        // The token (3 s) runs out during the outage; brokerctl retries every 0.5 s from then.
-        try await Task.sleep(for: .seconds(6))
+        // The token (3 s) runs out during the outage; brokerctl retries every 0.5 s from then:
+        // two of its tries after the end of the token, failed.
+        #expect(
+            await eventually(timeout: 30) {
+                bridge.idp.calls.filter { $0.at > issuedAt.addingTimeInterval(3) }.count >= 2
+            })
         bridge.idp.setBehavior(.normal)
         // brokerctl's next try renews the file; then the job may end.
-        let renewedAfter = bridge.idp.issuedAccessTokens.count
-        #expect(await eventually(timeout: 30) { bridge.idp.issuedAccessTokens.count > renewedAfter })
+        #expect(
+            await eventually(timeout: 30) {
+                let renewed = bridge.lastIssued
+                return renewed != nil && read(tokenFile) == renewed
+            })
+        // Waits on brokerctl to tell the outage's end, which it does after the file is renewed.
         try await Task.sleep(for: .seconds(1))
         #expect(FileManager.default.createFile(atPath: release, contents: nil))
         let result = try await run

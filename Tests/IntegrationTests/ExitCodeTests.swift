@@ -24,7 +24,7 @@ import Glibc
     static func brokerWithStaticAccount() async throws -> BrokerProcess {
         let broker = try BrokerProcess()
         try await broker.start()
-        let added = try await broker.brokerctlOnOwnThread(
+        let added = try await broker.brokerctl(
             ["add", "api", "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"at-api","expires_in":600}"#)
         #expect(added.status == 0, "\(added.stderr)")
         return broker
@@ -36,7 +36,7 @@ import Glibc
         let broker = try BrokerProcess()
         if let settings { try broker.writeConfig(settings) }
         try await broker.start()
-        let added = try await broker.brokerctlOnOwnThread(
+        let added = try await broker.brokerctl(
             [
                 "add", "api", "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id", idp.clientID,
                 "--client-auth", "client_secret_post", "--secrets", "-",
@@ -49,7 +49,7 @@ import Glibc
     @Test func zeroIsATokenPrinted() async throws {
         let broker = try await Self.brokerWithStaticAccount()
         defer { broker.stop() }
-        let token = try await broker.brokerctlOnOwnThread(["token", "api"])
+        let token = try await broker.brokerctl(["token", "api"])
         #expect(token.status == 0 && token.stderr.isEmpty, "\(token.stderr)")
         #expect(token.stdout == "at-api\n")
     }
@@ -57,7 +57,7 @@ import Glibc
     @Test func oneIsAnotherRefusal() async throws {
         let broker = try await Self.brokerWithStaticAccount()
         defer { broker.stop() }
-        let added = try await broker.brokerctlOnOwnThread(["add", "odd", "--kind", "nonsense", "--allow-empty"])
+        let added = try await broker.brokerctl(["add", "odd", "--kind", "nonsense", "--allow-empty"])
         Self.expect(
             added, exits: 1,
             saying:
@@ -66,7 +66,7 @@ import Glibc
 
     @Test func threeIsNoBrokerAtTheSocket() async throws {
         let broker = try BrokerProcess()
-        let token = try await broker.brokerctlOnOwnThread(["token", "api"])
+        let token = try await broker.brokerctl(["token", "api"])
         Self.expect(
             token, exits: 3,
             saying: "brokerctl: the broker is not running at \(broker.socketPath) (No such file or directory); "
@@ -77,7 +77,7 @@ import Glibc
         let broker = try await Self.brokerWithStaticAccount()
         defer { broker.stop() }
         Self.expect(
-            try await broker.brokerctlOnOwnThread(["token", "nobody"]), exits: 4,
+            try await broker.brokerctl(["token", "nobody"]), exits: 4,
             saying: "brokerctl: no account named nobody; list them with brokerctl status")
     }
 
@@ -85,13 +85,13 @@ import Glibc
     @Test func fourIsAStatusOfAnUnknownAccount() async throws {
         let broker = try await Self.brokerWithStaticAccount()
         defer { broker.stop() }
-        let other = try await broker.brokerctlOnOwnThread(
+        let other = try await broker.brokerctl(
             ["add", "web", "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"at-web","expires_in":600}"#)
         #expect(other.status == 0, "\(other.stderr)")
-        let both = try await broker.brokerctlOnOwnThread(["status", "api", "web"])
+        let both = try await broker.brokerctl(["status", "api", "web"])
         #expect(both.status == 0 && both.stderr.isEmpty, "\(both.stderr)")
         #expect(both.stdout.contains("api ") && both.stdout.contains("web "))
-        let some = try await broker.brokerctlOnOwnThread(["status", "web", "nobody", "ghost", "--json"])
+        let some = try await broker.brokerctl(["status", "web", "nobody", "ghost", "--json"])
         Self.expect(
             some, exits: 4, saying: #"brokerctl: no account named "nobody", "ghost"; list them with brokerctl status"#)
         let shown = try JSONSerialization.jsonObject(with: Data(some.stdout.utf8)) as? [String: Any]
@@ -103,7 +103,7 @@ import Glibc
         let broker = try await Self.brokerWithStaticAccount()
         defer { broker.stop() }
         Self.expect(
-            try await broker.brokerctlOnOwnThread(["token", "api", "--min-ttl", "3600"]), exits: 5,
+            try await broker.brokerctl(["token", "api", "--min-ttl", "3600"]), exits: 5,
             saying: "brokerctl: api is a static account with no token valid long enough; push one with "
                 + "brokerctl set-tokens api (op set_tokens)")
     }
@@ -114,14 +114,14 @@ import Glibc
         let idp = try await OAuth2TestIdP()
         let broker = try await Self.brokerWithStaticAccount()
         defer { broker.stop() }
-        let empty = try await broker.brokerctlOnOwnThread(["add", "o4", "--kind", "static"])
+        let empty = try await broker.brokerctl(["add", "o4", "--kind", "static"])
         Self.expect(
             empty, exits: 5,
             saying: "brokerctl: o4 was added but has no token to serve yet; push tokens with brokerctl set-tokens o4 "
                 + "(add --allow-empty to exit 0 for such an account)")
         #expect(empty.stdout == "added o4 (needs_login)\n")
-        #expect(try await broker.brokerctlOnOwnThread(["status", "o4"]).status == 0, "the account was created")
-        let signsIn = try await broker.brokerctlOnOwnThread([
+        #expect(try await broker.brokerctl(["status", "o4"]).status == 0, "the account was created")
+        let signsIn = try await broker.brokerctl([
             "add", "o5", "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--device-authorization-endpoint",
             idp.deviceAuthorizationEndpoint, "--client-id", idp.clientID,
         ])
@@ -129,7 +129,7 @@ import Glibc
             signsIn, exits: 5,
             saying: "brokerctl: o5 was added but has no token to serve yet; sign in with brokerctl login o5 "
                 + "(add --allow-empty to exit 0 for such an account)")
-        let allowed = try await broker.brokerctlOnOwnThread(["add", "o6", "--kind", "static", "--allow-empty"])
+        let allowed = try await broker.brokerctl(["add", "o6", "--kind", "static", "--allow-empty"])
         #expect(allowed.status == 0 && allowed.stderr.isEmpty, "\(allowed.stderr)")
         #expect(allowed.stdout == "added o6 (needs_login)\n")
         await idp.shutdown()
@@ -141,7 +141,7 @@ import Glibc
         idp.setBehavior(.status(503, retryAfter: 30))
         let broker = try await Self.broker(with: idp)
         defer { broker.stop() }
-        let token = try await broker.brokerctlOnOwnThread(["token", "api"])
+        let token = try await broker.brokerctl(["token", "api"])
         #expect(token.status == 6, "\(token.stderr)")
         let unavailable =
             #/brokerctl: the token endpoint answered HTTP 503 \(temporarily_unavailable\); the broker retries on its own \(brokerctl status shows how it goes\) \(retry in [0-9]+ s\)\n/#
@@ -156,7 +156,7 @@ import Glibc
         try await broker.start()
         defer { broker.stop() }
         Self.expect(
-            try await broker.brokerctlOnOwnThread(["token", "api"]), exits: 7,
+            try await broker.brokerctl(["token", "api"]), exits: 7,
             saying: #"brokerctl: this program may not use the account "api""#)
     }
 
@@ -165,7 +165,7 @@ import Glibc
         try await broker.start(arguments: ["--passphrase"])
         defer { broker.stop() }
         Self.expect(
-            try await broker.brokerctlOnOwnThread(["token", "api"]), exits: 8,
+            try await broker.brokerctl(["token", "api"]), exits: 8,
             saying: "brokerctl: the broker is locked; run brokerctl unlock"
         )
     }
@@ -181,10 +181,10 @@ import Glibc
             "brokerctl: the IdP issues tokens valid for 120 s, less than min_ttl 300 s; ask for less with --min-ttl"
         // The first refreshes; the next find the token held not yet due.
         for arguments in [["--min-ttl", "300"], ["--min-ttl", "300"], ["--min-ttl", "300", "--json"]] {
-            Self.expect(try await broker.brokerctlOnOwnThread(["token", "api"] + arguments), exits: 9, saying: refusal)
+            Self.expect(try await broker.brokerctl(["token", "api"] + arguments), exits: 9, saying: refusal)
         }
         #expect(idp.refreshCalls.count == 1, "a refresh cannot help; the IdP is not asked again")
-        let best = try await broker.brokerctlOnOwnThread(["token", "api", "--min-ttl", "300", "--best-effort"])
+        let best = try await broker.brokerctl(["token", "api", "--min-ttl", "300", "--best-effort"])
         #expect(best.status == 0, "\(best.stderr)")
         let served = idp.issuedAccessTokens.last.map { best.stdout == $0 + "\n" } ?? false
         #expect(served, "the token the IdP issued")
@@ -193,22 +193,22 @@ import Glibc
         let said = try #require(best.stderr.wholeMatch(of: warning), "\(best.stderr)")
         #expect(Int(said.1).map { (1...120).contains($0) } == true, "\(best.stderr)")
         #expect("brokerctl: " + said.2 == refusal)
-        let header = try await broker.brokerctlOnOwnThread(["header", "api", "--min-ttl", "300", "--best-effort"])
+        let header = try await broker.brokerctl(["header", "api", "--min-ttl", "300", "--best-effort"])
         #expect(header.status == 0 && header.stderr.wholeMatch(of: warning) != nil, "\(header.stderr)")
         let bearer = idp.issuedAccessTokens.last.map { header.stdout == "Authorization: Bearer \($0)\n" } ?? false
         #expect(bearer, "the header of the token the IdP issued")
         Self.expect(
-            try await broker.brokerctlOnOwnThread(["header", "api", "--min-ttl", "300"]), exits: 9, saying: refusal)
+            try await broker.brokerctl(["header", "api", "--min-ttl", "300"]), exits: 9, saying: refusal)
         await idp.shutdown()
     }
 
     @Test func sixtyFourIsAUsageError() async throws {
         let broker = try BrokerProcess()
-        let unknown = try await broker.brokerctlOnOwnThread(["tokn", "api"])
+        let unknown = try await broker.brokerctl(["tokn", "api"])
         Self.expect(
             unknown, exits: 64,
             saying: #"brokerctl: unknown command "tokn"; did you mean "token"? (brokerctl --help lists the commands)"#)
-        let option = try await broker.brokerctlOnOwnThread(["token", "api", "--bogus"])
+        let option = try await broker.brokerctl(["token", "api", "--bogus"])
         #expect(option.status == 64)
         #expect(option.stderr.hasPrefix("Error: Unknown option '--bogus'\n"), "\(option.stderr)")
     }
@@ -218,13 +218,13 @@ import Glibc
         let broker = try await Self.brokerWithStaticAccount()
         defer { broker.stop() }
         Self.expect(
-            try await broker.brokerctlOnOwnThread(
+            try await broker.brokerctl(
                 ["add", "new", "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"#),
             exits: 65, saying: "brokerctl: --secrets: stdin is not a JSON tokens object")
         Self.expect(
-            try await broker.brokerctlOnOwnThread(["set-tokens", "api"], stdin: "access_token=x"), exits: 65,
+            try await broker.brokerctl(["set-tokens", "api"], stdin: "access_token=x"), exits: 65,
             saying: "brokerctl: --from: stdin is not a JSON tokens object")
-        #expect(try await broker.brokerctlOnOwnThread(["status", "new"]).status == 4, "nothing was added")
+        #expect(try await broker.brokerctl(["status", "new"]).status == 4, "nothing was added")
     }
 
     /// A file that is not there is "no input", with one line and no usage text.
@@ -233,10 +233,10 @@ import Glibc
         defer { broker.stop() }
         let missing = broker.root.appendingPathComponent("absent.json").path
         Self.expect(
-            try await broker.brokerctlOnOwnThread(["add", "new", "--kind", "static", "--secrets", missing]), exits: 66,
+            try await broker.brokerctl(["add", "new", "--kind", "static", "--secrets", missing]), exits: 66,
             saying: "brokerctl: cannot read --secrets \(missing): No such file or directory")
         Self.expect(
-            try await broker.brokerctlOnOwnThread(["set-tokens", "api", "--from", missing]), exits: 66,
+            try await broker.brokerctl(["set-tokens", "api", "--from", missing]), exits: 66,
             saying: "brokerctl: cannot read --from \(missing): No such file or directory")
     }
 
@@ -252,7 +252,7 @@ import Glibc
         defer { broker.stop() }
         let line = "brokerctl: the broker did not answer in time; try again, or wait longer with --timeout"
         for arguments in [["refresh", "api"], ["token", "api"], ["token", "api", "--json"]] {
-            Self.expect(try await broker.brokerctlOnOwnThread(arguments + ["--timeout", "1"]), exits: 75, saying: line)
+            Self.expect(try await broker.brokerctl(arguments + ["--timeout", "1"]), exits: 75, saying: line)
         }
         await idp.shutdown()
     }
@@ -265,11 +265,11 @@ import Glibc
         let notExecutable = broker.root.appendingPathComponent("plain.txt").path
         try "not a program\n".write(toFile: notExecutable, atomically: true, encoding: .utf8)
         Self.expect(
-            try await broker.brokerctlOnOwnThread(["exec", "api", "--", notExecutable]), exits: 126,
+            try await broker.brokerctl(["exec", "api", "--", notExecutable]), exits: 126,
             saying: "brokerctl: cannot run \(notExecutable): Permission denied")
-        let killed = try await broker.brokerctlOnOwnThread(["exec", "api", "--", "/bin/sh", "-c", "kill -TERM $$"])
+        let killed = try await broker.brokerctl(["exec", "api", "--", "/bin/sh", "-c", "kill -TERM $$"])
         #expect(killed.status == 128 + SIGTERM && killed.stderr.isEmpty, "\(killed.stderr)")
-        let own = try await broker.brokerctlOnOwnThread(["exec", "api", "--", "/bin/sh", "-c", "exit 42"])
+        let own = try await broker.brokerctl(["exec", "api", "--", "/bin/sh", "-c", "exit 42"])
         #expect(own.status == 42 && own.stderr.isEmpty, "\(own.stderr)")
     }
 
@@ -281,7 +281,7 @@ import Glibc
         let broker = try BrokerProcess()
         try await broker.start()
         defer { broker.stop() }
-        let login = try await broker.brokerctlOnOwnThread([
+        let login = try await broker.brokerctl([
             "login", "web", "--token-endpoint", idp.tokenEndpoint, "--authorization-endpoint",
             idp.authorizationEndpoint, "--client-id", idp.clientID, "--flow", "browser", "--no-browser",
             "--redirect-port", String(taken),

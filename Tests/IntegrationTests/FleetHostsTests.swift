@@ -78,7 +78,7 @@ struct FleetHostsTests {
         defer { for broker in brokers { broker.stop() } }
         for broker in brokers { try await broker.start() }
 
-        let added = try brokers[0].brokerctl(
+        let added = try await brokers[0].brokerctl(
             [
                 "add", "api", "--shared", "--kind", "oauth2", "--token-endpoint",
                 "http://127.0.0.1:\(proxyPort)\(DjangoOAuthIdP.tokenPath)", "--client-id", idp.clientID,
@@ -91,9 +91,8 @@ struct FleetHostsTests {
         for broker in brokers {
             let client = try broker.client()
             defer { client.close() }
-            let deadline = Date().addingTimeInterval(2 * Self.lease + 5)
-            while (try? await client.token(account: "api", minTTL: 1)) == nil, Date() < deadline {
-                try await Task.sleep(for: .milliseconds(100))
+            _ = await eventually(timeout: 2 * Self.lease + 5) {
+                (try? await client.token(account: "api", minTTL: 1)) != nil
             }
         }
 
@@ -136,7 +135,7 @@ private final class Fleet: @unchecked Sendable {
 
     /// The steady load for ten token lifetimes, then each fault in turn.
     func run(_ load: FleetLoad) async throws {
-        try await Task.sleep(for: .seconds(10 * T.lifetime))
+        try await underLoad(for: 10 * T.lifetime)
         afterLoad = try await idp.record()
 
         // a. The holder killed before its IdP call (its request held at the proxy, then dropped),
@@ -157,7 +156,7 @@ private final class Fleet: @unchecked Sendable {
         proxy.release()
         let others = (0..<T.hosts).filter { $0 != cut }
         try await recovered("c (other hosts)", since: fault, within: T.lease + T.requestTimeout, hosts: others)
-        try await Task.sleep(for: .seconds(2 * T.lease))
+        try await underLoad(for: 2 * T.lease)
         try await onOwnThread { try self.network.restore(host: cut) }
         try await recovered("c", since: Date(), within: T.lease + T.requestTimeout)
         try await nextRotation()
@@ -173,13 +172,19 @@ private final class Fleet: @unchecked Sendable {
         // `unavailable`; back within a lease of its return.
         load.enter("e")
         try await onOwnThread { self.server.halt() }
-        try await Task.sleep(for: .seconds(3 * T.lifetime))
+        try await underLoad(for: 3 * T.lifetime)
         try await server.resume()
         load.enter("e (back)")
         try await recovered("e", since: Date(), within: T.lease + T.requestTimeout)
         load.enter("after")
         try await nextRotation()
         try await nextRotation()
+    }
+
+    /// The hosts serve the load for `seconds` as they are: steady, with a host cut from the
+    /// database, or without PostgreSQL.
+    func underLoad(for seconds: Double) async throws {
+        try await Task.sleep(for: .seconds(seconds))
     }
 
     /// Faults a and b: the lease holder killed while the proxy holds its refresh at `point`
@@ -212,8 +217,7 @@ private final class Fleet: @unchecked Sendable {
         _ phase: String, since start: Date, within seconds: Double, hosts: [Int]? = nil
     ) async throws {
         var pending = Set(hosts ?? Array(0..<T.hosts))
-        let deadline = start.addingTimeInterval(seconds + 30)
-        while !pending.isEmpty, Date() < deadline {
+        _ = try await eventually(timeout: start.addingTimeInterval(seconds + 30).timeIntervalSinceNow) {
             for host in pending {
                 guard let client = try? brokers[host].client() else { continue }
                 defer { client.close() }
@@ -223,7 +227,7 @@ private final class Fleet: @unchecked Sendable {
                     pending.remove(host)
                 }
             }
-            if !pending.isEmpty { try await Task.sleep(for: .milliseconds(50)) }
+            return pending.isEmpty
         }
         let took = Date().timeIntervalSince(start)
         print("fleet: \(phase): every host served a valid token \(String(format: "%.2f", took)) s after the fault")
@@ -234,10 +238,8 @@ private final class Fleet: @unchecked Sendable {
     /// Waits (up to two lifetimes) until the IdP has made one more rotation: the chain goes on.
     func nextRotation() async throws {
         let before = try await idp.record().refreshTokens.count
-        let deadline = Date().addingTimeInterval(2 * T.lifetime)
-        while Date() < deadline {
-            if try await idp.record().refreshTokens.count > before { return }
-            try await Task.sleep(for: .milliseconds(250))
+        if try await eventually(timeout: 2 * T.lifetime, { try await idp.record().refreshTokens.count > before }) {
+            return
         }
         Issue.record("no rotation within two token lifetimes")
     }

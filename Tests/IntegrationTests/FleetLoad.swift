@@ -94,9 +94,11 @@ final class FleetLoad: Sendable {
     private var isRunning: Bool { running.withLock { $0 } }
 
     private func ask(_ client: Client) async {
-        // Spread out, so that the clients do not ask in step.
-        try? await Task.sleep(for: .milliseconds(Int.random(in: 0...300)))
+        // Spread out at first, so that the clients do not ask in step; later, a real client's
+        // pause between asks to the fleet's brokers.
+        var pause = Int.random(in: 0...300)
         while isRunning {
+            try? await Task.sleep(for: .milliseconds(pause))
             let asked = Date()
             let outcome: Answer.Outcome
             client.callStarted.withLock { $0 = .now }
@@ -117,19 +119,19 @@ final class FleetLoad: Sendable {
             let answer = Answer(
                 host: client.host, phase: phase.withLock { $0 }, asked: asked, answered: Date(), outcome: outcome)
             answers.withLock { $0.append(answer) }
-            let pause = if case .noBroker = outcome { 100 } else { Int.random(in: 150...350) }
-            try? await Task.sleep(for: .milliseconds(pause))
+            pause = if case .noBroker = outcome { 100 } else { Int.random(in: 150...350) }
         }
     }
 
     private func watch() async {
-        while isRunning {
+        // Until the load stops: a call to the fleet's brokers stalled for 20 s is dropped.
+        _ = await eventually(timeout: .infinity) {
             for client in clients {
                 guard let started = client.callStarted.withLock({ $0 }), started + .seconds(20) < .now else { continue }
                 client.stalled.withLock { $0 = true }
                 client.drop()
             }
-            try? await Task.sleep(for: .milliseconds(500))
+            return !isRunning
         }
     }
 }

@@ -70,31 +70,31 @@ struct FleetMoveCommandTests {
         let b = try FleetStartTests.broker(on: server, key: key, host: "b", broker: settings, fleet: lease)
         try await b.start()
         defer { b.stop() }
-        let added = try a.brokerctl(
+        let added = try await a.brokerctl(
             ["add", "ci", "--kind", "static", "--secrets", "-"],
             stdin: #"{"access_token": "at-ci-moved", "expires_in": 3600}"#)
         #expect(added.status == 0, "\(added.stderr)")
         #expect(try await server.dump().contains("\nci\t") == false, "a local account has no row")
 
-        let shared = try a.brokerctl(["share", "ci"])
+        let shared = try await a.brokerctl(["share", "ci"])
         #expect(shared.status == 0 && shared.stdout.contains("shared ci with the fleet"), "\(shared.stderr)")
         #expect(try await server.dump().contains("\nci\t"), "the row is there")
-        #expect(try a.brokerctl(["share", "ci"]).stderr.contains("shared already"))
+        #expect(try await a.brokerctl(["share", "ci"]).stderr.contains("shared already"))
         let clientB = try b.client()
         defer { clientB.close() }
         #expect(try await Self.served(by: clientB, within: 15) == "at-ci-moved", "b serves it within a lease")
-        let table = try b.brokerctl(["status"])
+        let table = try await b.brokerctl(["status"])
         #expect(table.stdout.contains("static (shared)"), "\(table.stdout)")
 
-        let fleet = try a.brokerctl(["fleet", "status", "--json"])
+        let fleet = try await a.brokerctl(["fleet", "status", "--json"])
         #expect(fleet.status == 0, "\(fleet.stderr)")
         let status = try JSONDecoder().decode(FleetStatusResult.self, from: Data(fleet.stdout.utf8))
         #expect(status.reachable && status.host == "a" && status.sharedAccounts == 1 && status.schema == 2)
         #expect(Set(status.hosts.map(\.host)) == ["a", "b"])
-        #expect(try a.brokerctl(["fleet", "status"]).stdout.contains("database: reachable"))
+        #expect(try await a.brokerctl(["fleet", "status"]).stdout.contains("database: reachable"))
 
         // Unshared on b: local there, gone from the store, and from a within a lease or two.
-        let unshared = try b.brokerctl(["unshare", "ci"])
+        let unshared = try await b.brokerctl(["unshare", "ci"])
         #expect(unshared.status == 0, "\(unshared.stderr)")
         #expect(try await server.dump().contains("\nci\t") == false, "the row is deleted")
         #expect(try await clientB.token(account: "ci", minTTL: 1).accessToken == "at-ci-moved")
@@ -102,14 +102,13 @@ struct FleetMoveCommandTests {
         let clientA = try a.client()
         defer { clientA.close() }
         var code: BrokerError.Code?
-        let gone = Date().addingTimeInterval(15)
-        while code != .notFound, Date() < gone {
+        _ = await eventually(timeout: 15) {
             do {
                 _ = try await clientA.token(account: "ci", minTTL: 1)
-                try await Task.sleep(for: .milliseconds(200))
-            } catch let error as BrokerError {
-                code = error.code
+            } catch {
+                code = (error as? BrokerError)?.code
             }
+            return code == .notFound
         }
         #expect(code == .notFound, "a stopped serving the account unshared on b")
         // b restarted keeps it: the move settled in its vault.
@@ -122,11 +121,11 @@ struct FleetMoveCommandTests {
 
     /// The token `client` serves for `ci` once it serves one, polling for at most `seconds`.
     static func served(by client: BrokerClient, within seconds: Double) async throws -> String? {
-        let end = Date().addingTimeInterval(seconds)
-        while Date() < end {
-            if let token = try? await client.token(account: "ci", minTTL: 1) { return token.accessToken }
-            try await Task.sleep(for: .milliseconds(200))
+        var served: String?
+        _ = await eventually(timeout: seconds) {
+            served = try? await client.token(account: "ci", minTTL: 1).accessToken
+            return served != nil
         }
-        return nil
+        return served
     }
 }

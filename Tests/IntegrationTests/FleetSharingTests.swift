@@ -36,7 +36,7 @@ struct FleetSharingTests {
             let a = try FleetStartTests.broker(on: server, key: key, host: "a", broker: settings, fleet: lease)
             try await a.start()
             defer { a.stop() }
-            let added = try a.brokerctl(
+            let added = try await a.brokerctl(
                 [
                     "add", "api", "--shared", "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint,
                     "--client-id", idp.clientID, "--secrets", "-",
@@ -55,13 +55,12 @@ struct FleetSharingTests {
             let clientB = try b.client()
             defer { clientB.close() }
 
-            // Five token lifetimes, each broker asked in turn for the account's token, and every
+            // Until five refreshes (five token lifetimes), each broker asked in turn for the token, and every
             // fourth round for one narrowed to a scope: its refreshes take the same lease and
             // chain. Every refresh of the account drops the narrowed tokens (the IdP may revoke
             // them), so a scoped request may find the caller's budget of new ones spent (`busy`).
-            let end = Date().addingTimeInterval(20)
             var (answers, refused, round, scopedAnswers) = (0, 0, 0, 0)
-            while Date() < end {
+            _ = try await eventually(timeout: 60) {
                 round += 1
                 for client in [clientA, clientB] {
                     for scope in round % 4 == 0 ? [nil, "read"] : [nil] {
@@ -81,7 +80,7 @@ struct FleetSharingTests {
                         }
                     }
                 }
-                try await Task.sleep(for: .milliseconds(100))
+                return idp.refreshCalls.count >= 5 && scopedAnswers >= 4
             }
             let calls = idp.refreshCalls
             #expect(scopedAnswers >= 4, "\(scopedAnswers) scoped tokens served")
@@ -109,17 +108,16 @@ struct FleetSharingTests {
 
             // Removed on b: gone from the store, and from a within a lease or two.
             #expect(try await server.dump().contains("\napi\t"), "the row is there")
-            #expect(try b.brokerctl(["remove", "api"]).status == 0)
+            #expect(try await b.brokerctl(["remove", "api"]).status == 0)
             #expect(try await server.dump().contains("\napi\t") == false, "the row is deleted")
-            let gone = Date().addingTimeInterval(15)
             var code: BrokerError.Code?
-            while code != .notFound, Date() < gone {
+            _ = await eventually(timeout: 15) {
                 do {
                     _ = try await clientA.token(account: "api", minTTL: 1)
-                    try await Task.sleep(for: .milliseconds(200))
-                } catch let error as BrokerError {
-                    code = error.code
+                } catch {
+                    code = (error as? BrokerError)?.code
                 }
+                return code == .notFound
             }
             #expect(code == .notFound, "a stopped serving the account removed on b")
         } catch {
@@ -139,7 +137,7 @@ struct FleetSharingTests {
         try await a.start()
         defer { a.stop() }
         for name in ["api", "git", "web"] {
-            let added = try a.brokerctl(
+            let added = try await a.brokerctl(
                 ["add", name, "--shared", "--kind", "static", "--secrets", "-"],
                 stdin: #"{"access_token": "at-\#(name)-in-the-row", "expires_in": 3600}"#)
             #expect(added.status == 0, "\(added.stderr)")

@@ -87,7 +87,7 @@ struct FleetStartTests {
 
         let before = try await server.dump()
         let stranger = try Self.broker(on: server, key: keys.file("other.key"), host: "intruder")
-        #expect(try stranger.runExpectingExit() != 0)
+        #expect(try await stranger.runExpectingExit() != 0)
         #expect(stranger.log.contains("does not open this database's canary"))
         #expect(try await server.dump() == before, "the stranger wrote nothing")
     }
@@ -116,7 +116,7 @@ struct FleetStartTests {
             defer { broker.stop() }
             #expect(broker.log.contains("joined the fleet") == trusted, "\(authority)")
             if trusted {
-                let report = try broker.brokerctl(["fleet", "status", "--json"])
+                let report = try await broker.brokerctl(["fleet", "status", "--json"])
                 let status = try JSONDecoder().decode(FleetStatusResult.self, from: Data(report.stdout.utf8))
                 #expect(status.reachable && status.schema == 2, "\(report.stdout)")
             } else {
@@ -153,7 +153,7 @@ struct FleetStartTests {
         }
     }
 
-    @Test func aDatabaseURLWithAPasswordIsRefusedWithoutShowingIt() throws {
+    @Test func aDatabaseURLWithAPasswordIsRefusedWithoutShowingIt() async throws {
         let directory = try TemporaryDirectory()
         defer { directory.remove() }
         let key = directory.file("fleet.key")
@@ -165,7 +165,7 @@ struct FleetStartTests {
             database = "postgresql://tokenbroker:hunter2-secret@127.0.0.1:5432/tokenbroker"
             key_file = "\(key)"
             """)
-        #expect(try broker.runExpectingExit() != 0)
+        #expect(try await broker.runExpectingExit() != 0)
         #expect(broker.log.contains("holds a password"))
         #expect(!broker.log.contains("hunter2-secret"))
     }

@@ -105,13 +105,11 @@ import Glibc
 
         // A subscriber that leaves gives its subscriptions back.
         subscribers.removeLast()
-        var admitted = false
-        for _ in 0..<50 where !admitted {
-            late.send(#"{"id":"again","op":"subscribe"}"# + "\n")
-            admitted = late.readObject()?["ok"] as? Bool == true
-            if !admitted { usleep(100_000) }
-        }
-        #expect(admitted)
+        #expect(
+            await eventually(timeout: 5) {
+                late.send(#"{"id":"again","op":"subscribe"}"# + "\n")
+                return await late.nextObject()?["ok"] as? Bool == true
+            })
     }
 
     @Test func connectionsOverThePerUIDLimitAreRefusedWhileOthersAreServed() async throws {
@@ -142,14 +140,12 @@ import Glibc
 
         // A connection that closes makes room for a new one.
         others.removeLast()
-        var admitted = false
-        for _ in 0..<50 where !admitted {
-            let next = try RawConnection(path: broker.socketPath)
-            next.send(#"{"id":3,"op":"hello"}"# + "\n")
-            admitted = next.readObject()?["ok"] as? Bool == true
-            if !admitted { usleep(100_000) }
-        }
-        #expect(admitted)
+        #expect(
+            try await eventually(timeout: 5) {
+                let next = try RawConnection(path: broker.socketPath)
+                next.send(#"{"id":3,"op":"hello"}"# + "\n")
+                return await next.nextObject()?["ok"] as? Bool == true
+            })
     }
 
     @Test func halfSentLinesAreTimedOutWhileOthersAreServed() async throws {
@@ -161,13 +157,13 @@ import Glibc
         let drip = try RawConnection(path: broker.socketPath)
         let good = try RawConnection(path: broker.socketPath)
         var dripping = true
-        for _ in 0..<50 where dripping {
+        _ = await eventually(timeout: 5) {
             dripping = drip.send("x")
             good.send(Self.cachedToken)
-            #expect(good.readObject()?["ok"] as? Bool == true)
-            usleep(100_000)
+            #expect(await good.nextObject()?["ok"] as? Bool == true)
+            return !dripping
         }
-        #expect(!dripping, "a line sent a byte every 100 ms stayed open for 5 s")
+        #expect(!dripping, "a line sent a byte at a time stayed open for 5 s")
         #expect(drip.waitForClose(seconds: 2))
         #expect(half.waitForClose(seconds: 2))
         good.send(Self.cachedToken)
@@ -204,7 +200,10 @@ import Glibc
         _ = try await client.add(
             account: "idle", provider: ProviderSpec(kind: "static"),
             tokens: TokenSet(accessToken: "idle-token", expiresIn: 3600))
-        try await Task.sleep(for: .milliseconds(1500))
+        // A connection opened after the client's last call: once brokerd closed it as idle, it
+        // has closed the client's too.
+        let later = try RawConnection(path: broker.socketPath)
+        #expect(try await onOwnThread { later.waitForClose(seconds: 10) })
         #expect(try await client.token(account: "idle").accessToken == "idle-token")
         client.close()
         await #expect(throws: ConnectionError.self) { try await client.token(account: "idle") }
@@ -228,6 +227,7 @@ import Glibc
         #expect(subscriber.readObject()?["ok"] as? Bool == true)
         let waiting = try RawConnection(path: broker.socketPath)
         waiting.send(#"{"id":"w","op":"token","account":"slow"}"# + "\n")
+        // brokerd reads the request and joins it to the refresh the hanging IdP holds.
         usleep(200_000)
 
         // The running request is still answered (the IdP times out after 1 s), then every
@@ -253,6 +253,7 @@ import Glibc
         let almostWhole = [UInt8](repeating: UInt8(ascii: "a"), count: maximumLineLength - 1)
         let holders = try (0..<400).map { _ in try RawConnection(path: broker.socketPath) }
         for holder in holders { holder.send(almostWhole) }
+        // brokerd reads what the 400 connections sent.
         usleep(500_000)
         let growth = try broker.residentKiB() - before
         #expect(growth < 16 * 1024, "brokerd grew by \(growth) KiB")

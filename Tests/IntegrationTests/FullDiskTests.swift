@@ -88,11 +88,8 @@ struct FullDiskTests {
 
         let issued = idp.issuedRefreshTokens.count
         disk.free()
-        let freed = Date()
-        while try await owner.status(account: "disk").first?.state != "valid" || idp.issuedRefreshTokens.count == issued
-        {
-            guard Date().timeIntervalSince(freed) < Self.retryInterval + Self.slack else { break }
-            try await Task.sleep(for: .milliseconds(50))
+        _ = try await eventually(timeout: Self.retryInterval + Self.slack) {
+            try await owner.status(account: "disk").first?.state == "valid" && idp.issuedRefreshTokens.count > issued
         }
         let status = try await owner.status(account: "disk").first
         #expect(status?.state == "valid" && status?.lastError == nil, "valid within one retry interval")
@@ -139,8 +136,9 @@ struct FullDiskTests {
         #expect(cause.contains("\(broker.vaultPath).log: Input/output error"), "\(cause)")
         #expect(try await owner.token(account: "disk", minTTL: 0).accessToken == saved, "nothing unsaved is served")
         for _ in 0..<5 { _ = try? await owner.refresh(account: "disk") }
-        // Real time for brokerd's own retries of the save, which fail too.
-        try await Task.sleep(for: .seconds(Self.retryInterval + 1))
+        // brokerd's own retry of the save, which fails too.
+        let failures = shim.failures
+        #expect(await eventually(timeout: Self.retryInterval + Self.slack) { shim.failures > failures })
         #expect(idp.refreshCalls.count == calls + 1, "the save is retried, never the refresh")
         owner.close()
 
@@ -154,10 +152,8 @@ struct FullDiskTests {
         #expect(try await owner.status(account: "disk").first?.state == "degraded")
         let rotatedCalls = idp.refreshCalls.count
         try shim.fail(false)
-        let healed = Date()
-        while try await owner.status(account: "disk").first?.state != "valid" {
-            guard Date().timeIntervalSince(healed) < Self.retryInterval + Self.slack else { break }
-            try await Task.sleep(for: .milliseconds(50))
+        _ = try await eventually(timeout: Self.retryInterval + Self.slack) {
+            try await owner.status(account: "disk").first?.state == "valid"
         }
         let status = try await owner.status(account: "disk").first
         #expect(status?.state == "valid" && status?.lastError == nil, "valid within one retry interval")

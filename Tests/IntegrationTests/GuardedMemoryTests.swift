@@ -62,7 +62,7 @@ import Glibc
         #expect(refused.isEmpty, "refused: \(refused)")
         #expect(idps["d"]!.revocations.count == 1, "the logout revoked at the IdP")
         initial["b-pushed"] = pushed
-        try await Task.sleep(for: .milliseconds(300))
+        try await onOwnThread { Self.letBrokerdFinish() }
 
         let live = ["a", "b"].compactMap { idps[$0]!.issuedRefreshTokens.last }
         let retired =
@@ -149,13 +149,14 @@ import Glibc
                 + #""access_token":"\#(gone[3])","expires_in":3600}}"# + "\n"
             let half = push.utf8.count / 2
             _ = carrier.send(Array(push.utf8.prefix(half)))
-            usleep(100_000)
+            // brokerd reads the first half on its own, as a line not yet whole.
+            Self.letBrokerdFinish()
             _ = carrier.send(Array(push.utf8.dropFirst(half)))
             if carrier.readObject()?["ok"] as? Bool != true { refused.append("set_tokens gone") }
             ask(carrier, "token gone", #"{"id":6,"op":"token","account":"gone"}"#)
             ask(carrier, "remove gone", #"{"id":7,"op":"remove","account":"gone"}"#)
             ask(first, "token o0", #"{"id":8,"op":"token","account":"o0"}"#)
-            usleep(300_000)
+            Self.letBrokerdFinish()
             let scan = try MemoryScan(pid: pid, needles: gone + others)
             withExtendedLifetime((first, carrier)) {}
             return (refused, scan)
@@ -196,7 +197,7 @@ import Glibc
             return lines.indices.filter { !Self.succeeds(connection, lines[$0]) }
         }
         #expect(refused.isEmpty, "refused: lines \(refused)")
-        try await Task.sleep(for: .milliseconds(300))
+        try await onOwnThread { Self.letBrokerdFinish() }
 
         let refreshTokens = [initial] + idp.issuedRefreshTokens
         let pid = try #require(broker.process?.pid)
@@ -268,7 +269,7 @@ import Glibc
         }
         #expect(refused.isEmpty, "refused: \(refused)")
         #expect(idp.dpopProofsSeen >= 2, "the refreshes carried proofs")
-        try await Task.sleep(for: .milliseconds(300))
+        try await onOwnThread { Self.letBrokerdFinish() }
         let pid = try #require(broker.process?.pid)
         let needles = [
             ("kept", Array(kept.utf8)), ("gone", Array(gone.utf8)), ("kept raw", raw(kept)), ("gone raw", raw(gone)),
@@ -285,10 +286,10 @@ import Glibc
         }
         Self.report("live DPoP keys", ["kept", "kept limbs"], scan)
 
-        let rekeyed = try await broker.brokerctlOnOwnThread(["rekey", "--to", "passphrase"], stdin: "pp-dpop\n")
+        let rekeyed = try await broker.brokerctl(["rekey", "--to", "passphrase"], stdin: "pp-dpop\n")
         #expect(rekeyed.status == 0, "\(rekeyed.stderr)")
-        #expect(try await broker.brokerctlOnOwnThread(["lock"]).status == 0)
-        try await Task.sleep(for: .milliseconds(300))
+        #expect(try await broker.brokerctl(["lock"]).status == 0)
+        try await onOwnThread { Self.letBrokerdFinish() }
         let locked = try await onOwnThread { try MemoryScan(pid: pid, labeled: needles) }
         for (label, _) in needles {
             #expect(locked.places(of: label).isEmpty, "\(label) after lock in \(locked.places(of: label))")
@@ -298,6 +299,12 @@ import Glibc
     }
 
     /// Sends `line` and tells whether the answer is a success.
+    /// Waits on brokerd, on the caller's own thread, for what follows its last answers (the
+    /// wipes of what they held, a read of what was sent) before its memory is looked at.
+    static func letBrokerdFinish() {
+        usleep(300_000)
+    }
+
     static func succeeds(_ connection: RawConnection, _ line: String) -> Bool {
         guard connection.send(line + "\n"), let answer = connection.readObject() else { return false }
         return answer["ok"] as? Bool == true

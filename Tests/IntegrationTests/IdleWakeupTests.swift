@@ -22,7 +22,7 @@ import Glibc
         try await broker.start()
         defer { broker.stop() }
         try addStatic(to: broker, expiresIn: 3600)
-        let woke = try await wakeUps(of: broker)
+        let woke = try await wakeUps(of: broker).switches
         // At most 3 in 10 s: libdispatch's workqueue monitor (started by the first task run on
         // its threads) woke brokerd about 10 times in these 10 s, the old 250 ms poll about 220.
         #expect(woke <= 3, "context switches over \(Self.window) idle: \(woke)")
@@ -37,19 +37,13 @@ import Glibc
         try await broker.start(environment: ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "6000000"])
         defer { broker.stop() }
         try addStatic(to: broker, expiresIn: 3600)
-        let process = try #require(broker.process)
-        try await Task.sleep(for: Self.settle)
-        while notify.receiveQueued() != nil {}
-        let before = process.contextSwitches()
-        let started = ContinuousClock.now
-        try await Task.sleep(for: Self.window)
-        let woke = process.contextSwitches().since(before)
+        let (woke, lasted) = try await wakeUps(of: broker) { while notify.receiveQueued() != nil {} }
         var pings = 0
         while let datagram = notify.receiveQueued() {
             if datagram == "WATCHDOG=1" { pings += 1 }
         }
         // One ping every 3 s of the time counted (a loaded machine may sleep past the window).
-        let counted = started.duration(to: .now) / .seconds(1)
+        let counted = lasted / .seconds(1)
         #expect(abs(Double(pings) - counted / 3) <= 1.5, "pings in \(counted) s: \(pings)")
         // 3 in the window as in the test above, and 3 for each ping (its timer on the event
         // loop, the task that queues it, the notifier's thread that sends it, which otherwise
@@ -83,12 +77,18 @@ import Glibc
         try #require(answer?.contains(#""ok":true"#) == true, "\(answer ?? "no answer")")
     }
 
-    /// The context switches of all of brokerd's threads over `window`, after `settle`.
-    private func wakeUps(of broker: BrokerProcess) async throws -> Int {
+    /// The context switches of all of brokerd's threads over `window` (and how long that
+    /// lasted: a loaded machine may sleep past it), after `settle` and then `settled`.
+    private func wakeUps(of broker: BrokerProcess, settled: () -> Void = {}) async throws -> (
+        switches: Int, lasted: Duration
+    ) {
         let process = try #require(broker.process)
+        // brokerd settles after its start, then idles for the window counted.
         try await Task.sleep(for: Self.settle)
+        settled()
         let before = process.contextSwitches()
+        let started = ContinuousClock.now
         try await Task.sleep(for: Self.window)
-        return process.contextSwitches().since(before)
+        return (process.contextSwitches().since(before), started.duration(to: .now))
     }
 }

@@ -38,7 +38,7 @@ import Glibc
         }
         #expect(served == 100, "every token is served")
         #expect(status.contains(#""memory_locked":false"#), "status shows the unlocked memory")
-        let shown = try broker.brokerctl(["status"])
+        let shown = try await broker.brokerctl(["status"])
         #expect(shown.status == 0 && shown.stdout.contains("not all locked in memory"), "\(shown.stdout)")
         let lines = broker.log.split(separator: "\n").filter { $0.contains("mlock") }
         #expect(lines.count == 1, "logged once: \(lines)")

@@ -62,12 +62,7 @@ final class BackgroundBrokerctl {
     /// Waits until `find` gets a value from what the process has shown so far; throws with its
     /// output if it exits or 20 s pass first.
     func waitFor<T>(_ what: String, _ find: (BackgroundBrokerctl) -> T?) async throws -> T {
-        let deadline = Date().addingTimeInterval(20)
-        while Date() < deadline {
-            if let value = find(self) { return value }
-            if child.hasExited() { break }
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        _ = await eventually(timeout: 20) { find(self) != nil || child.hasExited() }
         if let value = find(self) { return value }
         throw HarnessError("brokerctl never showed \(what); stdout: \(stdout) stderr: \(stderr)")
     }
@@ -89,9 +84,7 @@ final class BackgroundBrokerctl {
 
     /// Waits for the exit (SIGKILL after `timeout` seconds) and returns the status.
     func finish(timeout: TimeInterval = 60) async -> Int32 {
-        let deadline = Date().addingTimeInterval(timeout)
-        while !child.hasExited(), Date() < deadline { try? await Task.sleep(for: .milliseconds(20)) }
-        if !child.hasExited() { kill(child.pid, SIGKILL) }
+        if !(await eventually(timeout: timeout) { child.hasExited() }) { kill(child.pid, SIGKILL) }
         return child.wait()
     }
 }
@@ -109,11 +102,12 @@ final class TmuxTerminal {
         self.environment = environment
         server = try ChildProcess.spawn(
             "/usr/bin/tmux", ["-D", "-f", "/dev/null", "-S", directory.file("tmux.sock")], environment: environment)
-        let deadline = Date().addingTimeInterval(10)
-        while !FileManager.default.fileExists(atPath: directory.file("tmux.sock")) {
-            guard Date() < deadline, !server.hasExited() else { throw HarnessError("tmux did not start") }
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        let socket = directory.file("tmux.sock")
+        let server = self.server
+        guard
+            await eventually(timeout: 10, { FileManager.default.fileExists(atPath: socket) || server.hasExited() }),
+            !server.hasExited()
+        else { throw HarnessError("tmux did not start") }
         // A pane whose command ended stays, so the test can read what it left.
         try command(["set-option", "-g", "remain-on-exit", "on"])
     }
@@ -160,12 +154,12 @@ final class TmuxTerminal {
     /// Waits until the screen satisfies `condition`; throws with the screen after 20 s.
     @discardableResult
     func waitForScreen(_ what: String, _ condition: ([String]) -> Bool) async throws -> [String] {
-        let deadline = Date().addingTimeInterval(20)
-        while Date() < deadline {
-            let lines = try screen()
-            if condition(lines) { return lines }
-            try await Task.sleep(for: .milliseconds(50))
+        var lines: [String] = []
+        let shown = try await eventually(timeout: 20) {
+            lines = try screen()
+            return condition(lines)
         }
+        if shown { return lines }
         throw HarnessError("the terminal never showed \(what): \(try screen().joined(separator: "\n"))")
     }
 }

@@ -15,8 +15,8 @@ import Glibc
     }
 
     /// `status NAME --json`'s account object; `nil` when there is no such account.
-    static func status(_ broker: BrokerProcess, _ account: String) throws -> [String: Any]? {
-        let result = try broker.brokerctl(["status", account, "--json"])
+    static func status(_ broker: BrokerProcess, _ account: String) async throws -> [String: Any]? {
+        let result = try await broker.brokerctl(["status", account, "--json"])
         guard result.status == 0 else { return nil }
         let object = try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any]
         return (object?["accounts"] as? [[String: Any]])?.first
@@ -48,15 +48,16 @@ import Glibc
             #expect(login.stdout == "logged in work (valid)\n")
             #expect(!login.stderr.contains("\r"), "no progress line in a pipe")
 
-            let status = try Self.status(broker, "work")
+            let status = try await Self.status(broker, "work")
             #expect(status?["state"] as? String == "valid")
             #expect(status?["provider"] as? String == "oauth2")
             let loginRefreshToken = try #require(idp.issuedRefreshTokens.last)
-            let refreshed = try broker.brokerctl(["refresh", "work"])
+            let refreshed = try await broker.brokerctl(["refresh", "work"])
             #expect(refreshed.status == 0, "\(refreshed.stderr)")
             let refresh = idp.calls.last { $0.grantType == "refresh_token" }
             #expect(refresh?.refreshToken == loginRefreshToken, "the IdP sees the refresh token the login stored")
-            #expect(try broker.brokerctl(["token", "work"]).stdout == idp.issuedAccessTokens.last.map { $0 + "\n" })
+            #expect(
+                try await broker.brokerctl(["token", "work"]).stdout == idp.issuedAccessTokens.last.map { $0 + "\n" })
         }
     }
 
@@ -73,7 +74,7 @@ import Glibc
             #expect(error?["event"] as? String == "error")
             #expect(error?["code"] as? String == "needs_login")
             #expect((error?["message"] as? String)?.contains("access_denied") == true, "\(denied.stdout)")
-            #expect(try Self.status(broker, "denied") == nil, "no account after a denial")
+            #expect(try await Self.status(broker, "denied") == nil, "no account after a denial")
 
             let expired = try BackgroundBrokerctl(
                 broker, ["login", "expired", "--flow", "device"] + Self.provider(idp))
@@ -82,7 +83,7 @@ import Glibc
             #expect(await expired.finish() == 5)
             #expect(expired.stderr.contains("expired"), "\(expired.stderr)")
             #expect(expired.stdout.isEmpty)
-            #expect(try Self.status(broker, "expired") == nil, "no account after an expired code")
+            #expect(try await Self.status(broker, "expired") == nil, "no account after an expired code")
         }
     }
 
@@ -144,7 +145,7 @@ import Glibc
             #expect(page.body.contains("You may close this tab"))
             #expect(await login.finish() == 0, "\(login.stderr)")
             #expect(login.jsonLines.last as? [String: String] == ["event": "done", "account": "web", "state": "valid"])
-            #expect(try Self.status(broker, "web")?["state"] as? String == "valid")
+            #expect(try await Self.status(broker, "web")?["state"] as? String == "valid")
             #expect(!TestBrowser.isListening(port, in: broker.pid), "the redirect listener is closed")
 
             // Another login receives the first login's code (with its own state, as an attacker
@@ -159,7 +160,7 @@ import Glibc
             _ = try await replayBrowser.visit("\(redirect)?code=\(code)&state=\(replayState)")
             #expect(await replay.finish() == 5)
             #expect(idp.rejectedCodeExchanges.last == "code already used")
-            #expect(try Self.status(broker, "replay") == nil)
+            #expect(try await Self.status(broker, "replay") == nil)
         }
     }
 
@@ -310,15 +311,15 @@ import Glibc
             let forged = try await TestBrowser.authorize(url)
             let refused = try await TestBrowser.get(forged)
             #expect(refused.status == 403)
-            try await Task.sleep(for: .milliseconds(300))
+            // The login goes on: it ends below with the browser's code, not the forged one.
             #expect(!login.child.hasExited(), "the forged callback does not end the login")
-            #expect(try Self.status(broker, "web") == nil)
+            #expect(try await Self.status(broker, "web") == nil)
 
             _ = FileManager.default.createFile(atPath: bin.file("release"), contents: nil)
             let location = try await TestBrowser.authorize(url)
             #expect(try await browser.visit(location).status == 200)
             #expect(await login.finish() == 0, "\(login.stderr)")
-            #expect(try Self.status(broker, "web")?["state"] as? String == "valid")
+            #expect(try await Self.status(broker, "web")?["state"] as? String == "valid")
             let exchanged = idp.calls.filter { $0.grantType == "authorization_code" }.map(\.code)
             #expect(exchanged == [queryValue("code", in: location)], "the browser's code, not the forged one")
             #expect(!FileManager.default.fileExists(atPath: page.deletingLastPathComponent().path), "page removed")
@@ -343,7 +344,7 @@ import Glibc
             #expect(await login.finish() == 143)
             #expect(login.jsonLines.last?["code"] as? String == "cancelled")
             #expect(!FileManager.default.fileExists(atPath: page.deletingLastPathComponent().path))
-            #expect(try Self.status(broker, "gone") == nil)
+            #expect(try await Self.status(broker, "gone") == nil)
         }
     }
 
@@ -358,7 +359,7 @@ import Glibc
             #expect(await login.finish() == 130)
             #expect(login.stderr == "brokerctl: cancelled\n")
             #expect(login.jsonLines.last?["code"] as? String == "cancelled")
-            #expect(try Self.status(broker, "gone") == nil)
+            #expect(try await Self.status(broker, "gone") == nil)
         }
     }
 
@@ -374,10 +375,12 @@ import Glibc
             let first = try await terminal.waitForScreen("the progress line") { $0.contains(where: progress) }
             #expect(first.contains { $0.contains("enter the code: ") })
             #expect(first.contains { $0.hasPrefix(BackgroundBrokerctl.deviceLinkPrefix) })
-            try await Task.sleep(for: .milliseconds(1200))
-            let second = try terminal.screen()
-            #expect(first.filter(progress).count == 1 && second.filter(progress).count == 1, "one line, redrawn")
             let row = try #require(first.firstIndex(where: progress))
+            // brokerctl redraws its countdown every second.
+            let second = try await terminal.waitForScreen("the progress line redrawn") { lines in
+                lines.firstIndex(where: progress).map { lines[$0] != first[row] } ?? true
+            }
+            #expect(first.filter(progress).count == 1 && second.filter(progress).count == 1, "one line, redrawn")
             #expect(second.firstIndex(where: progress) == row, "the same line")
             #expect(first[row] != second[row], "updated in place: \(first[row]) / \(second[row])")
             #expect(await eventually { idp.devicePolls.count >= 1 })
@@ -388,11 +391,12 @@ import Glibc
             let after = try terminal.screen()
             #expect(after.contains("brokerctl: cancelled"))
             #expect(!after.contains(where: progress), "the progress line is cleared")
-            try await Task.sleep(for: .milliseconds(500))
-            let polls = idp.devicePolls.count
-            try await Task.sleep(for: .seconds(3))
-            #expect(idp.devicePolls.count == polls, "the broker stopped polling")
-            #expect(try Self.status(broker, "tty") == nil)
+            // The broker polled every second while the login ran: a pause of three means it stopped.
+            #expect(
+                await eventually(timeout: 30) {
+                    idp.devicePolls.last.map { Date().timeIntervalSince($0) > 3 } ?? true
+                }, "the broker stopped polling")
+            #expect(try await Self.status(broker, "tty") == nil)
         }
     }
 
@@ -418,7 +422,7 @@ import Glibc
             #expect(await eventually { terminal.exitStatus != nil })
             #expect(terminal.exitStatus == 130)
             #expect(await eventually { !TestBrowser.isListening(port, in: broker.pid) }, "the listener is closed")
-            #expect(try Self.status(broker, "tty") == nil)
+            #expect(try await Self.status(broker, "tty") == nil)
         }
     }
 
@@ -442,21 +446,24 @@ import Glibc
             #expect(await device.finish() == 5, "\(device.stderr)")
             #expect(device.stderr.contains("enter the code"))
 
-            let missing = try broker.brokerctl(["login", "nobody", "--flow", "device"])
+            let missing = try await broker.brokerctl(["login", "nobody", "--flow", "device"])
             #expect(missing.status == 4)
             #expect(missing.stderr.contains("--issuer"), "\(missing.stderr)")
 
             let browserOnly = try await OAuth2TestIdP()
             browserOnly.setOffersDeviceEndpoint(false)
-            let noDevice = try broker.brokerctl(["login", "nodevice", "--flow", "device"] + Self.provider(browserOnly))
+            let noDevice = try await broker.brokerctl(
+                ["login", "nodevice", "--flow", "device"] + Self.provider(browserOnly))
             #expect(noDevice.status == 1)
             #expect(noDevice.stderr.contains("--flow browser"), "\(noDevice.stderr)")
             await browserOnly.shutdown()
 
             idp.setBehavior(.status(503, retryAfter: nil))
-            let down = try broker.brokerctl(["login", "down", "--flow", "device"] + Self.provider(idp))
+            let down = try await broker.brokerctl(["login", "down", "--flow", "device"] + Self.provider(idp))
             #expect(down.status == 6, "\(down.stderr)")
-            for account in ["late", "nobody", "nodevice", "down"] { #expect(try Self.status(broker, account) == nil) }
+            for account in ["late", "nobody", "nodevice", "down"] {
+                #expect(try await Self.status(broker, account) == nil)
+            }
         }
     }
 
@@ -496,15 +503,16 @@ import Glibc
     @Test func loginRestoresAnAccountInNeedsLogin() async throws {
         try await Self.withBrokerAndIdP { broker, idp in
             idp.setDeviceTiming(interval: 1)
-            let added = try broker.brokerctl(
+            let added = try await broker.brokerctl(
                 ["add", "back", "--kind", "oauth2"] + Self.provider(idp) + ["--secrets", "-"],
                 stdin: #"{"refresh_token": "rt-the-idp-forgot"}"#)
             #expect(added.status == 0, "\(added.stderr)")
-            #expect(try await eventually { try Self.status(broker, "back")?["state"] as? String == "needs_login" })
-            #expect(try broker.brokerctl(["status"]).stdout.contains("back: sign in with brokerctl login back\n"))
-            let before = try #require(try Self.status(broker, "back"))
+            #expect(
+                try await eventually { try await Self.status(broker, "back")?["state"] as? String == "needs_login" })
+            #expect(try await broker.brokerctl(["status"]).stdout.contains("back: sign in with brokerctl login back\n"))
+            let before = try #require(try await Self.status(broker, "back"))
 
-            let other = try broker.brokerctl(
+            let other = try await broker.brokerctl(
                 ["login", "back", "--flow", "device", "--issuer", idp.issuer, "--client-id", "another-client"])
             #expect(other.status == 1)
             #expect(other.stderr.contains("other settings"), "\(other.stderr)")
@@ -512,22 +520,22 @@ import Glibc
             let login = try BackgroundBrokerctl(broker, ["login", "back", "--flow", "device"])
             #expect(try await idp.decide(.approve, at: try await login.deviceLink()) == 200)
             #expect(await login.finish() == 0, "\(login.stderr)")
-            let after = try #require(try Self.status(broker, "back"))
+            let after = try #require(try await Self.status(broker, "back"))
             #expect(after["state"] as? String == "valid")
             #expect(after["provider"] as? String == before["provider"] as? String)
-            #expect(!(try broker.brokerctl(["status"]).stdout.contains("brokerctl login")))
+            #expect(!(try await broker.brokerctl(["status"]).stdout.contains("brokerctl login")))
 
             let loginRefreshToken = try #require(idp.issuedRefreshTokens.last)
-            #expect(try broker.brokerctl(["refresh", "back"]).status == 0)
+            #expect(try await broker.brokerctl(["refresh", "back"]).status == 0)
             #expect(idp.calls.last { $0.grantType == "refresh_token" }?.refreshToken == loginRefreshToken)
 
             // A non-oauth2 account that lost its tokens is restored with set-tokens instead.
-            _ = try broker.brokerctl(
+            _ = try await broker.brokerctl(
                 ["add", "fixed", "--kind", "static", "--secrets", "-"], stdin: #"{"access_token":"t","expires_in":600}"#
             )
-            #expect(try broker.brokerctl(["logout", "fixed"]).status == 0)
+            #expect(try await broker.brokerctl(["logout", "fixed"]).status == 0)
             #expect(
-                try broker.brokerctl(["status"]).stdout.contains(
+                try await broker.brokerctl(["status"]).stdout.contains(
                     "fixed: push a new access_token with brokerctl set-tokens fixed (op set_tokens)"))
         }
     }
@@ -542,17 +550,18 @@ import Glibc
             #expect(await login.finish() == 0, "\(login.stderr)")
             let idToken = try #require(idp.issuedIDTokens.last)
             for arguments in [["token", "oidc", "--id-token"], ["token", "--id-token", "oidc"]] {
-                let printed = try broker.brokerctl(arguments)
+                let printed = try await broker.brokerctl(arguments)
                 #expect(printed.status == 0, "\(printed.stderr)")
                 #expect(printed.stdout == idToken + "\n")
             }
-            #expect(try broker.brokerctl(["token", "oidc"]).stdout == idp.issuedAccessTokens.last.map { $0 + "\n" })
+            #expect(
+                try await broker.brokerctl(["token", "oidc"]).stdout == idp.issuedAccessTokens.last.map { $0 + "\n" })
 
             let plain = try BackgroundBrokerctl(
                 broker, ["login", "plain", "--flow", "device"] + Self.provider(idp, scope: "offline_access"))
             #expect(try await idp.decide(.approve, at: try await plain.deviceLink()) == 200)
             #expect(await plain.finish() == 0, "\(plain.stderr)")
-            let none = try broker.brokerctl(["token", "plain", "--id-token"])
+            let none = try await broker.brokerctl(["token", "plain", "--id-token"])
             #expect(none.status == 4)
             #expect(none.stdout.isEmpty)
             #expect(none.stderr.contains("no id token"), "\(none.stderr)")

@@ -90,14 +90,14 @@ import Glibc
         #expect(!echoed, "the passphrase was echoed")
         #expect(pty.echoes, "echo is back")
 
-        #expect(try await broker.brokerctlOnOwnThread(["lock"]).status == 0)
+        #expect(try await broker.brokerctl(["lock"]).status == 0)
         let interrupted = try unlock(broker, on: pty)
         _ = try await onOwnThread { pty.read(until: "Vault passphrase: ") }
         #expect(!pty.echoes)
         kill(interrupted.pid, SIGINT)
         #expect(try await onOwnThread { interrupted.wait() } == 128 + SIGINT, "Ctrl-C ends brokerctl as SIGINT does")
         #expect(pty.echoes, "echo is back after Ctrl-C")
-        #expect(try await broker.brokerctlOnOwnThread(["status", "--json"]).stdout.contains("\"locked\":true"))
+        #expect(try await broker.brokerctl(["status", "--json"]).stdout.contains("\"locked\":true"))
 
         let reopening = try unlock(broker, on: pty)
         _ = try await onOwnThread { pty.read(until: "Vault passphrase: ") }

@@ -34,7 +34,7 @@ import Glibc
             #expect(answer.errorCode == "locked", "\(line)")
         }
 
-        let unlocked = try await broker.brokerctlOnOwnThread(["unlock"], stdin: Self.passphrase + "\n")
+        let unlocked = try await broker.brokerctl(["unlock"], stdin: Self.passphrase + "\n")
         #expect(unlocked.status == 0, "\(unlocked.stderr)")
         #expect(unlocked.stdout.contains("passphrase set"))
         let client = try broker.client()
@@ -42,25 +42,25 @@ import Glibc
         _ = try await client.add(
             account: "api", provider: ProviderSpec(kind: "static"),
             tokens: TokenSet(accessToken: "at-static-1", expiresIn: 3600))
-        #expect(try await broker.brokerctlOnOwnThread(["token", "api"]).stdout == "at-static-1\n")
+        #expect(try await broker.brokerctl(["token", "api"]).stdout == "at-static-1\n")
 
-        #expect(try await broker.brokerctlOnOwnThread(["lock"]).status == 0)
-        let refused = try await broker.brokerctlOnOwnThread(["token", "api"])
+        #expect(try await broker.brokerctl(["lock"]).status == 0)
+        let refused = try await broker.brokerctl(["token", "api"])
         #expect(refused.status == 8 && refused.stderr.contains("locked; run brokerctl unlock"))
         #expect(
             try #require(connection.readObjectAfter(#"{"id":8,"op":"token","account":"api"}"#)).errorCode == "locked")
-        let listed = try await broker.brokerctlOnOwnThread(["status"])
+        let listed = try await broker.brokerctl(["status"])
         #expect(listed.status == 0 && listed.stdout.contains("locked; run brokerctl unlock"))
         #expect(listed.stdout.contains("api") && listed.stdout.contains("static"))
 
         let start = Date()
-        let wrong = try await broker.brokerctlOnOwnThread(["unlock"], stdin: "not it\n")
+        let wrong = try await broker.brokerctl(["unlock"], stdin: "not it\n")
         #expect(wrong.status == 7 && wrong.stderr.contains("wrong passphrase"))
         #expect(Date().timeIntervalSince(start) >= 1, "a wrong passphrase waits at least a second")
-        #expect(try await broker.brokerctlOnOwnThread(["unlock"], stdin: Self.passphrase + "\n").status == 0)
-        #expect(try await broker.brokerctlOnOwnThread(["token", "api"]).stdout == "at-static-1\n")
+        #expect(try await broker.brokerctl(["unlock"], stdin: Self.passphrase + "\n").status == 0)
+        #expect(try await broker.brokerctl(["token", "api"]).stdout == "at-static-1\n")
         #expect(
-            try await broker.brokerctlOnOwnThread(["unlock"], stdin: "").stdout.contains("unlocked"),
+            try await broker.brokerctl(["unlock"], stdin: "").stdout.contains("unlocked"),
             "no passphrase asked")
 
         // Neither the passphrase nor the key it derives is in a file brokerd wrote, or its log.
@@ -90,11 +90,11 @@ import Glibc
         let broker = try BrokerProcess()
         try await broker.start(arguments: ["--passphrase"])
         defer { broker.stop() }
-        #expect(try await broker.brokerctlOnOwnThread(["unlock"], stdin: Self.passphrase + "\n").status == 0)
-        #expect(try await broker.brokerctlOnOwnThread(["lock"]).status == 0)
+        #expect(try await broker.brokerctl(["unlock"], stdin: Self.passphrase + "\n").status == 0)
+        #expect(try await broker.brokerctl(["lock"]).status == 0)
         for (attempt, delay) in [(1, 1.0), (2, 2.0)] {
             let start = Date()
-            let wrong = try await broker.brokerctlOnOwnThread(["unlock"], stdin: "not it \(attempt)\n")
+            let wrong = try await broker.brokerctl(["unlock"], stdin: "not it \(attempt)\n")
             #expect(wrong.status == 7 && Date().timeIntervalSince(start) >= delay)
         }
         let paceFile = broker.vaultPath + ".unlock-pace"
@@ -106,7 +106,7 @@ import Glibc
         // Restarted, the third wrong one in a row waits 4 s; brokerd is killed in that wait.
         broker.crash()
         try await broker.start(arguments: ["--passphrase"])
-        let third = Task { try await broker.brokerctlOnOwnThread(["unlock"], stdin: "not it 3\n") }
+        let third = Task { try await broker.brokerctl(["unlock"], stdin: "not it 3\n") }
         #expect(await eventually { pace().hasPrefix("failures=3\n") })
         // When that delay ends, from the file (this task may have seen the file late on a loaded machine).
         let until = try #require(
@@ -118,7 +118,7 @@ import Glibc
         // Restarted again, even the right passphrase waits out the rest of that delay.
         let restarted = Date().timeIntervalSince1970
         try await broker.start(arguments: ["--passphrase"])
-        let right = try await broker.brokerctlOnOwnThread(["unlock"], stdin: Self.passphrase + "\n")
+        let right = try await broker.brokerctl(["unlock"], stdin: Self.passphrase + "\n")
         #expect(right.status == 0, "\(right.stderr)")
         // `until` is in whole seconds.
         #expect(Date().timeIntervalSince1970 >= until - 1, "the 4 s delay ran on across the restart")
@@ -157,11 +157,11 @@ import Glibc
             tokens: TokenSet(accessToken: "at-kept", expiresIn: 3600))
         client.close()
         #expect(FileManager.default.fileExists(atPath: broker.keyPath))
-        #expect(try await broker.brokerctlOnOwnThread(["lock"]).status == 1, "no lock under the key file")
+        #expect(try await broker.brokerctl(["lock"]).status == 1, "no lock under the key file")
 
-        let differ = try await broker.brokerctlOnOwnThread(["rekey"], stdin: "")
+        let differ = try await broker.brokerctl(["rekey"], stdin: "")
         #expect(differ.status != 0, "no passphrase, nothing changed")
-        let moved = try await broker.brokerctlOnOwnThread(["rekey", "--to", "passphrase"], stdin: "new passphrase\n")
+        let moved = try await broker.brokerctl(["rekey", "--to", "passphrase"], stdin: "new passphrase\n")
         #expect(moved.status == 0, "\(moved.stderr)")
         #expect(moved.stdout.contains("key = \"passphrase\""))
         #expect(!FileManager.default.fileExists(atPath: broker.keyPath), "the key file is gone")
@@ -170,22 +170,22 @@ import Glibc
         broker.stop()
         try await broker.start()
         #expect(broker.log.contains("sealed with a passphrase; starting locked"))
-        #expect(try await broker.brokerctlOnOwnThread(["token", "api"]).status == 8)
-        #expect(try await broker.brokerctlOnOwnThread(["unlock"], stdin: "new passphrase\n").status == 0)
-        #expect(try await broker.brokerctlOnOwnThread(["token", "api"]).stdout == "at-kept\n")
+        #expect(try await broker.brokerctl(["token", "api"]).status == 8)
+        #expect(try await broker.brokerctl(["unlock"], stdin: "new passphrase\n").status == 0)
+        #expect(try await broker.brokerctl(["token", "api"]).stdout == "at-kept\n")
 
-        let back = try await broker.brokerctlOnOwnThread(["rekey", "--to", "keyfile"])
+        let back = try await broker.brokerctl(["rekey", "--to", "keyfile"])
         #expect(back.status == 0, "\(back.stderr)")
         #expect(FileManager.default.fileExists(atPath: broker.keyPath))
         #expect(PassphraseVaultFile.version(at: broker.vaultPath) == 2)
         broker.stop()
         try await broker.start()
-        #expect(try await broker.brokerctlOnOwnThread(["token", "api"]).stdout == "at-kept\n", "unlocked at start")
+        #expect(try await broker.brokerctl(["token", "api"]).stdout == "at-kept\n", "unlocked at start")
         broker.stop()
 
         // A passphrase asked for is never dropped: a vault under the key file is refused then.
         try broker.writeConfig("[broker]\nkey = \"passphrase\"\n")
-        #expect(try broker.runExpectingExit() != 0)
+        #expect(try await broker.runExpectingExit() != 0)
         #expect(broker.log.contains("sealed with the key file, not a passphrase"))
     }
 
@@ -195,7 +195,7 @@ import Glibc
         try broker.writeConfig("[broker]\noverdue_spread = 0\n")
         try await broker.start(arguments: ["--passphrase"])
         defer { broker.stop() }
-        #expect(try await broker.brokerctlOnOwnThread(["unlock"], stdin: "pw\n").status == 0)
+        #expect(try await broker.brokerctl(["unlock"], stdin: "pw\n").status == 0)
         let client = try broker.client()
         _ = try await client.add(
             account: "api",
@@ -204,16 +204,17 @@ import Glibc
             tokens: TokenSet(refreshToken: "rt-locked"))
         _ = try await client.token(account: "api", minTTL: 0)
         client.close()
-        #expect(try await broker.brokerctlOnOwnThread(["lock"]).status == 0)
+        #expect(try await broker.brokerctl(["lock"]).status == 0)
         let callsAtLock = idp.callCount
-        try await Task.sleep(for: .seconds(3))
+        // Waits on brokerd, locked, until its 2-second token has come due (a second past it).
+        let issued = try #require(idp.refreshCalls.last?.at)
+        try await Task.sleep(for: .seconds(max(0, issued.addingTimeInterval(3).timeIntervalSinceNow)))
         #expect(idp.callCount == callsAtLock, "nothing is refreshed while locked")
-
-        #expect(try await broker.brokerctlOnOwnThread(["unlock"], stdin: "pw\n").status == 0)
-        let deadline = Date().addingTimeInterval(3)
-        while idp.callCount == callsAtLock, Date() < deadline { try await Task.sleep(for: .milliseconds(20)) }
-        #expect(idp.callCount > callsAtLock, "the refresh that came due ran after unlock, before any request")
-        let served = try await broker.brokerctlOnOwnThread(["token", "api", "--min-ttl", "0"])
+        #expect(try await broker.brokerctl(["unlock"], stdin: "pw\n").status == 0)
+        #expect(
+            await eventually(timeout: 3) { idp.callCount > callsAtLock },
+            "the refresh that came due ran after unlock, before any request")
+        let served = try await broker.brokerctl(["token", "api", "--min-ttl", "0"])
         #expect(idp.issuedAccessTokens.contains(String(served.stdout.dropLast())))
         #expect(idp.rejectedReuse == 0)
         await idp.shutdown()

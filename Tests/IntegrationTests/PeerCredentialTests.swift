@@ -21,7 +21,7 @@ import Glibc
         }
         chmod(broker.socketPath, 0o666)
 
-        let (status, _, message) = try ChildProcess.capture(
+        let (status, _, message) = try await ChildProcess.capture(
             "/usr/bin/setpriv",
             [
                 "--reuid=65534", "--regid=65534", "--clear-groups", BrokerProcess.binary("brokerctl").path,

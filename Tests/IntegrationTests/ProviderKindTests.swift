@@ -49,9 +49,7 @@ import Glibc
         #expect(try await eventually { try await client.status(account: "pph").first?.state == "needs_login" })
         let refused = await #expect(throws: BrokerError.self) { try await client.token(account: "pph", minTTL: 1) }
         #expect(refused?.code == .needsLogin)
-        let callsAfterDenial = idp.callCount
-        try await Task.sleep(for: .seconds(3))
-        #expect(idp.callCount == callsAfterDenial, "no IdP call after a denial")
+        // That no IdP call follows a denial is DeniedAccountTests' (on a clock the test moves).
 
         // A new login (set_tokens with a fresh URL) brings it back.
         let fresh = idp.reissue()
@@ -119,9 +117,6 @@ import Glibc
         #expect(denied.state == "needs_login")
         #expect(denied.lastError?.message.contains("RefreshTokenMismatch") == true)
         #expect(idp.rejectedReuse >= 1)
-        let callsAfterDenial = idp.callCount
-        try await Task.sleep(for: .seconds(3))
-        #expect(idp.callCount == callsAfterDenial, "no IdP call after a denial")
 
         client.close()
         #expect(broker.stop() == 0)
@@ -216,9 +211,6 @@ import Glibc
         #expect(denied.lastError?.message.contains("denied") == true)
         #expect(denied.lastError?.message.contains("stderr-marker") == false)
         #expect(broker.log.contains("stderr-marker-"), "the command's stderr is in the broker's log")
-        let runsAfterDenial = helper.calls.count
-        try await Task.sleep(for: .seconds(3))
-        #expect(helper.calls.count == runsAfterDenial, "no run after a denial")
 
         // New tokens clear needs_login; a JSON "invalid_grant" (with exit 1) is a denial too.
         helper.set("mode", "ok")
@@ -388,50 +380,52 @@ import Glibc
         defer { broker.stop() }
 
         let added = [
-            try broker.brokerctl(
+            try await broker.brokerctl(
                 ["add", "pph", "--kind", "refresh_url", "--method", "post", "--secrets", "-"],
                 stdin: #"{"refresh_url":"\#(urlIdP.initialURL)"}"#),
-            try broker.brokerctl(
+            try await broker.brokerctl(
                 [
                     "add", "volt", "--kind", "sliding", "--endpoint", slidingIdP.endpoint, "--timezone",
                     "Europe/Berlin",
                     "--secrets", "-",
                 ],
                 stdin: #"{"refresh_token":"srt-ctl"}"#),
-            try broker.brokerctl(
+            try await broker.brokerctl(
                 [
                     "add", "cred", "--kind", "exec", "--command", helper.script, "--command", helper.directory,
                     "--command", "--not-an-option",
                 ]),
-            try broker.brokerctl(
+            try await broker.brokerctl(
                 [
                     "add", "oidc", "--kind", "oauth2", "--issuer", oauthIdP.issuer, "--client-id", oauthIdP.clientID,
                     "--secrets", "-",
                 ],
                 stdin: #"{"refresh_token":"rt-ctl"}"#),
-            try broker.brokerctl(["add", "nightly", "--kind", "file", "--path", tokenFile]),
+            try await broker.brokerctl(["add", "nightly", "--kind", "file", "--path", tokenFile]),
         ]
         for result in added { #expect(result.status == 0, "\(result.stderr)") }
 
-        #expect(try broker.brokerctl(["token", "pph"]).stdout == (urlIdP.issuedAccessTokens.first ?? "?") + "\n")
+        #expect(try await broker.brokerctl(["token", "pph"]).stdout == (urlIdP.issuedAccessTokens.first ?? "?") + "\n")
         #expect(urlIdP.calls.first?.method == "POST")
-        #expect(try broker.brokerctl(["token", "volt"]).stdout == (slidingIdP.issuedAccessTokens.first ?? "?") + "\n")
-        #expect(try broker.brokerctl(["token", "cred"]).stdout.hasPrefix("exec-at-1-"))
+        #expect(
+            try await broker.brokerctl(["token", "volt"]).stdout == (slidingIdP.issuedAccessTokens.first ?? "?") + "\n")
+        #expect(try await broker.brokerctl(["token", "cred"]).stdout.hasPrefix("exec-at-1-"))
         #expect(helper.calls.first?.arguments == "--not-an-option")
-        #expect(try broker.brokerctl(["token", "oidc"]).stdout == (oauthIdP.issuedAccessTokens.first ?? "?") + "\n")
+        #expect(
+            try await broker.brokerctl(["token", "oidc"]).stdout == (oauthIdP.issuedAccessTokens.first ?? "?") + "\n")
         #expect(oauthIdP.discoveryCount == 1)
-        #expect(try broker.brokerctl(["token", "nightly"]).stdout == "at-file-ctl\n")
+        #expect(try await broker.brokerctl(["token", "nightly"]).stdout == "at-file-ctl\n")
 
-        let status = try broker.brokerctl(["status"])
+        let status = try await broker.brokerctl(["status"])
         for kind in ["refresh_url", "sliding", "exec", "oauth2", "file"] { #expect(status.stdout.contains(kind)) }
 
-        let relative = try broker.brokerctl(["add", "bad", "--kind", "exec", "--command", "get-token"])
+        let relative = try await broker.brokerctl(["add", "bad", "--kind", "exec", "--command", "get-token"])
         #expect(relative.status == 1)
         #expect(relative.stderr.contains("absolute"))
-        let noEndpoint = try broker.brokerctl(["add", "bad", "--kind", "sliding"])
+        let noEndpoint = try await broker.brokerctl(["add", "bad", "--kind", "sliding"])
         #expect(noEndpoint.status == 1)
         #expect(noEndpoint.stderr.contains("endpoint"))
-        let relativePath = try broker.brokerctl(["add", "bad", "--kind", "file", "--path", "token.json"])
+        let relativePath = try await broker.brokerctl(["add", "bad", "--kind", "file", "--path", "token.json"])
         #expect(relativePath.status == 1)
         #expect(relativePath.stderr.contains("absolute"))
 

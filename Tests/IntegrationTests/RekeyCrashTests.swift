@@ -42,6 +42,7 @@ import Testing
             let delay = duration * (round % 2 == 0 ? Double.random(in: 0...1) : Double.random(in: 0.8...1.6))
             let connection = try RawConnection(path: broker.socketPath)
             #expect(connection.send(Self.rekeyLine(to: target) + "\n"))
+            // brokerd rekeys until the kill, aimed at the end of its rekey.
             try await Task.sleep(for: .milliseconds(Int(delay * 1000)))
             broker.crash()
 

@@ -266,38 +266,38 @@ import Testing
     @Test func brokerctlTokenAndBridgesWithScopeEndToEnd() async throws {
         try await Setup.run { setup in
             let resource = "https://api.example.com/"
-            let printed = try await setup.broker.brokerctlOnOwnThread([
+            let printed = try await setup.broker.brokerctl([
                 "token", "api", "--scope", "read write", "--resource", resource,
             ])
             #expect(printed.status == 0, "\(printed.stderr)")
             #expect(printed.stdout == (setup.idp.issuedAccessTokens.last ?? "-") + "\n")
             #expect(setup.idp.refreshCalls.last?.resource == resource)
 
-            let json = try await setup.broker.brokerctlOnOwnThread(["token", "api", "--scope", "write read", "--json"])
+            let json = try await setup.broker.brokerctl(["token", "api", "--scope", "write read", "--json"])
             let object = try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any]
             #expect(object?["scope"] as? String == "read write")
             #expect(setup.idp.refreshCalls.count == 2, "another resource is another token")
 
-            let refused = try await setup.broker.brokerctlOnOwnThread(["token", "api", "--scope", "delete"])
+            let refused = try await setup.broker.brokerctl(["token", "api", "--scope", "delete"])
             #expect(refused.status == 7)
             #expect(refused.stderr.contains("scope delete was not granted"))
-            let mixed = try await setup.broker.brokerctlOnOwnThread(["token", "api", "--id-token", "--scope", "read"])
+            let mixed = try await setup.broker.brokerctl(["token", "api", "--id-token", "--scope", "read"])
             #expect(mixed.status != 0)
-            #expect(try await setup.broker.brokerctlOnOwnThread(["token", "api"]).stdout == "at-default\n")
+            #expect(try await setup.broker.brokerctl(["token", "api"]).stdout == "at-default\n")
 
             // The bridges that take the options ask for the same narrowed token, from the cache.
             let callsBefore = setup.idp.refreshCalls.count
-            let header = try await setup.broker.brokerctlOnOwnThread(["header", "api", "--scope", "write read"])
+            let header = try await setup.broker.brokerctl(["header", "api", "--scope", "write read"])
             #expect(header.stdout == "Authorization: Bearer \(object?["access_token"] as? String ?? "-")\n")
             #expect(setup.idp.refreshCalls.count == callsBefore, "the header's token came from the cache")
-            let kube = try await setup.broker.brokerctlOnOwnThread([
+            let kube = try await setup.broker.brokerctl([
                 "kube-credential", "api", "--scope", "read", "--resource", resource,
             ])
             #expect(kube.status == 0, "\(kube.stderr)")
             #expect(kube.stdout.contains("\"token\":\"\(setup.idp.issuedAccessTokens.last ?? "-")\""))
             #expect(setup.idp.refreshCalls.last?.scope == "read")
             #expect(setup.idp.refreshCalls.count == callsBefore + 1, "kube-credential's key is a new one")
-            let exec = try await setup.broker.brokerctlOnOwnThread(
+            let exec = try await setup.broker.brokerctl(
                 ["exec", "api", "--scope", "delete", "--", "true"])
             #expect(exec.status == 7, "a refused scope stops exec before the command runs")
             setup.expectNoSecret(in: [
@@ -319,7 +319,7 @@ import Testing
             #expect(status.state == "valid")
             #expect(status.lostScope == "admin audit")
             #expect(try await setup.client.token(account: "api").scope == "read write")
-            let table = try await setup.broker.brokerctlOnOwnThread(["status"])
+            let table = try await setup.broker.brokerctl(["status"])
             #expect(table.stdout.contains("api: the IdP no longer grants the scope admin audit"))
         }
     }

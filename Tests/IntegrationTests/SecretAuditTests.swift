@@ -98,7 +98,7 @@ import Glibc
         try await audit.reloadBrokenConfigs(broker, connection: connection)
         let cliToken = audit.newSecret("rt")
         let cliIdP = try await OAuth2TestIdP(initialRefreshToken: cliToken, clientSecret: audit.newSecret("cs"))
-        try audit.runBrokerctl(broker, idp: cliIdP, refreshToken: cliToken)
+        try await audit.runBrokerctl(broker, idp: cliIdP, refreshToken: cliToken)
 
         audit.drain(events, source: "subscription")
         watch.child.stop()
@@ -149,7 +149,7 @@ import Glibc
             deny: {}, denyingTokens: #"{"refresh_token":"\#(stale)"}"#,
             recover: { #"{"refresh_token":"\#(slidingIdP.issuedRefreshTokens.last ?? "")"}"# })
         for account in [urlAccount, slidingAccount] {
-            try audit.exercise(account, connection: connection, broker: broker)
+            try await audit.exercise(account, connection: connection, broker: broker)
         }
 
         // exec: a helper that traces itself onto stderr, then fails, is denied, prints half.
@@ -162,8 +162,8 @@ import Glibc
             audit.ask(connection, #"{"id":63,"op":"status","account":"exec"}"#)
             audit.ask(connection, #"{"id":64,"op":"token","account":"exec","min_ttl":86400}"#)
         }
-        try audit.brokerctl(broker, ["status", "exec", "--json"])
-        try audit.brokerctl(broker, ["token", "exec"])
+        try await audit.brokerctl(broker, ["status", "exec", "--json"])
+        try await audit.brokerctl(broker, ["token", "exec"])
 
         // file: a token file that also holds a refresh token, then one torn in half.
         audit.ask(
@@ -172,7 +172,7 @@ import Glibc
         try Self.writeTokenFile(#"{"access_token":"\#(fileToken)","refresh_token":"\#(fileSecret)""#, to: tokenFile)
         audit.ask(connection, #"{"id":72,"op":"refresh","account":"file"}"#)
         audit.ask(connection, #"{"id":73,"op":"status","account":"file"}"#)
-        try audit.brokerctl(broker, ["status", "file"])
+        try await audit.brokerctl(broker, ["status", "file"])
 
         // static: pushed tokens only.
         let staticToken = "static-at-\(UInt64.random(in: 0...UInt64.max))"
@@ -184,9 +184,9 @@ import Glibc
         audit.ask(connection, #"{"id":82,"op":"set_tokens","account":"static","tokens":\#(staticTokens)}"#)
         audit.ask(connection, #"{"id":83,"op":"token","account":"static"}"#)
         audit.ask(connection, #"{"id":84,"op":"token","account":"static","min_ttl":86400}"#)
-        try audit.brokerctl(broker, ["token", "static"])
-        try audit.brokerctl(broker, ["status"])
-        try audit.brokerctl(broker, ["status", "--json"])
+        try await audit.brokerctl(broker, ["token", "static"])
+        try await audit.brokerctl(broker, ["status"])
+        try await audit.brokerctl(broker, ["status", "--json"])
         for account in ["exec", "file", "static"] {
             audit.ask(connection, #"{"id":85,"op":"logout","account":"\#(account)","force":true}"#)
             audit.ask(connection, #"{"id":86,"op":"remove","account":"\#(account)"}"#)
@@ -264,13 +264,13 @@ import Glibc
         #expect(await finish(undiscovered, "undiscovered") == 6)
         await broken.shutdown()
 
-        try audit.brokerctl(broker, ["token", "work"])
-        try audit.brokerctl(broker, ["token", "work", "--id-token"])
-        try audit.brokerctl(broker, ["refresh", "work"])
-        try audit.brokerctl(broker, ["status", "--json"])
-        #expect(try audit.brokerctl(broker, ["logout", "work"]).status == 0)
-        try audit.brokerctl(broker, ["status", "work"])
-        try audit.brokerctl(broker, ["remove", "work"])
+        try await audit.brokerctl(broker, ["token", "work"])
+        try await audit.brokerctl(broker, ["token", "work", "--id-token"])
+        try await audit.brokerctl(broker, ["refresh", "work"])
+        try await audit.brokerctl(broker, ["status", "--json"])
+        #expect(try await audit.brokerctl(broker, ["logout", "work"]).status == 0)
+        try await audit.brokerctl(broker, ["status", "work"])
+        try await audit.brokerctl(broker, ["remove", "work"])
 
         audit.drain(events, source: "subscription")
         broker.stop()
@@ -296,29 +296,29 @@ import Glibc
         defer { broker.stop() }
         let connection = try RawConnection(path: broker.socketPath, readTimeout: 30)
         audit.ask(connection, #"{"id":1,"op":"status"}"#)
-        #expect(try audit.brokerctl(broker, ["unlock"], stdin: first + "\n").status == 0)
+        #expect(try await audit.brokerctl(broker, ["unlock"], stdin: first + "\n").status == 0)
         let events = try audit.subscribe(broker)
         let added = audit.ask(
             connection,
             #"{"id":2,"op":"add","account":"api","provider":{"kind":"static"},"#
                 + #""tokens":{"access_token":"at-audit","expires_in":3600}}"#)
         #expect(added?["ok"] as? Bool == true, "\(added ?? [:])")
-        #expect(try audit.brokerctl(broker, ["lock"]).status == 0)
+        #expect(try await audit.brokerctl(broker, ["lock"]).status == 0)
         audit.ask(connection, #"{"id":3,"op":"token","account":"api"}"#)
-        #expect(try audit.brokerctl(broker, ["unlock"], stdin: wrong + "\n").status == 7)
+        #expect(try await audit.brokerctl(broker, ["unlock"], stdin: wrong + "\n").status == 7)
         #expect(audit.ask(connection, #"{"id":4,"op":"unlock","passphrase":"\#(wrong)"}"#)?.errorCode == "forbidden")
-        #expect(try audit.brokerctl(broker, ["unlock"], stdin: first + "\n").status == 0)
+        #expect(try await audit.brokerctl(broker, ["unlock"], stdin: first + "\n").status == 0)
         audit.ask(connection, #"{"id":5,"op":"unlock","passphrase":"\#(wrong)"}"#)
         audit.ask(connection, #"{"id":6,"op":"rekey","to":"\#(wrong)","passphrase":"\#(wrong)"}"#)
         audit.ask(connection, #"{"id":7,"op":"lock","passphrase":"\#(wrong)","account":"\#(wrong)"}"#)
-        #expect(try audit.brokerctl(broker, ["unlock"], stdin: first + "\n").status == 0)
-        let rekeyed = try audit.brokerctl(broker, ["rekey"], stdin: second + "\n")
+        #expect(try await audit.brokerctl(broker, ["unlock"], stdin: first + "\n").status == 0)
+        let rekeyed = try await audit.brokerctl(broker, ["rekey"], stdin: second + "\n")
         #expect(rekeyed.status == 0, "\(rekeyed.stderr)")
-        #expect(try audit.brokerctl(broker, ["lock"]).status == 0)
-        #expect(try audit.brokerctl(broker, ["unlock"], stdin: second + "\n").status == 0)
-        try audit.brokerctl(broker, ["token", "api"])
-        #expect(try audit.brokerctl(broker, ["rekey", "--to", "keyfile"]).status == 0)
-        try audit.brokerctl(broker, ["status"])
+        #expect(try await audit.brokerctl(broker, ["lock"]).status == 0)
+        #expect(try await audit.brokerctl(broker, ["unlock"], stdin: second + "\n").status == 0)
+        try await audit.brokerctl(broker, ["token", "api"])
+        #expect(try await audit.brokerctl(broker, ["rekey", "--to", "keyfile"]).status == 0)
+        try await audit.brokerctl(broker, ["status"])
 
         audit.drain(events, source: "subscription")
         broker.stop()
@@ -463,10 +463,10 @@ final class SecretAudit {
     /// Runs brokerctl against `broker` and records what it printed; only `token`'s stdout
     /// may hold an access token.
     @discardableResult
-    func brokerctl(_ broker: BrokerProcess, _ arguments: [String], stdin: String? = nil) throws -> (
+    func brokerctl(_ broker: BrokerProcess, _ arguments: [String], stdin: String? = nil) async throws -> (
         status: Int32, stdout: String, stderr: String
     ) {
-        let result = try broker.brokerctl(arguments, stdin: stdin)
+        let result = try await broker.brokerctl(arguments, stdin: stdin)
         let command = "brokerctl " + arguments.prefix(2).joined(separator: " ")
         record(command + " stdout", result.stdout, mayHoldAccessTokens: arguments.first == "token")
         record(command + " stderr", result.stderr)
@@ -476,7 +476,7 @@ final class SecretAudit {
     /// Every op on `account`: add, token, reject, status, refresh through each transient
     /// fault, a denial, new tokens, logout (nothing to revoke, so forced too) and remove, and
     /// brokerctl's `status` and `token` between them.
-    func exercise(_ account: AuditedAccount, connection: RawConnection, broker: BrokerProcess) throws {
+    func exercise(_ account: AuditedAccount, connection: RawConnection, broker: BrokerProcess) async throws {
         let name = account.name
         let added = ask(
             connection,
@@ -486,7 +486,7 @@ final class SecretAudit {
             (ask(connection, #"{"id":2,"op":"token","account":"\#(name)"}"#)?["result"] as? [String: Any])?[
                 "access_token"] as? String
         ask(connection, #"{"id":3,"op":"reject","account":"\#(name)","access_token":"\#(token ?? "")"}"#)
-        try brokerctl(broker, ["token", name])
+        try await brokerctl(broker, ["token", name])
         let faults: [OAuth2TestIdP.Behavior] = [.status(500, retryAfter: 1), .garbage, .hang]
         for fault in faults {
             account.setBehavior(fault)
@@ -501,9 +501,9 @@ final class SecretAudit {
         }
         #expect(ask(connection, #"{"id":8,"op":"refresh","account":"\#(name)"}"#)?.errorCode == "needs_login")
         ask(connection, #"{"id":9,"op":"token","account":"\#(name)"}"#)
-        try brokerctl(broker, ["status", name])
-        try brokerctl(broker, ["status", name, "--json"])
-        try brokerctl(broker, ["token", name])
+        try await brokerctl(broker, ["status", name])
+        try await brokerctl(broker, ["status", name, "--json"])
+        try await brokerctl(broker, ["token", name])
         ask(connection, #"{"id":10,"op":"set_tokens","account":"\#(name)","tokens":\#(account.recover())}"#)
         #expect(ask(connection, #"{"id":11,"op":"refresh","account":"\#(name)"}"#)?["ok"] as? Bool == true, "\(name)")
         account.setBehavior(.status(500, retryAfter: nil))
@@ -579,8 +579,10 @@ final class SecretAudit {
         for config in configs {
             try broker.writeConfig(config)
             #expect(ask(connection, #"{"id":50,"op":"reload"}"#)?["ok"] as? Bool == false, "\(config)")
+            // brokerd logs its refusal of the reload SIGHUP asks for.
+            let refusals = broker.log.components(separatedBy: "config not reloaded").count
             broker.signal(SIGHUP)
-            try await Task.sleep(for: .milliseconds(200))
+            #expect(await eventually { broker.log.components(separatedBy: "config not reloaded").count > refusals })
         }
         try broker.writeConfig(SecretAuditTests.config)
         #expect(ask(connection, #"{"id":51,"op":"reload"}"#)?["ok"] as? Bool == true)
@@ -588,38 +590,38 @@ final class SecretAudit {
 
     /// The owner's commands of brokerctl on an `oauth2` account at `idp`, their errors too
     /// (no broker account, secrets input that is not JSON, an IdP that fails).
-    func runBrokerctl(_ broker: BrokerProcess, idp: OAuth2TestIdP, refreshToken: String) throws {
+    func runBrokerctl(_ broker: BrokerProcess, idp: OAuth2TestIdP, refreshToken: String) async throws {
         let provider = [
             "--token-endpoint", idp.tokenEndpoint, "--client-id", idp.clientID, "--revocation-endpoint",
             idp.revocationEndpoint,
         ]
         let secrets = #"{"refresh_token":"\#(refreshToken)","client_secret":"\#(idp.clientSecret)"}"#
-        let added = try brokerctl(
+        let added = try await brokerctl(
             broker, ["add", "cli", "--kind", "oauth2", "--secrets", "-"] + provider, stdin: secrets)
         #expect(added.status == 0, "\(added.stderr)")
-        #expect(try brokerctl(broker, ["token", "cli"]).status == 0)
+        #expect(try await brokerctl(broker, ["token", "cli"]).status == 0)
         for arguments in [["status"], ["status", "--json"], ["status", "cli", "--json"], ["refresh", "cli"]] {
-            try brokerctl(broker, arguments)
+            try await brokerctl(broker, arguments)
         }
         idp.setBehavior(.status(502, retryAfter: nil))
-        #expect(try brokerctl(broker, ["refresh", "cli"]).status != 0)
-        try brokerctl(broker, ["token", "cli", "--min-ttl", "86400"])
-        try brokerctl(broker, ["logout", "cli"])
+        #expect(try await brokerctl(broker, ["refresh", "cli"]).status != 0)
+        try await brokerctl(broker, ["token", "cli", "--min-ttl", "86400"])
+        try await brokerctl(broker, ["logout", "cli"])
         idp.setBehavior(.normal)
         let torn = #"{"refresh_token":"\#(newSecret("rt"))","client_secret":"\#(newSecret("cs"))""#
         #expect(
-            try brokerctl(broker, ["add", "torn", "--kind", "oauth2", "--secrets", "-"] + provider, stdin: torn)
+            try await brokerctl(broker, ["add", "torn", "--kind", "oauth2", "--secrets", "-"] + provider, stdin: torn)
                 .status != 0)
-        #expect(try brokerctl(broker, ["set-tokens", "cli"], stdin: torn).status != 0)
+        #expect(try await brokerctl(broker, ["set-tokens", "cli"], stdin: torn).status != 0)
         let stray = #"{"refresh_token":"\#(newSecret("rt"))"}"#
-        #expect(try brokerctl(broker, ["set-tokens", "missing"], stdin: stray).status != 0)
-        #expect(try brokerctl(broker, ["set-tokens", "cli"], stdin: stray).status == 0)
-        #expect(try brokerctl(broker, ["refresh", "cli"]).status != 0, "the IdP denies the stray token")
-        try brokerctl(broker, ["status", "cli"])
-        try brokerctl(broker, ["logout", "cli", "--force"])
-        try brokerctl(broker, ["reload"])
-        try brokerctl(broker, ["remove", "cli"])
-        try brokerctl(broker, ["remove", "cli"])
+        #expect(try await brokerctl(broker, ["set-tokens", "missing"], stdin: stray).status != 0)
+        #expect(try await brokerctl(broker, ["set-tokens", "cli"], stdin: stray).status == 0)
+        #expect(try await brokerctl(broker, ["refresh", "cli"]).status != 0, "the IdP denies the stray token")
+        try await brokerctl(broker, ["status", "cli"])
+        try await brokerctl(broker, ["logout", "cli", "--force"])
+        try await brokerctl(broker, ["reload"])
+        try await brokerctl(broker, ["remove", "cli"])
+        try await brokerctl(broker, ["remove", "cli"])
     }
 
     /// Each place where a secret (or, outside token answers, an access token) was found.

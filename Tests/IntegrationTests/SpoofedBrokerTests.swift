@@ -40,7 +40,7 @@ import Glibc
         var environment = ProcessInfo.processInfo.environment
         environment["TOKENBROKER_SOCKET"] = impostor.socketPath
 
-        let result = try ChildProcess.run(
+        let result = try await ChildProcess.run(
             BrokerProcess.binary("brokerctl").path,
             [
                 "add", "stolen", "--kind", "oauth2", "--token-endpoint", "https://idp.example/token",
@@ -109,7 +109,7 @@ import Glibc
         let directory = URL(fileURLWithPath: broker.socketPath).deletingLastPathComponent().path
         let modeBefore = Self.mode(of: directory)
 
-        #expect(try broker.runExpectingExit() != 0)
+        #expect(try await broker.runExpectingExit() != 0)
         #expect(broker.log.contains("refusing the socket directory \(directory)"), "\(broker.log)")
         #expect(broker.log.contains(planted.refusal), "\(broker.log)")
         #expect(broker.log.contains("XDG_RUNTIME_DIR"), "the message says what to set")
@@ -192,13 +192,12 @@ private final class Impostor: @unchecked Sendable {
                 "/usr/bin/python3", "-c", Self.script, socketPath, ready, recordPath,
             ],
             environment: ["PATH": "/usr/bin:/bin"])
-        let deadline = Date().addingTimeInterval(15)
-        while !FileManager.default.fileExists(atPath: ready) {
-            guard Date() < deadline, !child.hasExited() else {
-                stop()
-                throw HarnessError("the impostor did not start")
-            }
-            usleep(20_000)
+        let child = self.child
+        guard Poll.blocking(timeout: 15, { FileManager.default.fileExists(atPath: ready) || child.hasExited() }),
+            !child.hasExited()
+        else {
+            stop()
+            throw HarnessError("the impostor did not start")
         }
     }
 

@@ -133,12 +133,12 @@ struct SystemdUserServiceTests {
         try FileManager.default.copyItem(atPath: vault, toPath: broker.vaultPath)
         try randomKey().write(to: URL(fileURLWithPath: broker.keyPath))
         chmod(broker.keyPath, 0o600)  // a key file others can read is refused before it is tried
-        #expect(try broker.runExpectingExit() != 0)
+        #expect(try await broker.runExpectingExit() != 0)
         #expect(broker.log.contains("the key is wrong"))
         try key.write(to: URL(fileURLWithPath: broker.keyPath))
         try await broker.start()
         defer { broker.stop() }
-        #expect(try broker.brokerctl(["token", "api"]).stdout == "cred-token\n")
+        #expect(try await broker.brokerctl(["token", "api"]).stdout == "cred-token\n")
     }
 
     /// `[accounts.NAME.access] units`: a program run in the listed unit is served, on the fast
@@ -349,13 +349,11 @@ final class UserManager: @unchecked Sendable {
                 attributes: [.posixPermissions: path.hasSuffix("/dir") ? 0 : 0o755])
         }
         manager = try ChildProcess.spawn(Self.systemdBinary!, ["--user"], environment: environment)
-        let deadline = Date().addingTimeInterval(30)
-        while Date() < deadline {
+        let up = Poll.blocking(timeout: 30, every: .milliseconds(100)) {
             let state = (try? systemctl(["is-system-running"]))?.output ?? ""
-            if state.hasPrefix("running") || state.hasPrefix("degraded") { return }
-            usleep(100_000)
+            return state.hasPrefix("running") || state.hasPrefix("degraded")
         }
-        throw HarnessError("systemd --user did not come up")
+        guard up else { throw HarnessError("systemd --user did not come up") }
     }
 
     var environment: [String: String] {
@@ -383,13 +381,7 @@ final class UserManager: @unchecked Sendable {
         if let manager {
             _ = try? systemctl(["stop", "tokenbroker.service", "tokenbroker.socket"])
             _ = try? systemctl(["exit"])
-            let deadline = Date().addingTimeInterval(15)
-            var exited = manager.hasExited()
-            while !exited, Date() < deadline {
-                usleep(50_000)
-                exited = manager.hasExited()
-            }
-            if !exited {
+            if !Poll.blocking(timeout: 15, every: .milliseconds(50), { manager.hasExited() }) {
                 kill(manager.pid, SIGKILL)
                 manager.wait()
             }

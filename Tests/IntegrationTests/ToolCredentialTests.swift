@@ -73,7 +73,7 @@ import Testing
     }
 
     @Test func dockerCredentialHelperProtocol() async throws {
-        let bridge = try await BridgeBroker.start { _ in
+        let bridge = try await BridgeBroker.start(accessToken: "at-pushed") { _ in
             """
             [accounts.api.docker]
             registries = ["https://index.docker.io/v1/", "ghcr.io", "registry.example:5000", "localhost:5000"]
@@ -83,6 +83,17 @@ import Testing
         }
         let bin = try bridge.helperDirectory(named: ["docker-credential-tokenbroker"])
         let helper = bin + "/docker-credential-tokenbroker"
+
+        // erase of a served registry, as `docker logout ghcr.io` sends it (docker 28.2), while the
+        // broker holds a pushed token it never refreshed: the first has it rejected (one
+        // refresh), the three after it find the new token fresh and leave it alone (when a token
+        // counts as fresh is `DockerBridge.erasesToken`'s, tested in BridgeSettingsTests).
+        #expect(bridge.idp.callCount == 0)
+        for spelling in ["ghcr.io", "ghcr.io", "http://ghcr.io", "https://ghcr.io"] {
+            let erase = try await bridge.run(["erase"], program: helper, stdin: spelling)
+            #expect(erase.status == 0 && erase.stdout.isEmpty, "\(erase.stdout)")
+        }
+        #expect(bridge.idp.callCount == 1)
         // docker writes the server URL without a newline; other callers add one, or a scheme.
         for (input, serverURL) in [
             ("https://index.docker.io/v1/", "https://index.docker.io/v1/"), ("ghcr.io", "ghcr.io"),
@@ -131,20 +142,6 @@ import Testing
         #expect(
             try await bridge.run(["get"], program: helper, stdin: "ghcr.io").stdout.contains(bridge.lastIssued ?? "-"))
 
-        // erase of a served registry, as `docker logout ghcr.io` sends it (docker 28.2): the
-        // token is refreshed once. (Only a token older than 30 s is rejected: wait that long.)
-        let firstRefresh = try #require(bridge.idp.calls.first?.at)
-        try await Task.sleep(for: .seconds(max(0, 30.5 - Date().timeIntervalSince(firstRefresh))))
-        let before = bridge.lastIssued
-        for spelling in ["ghcr.io", "ghcr.io", "http://ghcr.io", "https://ghcr.io"] {
-            let erase = try await bridge.run(["erase"], program: helper, stdin: spelling)
-            #expect(erase.status == 0 && erase.stdout.isEmpty, "\(erase.stdout)")
-        }
-        #expect(bridge.idp.callCount == 2)
-        let fresh = try #require(object(try await bridge.run(["get"], program: helper, stdin: "ghcr.io").stdout))
-        #expect(fresh["Secret"] as? String == bridge.lastIssued && bridge.lastIssued != before)
-        _ = try await bridge.run(["get"], program: helper, stdin: "ghcr.io")
-        #expect(bridge.idp.callCount == 2)
         let unknown = try await bridge.run(["erase"], program: helper, stdin: "registry.other.example")
         #expect(unknown.status == 1 && unknown.stdout == "credentials not found in native keychain\n")
 

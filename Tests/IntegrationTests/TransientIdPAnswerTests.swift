@@ -34,7 +34,7 @@ import Testing
 
         /// The account's state and last error message, from `brokerctl status api --json`.
         func status() async throws -> (state: String?, message: String?) {
-            let shown = try await broker.brokerctlOnOwnThread(["status", "api", "--json"])
+            let shown = try await broker.brokerctl(["status", "api", "--json"])
             #expect(shown.status == 0, "\(shown.stderr)")
             for secret in secrets { #expect(!shown.stdout.contains(secret)) }
             let object = try JSONSerialization.jsonObject(with: Data(shown.stdout.utf8)) as? [String: Any]
@@ -43,7 +43,7 @@ import Testing
         }
         /// Runs `brokerctl refresh api`; its exit code and message.
         func refresh() async throws -> (status: Int32, message: String) {
-            let refreshed = try await broker.brokerctlOnOwnThread(["refresh", "api"])
+            let refreshed = try await broker.brokerctl(["refresh", "api"])
             for secret in secrets { #expect(!(refreshed.stdout + refreshed.stderr).contains(secret)) }
             return (refreshed.status, refreshed.stderr)
         }
@@ -67,7 +67,7 @@ import Testing
             let now = try await status()
             #expect(now.state == "stale", "\(behavior)")
             #expect(now.message == shown)
-            let token = try await broker.brokerctlOnOwnThread(["token", "api"])
+            let token = try await broker.brokerctl(["token", "api"])
             #expect(token.status == 0 && token.stdout.contains("at-first"), "\(behavior): the cached token is served")
         }
 
@@ -81,7 +81,7 @@ import Testing
         #expect((limited?.retryAfterMs ?? 0) >= 3000, "\(limited?.retryAfterMs ?? 0)")
         let calls = idp.callCount
         let answeredAt = try #require(idp.calls.last?.at)
-        let beyond = try await broker.brokerctlOnOwnThread(["token", "api", "--min-ttl", "3599.9"])
+        let beyond = try await broker.brokerctl(["token", "api", "--min-ttl", "3599.9"])
         #expect(beyond.status == 6, "\(beyond.stderr)")
         // On a loaded machine the schedule's own retry may come meanwhile, but never before 3 s.
         let early = idp.calls.dropFirst(calls).filter { $0.at.timeIntervalSince(answeredAt) < 2.9 }
@@ -96,7 +96,7 @@ import Testing
         let now = try await status()
         #expect(now.state == "needs_login")
         #expect(now.message == shown)
-        let token = try await broker.brokerctlOnOwnThread(["token", "api"])
+        let token = try await broker.brokerctl(["token", "api"])
         #expect(token.status == 5)
         #expect(token.stderr.contains("(invalid_grant: unknown refresh token \(redacted))"), "\(token.stderr)")
         for secret in secrets { #expect(!(token.stdout + token.stderr).contains(secret)) }

@@ -31,7 +31,7 @@ import Glibc
         bytes[index] ^= 0x01
         try bytes.write(to: URL(fileURLWithPath: broker.vaultPath))
 
-        #expect(try broker.runExpectingExit() != 0)
+        #expect(try await broker.runExpectingExit() != 0)
         #expect(FileManager.default.contents(atPath: broker.vaultPath) == bytes)
         #expect(broker.log.contains("left untouched"))
         #expect(!broker.log.contains("kept-token"))
@@ -54,7 +54,7 @@ import Glibc
         log[offset >= 0 ? offset : log.count + offset] ^= 0x01
         try log.write(to: URL(fileURLWithPath: broker.vaultPath + ".log"))
 
-        #expect(try broker.runExpectingExit() != 0)
+        #expect(try await broker.runExpectingExit() != 0)
         #expect(FileManager.default.contents(atPath: broker.vaultPath + ".log") == log)
         #expect(FileManager.default.contents(atPath: broker.vaultPath) == snapshot)
         #expect(broker.log.contains("left untouched"))
@@ -67,7 +67,7 @@ import Glibc
         let otherKey = Data((0..<32).map { _ in UInt8.random(in: 0...255) })
         try otherKey.write(to: URL(fileURLWithPath: broker.keyPath))
 
-        #expect(try broker.runExpectingExit() != 0)
+        #expect(try await broker.runExpectingExit() != 0)
         #expect(FileManager.default.contents(atPath: broker.vaultPath) == before)
         #expect(broker.log.contains("the key is wrong or the file was modified"))
     }
@@ -109,7 +109,7 @@ import Glibc
         let broker = try BrokerProcess()
         try await broker.start()
         defer { broker.stop() }
-        let second = try broker.runExpectingExit()
+        let second = try await broker.runExpectingExit()
         #expect(second != 0)
         #expect(broker.log.contains("another brokerd is already using the vault"))
         let client = try broker.client()

@@ -35,6 +35,7 @@ public struct BrokerHarness: Sendable {
             let keyPath = directory.file("config/vault.key")
             let vaultPath = (stateDirectory ?? directory.file("state")) + "/vault"
             let clock = TestClock()
+            idp.judgeDevices(on: clock)
             let logs = LogRecorder()
             do {
                 let key = try VaultKey.load(path: keyPath, create: true)
@@ -101,6 +102,17 @@ public struct BrokerHarness: Sendable {
         _ = try await broker.add(
             account: "api", provider: provider,
             tokens: TokenSet(accessToken: accessToken, expiresIn: 3600, refreshToken: refreshToken))
+    }
+
+    /// Whether `account`, denied, stays quiet: a day passes on the clock, the due refreshes run
+    /// and a client asks for a token, and `calls` (the IdP's, or the command's runs) stays the same.
+    public func staysQuietAfterDenial(_ account: String, calls: () -> Int) async -> Bool {
+        let before = calls()
+        clock.advance(by: 86_400)
+        let next = await broker.runDueRefreshes()
+        let asked = try? await broker.token(account: account, minTTL: 1)
+        await broker.drain()
+        return next == nil && asked == nil && calls() == before
     }
 
     /// The status of `account`.

@@ -77,23 +77,19 @@ public final class BrokerProcess: @unchecked Sendable {
     {
         let process = try launch(brokerd, arguments: arguments, extraEnvironment: extra)
         self.process = process
-        let deadline = Date().addingTimeInterval(timeout)
-        // One look past the deadline too: on a loaded machine this task may not have run for
-        // a while (the cooperative threads busy with other suites) while brokerd came up.
-        var lastLook = false
-        while !lastLook {
-            lastLook = Date() >= deadline
-            if process.hasExited() {
-                self.process = nil
-                throw HarnessError("brokerd exited with \(process.wait()): \(log)")
-            }
-            if let client = try? BrokerClient(socketPath: socketPath) {
-                client.close()
-                return
-            }
-            if !lastLook { try await Task.sleep(for: .milliseconds(20)) }
+        // `eventually` looks once more past the deadline: on a loaded machine this task may not
+        // have run for a while (the cooperative threads busy with other suites) while brokerd came up.
+        let answered = await eventually(timeout: timeout) {
+            if process.hasExited() { return true }
+            guard let client = try? BrokerClient(socketPath: socketPath) else { return false }
+            client.close()
+            return true
         }
-        throw HarnessError("brokerd did not open its socket in time: \(log)")
+        if process.hasExited() {
+            self.process = nil
+            throw HarnessError("brokerd exited with \(process.wait()): \(log)")
+        }
+        guard answered else { throw HarnessError("brokerd did not open its socket in time: \(log)") }
     }
 
     /// Sends SIGTERM and waits; returns the exit status.
@@ -132,30 +128,27 @@ public final class BrokerProcess: @unchecked Sendable {
     }
 
     /// Runs brokerd expecting it to exit by itself (e.g. refusing to start); returns its status.
-    public func runExpectingExit(timeout: TimeInterval = 30) throws -> Int32 {
+    /// Waits for it on a thread of its own.
+    public func runExpectingExit(timeout: TimeInterval = 30) async throws -> Int32 {
         let process = try launch(brokerd, arguments: [])
-        let deadline = Date().addingTimeInterval(timeout)
-        while !process.hasExited(), Date() < deadline { usleep(20_000) }
-        if !process.hasExited() { kill(process.pid, SIGKILL) }
-        return process.wait()
+        return try await onOwnThread {
+            if !Poll.blocking(timeout: timeout, { process.hasExited() }) { kill(process.pid, SIGKILL) }
+            return process.wait()
+        }
     }
 
-    /// Runs brokerctl against this broker; returns exit status, stdout and stderr.
-    public func brokerctl(_ arguments: [String], stdin: String? = nil) throws -> (
+    /// Runs brokerctl against this broker; returns exit status, stdout and stderr. It waits on a
+    /// thread of its own: brokerctl waits for the broker (seconds for an Argon2id unlock, a login
+    /// or a hung IdP), which must not hold a thread of the cooperative pool that other tests'
+    /// tasks (an IdP's answer, an approver) need.
+    public func brokerctl(_ arguments: [String], stdin: String? = nil) async throws -> (
         status: Int32, stdout: String, stderr: String
     ) {
-        try ChildProcess.capture(
-            Self.binary("brokerctl").path, arguments,
-            environment: environment.merging(["TOKENBROKER_SOCKET": socketPath]) { $1 }, stdin: stdin)
-    }
-
-    /// `brokerctl` on a thread of its own, for async tests: it waits for the broker (seconds for
-    /// an Argon2id unlock, a login or a hung IdP), which must not hold a thread of the cooperative
-    /// pool that other tests' tasks (an IdP's answer, an approver) need.
-    public func brokerctlOnOwnThread(_ arguments: [String], stdin: String? = nil) async throws -> (
-        status: Int32, stdout: String, stderr: String
-    ) {
-        try await onOwnThread { try self.brokerctl(arguments, stdin: stdin) }
+        let environment = self.environment.merging(["TOKENBROKER_SOCKET": socketPath]) { $1 }
+        return try await onOwnThread {
+            try ChildProcess.capture(
+                Self.binary("brokerctl").path, arguments, environment: environment, stdin: stdin)
+        }
     }
 
     /// Every file under the broker's config and state directories, as bytes.

@@ -158,19 +158,19 @@ public final class DjangoOAuthIdP: Sendable {
     private static func waitUntilServing(_ server: ChildProcess, _ outputPath: String, address: String, port: Int)
         throws -> Started
     {
-        let deadline = ContinuousClock.now + .seconds(60)
-        while ContinuousClock.now < deadline {
+        var started: String?
+        let serving = try Poll.blocking(timeout: 60, every: .milliseconds(50)) {
             if server.hasExited() { throw HarnessError("the launcher exited with \(server.wait())") }
-            if let text = try? String(contentsOfFile: outputPath, encoding: .utf8), text.hasSuffix("\n"),
+            guard let text = try? String(contentsOfFile: outputPath, encoding: .utf8), text.hasSuffix("\n"),
                 isAccepting(address: address, port: port)
-            {
-                let decoder = JSONDecoder()
-                decoder.keyDecodingStrategy = .convertFromSnakeCase
-                return try decoder.decode(Started.self, from: Data(text.utf8))
-            }
-            usleep(50_000)
+            else { return false }
+            started = text
+            return true
         }
-        throw HarnessError("the IdP did not answer within 60 s")
+        guard serving, let started else { throw HarnessError("the IdP did not answer within 60 s") }
+        let decoder = JSONDecoder()
+        decoder.keyDecodingStrategy = .convertFromSnakeCase
+        return try decoder.decode(Started.self, from: Data(started.utf8))
     }
 
     private static func isAccepting(address: String, port: Int) -> Bool {

@@ -33,7 +33,8 @@ public protocol TestIdPHost: Sendable {
 /// nothing listens: a request that went to the network by mistake is refused there, never
 /// answered. Answers are delivered as `TestHTTPServer` delivers them, except that time is
 /// simulated: an answer that hangs, or whose `delay` reaches the request's timeout, is a timeout
-/// at once, without waiting it out.
+/// at once, without waiting it out, and a shorter `delay` is not waited at all (a test that
+/// needs an answer held holds it with a gate, `holdAnswers`).
 public enum InProcessIdPNetwork {
     /// What became of one request.
     public enum Outcome: Sendable {
@@ -95,7 +96,6 @@ public enum InProcessIdPNetwork {
                 gate.whenOpen { resumed.resume() }
             }
         }
-        if answer.delay > .zero { try? await Task.sleep(for: answer.delay) }
         return .answer(answer)
     }
 }

@@ -89,12 +89,10 @@ public final class NetworkNamespaces: Sendable {
             result.withLock { $0 = Self.listenerHere(namespace: namespace, port: port) }
         }
         thread.start()
-        let deadline = ContinuousClock.now + .seconds(10)
-        while ContinuousClock.now < deadline {
-            if let done = result.withLock({ $0 }) { return try done.get() }
-            usleep(1000)
-        }
-        throw HarnessError("no listener made in \(namespace) within 10 s")
+        guard Poll.blocking(timeout: 10, every: .milliseconds(1), { result.withLock { $0 } != nil }),
+            let done = result.withLock({ $0 })
+        else { throw HarnessError("no listener made in \(namespace) within 10 s") }
+        return try done.get()
     }
 
     /// Removes the namespaces (their veths go with them) and the bridge; again does nothing.

@@ -52,6 +52,8 @@ extension OAuth2TestIdP {
         var grantedScope: String?
         var issuedIDTokens: [String] = []
         var devicePolls: [Date] = []
+        /// The clock device codes are judged by (their expiry, the pace of polls).
+        var deviceClock: @Sendable () -> Date = { Date() }
         var authorizationRequests = 0
         var rejectedCodeExchanges: [String] = []
     }
@@ -82,6 +84,11 @@ extension OAuth2TestIdP {
             $0.login.deviceInterval = interval
             $0.login.deviceExpiresIn = expiresIn
         }
+    }
+    /// Judges device codes (their expiry, the pace of polls) by `clock`, the one the broker under
+    /// test polls on.
+    public func judgeDevices(on clock: TestClock) {
+        state.withLock { $0.login.deviceClock = { clock.now() } }
     }
     /// Answers the next `count` device polls `slow_down`, however slowly they come.
     public func forceSlowDown(_ count: Int = 1) { state.withLock { $0.login.forcedSlowDowns += count } }
@@ -171,7 +178,8 @@ extension OAuth2TestIdP {
         state.login.devices.append(
             DeviceAuthorization(
                 deviceCode: deviceCode, userCode: userCode, scope: form["scope"],
-                expiresAt: Date().addingTimeInterval(Double(login.deviceExpiresIn)), interval: login.deviceInterval))
+                expiresAt: login.deviceClock().addingTimeInterval(Double(login.deviceExpiresIn)),
+                interval: login.deviceInterval))
         let body = """
             {"device_code":"\(deviceCode)","user_code":"\(userCode)","verification_uri":"\(base)/device",\
             "verification_uri_complete":"\(base)/device?user_code=\(userCode)","expires_in":\(login.deviceExpiresIn),\
@@ -197,7 +205,7 @@ extension OAuth2TestIdP {
     static func deviceGrant(_ form: [String: String], state: inout State, clientID: String, delay: Duration)
         -> Answer
     {
-        let now = Date()
+        let now = state.login.deviceClock()
         state.login.devicePolls.append(now)
         let error: (String) -> Answer = {
             Answer(status: .badRequest, body: #"{"error":"\#($0)"}"#, delay: delay)

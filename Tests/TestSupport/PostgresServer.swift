@@ -182,11 +182,10 @@ public final class PostgresServer: Sendable {
             }
             try self.executeHere("SELECT pg_reload_conf()")
             // The reload is a signal: the settings take effect a moment later.
-            let deadline = ContinuousClock.now + .seconds(30)
-            while try self.executeHere("SHOW ssl").trimmingCharacters(in: .whitespacesAndNewlines) != "on" {
-                guard ContinuousClock.now < deadline else { throw HarnessError("postgres did not turn TLS on") }
-                usleep(20_000)
+            let on = try Poll.blocking(timeout: 30, every: .milliseconds(20)) {
+                try self.executeHere("SHOW ssl").trimmingCharacters(in: .whitespacesAndNewlines) == "on"
             }
+            guard on else { throw HarnessError("postgres did not turn TLS on") }
         }
     }
 
@@ -207,9 +206,7 @@ public final class PostgresServer: Sendable {
 
     private func stopServer(_ server: ChildProcess) {
         if !server.hasExited() { kill(server.pid, SIGINT) }
-        let deadline = ContinuousClock.now + .seconds(30)
-        while !server.hasExited(), ContinuousClock.now < deadline { usleep(20_000) }
-        if !server.hasExited() { kill(server.pid, SIGKILL) }
+        if !Poll.blocking(timeout: 30, every: .milliseconds(20), { server.hasExited() }) { kill(server.pid, SIGKILL) }
         server.wait()
     }
 
@@ -235,15 +232,13 @@ public final class PostgresServer: Sendable {
 
     /// Waits (up to 60 s) until the server accepts TCP connections on `port`.
     private static func waitUntilAccepting(port: Int, server: ChildProcess) throws {
-        let deadline = ContinuousClock.now + .seconds(60)
-        while ContinuousClock.now < deadline {
+        let accepting = try Poll.blocking(timeout: 60, every: .milliseconds(50)) {
             if server.hasExited() { throw HarnessError("postgres exited at start") }
             let ready = try ChildProcess.run(
                 binaries + "/pg_isready", ["-q", "-h", "127.0.0.1", "-p", String(port)], environment: environment,
                 timeout: 10)
-            if ready.status == 0 { return }
-            usleep(50_000)
+            return ready.status == 0
         }
-        throw HarnessError("postgres did not accept connections within 60 s")
+        guard accepting else { throw HarnessError("postgres did not accept connections within 60 s") }
     }
 }

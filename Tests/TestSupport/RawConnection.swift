@@ -6,8 +6,10 @@ import Glibc
 #endif
 
 /// A bare Unix-socket connection for sending arbitrary bytes, well-formed or not (either end:
-/// a client of a broker, or a stand-in broker's end of a connection).
-public final class RawConnection {
+/// a client of a broker, or a stand-in broker's end of a connection). One task or thread uses
+/// it at a time; the async reads wait on a thread of their own, not on one of the few threads
+/// every test's tasks share.
+public final class RawConnection: @unchecked Sendable {
     public let descriptor: Int32
     private var buffer = [UInt8]()
 
@@ -18,15 +20,16 @@ public final class RawConnection {
 
     /// Connects once something listens at `path`, trying for up to `seconds`.
     public init(path: String, waitingUpTo seconds: Double) throws {
-        let deadline = Date().addingTimeInterval(seconds)
-        while true {
-            if let descriptor = try? Self.connect(path) {
-                self.descriptor = descriptor
-                return
-            }
-            guard Date() < deadline else { throw HarnessError("nothing listens on \(path)") }
-            usleep(10_000)
-        }
+        var connected: Int32?
+        guard
+            Poll.blocking(
+                timeout: seconds,
+                {
+                    connected = try? Self.connect(path); return connected != nil
+                }),
+            let connected
+        else { throw HarnessError("nothing listens on \(path)") }
+        descriptor = connected
     }
 
     /// The server end of a connection accepted on a test's own listener (a stand-in broker),
@@ -79,6 +82,14 @@ public final class RawConnection {
     /// The next line as a JSON object, or nil when the connection closed (or timed out).
     public func readObject() -> [String: Any]? {
         guard let line = readLine() else { return nil }
+        return (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any]
+    }
+
+    /// The next line as a JSON object, waited for on a thread of its own, not on one of the few
+    /// threads every test's tasks share (a read may wait its whole timeout); nil when the
+    /// connection closed (or timed out).
+    public func nextObject() async -> [String: Any]? {
+        guard let line = (try? await onOwnThread { self.readLine() }) ?? nil else { return nil }
         return (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any]
     }
 

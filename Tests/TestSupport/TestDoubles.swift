@@ -15,8 +15,19 @@ public final class TestClock: WallClock {
         var sleepers: [(until: Date, wake: CheckedContinuation<Void, Never>)] = []
         /// Every duration asked of `sleep`, in order.
         var asked: [Duration] = []
-        /// Who waits in `sleepersReached` for how many sleepers.
-        var watchers: [(count: Int, wake: CheckedContinuation<Void, Never>)] = []
+        /// Who waits in `sleepers(where:)`, for what.
+        var watchers:
+            [(ready: @Sendable (_ ends: [Date], _ now: Date) -> Bool, wake: CheckedContinuation<Void, Never>)] =
+                []
+
+        /// Takes the watchers whose condition now holds.
+        mutating func readyWatchers() -> [CheckedContinuation<Void, Never>] {
+            let ends = sleepers.map(\.until)
+            let now = now
+            let ready = watchers.filter { $0.ready(ends, now) }.map(\.wake)
+            watchers.removeAll { $0.ready(ends, now) }
+            return ready
+        }
     }
     private let state: Mutex<State>
 
@@ -25,14 +36,15 @@ public final class TestClock: WallClock {
     public func now() -> Date { state.withLock { $0.now } }
 
     public func advance(by seconds: TimeInterval) {
-        let due = state.withLock { state in
+        let (due, reached) = state.withLock { state in
             state.now = state.now.addingTimeInterval(seconds)
             let now = state.now
             let due = state.sleepers.filter { $0.until <= now }
             state.sleepers.removeAll { $0.until <= now }
-            return due
+            return (due, state.readyWatchers())
         }
         for sleeper in due { sleeper.wake.resume() }
+        for watcher in reached { watcher.resume() }
     }
 
     public func sleep(for duration: Duration) async {
@@ -43,10 +55,7 @@ public final class TestClock: WallClock {
                 let until = state.now.addingTimeInterval(Double(parts.seconds) + Double(parts.attoseconds) / 1e18)
                 guard until > state.now else { return (true, [CheckedContinuation<Void, Never>]()) }
                 state.sleepers.append((until, wake))
-                let count = state.sleepers.count
-                let reached = state.watchers.filter { $0.count <= count }.map(\.wake)
-                state.watchers.removeAll { $0.count <= count }
-                return (false, reached)
+                return (false, state.readyWatchers())
             }
             if now { wake.resume() }
             for watcher in reached { watcher.resume() }
@@ -61,10 +70,24 @@ public final class TestClock: WallClock {
 
     /// Returns once at least `count` `sleep`s wait for `advance`.
     public func sleepersReached(_ count: Int) async {
+        await sleepers { ends, _ in ends.count >= count }
+    }
+
+    /// Waits until a sleep on this clock ends within `seconds` from now, then moves the clock to
+    /// the end of the first such sleep, waking it: the test lets the next timed step (a poll)
+    /// happen, and no longer sleeps (a login's timeout) end.
+    public func advanceToNextWake(within seconds: TimeInterval) async {
+        await sleepers { ends, now in ends.contains { $0.timeIntervalSince(now) <= seconds } }
+        let next = state.withLock { state in state.sleepers.map(\.until).min().map { $0.timeIntervalSince(state.now) } }
+        if let next { advance(by: next) }
+    }
+
+    /// Returns once `ready` holds of the ends of the sleeps waiting for `advance` and the time.
+    private func sleepers(where ready: @escaping @Sendable (_ ends: [Date], _ now: Date) -> Bool) async {
         await withCheckedContinuation { (wake: CheckedContinuation<Void, Never>) in
             let reached = state.withLock { state in
-                guard state.sleepers.count < count else { return true }
-                state.watchers.append((count, wake))
+                guard !ready(state.sleepers.map(\.until), state.now) else { return true }
+                state.watchers.append((ready, wake))
                 return false
             }
             if reached { wake.resume() }

@@ -215,16 +215,6 @@ final class Box<Value: Sendable>: Sendable {
     }
 }
 
-/// Polls `condition` until it holds or `timeout` passes; returns whether it held.
-public func eventually(timeout: TimeInterval = 15, _ condition: () async throws -> Bool) async rethrows -> Bool {
-    let deadline = Date().addingTimeInterval(timeout)
-    while Date() < deadline {
-        if try await condition() { return true }
-        try? await Task.sleep(for: .milliseconds(25))
-    }
-    return try await condition()
-}
-
 /// A random suffix that makes issued tokens and URLs unique per test run.
 func randomSuffix() -> String { String(UInt32.random(in: 0...UInt32.max)) }
 

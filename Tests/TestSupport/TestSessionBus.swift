@@ -77,10 +77,6 @@ public final class TestSessionBus: @unchecked Sendable {
     }
 
     private static func waitFor(_ what: String, _ condition: () -> Bool) async throws {
-        let deadline = Date().addingTimeInterval(20)
-        while !condition() {
-            guard Date() < deadline else { throw HarnessError("\(what) did not come up") }
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        guard await eventually(timeout: 20, condition) else { throw HarnessError("\(what) did not come up") }
     }
 }

@@ -58,17 +58,13 @@ public final class TokenEndpointProxy: Sendable {
     /// Holds the next request, or its answer, until `release`.
     public func holdNext(_ point: HoldPoint) { state.withLock { $0.holdNext = point } }
 
-    /// Waits (on a thread of its own, up to `seconds`) until a request or answer is held; returns
-    /// the host it is for, which holds the lease while its refresh is held.
+    /// Waits (up to `seconds`) until a request or answer is held; returns the host it is for,
+    /// which holds the lease while its refresh is held.
     public func waitForHeld(seconds: Double) async throws -> Int {
-        try await onOwnThread {
-            let deadline = ContinuousClock.now + .milliseconds(Int64(seconds * 1000))
-            while ContinuousClock.now < deadline {
-                if let host = self.state.withLock({ $0.heldHost }) { return host }
-                usleep(2000)
-            }
-            throw HarnessError("no request held within \(seconds) s")
-        }
+        guard await eventually(timeout: seconds, { state.withLock { $0.heldHost } != nil }),
+            let host = state.withLock({ $0.heldHost })
+        else { throw HarnessError("no request held within \(seconds) s") }
+        return host
     }
 
     /// Lets the held request or answer go on (a request whose broker has gone is dropped; an
@@ -90,8 +86,7 @@ public final class TokenEndpointProxy: Sendable {
             return !state.stopped
         }
         if first { for listener in listeners { shutdown(listener, Int32(SHUT_RDWR)) } }
-        let deadline = ContinuousClock.now + .seconds(30)
-        while state.withLock({ $0.threads }) > 0, ContinuousClock.now < deadline { usleep(5000) }
+        _ = Poll.blocking(timeout: 30) { state.withLock { $0.threads } == 0 }
         if first { for listener in listeners { close(listener) } }
     }
 
@@ -175,8 +170,7 @@ public final class TokenEndpointProxy: Sendable {
             $0.heldHost = host
             $0.released = false
         }
-        let deadline = ContinuousClock.now + .seconds(60)
-        while !state.withLock({ $0.released }), ContinuousClock.now < deadline { usleep(2000) }
+        _ = Poll.blocking(timeout: 60, every: .milliseconds(2)) { state.withLock { $0.released } }
         state.withLock { $0.heldHost = nil }
     }
 

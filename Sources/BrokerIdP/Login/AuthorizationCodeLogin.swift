@@ -24,7 +24,7 @@ package enum AuthorizationCodeLogin {
         }
         let pkce = try PKCE()
         let wait = timeout ?? LoginOptions.defaultTimeout
-        let deadline = ContinuousClock.now + .seconds(wait)
+        let deadline = LoginDeadline(in: wait, on: context.clock)
         let listener = try await LoopbackRedirect(port: redirectPort ?? 0, state: pkce.state, until: deadline) {
             authorizationURL(
                 endpoint, settings: context.settings, pkce: pkce, redirectURI: $0, dpopKey: context.dpopKey)

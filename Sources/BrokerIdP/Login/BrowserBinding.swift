@@ -16,12 +16,12 @@ package final class BrowserBinding: Sendable {
     /// The cookie's value: 32 random bytes, base64url.
     private let cookie = Base64URL.encode(Sodium.randomBytes(32))
     /// When the login ends (the cookie's lifetime).
-    private let deadline: ContinuousClock.Instant
+    private let deadline: LoginDeadline
     /// Set once the listener is bound: where `/start` sends the browser, the cookie's name, and
     /// whether a browser has started.
     private let flow = Mutex<(authorizationURL: String, cookieName: String, started: Bool)?>(nil)
 
-    package init(until deadline: ContinuousClock.Instant) {
+    package init(until deadline: LoginDeadline) {
         self.deadline = deadline
     }
 
@@ -36,7 +36,7 @@ package final class BrowserBinding: Sendable {
     /// only when they carry the cookie (the same browser, reloading); a wrong key is not found.
     package func start(key given: String?, cookies: [String]) -> LoopbackReply {
         guard let given, Self.equal(given, key) else { return .notFound }
-        let remaining = max(1, Int(ContinuousClock.now.duration(to: deadline).components.seconds))
+        let remaining = max(1, Int(deadline.remaining.rounded(.down)))
         let outcome = flow.withLock { flow -> (url: String, setCookie: String?)? in
             guard let current = flow else { return nil }
             if !current.started {

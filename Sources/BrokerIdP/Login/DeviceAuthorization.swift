@@ -36,7 +36,7 @@ package enum DeviceAuthorization {
         else {
             throw context.noEndpoint(for: .device, accountExists: context.accountExists)
         }
-        let started = ContinuousClock.now
+        let started = context.clock.now()
         var form: [(String, String)] = []
         if let scope = context.settings.scope { form.append(("scope", scope)) }
         // RFC 8628 section 3.1 wants the client id in the form: `post` puts it there for every
@@ -53,19 +53,20 @@ package enum DeviceAuthorization {
                 verificationURIComplete: offer.verificationURIComplete, userCode: offer.userCode,
                 expiresIn: offer.expiresIn, interval: offer.interval,
                 qrCode: QRMatrix.rows(of: offer.verificationURIComplete ?? offer.verificationURI)))
-        let deadline = started + .seconds(min(Double(offer.expiresIn), timeout ?? .infinity))
+        let wait = min(Double(offer.expiresIn), timeout ?? .infinity)
+        let deadline = LoginDeadline(at: started.addingTimeInterval(wait), on: context.clock)
         return try await poll(offer, until: deadline, context: context)
     }
 
     /// Polls the token endpoint at the offer's interval until the user acts or `deadline`.
-    private static func poll(_ offer: Offer, until deadline: ContinuousClock.Instant, context: LoginContext)
+    private static func poll(_ offer: Offer, until deadline: LoginDeadline, context: LoginContext)
         async throws(BrokerFailure) -> Grant
     {
         var interval = offer.interval
         var lastTransient: String?
         while true {
-            let next = ContinuousClock.now + .seconds(interval)
-            guard next < deadline else {
+            let next = LoginDeadline(in: Double(interval), on: context.clock)
+            guard next.date < deadline.date else {
                 try await context.sleep(until: deadline)
                 if let lastTransient { throw .loginUnavailable(reason: lastTransient) }
                 throw .loginFailed(context.account, reason: "the sign-in was not completed in time")

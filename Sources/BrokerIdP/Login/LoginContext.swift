@@ -161,12 +161,8 @@ package struct LoginContext: Sendable {
     }
 
     /// Sleeps until `deadline`; a cancelled login ends here.
-    package func sleep(until deadline: ContinuousClock.Instant) async throws(BrokerFailure) {
-        do {
-            try await EventLoopSleep.sleep(until: deadline)
-        } catch {
-            throw cancelled
-        }
+    package func sleep(until deadline: LoginDeadline) async throws(BrokerFailure) {
+        guard await deadline.reached() else { throw cancelled }
     }
 
     /// The failure of a login whose client went away.

@@ -46,7 +46,7 @@ package final class LoopbackRedirect: Sendable {
     /// The page of the callback that brought the code, answered by `finish`.
     private let codePage: CodePage
     /// Closes the listener at the login's deadline, should `close()` not come first.
-    private let expiry: Scheduled<Void>
+    private let expiry: Task<Void, Never>
     private let callbacks: AsyncStream<Callback>
 
     /// The URI the IdP redirects the browser to.
@@ -61,7 +61,7 @@ package final class LoopbackRedirect: Sendable {
     /// does not read its progress, does not keep the port open). `/start` sends the browser to
     /// `authorizationURL(redirectURI)`.
     package init(
-        port: Int, state: String, until deadline: ContinuousClock.Instant,
+        port: Int, state: String, until deadline: LoginDeadline,
         authorizationURL: (_ redirectURI: String) -> String
     ) async throws(BrokerFailure) {
         let (callbacks, continuation) = AsyncStream.makeStream(of: Callback.self, bufferingPolicy: .bufferingNewest(1))
@@ -96,8 +96,8 @@ package final class LoopbackRedirect: Sendable {
                         + (errno.map { String(cString: strerror($0)) } ?? "\(error)")
                         + "); pick another --redirect-port or leave it out")
         }
-        let remaining = max(.zero, ContinuousClock.now.duration(to: deadline))
-        self.expiry = channel.eventLoop.scheduleTask(in: TimeAmount(remaining)) {
+        self.expiry = Task {
+            guard await deadline.reached() else { return }
             channel.close(promise: nil)
             connections.closeAll()
         }
@@ -111,14 +111,14 @@ package final class LoopbackRedirect: Sendable {
     }
 
     /// The callback with the right `state`, or `nil` when `deadline` passed or the task was cancelled first.
-    package func callback(until deadline: ContinuousClock.Instant) async -> Callback? {
+    package func callback(until deadline: LoginDeadline) async -> Callback? {
         await withTaskGroup(of: Callback?.self) { group in
             group.addTask { [callbacks] in
                 var iterator = callbacks.makeAsyncIterator()
                 return await iterator.next()
             }
             group.addTask {
-                try? await EventLoopSleep.sleep(until: deadline)
+                _ = await deadline.reached()
                 return nil
             }
             let first = await group.next() ?? nil

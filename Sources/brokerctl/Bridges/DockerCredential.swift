@@ -22,9 +22,6 @@ struct DockerCredential: ParsableCommand {
     /// What docker-credential-helpers answers for a registry it holds nothing for; docker
     /// recognises this text.
     static let notFound = "credentials not found in native keychain"
-    /// Seconds after a refresh during which `erase` leaves the new token alone: long enough for
-    /// the four erases of one `docker logout` on a loaded machine (at 5 s, one CI run saw two).
-    static let freshTokenAge: TimeInterval = 30
     /// Largest input read (a server URL, or store's small JSON object).
     static let maximumSize = 64 * 1024
 
@@ -42,11 +39,7 @@ struct DockerCredential: ParsableCommand {
                 StandardStream.output.write(try Self.json(answer) + "\n")
             case "erase":
                 let (account, _) = try serving(try readServerURL())
-                // `docker logout` erases up to four spellings of one registry, one after another:
-                // a token the broker refreshed moments ago was refused by no one.
-                if let refreshed = account.lastRefreshAt, Date().timeIntervalSince(refreshed) < Self.freshTokenAge {
-                    return
-                }
+                guard DockerBridge.erasesToken(refreshedAt: account.lastRefreshAt, now: Date()) else { return }
                 let current = try options.token(of: account.account)
                 _ = try options.client().perform(
                     .reject(account: account.account, accessToken: current.accessToken, minTTL: options.minTTL))

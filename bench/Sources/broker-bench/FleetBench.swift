@@ -39,7 +39,7 @@ struct FleetBench {
         let keys = try TemporaryDirectory()
         defer { keys.remove() }
         let key = keys.file("fleet.key")
-        let made = try ChildProcess.capture(
+        let made = try await ChildProcess.capture(
             BrokerProcess.binary("brokerctl").path, ["fleet", "init", "--key-file", key],
             environment: ["PATH": "/usr/bin:/bin"])
         guard made.status == 0 else { throw BenchError("brokerctl fleet init failed: \(made.stderr)") }
@@ -84,7 +84,7 @@ struct FleetBench {
             brokers.append(broker)
             try await broker.start()
             // The others start after the account is shared, and serve it from its row.
-            if host == 0 { try add(account, on: broker, idp: idp, shared: true) }
+            if host == 0 { try await add(account, on: broker, idp: idp, shared: true) }
         }
         let clients = try brokers.flatMap { broker in
             try (0..<clientsPerBroker).map { _ in try RawConnection(path: broker.socketPath) }
@@ -159,7 +159,7 @@ struct FleetBench {
         defer { broker.stop() }
         let accounts = [(name: "shared", idp: sharedIdP), (name: "local", idp: localIdP)]
         for account in accounts {
-            try add(account.name, on: broker, idp: account.idp, shared: account.name == "shared")
+            try await add(account.name, on: broker, idp: account.idp, shared: account.name == "shared")
             try waitForToken(of: account.name, on: broker)
         }
 
@@ -275,8 +275,8 @@ struct FleetBench {
 
     /// Adds `name` on `broker` with `brokerctl add` (`--shared`: to the fleet), holding the
     /// IdP's refresh token and client secret, given on standard input.
-    private func add(_ name: String, on broker: BrokerProcess, idp: OAuth2TestIdP, shared: Bool) throws {
-        let added = try broker.brokerctl(
+    private func add(_ name: String, on broker: BrokerProcess, idp: OAuth2TestIdP, shared: Bool) async throws {
+        let added = try await broker.brokerctl(
             ["add", name] + (shared ? ["--shared"] : []) + [
                 "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id", idp.clientID, "--secrets",
                 "-",

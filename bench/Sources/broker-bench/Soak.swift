@@ -46,7 +46,7 @@ struct Soak {
         defer { if mounted { Self.unmount(state) } }
         try await broker.start()
         defer { broker.stop() }
-        let added = try broker.brokerctl(
+        let added = try await broker.brokerctl(
             [
                 "add", "soak", "--kind", "oauth2", "--token-endpoint", idp.tokenEndpoint, "--client-id", idp.clientID,
                 "--secrets", "-",
@@ -114,7 +114,7 @@ struct Soak {
         while clients.finished.load(ordering: .acquiring) < Self.clients { usleep(10_000) }
 
         // Lost: the account cannot refresh any more (its refresh token is not the IdP's current one).
-        let forced = try broker.brokerctl(["refresh", "soak"])
+        let forced = try await broker.brokerctl(["refresh", "soak"])
         let lost = forced.status == 0 && Self.state(of: broker) == "valid" ? 0 : 1
         let calls = idp.refreshCalls
         let rotations = calls.filter(\.presentedCurrent).count
