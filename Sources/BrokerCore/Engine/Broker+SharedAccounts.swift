@@ -10,37 +10,59 @@ extension Broker {
     struct FleetMembership {
         let store: any SharedAccountStore
         let leaseSeconds: Double
-        /// The version of each shared account's row this broker holds.
-        var versions: [String: Int64] = [:]
-        /// The share of each of those rows (`SharedRow.share`): a row of another share under the
-        /// same name is another account, served anew.
-        var shares: [String: String] = [:]
-        /// The host that committed each of those rows.
-        var committedBy: [String: String] = [:]
-        /// The accounts whose lease this broker holds now (its refresh under way).
-        var holding: Set<String> = []
-        /// A refresh the IdP answered (or a logout) whose commit did not reach the store: its record and the
-        /// version it goes over, also in the vault (`FleetMark.Step.uncommitted`) and committed
-        /// by `commitPending` until it lands or the row moves on. The account is `degraded`.
-        var pending: [String: (record: AccountRecord, share: String?, over: Int64)] = [:]
+        /// Each shared account's place in the fleet, by name; also a commit the vault kept
+        /// across a restart, before its account is served (`FleetAccountMachine.served`).
+        var shared: [String: FleetAccountMachine] = [:]
         /// The accounts whose pending commit or unsettled share a task retries now (`retry`).
         var retrying: Set<String> = []
-        /// The accounts another host has just leased, each with the wait for its commit or
-        /// release (`followLease`); their clients wait for it too.
-        var following: [String: LeaseFollow] = [:]
+
+        /// The changes the database missed, by account.
+        var pending: [String: FleetAccountMachine.PendingCommit] { shared.compactMapValues(\.pending) }
     }
 
-    /// The wait of one account's clients for another host's lease to end.
-    struct LeaseFollow {
-        let task: Task<Void, Never>
-        /// The lease notices of the account since the wait began.
-        var leases = 1
-        /// The row's version held at the last lease notice: a newer one taken meanwhile (a
-        /// commit's notice) ends the wait.
-        var version: Int64
-        /// When the wait gives up: as long as a refresh here waits for another holder, counted
-        /// from the first lease notice.
-        let until: Date
+    /// Whether `name` is a shared account served here from its row.
+    func isShared(_ name: String) -> Bool {
+        fleet?.shared[name]?.served == true
+    }
+
+    /// Applies `transition` to the fleet side of `name`, if it has one, then runs the effects
+    /// it returns; a failed save stops the rest and is thrown.
+    func updateShared(
+        _ name: String, _ transition: (inout FleetAccountMachine) -> [FleetAccountMachine.Effect]
+    ) throws(BrokerFailure) {
+        guard var machine = fleet?.shared[name] else { return }
+        let effects = transition(&machine)
+        fleet?.shared[name] = machine
+        try run(effects, forShared: name)
+    }
+
+    /// Runs a fleet transition's effects in order; a failed save stops the rest and is thrown
+    /// (it is tried again as any failed save is, `retryFailedSave`).
+    func run(_ effects: [FleetAccountMachine.Effect], forShared name: String) throws(BrokerFailure) {
+        for effect in effects {
+            switch effect {
+            case .persist:
+                try persist(changing: [name])
+            case .withdraw:
+                cache.publish(nil, for: name)
+            case .followLease:
+                let task = Task {
+                    await self.awaitLeaseEnd(name)
+                    self.fleet?.shared[name]?.followEnded()
+                }
+                fleet?.shared[name]?.followStarted(task)
+            case .retryCommit:
+                retry(name, .commit)
+            case .forget:
+                fleet?.shared[name] = nil
+            }
+        }
+    }
+
+    /// How long a refresh here, and clients, wait for another host's lease: 3 IdP timeouts (or
+    /// the lease, if shorter) and one more.
+    var othersLeaseWait: TimeInterval {
+        min(fleet?.leaseSeconds ?? 0, 3 * settings.requestTimeout) + settings.requestTimeout
     }
 
     /// How long a lease holder waits before it calls the IdP, so that the other brokers have
@@ -52,9 +74,9 @@ extension Broker {
     enum SharedTurn {
         /// The refresh is over: another host's commit, read from the row, served it.
         case finished(Result<Void, BrokerFailure>)
-        /// The lease is this host's until `until`: refresh from the row's record, then commit
-        /// over its version.
-        case leased(SharedRow, until: Date)
+        /// The lease is this host's (until `FleetAccountMachine.leaseUntil`): refresh from the
+        /// row's record, then commit over its version.
+        case leased(SharedRow)
         /// No lease could be had (the database does not answer, or another host keeps the lease).
         case failed(RefreshFailure)
     }
@@ -70,10 +92,10 @@ extension Broker {
 
     /// What `status` shows of `name` when it is a shared account.
     func sharedStatus(of name: String) -> SharedAccountStatus? {
-        guard let fleet, let version = fleet.versions[name] else { return nil }
+        guard let fleet, let shared = fleet.shared[name], shared.served else { return nil }
         return SharedAccountStatus(
-            version: version, lastRefreshedBy: fleet.committedBy[name],
-            leaseHolder: fleet.holding.contains(name) ? fleet.store.host : nil)
+            version: shared.version, lastRefreshedBy: shared.committedBy,
+            leaseHolder: shared.holdsLease ? fleet.store.host : nil)
     }
 
     /// Reads every row and serves the shared accounts this broker does not hold yet.
@@ -96,10 +118,8 @@ extension Broker {
                 case .refused(let name, _): name
                 }
             })
-        for name in fleet?.versions.keys.filter({ !present.contains($0) }) ?? []
-        where accounts[name]?.refreshSerial == nil {
-            forgetShared(name)
-            stopServing(name, "shared account removed by another host", now: now)
+        for (name, shared) in fleet?.shared ?? [:] where shared.served && !present.contains(name) {
+            dropShared(name, "shared account removed by another host", now: now)
         }
         for reading in readings {
             switch reading {
@@ -110,25 +130,23 @@ extension Broker {
             case .row(let row):
                 let name = row.record.name
                 guard (try? AccountName(name)) != nil else { continue }
-                if let known = fleet?.shares[name], known != row.share, accounts[name]?.refreshSerial == nil {
+                if let known = fleet?.shared[name], known.served, known.share != row.share {
                     // Removed and shared again between two reads: another account of that name.
-                    forgetShared(name)
-                    stopServing(name, "shared account replaced by a new share of that name", now: now)
+                    dropShared(name, "shared account replaced by a new share of that name", now: now)
                 }
-                if fleet?.versions[name] != nil, accounts[name] != nil {
+                if let shared = fleet?.shared[name], shared.served, accounts[name] != nil {
                     adoptCommitted(row)
                     // Another host's lease, or one run out, whose notice this broker missed.
-                    let othersLease = row.leaseHolder != nil && fleet?.holding.contains(name) == false
+                    let othersLease = row.leaseHolder != nil && !shared.holdsLease
                     if othersLease || row.leaseLapsed, accounts[name]?.refreshSerial == nil,
-                        fleet?.following[name] == nil
+                        fleet?.shared[name]?.following == nil
                     {
-                        cache.publish(nil, for: name)
-                        followLease(name)
+                        noticeOthersLease(name)
                     }
                     continue
                 }
                 // A record the vault keeps for the fleet is settled first (`settleFleetMarks`).
-                guard heldForFleet[name] == nil, fleet?.pending[name] == nil else { continue }
+                guard heldForFleet[name] == nil, fleet?.shared[name]?.pending == nil else { continue }
                 guard accounts[name] == nil else {
                     // A local record marked for a share is settled next (`settleFleetMarks`).
                     if accounts[name]?.record.fleet == nil {
@@ -139,16 +157,14 @@ extension Broker {
                     continue
                 }
                 let machine = AccountMachine(record: Self.unmarked(row.record), planner: planner, now: now)
-                fleet?.versions[name] = row.version
-                fleet?.shares[name] = row.share
-                fleet?.committedBy[name] = row.lastRefreshedBy
+                fleet?.shared[name] = FleetAccountMachine(
+                    share: row.share, version: row.version, committedBy: row.lastRefreshedBy)
                 accounts[name] = machine
                 // A lease running or run out (a broker killed while it refreshed, this one's
                 // predecessor perhaps) may have revoked the row's token: served once it ends.
+                // A local copy just settled into this row may have left its token cached.
                 guard row.leaseHolder == nil, !row.leaseLapsed else {
-                    // A local copy just settled into this row may have left its token cached.
-                    cache.publish(nil, for: name)
-                    followLease(name)
+                    noticeOthersLease(name)
                     continue
                 }
                 republish(machine, as: name)
@@ -167,13 +183,12 @@ extension Broker {
     /// while no refresh of it runs here (one that runs takes the row itself).
     func adoptCommitted(_ row: SharedRow) {
         let name = row.record.name
-        guard !padlock.isLocked, let known = fleet?.versions[name], row.version > known,
-            row.share == fleet?.shares[name], fleet?.pending[name] == nil,
+        guard !padlock.isLocked, var shared = fleet?.shared[name],
+            shared.rowMovedOn(share: row.share, version: row.version, by: row.lastRefreshedBy),
             let effects = accounts[name]?.sharedRowCommitted(
                 Self.unmarked(row.record), planner: planner, now: clock.now())
         else { return }
-        fleet?.versions[name] = row.version
-        fleet?.committedBy[name] = row.lastRefreshedBy
+        fleet?.shared[name] = shared
         try? run(effects, for: name)
         logger.info(
             "refreshed by another host",
@@ -200,22 +215,20 @@ extension Broker {
             throw .fleetUnavailable(reason: "\(error)")
         }
         guard inserted, accounts[name] == nil else { throw .accountExists(account) }
-        fleet?.versions[name] = 1
-        fleet?.shares[name] = share
-        fleet?.committedBy[name] = store.host
+        fleet?.shared[name] = FleetAccountMachine(share: share, version: 1, committedBy: store.host)
         return try serveNew(record, now: now)
     }
 
     /// Deletes the row of `name` when it is a shared account (nothing otherwise); the other
-    /// brokers stop serving it at their next read of the store.
+    /// brokers stop serving it at their next read of the store. The account is forgotten as
+    /// shared once it left (`forgetShared`).
     func removeShared(_ name: String) async throws(BrokerFailure) {
-        guard let store = fleet?.store, fleet?.versions[name] != nil else { return }
+        guard let store = fleet?.store, isShared(name) else { return }
         do {
             _ = try await store.delete(name, at: nil)
         } catch {
             throw .fleetUnavailable(reason: "\(error)")
         }
-        forgetShared(name)
     }
 
     /// Before a shared account's refresh calls the IdP: reads the row (another host may have
@@ -226,16 +239,15 @@ extension Broker {
     /// token's, which a newer row never ends (it is taken, and the refresh goes on from it).
     func takeSharedTurn(_ name: String, serial: Int?) async -> SharedTurn {
         guard let fleet else { return .finished(.failure(.noSuchAccount(AccountName(known: name)))) }
-        // Another holder is waited for at most 3 IdP timeouts (or its lease, if shorter) and one
-        // more; then the refresh fails as an outage does, and its backoff tries again.
-        let wait = min(fleet.leaseSeconds, 3 * settings.requestTimeout) + settings.requestTimeout
-        let deadline = clock.now().addingTimeInterval(wait)
+        // Another holder is waited for (`othersLeaseWait`); then the refresh fails as an outage
+        // does, and its backoff tries again.
+        let deadline = clock.now().addingTimeInterval(othersLeaseWait)
         var lastRead: SharedRow?
         while true {
             do {
-                if self.fleet?.pending[name] != nil {
+                if self.fleet?.shared[name]?.pending != nil {
                     await commitPending(name)
-                    guard self.fleet?.pending[name] == nil else {
+                    guard self.fleet?.shared[name]?.pending == nil else {
                         return .failed(.transient("the fleet's database has not taken the last refresh yet"))
                     }
                 }
@@ -245,12 +257,12 @@ extension Broker {
                 lastRead = row
                 // A row of another share is another account (removed and shared again): the
                 // next read of the store serves it in place of this one.
-                guard row.share == self.fleet?.shares[name] else {
+                guard row.share == self.fleet?.shared[name]?.share else {
                     return .finished(.failure(.changedDuringRefresh(AccountName(known: name))))
                 }
                 if let done = adopt(row, serial: serial) { return .finished(done) }
                 if let lease = try await fleet.store.takeLease(name, seconds: fleet.leaseSeconds) {
-                    guard lease.row.share == self.fleet?.shares[name] else {
+                    guard lease.row.share == self.fleet?.shared[name]?.share else {
                         await fleet.store.release(name)
                         return .finished(.failure(.changedDuringRefresh(AccountName(known: name))))
                     }
@@ -269,21 +281,21 @@ extension Broker {
                         await fleet.store.release(name)
                         return .failed(.transient("the fleet lease is shorter than an IdP call"))
                     }
-                    self.fleet?.holding.insert(name)
                     let leaseEnd = clock.now().addingTimeInterval(Double(lease.remaining.components.seconds))
                     // The IdP may revoke the access token held when it rotates (docs/fleet.md,
                     // "Notifications"): clients here wait for the commit from now on, and the
                     // other brokers, told of the lease, get a moment to do the same.
-                    cache.publish(nil, for: name)
+                    try? updateShared(name) { $0.leaseTaken(until: leaseEnd) }
                     if pause > .zero { await clock.sleep(for: pause) }
-                    return .leased(lease.row, until: leaseEnd)
+                    return .leased(lease.row)
                 }
             } catch {
                 return .failed(.transient("the fleet's database: \(error)"))
             }
             // Another host holds the lease: its refresh may revoke the token held (a notification
             // of its lease may have been lost), so none is served until its commit.
-            cache.publish(nil, for: name)
+            let wait = othersLeaseWait
+            try? updateShared(name) { $0.othersLease(refreshing: true, wait: wait, now: clock.now()) }
             guard clock.now() < deadline else {
                 return .failed(.transient("another host holds the fleet lease and has not committed"))
             }
@@ -302,11 +314,10 @@ extension Broker {
             adoptCommitted(row)
             return nil
         }
-        guard let known = fleet?.versions[name], row.version > known, row.share == fleet?.shares[name] else {
-            return nil
-        }
-        fleet?.versions[name] = row.version
-        fleet?.committedBy[name] = row.lastRefreshedBy
+        guard var shared = fleet?.shared[name],
+            shared.rowReadInRefresh(share: row.share, version: row.version, by: row.lastRefreshedBy)
+        else { return nil }
+        fleet?.shared[name] = shared
         guard
             let (finished, effects) = accounts[name]?.sharedRowRead(
                 Self.unmarked(row.record), serial: serial, planner: planner, now: clock.now())
@@ -323,11 +334,10 @@ extension Broker {
     /// `version`, and only then serves it. When the refresh was overtaken here (new tokens, a
     /// removal), the row still gets the rotated credential, so that it never keeps the one this
     /// refresh consumed. A commit the database does not take is tried again every 0.5 s while
-    /// the lease (`leaseEnd`) runs, then kept for the next refresh, the old token served
-    /// meanwhile. A row another host moved on is taken instead.
+    /// the lease runs, then kept for the next refresh, the old token served meanwhile. A row
+    /// another host moved on is taken instead.
     func commitShared(
         _ name: String, serial: Int, started: AccountRecord, grant: Grant, share: String, over version: Int64,
-        leaseEnd: Date,
         idp: Duration
     ) async -> Result<Void, BrokerFailure> {
         guard let store = fleet?.store else { return .failure(.changedDuringRefresh(AccountName(known: name))) }
@@ -345,7 +355,7 @@ extension Broker {
             record = Self.rotating(started, by: grant)
             record.token = grant.token
         }
-        let (committed, failure) = await commitWithinLease(record, share: share, over: version, leaseEnd: leaseEnd)
+        let (committed, failure) = await commitWithinLease(record, share: share, over: version)
         guard let committed else {
             keepPending(record, share: share, over: version)
             let reason = "the fleet's database did not take the refresh: \(failure)"
@@ -356,8 +366,7 @@ extension Broker {
             let reason = "another host committed the account first"
             return finishRefresh(name, serial: serial, started: started, outcome: .failure(.transient(reason)))
         }
-        fleet?.versions[name] = version + 1
-        fleet?.committedBy[name] = store.host
+        try? updateShared(name) { $0.commitLanded(over: version, by: store.host) }
         guard let machine, accounts[name]?.refreshSerial == serial else {
             return .failure(.changedDuringRefresh(AccountName(known: name)))
         }
@@ -374,9 +383,9 @@ extension Broker {
 
 extension Broker {
     /// Commits `record` over `version` under this host's lease, trying again every 0.5 s while
-    /// the lease (`leaseEnd`) runs: whether the row took it (`false`: it moved on or is gone), or
-    /// `nil` and the database's last error when it never answered.
-    func commitWithinLease(_ record: AccountRecord, share: String, over version: Int64, leaseEnd: Date) async -> (
+    /// the lease runs: whether the row took it (`false`: it moved on or is gone), or `nil` and
+    /// the database's last error when it never answered.
+    func commitWithinLease(_ record: AccountRecord, share: String, over version: Int64) async -> (
         committed: Bool?, failure: String
     ) {
         guard let store = fleet?.store else { return (false, "") }
@@ -386,7 +395,9 @@ extension Broker {
                 return (try await store.commit(record, share: share, over: version), "")
             } catch {
                 failure = "\(error)"
-                guard clock.now().addingTimeInterval(0.5) < leaseEnd else { return (nil, failure) }
+                guard fleet?.shared[record.name]?.mayRetryCommit(after: 0.5, now: clock.now()) == true else {
+                    return (nil, failure)
+                }
                 await clock.sleep(for: .milliseconds(500))
             }
         }
@@ -410,19 +421,9 @@ extension Broker {
     /// or the row moves on. A vault that cannot be written leaves it in memory only.
     func keepPending(_ record: AccountRecord, share: String?, over version: Int64) {
         let name = record.name
-        fleet?.pending[name] = (record, share, version)
-        try? saveToVault(changed: [Self.markedUncommitted(record, share: share, over: version)])
         logger.warning(
             "the fleet's database did not take a change; kept to commit later", metadata: ["account": "\(name)"])
-        retry(name, .commit)
-    }
-
-    /// `record` as the vault keeps a commit the database missed: marked `uncommitted`, with the
-    /// share and version it goes over.
-    static func markedUncommitted(_ record: AccountRecord, share: String?, over version: Int64) -> AccountRecord {
-        var marked = record
-        marked.fleet = FleetMark(step: .uncommitted, version: version, id: share)
-        return marked
+        try? updateShared(name) { $0.commitFailed(keeping: record, share: share, over: version) }
     }
 
     /// What `retry` tries again until it is settled.
@@ -453,7 +454,7 @@ extension Broker {
 
     private func isUnsettled(_ name: String, _ what: Unsettled) -> Bool {
         switch what {
-        case .commit: fleet?.pending[name] != nil
+        case .commit: fleet?.shared[name]?.pending != nil
         case .share: accounts[name]?.record.fleet?.step == .sharing
         }
     }
@@ -462,7 +463,7 @@ extension Broker {
     /// it lands, its token is served; when the row moved on, the row's state is taken. Either
     /// way its copy in the vault goes. Stays pending while the store does not answer.
     func commitPending(_ name: String) async {
-        guard let store = fleet?.store, let pending = fleet?.pending[name] else { return }
+        guard let store = fleet?.store, let pending = fleet?.shared[name]?.pending else { return }
         let committed: Bool
         let share: String
         do {
@@ -475,18 +476,18 @@ extension Broker {
         } catch {
             return
         }
-        guard fleet?.pending[name]?.over == pending.over else { return }
+        guard fleet?.shared[name]?.pending?.over == pending.over else { return }
         // The row that moved on, or the logout kept here committed over it (`loggedOutOver`).
         var moved: SharedRow?
         if !committed, let row = try? await store.read(name) {
             moved = await loggedOutOver(row, by: pending.record, share: share, over: pending.over) ?? row
             // A lock and a new commit kept meanwhile are not this one's to drop.
-            guard fleet?.pending[name]?.over == pending.over else { return }
+            guard fleet?.shared[name]?.pending?.over == pending.over else { return }
         }
-        fleet?.pending[name] = nil
-        try? saveToVault(removed: [name])
+        try? updateShared(name) { $0.pendingDropped(over: pending.over) }
         // Kept across a restart: the account is served from its row once settled.
-        guard accounts[name] != nil else {
+        guard accounts[name] != nil, isShared(name) else {
+            fleet?.shared[name] = nil
             await readSharedAccounts()
             return
         }
@@ -528,13 +529,14 @@ extension Broker {
     /// kept.
     func forgetFleetAtLock() {
         guard let fleet else { return }
-        let kept = fleet.pending.values.map { Self.markedUncommitted($0.record, share: $0.share, over: $0.over) }
-        if !kept.isEmpty, (try? saveToVault(changed: kept)) == nil {
+        // Saved when kept, or by `lock`'s last save of what is unsaved.
+        let lost = fleet.pending.keys.filter(unsaved.contains)
+        if !lost.isEmpty {
             logger.error(
                 "locked with a fleet commit the vault could not keep; it is lost",
-                metadata: ["accounts": "\(kept.count)"])
+                metadata: ["accounts": "\(lost.count)"])
         }
-        for follow in fleet.following.values { follow.task.cancel() }
+        for shared in fleet.shared.values { shared.following?.task?.cancel() }
         // The retry tasks still running stop at their next turn (nothing pending); kept as
         // running, so that none is started twice beside them after the unlock.
         self.fleet = FleetMembership(store: fleet.store, leaseSeconds: fleet.leaseSeconds, retrying: fleet.retrying)
@@ -555,7 +557,8 @@ extension Broker {
         } catch {
             report = .failure(FleetError(String(describing: error)))
         }
-        return FleetStanding(host: fleet.store.host, report: report, sharedAccounts: fleet.versions.count)
+        return FleetStanding(
+            host: fleet.store.host, report: report, sharedAccounts: fleet.shared.values.filter(\.served).count)
     }
 }
 
@@ -571,14 +574,13 @@ extension Broker {
         guard !padlock.isLocked else { return }
         switch notice {
         case .leased(let name):
-            guard fleet?.versions[name] != nil, accounts[name] != nil else { return }
-            cache.publish(nil, for: name)
-            followLease(name)
+            guard isShared(name), accounts[name] != nil else { return }
+            noticeOthersLease(name)
         case .released:
             // The wait sees the release in the row (`followLease`).
             break
         case .committed(let name):
-            guard fleet?.versions[name] != nil, let store = fleet?.store, let row = try? await store.read(name) else {
+            guard isShared(name), let store = fleet?.store, let row = try? await store.read(name) else {
                 return
             }
             adoptCommitted(row)
@@ -601,35 +603,27 @@ extension Broker {
             }, for: name)
     }
 
-    /// Waits, in a task of its own, for the lease another host took on `name` to end (a wait
-    /// already running counts this lease too, within its own deadline): reads the row every
-    /// 0.2 s (`pollPause`) until it has a newer version (taken), or no lease running. A lease released puts the held token back; one
-    /// that lapsed does not (its holder may have rotated the credential without committing,
-    /// unless the account never refreshes), and the next client's refresh takes the lease; so
-    /// too when the wait runs out. A refresh under way here reads the row on its own.
-    private func followLease(_ name: String) {
-        guard let fleet, let version = fleet.versions[name], accounts[name]?.refreshSerial == nil else { return }
-        let wait = min(fleet.leaseSeconds, 3 * settings.requestTimeout) + settings.requestTimeout
-        let until = clock.now().addingTimeInterval(wait)
-        if fleet.following[name] != nil {
-            // The deadline stays the first lease's: a stream of notices cannot hold clients.
-            self.fleet?.following[name]?.leases += 1
-            self.fleet?.following[name]?.version = version
-            return
-        }
-        let task = Task {
-            await self.awaitLeaseEnd(name)
-            self.fleet?.following[name] = nil
-        }
-        self.fleet?.following[name] = LeaseFollow(task: task, version: version, until: until)
+    /// Another host took the lease on `name` (its notice, or a row read that shows it): the
+    /// token held leaves the cache, and, unless a refresh here reads the row on its own,
+    /// clients wait in a task of its own (`awaitLeaseEnd`) for that lease to end; a wait
+    /// already running counts this lease too, within its own deadline.
+    private func noticeOthersLease(_ name: String) {
+        let refreshing = accounts[name]?.refreshSerial != nil
+        let wait = othersLeaseWait
+        try? updateShared(name) { $0.othersLease(refreshing: refreshing, wait: wait, now: clock.now()) }
     }
 
+    /// Reads the row every 0.2 s (`pollPause`) until it has a newer version (taken), or no
+    /// lease running. A lease released puts the held token back; one that lapsed does not (its
+    /// holder may have rotated the credential without committing, unless the account never
+    /// refreshes), and the next client's refresh takes the lease; so too when the wait runs out.
+    /// A refresh under way here reads the row on its own.
     private func awaitLeaseEnd(_ name: String) async {
         var pause = Self.pollPause(after: nil)
-        while let follow = fleet?.following[name], clock.now() < follow.until, !padlock.isLocked {
+        while let follow = fleet?.shared[name]?.following, clock.now() < follow.until, !padlock.isLocked {
             await clock.sleep(for: pause)
-            guard let store = fleet?.store, let known = fleet?.versions[name], accounts[name] != nil,
-                let current = fleet?.following[name], known == current.version
+            guard let store = fleet?.store, let shared = fleet?.shared[name], accounts[name] != nil,
+                let current = shared.following, shared.followIsCurrent
             else { return }
             let leases = current.leases
             let row: SharedRow?
@@ -640,12 +634,12 @@ extension Broker {
                 continue
             }
             guard let row else { return }
-            if row.version > known {
+            if let known = fleet?.shared[name]?.version, row.version > known {
                 adoptCommitted(row)
                 return
             }
             // A lease notice that came during the read makes what it read stale.
-            guard row.leaseHolder == nil, fleet?.following[name]?.leases == leases else {
+            guard row.leaseHolder == nil, fleet?.shared[name]?.following?.leases == leases else {
                 pause = Self.pollPause(after: row)
                 continue
             }
@@ -665,7 +659,7 @@ extension Broker {
 
     /// The wait of `name`'s clients for another host's lease (`followLease`), if one runs.
     func leaseFollowed(_ name: String) -> Task<Void, Never>? {
-        fleet?.following[name]?.task
+        fleet?.shared[name]?.following?.task
     }
 }
 
@@ -695,8 +689,7 @@ extension Broker {
             throw .fleetUnavailable(reason: "\(error)")
         }
         guard committed else { throw .fleetUnavailable(reason: "\(name) changed on another host meanwhile; try again") }
-        fleet?.versions[name] = lease.row.version + 1
-        fleet?.committedBy[name] = store.host
+        try? updateShared(name) { $0.commitLanded(over: lease.row.version, by: store.host) }
         return try replaceTokens(of: account) { record, _ in record = fresh.record }
     }
 }
@@ -712,8 +705,7 @@ extension Broker {
         if case .failure(let failure) = outcome, failure.kind == .denial, let denied = accounts[name]?.record,
             denied.needsLogin, (try? await store.commit(denied, share: share, over: version)) == true
         {
-            fleet?.versions[name] = version + 1
-            fleet?.committedBy[name] = store.host
+            try? updateShared(name) { $0.commitLanded(over: version, by: store.host) }
             return
         }
         await store.release(name)
@@ -724,9 +716,7 @@ extension Broker {
     /// The lease a logout of `name` revokes under when it is a shared account; `nil` for a local
     /// one. Throws `fleetUnavailable` when it cannot be had.
     func logoutLease(_ name: String) async throws(BrokerFailure) -> SharedLease? {
-        guard fleet?.versions[name] != nil else {
-            return nil
-        }
+        guard isShared(name) else { return nil }
         try await checkNothingPending(name)
         return try await leaseForChange(name)
     }
@@ -754,8 +744,7 @@ extension Broker {
         guard let store = fleet?.store else { return }
         do {
             guard try await store.commit(record, share: share, over: version) else { return }
-            fleet?.versions[record.name] = version + 1
-            fleet?.committedBy[record.name] = store.host
+            try? updateShared(record.name) { $0.commitLanded(over: version, by: store.host) }
         } catch {
             keepPending(record, share: share, over: version)
         }
@@ -767,9 +756,9 @@ extension Broker {
     /// database missed is not committed: the row's credential is the one that refresh consumed,
     /// and the live one is only in that pending record. Tries the commit once first.
     func checkNothingPending(_ name: String) async throws(BrokerFailure) {
-        guard fleet?.pending[name] != nil else { return }
+        guard fleet?.shared[name]?.pending != nil else { return }
         await commitPending(name)
-        guard fleet?.pending[name] == nil else {
+        guard fleet?.shared[name]?.pending == nil else {
             throw .fleetUnavailable(reason: "the last refresh of \(name) is not in the fleet's database yet; try again")
         }
     }
