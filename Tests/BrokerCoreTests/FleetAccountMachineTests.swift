@@ -50,6 +50,18 @@ import Testing
         #expect(machine.following == nil)
     }
 
+    @Test func aWaitStartedKeepsItsTaskForClientsToWaitFor() {
+        var machine = served()
+        let idle = Task {}
+        machine.followStarted(idle)
+        #expect(machine.following == nil, "no wait runs: nothing to keep")
+        _ = machine.othersLease(refreshing: false, wait: 40, now: clock.now())
+        let waiting = Task {}
+        machine.followStarted(waiting)
+        #expect(machine.following?.task == waiting)
+        #expect(machine.following?.leases == 1 && machine.following?.version == 3)
+    }
+
     @Test func anotherHostsLeaseDuringARefreshHereOnlyWithdrawsTheToken() {
         var machine = served()
         let effects = machine.othersLease(refreshing: true, wait: 40, now: clock.now())
