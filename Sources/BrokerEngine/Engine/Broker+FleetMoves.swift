@@ -30,7 +30,7 @@ extension Broker {
     {
         let name = account.rawValue
         guard let store = fleet?.store else { throw .noFleet }
-        guard fleet?.versions[name] == nil else { throw .invalid("the account \(name) is shared already") }
+        guard !isShared(name) else { throw .invalid("the account \(name) is shared already") }
         let machine = try self.machine(name)
         guard machine.record.declared != true else {
             throw .invalid("the account \(name) is declared in broker.toml: it stays on this host")
@@ -39,25 +39,28 @@ extension Broker {
         await takeChainTurn(name)
         defer { endChainTurn(name) }
         // Checked again after the wait: a logout or another share may have come meanwhile.
-        guard let current = accounts[name], fleet?.versions[name] == nil else { throw .noSuchAccount(account) }
+        guard let current = accounts[name], !isShared(name) else { throw .noSuchAccount(account) }
         try checkChangeable(current)
-        var record = current.record
         let share = SharedRecord.newShareID()
         let mark = FleetMark(step: .sharing, version: 1, id: share)
-        record.fleet = mark
-        try saveToVault(changed: [record])
         // From here the account is neither refreshed nor changed (`checkShareSettled`): the
         // row may take its credential at any moment.
         accounts[name]?.markForFleet(mark)
+        do {
+            try persist(changing: [name])
+        } catch {
+            accounts[name]?.markForFleet(nil)
+            throw error
+        }
+        guard let record = accounts[name]?.record else { throw .noSuchAccount(account) }
         try step(.marked)
         let inserted: Bool
         do {
             inserted = try await store.insert(record, share: share)
         } catch {
             if (error as? FleetError)?.refusedByServer == true {
-                record.fleet = nil
                 accounts[name]?.markForFleet(nil)
-                try? saveToVault(changed: [record])
+                try? persist(changing: [name])
                 throw .fleetUnavailable(reason: "\(error)")
             }
             // The insert may land yet (the query given up on may still reach the database): the
@@ -66,17 +69,15 @@ extension Broker {
             retry(name, .share)
             throw .fleetUnavailable(reason: "\(error); the share completes once the fleet's database answers")
         }
-        record.fleet = nil
         accounts[name]?.markForFleet(nil)
         guard inserted else {
-            try saveToVault(changed: [record])
+            try persist(changing: [name])
             throw .invalid("the fleet has an account named \(name) already")
         }
-        fleet?.versions[name] = 1
-        fleet?.shares[name] = share
-        fleet?.committedBy[name] = store.host
+        fleet?.shared[name] = FleetAccountMachine(share: share, version: 1, committedBy: store.host)
         try step(.stored)
-        try saveToVault(removed: [name])
+        // The vault keeps nothing of a shared account: its local copy goes.
+        try persist(changing: [name])
         try step(.settled)
         logger.info("account shared with the fleet", metadata: ["account": "\(name)"])
         return describe(try self.machine(name), now: clock.now())
@@ -91,17 +92,16 @@ extension Broker {
     {
         let name = account.rawValue
         guard let store = fleet?.store else { throw .noFleet }
-        guard fleet?.versions[name] != nil else { throw .invalid("the account \(name) is not shared") }
+        guard isShared(name) else { throw .invalid("the account \(name) is not shared") }
         try checkChangeable(try machine(name))
         await takeChainTurn(name)
         defer { endChainTurn(name) }
         try await checkNothingPending(name)
         let lease = try await leaseForChange(name)
-        var record = lease.row.record
-        record.fleet = FleetMark(step: .unsharing, version: lease.row.version)
         do {
-            try saveToVault(changed: [record])
+            try updateShared(name) { $0.unsharing(lease.row.record, at: lease.row.version) }
         } catch {
+            try? updateShared(name) { $0.unsharingAbandoned() }
             await store.release(name)
             throw error
         }
@@ -114,15 +114,15 @@ extension Broker {
             throw .fleetUnavailable(reason: "\(error)")
         }
         guard deleted else {
-            try? saveToVault(removed: [name])
+            try? updateShared(name) { $0.unsharingAbandoned() }
             throw .fleetUnavailable(reason: "\(name) changed on another host meanwhile; try again")
         }
-        forgetShared(name)
+        try? updateShared(name) { $0.unshared() }
         try step(.stored)
-        record.fleet = nil
-        try saveToVault(changed: [record])
+        // The local account replaces the vault's marked copy.
+        serveLocal(Self.unmarked(lease.row.record))
+        try persist(changing: [name])
         try step(.settled)
-        serveLocal(record)
         logger.info("account moved out of the fleet", metadata: ["account": "\(name)"])
         return describe(try self.machine(name), now: clock.now())
     }
@@ -147,7 +147,7 @@ extension Broker {
             case .unsharing:
                 await settleUnshare(held, mark: mark, store: store)
             case .uncommitted:
-                fleet?.pending[name] = (held, mark.id, mark.version)
+                fleet?.shared[name] = FleetAccountMachine(keptCommit: held, mark: mark)
                 heldForFleet[name] = nil
                 retry(name, .commit)
             case .sharing:
@@ -182,7 +182,6 @@ extension Broker {
         }
         guard accounts[name]?.record.fleet == mark else { return }
         if inserted || row?.share == share || ended {
-            guard (try? saveToVault(removed: [name])) != nil else { return }
             if ended {
                 stopServing(
                     name, "dropped an account whose share was removed or unshared on another host", now: clock.now())
@@ -190,6 +189,8 @@ extension Broker {
                 accounts[name] = nil
                 logger.notice("finished sharing an account", metadata: ["account": "\(name)"])
             }
+            // The local copy leaves the vault (once it can be written, `retryFailedSave`).
+            try? persist(changing: [name])
             await readSharedAccounts()
         } else if row != nil {
             accounts[name]?.markForFleet(nil)
@@ -212,18 +213,16 @@ extension Broker {
         }
         heldForFleet[name] = nil
         if let row, row.version != mark.version {
-            try? saveToVault(removed: [name])
+            try? persist(changing: [name])
             logger.notice(
                 "dropped an unshare a crash interrupted: another host refreshed the account",
                 metadata: ["account": "\(name)"])
             await readSharedAccounts()
             return
         }
-        var record = held
-        record.fleet = nil
-        guard (try? saveToVault(changed: [record])) != nil else { return }
         forgetShared(name)
-        serveLocal(record)
+        serveLocal(Self.unmarked(held))
+        try? persist(changing: [name])
         logger.notice("finished unsharing an account a crash interrupted", metadata: ["account": "\(name)"])
     }
 
@@ -237,14 +236,19 @@ extension Broker {
         events.publish(AccountEvent(kind: .removed, account: AccountName(known: name), at: now))
     }
 
-    /// Stops treating `name` as shared (its row is gone): a commit kept for it leaves the vault
-    /// too, since no row will take it.
+    /// Stops serving shared account `name` here (its row is gone, or replaced by another
+    /// share), unless a refresh of it runs here, which reads the row on its own.
+    package func dropShared(_ name: String, _ why: String, now: Date) {
+        let refreshing = accounts[name]?.refreshSerial != nil
+        guard let effects = fleet?.shared[name]?.removed(refreshing: refreshing), !effects.isEmpty else { return }
+        stopServing(name, why, now: now)
+        try? run(effects, forShared: name)
+    }
+
+    /// Stops treating `name` as shared (its row is gone, and its account left or is local
+    /// now): a commit kept for it leaves the vault too, since no row will take it.
     package func forgetShared(_ name: String) {
-        if fleet?.pending[name] != nil { try? saveToVault(removed: [name]) }
-        fleet?.versions[name] = nil
-        fleet?.shares[name] = nil
-        fleet?.committedBy[name] = nil
-        fleet?.pending[name] = nil
+        try? updateShared(name) { $0.removed(refreshing: false) }
     }
 
     /// Serves `record` as a local account, replacing what was served under its name.
@@ -254,16 +258,5 @@ extension Broker {
         accounts[record.name] = machine
         tokenProviders[record.name] = nil
         republish(machine, as: record.name)
-    }
-
-    /// Writes records to the vault, or removes them, outside the accounts served (a mark, or a
-    /// shared account's local copy).
-    package func saveToVault(changed: [AccountRecord] = [], removed: [String] = []) throws(BrokerFailure) {
-        do {
-            try vault.save(changed: changed, removed: removed)
-        } catch {
-            logger.error("cannot save the vault", metadata: ["reason": "\(error)"])
-            throw .vaultNotSaved
-        }
     }
 }

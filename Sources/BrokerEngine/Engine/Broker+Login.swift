@@ -81,7 +81,7 @@ extension Broker {
         let name = account.rawValue
         let restoring = accounts[name] != nil
         // A shared account's tokens go to its row (`replaceSharedTokens`) once the flow is over.
-        let shared = fleet?.versions[name] != nil
+        let shared = isShared(name)
         var sharedGrant: Grant?
         // The key the IdP binds the tokens to: the account's own, or one made for it now.
         var dpopKey = settings.dpop == nil ? nil : accounts[name]?.record.secrets.dpopKey

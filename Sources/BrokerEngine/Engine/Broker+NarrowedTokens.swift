@@ -129,24 +129,24 @@ extension Broker {
         if let failure = unstorable(started) { return narrowedRefreshFailed(refresh, failure, now: clock.now()) }
         // A shared account's scoped refresh presents the row's credential under the account's
         // lease, as its own refresh does (docs/fleet.md, "One refresher").
-        var lease: (row: SharedRow, until: Date)?
-        if fleet?.versions[name] != nil {
+        var lease: SharedRow?
+        if isShared(name) {
             switch await takeSharedTurn(name, serial: nil) {
-            case .leased(let row, let until):
+            case .leased(let row):
                 // The row's state is the account's: a denial or a logout committed elsewhere.
                 guard !row.record.needsLogin, row.record.loggedOut != true else {
                     await fleet?.store.release(name)
                     return .failure(.changedDuringRefresh(account))
                 }
                 started = row.record
-                lease = (row, until)
+                lease = row
             case .failed(let failure):
                 return narrowedRefreshFailed(refresh, failure, now: clock.now())
             case .finished(let result):
                 return result
             }
         }
-        defer { if lease != nil { fleet?.holding.remove(name) } }
+        defer { if lease != nil { try? updateShared(name) { $0.leaseLost() } } }
         if lease == nil, let failure = unsavable(name) {
             return narrowedRefreshFailed(refresh, failure, now: clock.now())
         }
@@ -165,7 +165,7 @@ extension Broker {
             if let lease {
                 // Committed before the token is served anywhere; the account takes the row.
                 let rotated = Self.rotating(started, by: grant)
-                if let failure = await commitNarrowed(rotated, over: lease.row, leaseEnd: lease.until) {
+                if let failure = await commitNarrowed(rotated, over: lease) {
                     return narrowedRefreshFailed(refresh, failure, now: now)
                 }
             } else {
@@ -228,9 +228,8 @@ extension Broker {
     /// with it) over the leased `row`, and the account takes the new row; `nil` then. One the
     /// database did not answer is kept to commit later (`keepPending`); short of a commit, the
     /// narrowed token is not served, and why comes back.
-    private func commitNarrowed(_ record: AccountRecord, over row: SharedRow, leaseEnd: Date) async -> RefreshFailure? {
-        let (committed, failure) = await commitWithinLease(
-            record, share: row.share, over: row.version, leaseEnd: leaseEnd)
+    private func commitNarrowed(_ record: AccountRecord, over row: SharedRow) async -> RefreshFailure? {
+        let (committed, failure) = await commitWithinLease(record, share: row.share, over: row.version)
         guard let committed else {
             keepPending(record, share: row.share, over: row.version)
             return .transient("the fleet's database did not take the refresh: \(failure)")

@@ -56,7 +56,7 @@ extension Broker {
             "account added",
             metadata: [
                 "account": "\(name)", "provider": "\(record.provider.kind)",
-                "shared": "\(fleet?.versions[name] != nil)",
+                "shared": "\(isShared(name))",
             ])
         let added = describe(try self.machine(name), now: clock.now())
         events.publish(AccountEvent(kind: .added, account: AccountName(known: name), at: now, state: added.state))
@@ -78,7 +78,7 @@ extension Broker {
             return try await update(account, changes: [:], clientSecret: secret)
         }
         guard !tokens.isEmpty else { throw .nothingToPush }
-        if fleet?.versions[account.rawValue] != nil {
+        if isShared(account.rawValue) {
             return try await replaceSharedTokens(of: account) { record, now in apply(tokens, to: &record, now: now) }
         }
         return try replaceTokens(of: account) { record, now in apply(tokens, to: &record, now: now) }
@@ -145,7 +145,7 @@ extension Broker {
             if let clientSecret { updated.secrets.clientSecret = clientSecret }
         }
         tokenProviders[name] = nil
-        if fleet?.versions[name] != nil { return try await replaceSharedTokens(of: account, filling: change) }
+        if isShared(name) { return try await replaceSharedTokens(of: account, filling: change) }
         var updating = machine
         var updated = record
         change(&updated, clock.now())
@@ -169,6 +169,7 @@ extension Broker {
         // A shared account is removed fleet-wide: its row first (docs/fleet.md).
         try await removeShared(name)
         guard let removed = accounts.removeValue(forKey: name) else { throw .noSuchAccount(account) }
+        forgetShared(name)
         tokenProviders[name] = nil
         do {
             try persist(changing: [name])

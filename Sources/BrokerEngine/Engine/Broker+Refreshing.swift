@@ -45,7 +45,7 @@ extension Broker {
     /// rotated credential is still unsaved, and another rotation's would not be saved either.
     /// The account's state is left as it is: the save is retried, not the refresh.
     package func refusalWhileUnsaved(_ name: String) -> BrokerFailure? {
-        guard fleet?.versions[name] == nil, let trouble = saveTrouble else { return nil }
+        guard !isShared(name), let trouble = saveTrouble else { return nil }
         return .refreshFailing(
             reason: trouble.reason, retryAfter: max(0, trouble.retryAt.timeIntervalSince(clock.now())))
     }
@@ -54,7 +54,7 @@ extension Broker {
     /// vault has no room for the record of the credential the refresh may rotate
     /// (`Vault.ensureRoom`, protocol/VAULT.md), or a save failed since the refresh started.
     package func unsavable(_ name: String) -> RefreshFailure? {
-        guard fleet?.versions[name] == nil else { return nil }
+        guard !isShared(name) else { return nil }
         if let trouble = saveTrouble { return .transient(trouble.reason) }
         do {
             try vault.ensureRoom()
@@ -155,10 +155,10 @@ extension Broker {
             return finishRefresh(name, serial: serial, started: started, outcome: .failure(.transient(reason)))
         }
         // A shared account refreshes under its lease, from its row's credential (docs/fleet.md).
-        let shared = fleet?.versions[name] != nil ? await takeSharedTurn(name, serial: serial) : nil
+        let shared = isShared(name) ? await takeSharedTurn(name, serial: serial) : nil
         if case .finished(let result) = shared { return result }
-        if case .leased(let row, _) = shared { started = row.record }
-        defer { if case .leased = shared { fleet?.holding.remove(name) } }
+        if case .leased(let row) = shared { started = row.record }
+        defer { if case .leased = shared { try? updateShared(name) { $0.leaseLost() } } }
         let provider = provider(for: started)
         let asked = ContinuousClock.now
         let outcome: Result<Grant, RefreshFailure>
@@ -171,7 +171,7 @@ extension Broker {
             outcome = await provider.refresh(started, now: clock.now()).mapError(started.outsideText().clean)
         }
         let answered = ContinuousClock.now
-        if case .leased(let row, let leaseEnd) = shared {
+        if case .leased(let row) = shared {
             guard case .success(let grant) = outcome else {
                 let result = finishRefresh(name, serial: serial, started: started, outcome: outcome)
                 await settleLease(name, after: outcome, share: row.share, over: row.version)
@@ -179,7 +179,6 @@ extension Broker {
             }
             return await commitShared(
                 name, serial: serial, started: started, grant: grant, share: row.share, over: row.version,
-                leaseEnd: leaseEnd,
                 idp: asked.duration(to: answered))
         }
         return finishRefresh(

@@ -184,7 +184,8 @@ public actor Broker {
         for effect in effects {
             switch effect {
             case .persist:
-                try persist(changing: [name])
+                // A shared account's state is its row, never the local vault (`vaultCopy`).
+                try persist(changing: isShared(name) ? [] : [name])
             case .publish(let token):
                 // A broker that is locking (a refresh that ends while `lock` waits for it) keeps
                 // no token: it serves none and writes none.
@@ -218,22 +219,21 @@ public actor Broker {
         }
     }
 
-    /// Saves the accounts `names` as they are now (a name no longer here is removed), with any
-    /// whose earlier save failed; those then serve what the failed save held back. A failure
-    /// is kept in `saveTrouble`, and the save tried again after a backoff.
+    /// Saves what the vault keeps for `names` as it is now (`vaultCopy`; nothing: removed),
+    /// with any whose earlier save failed; those then serve what the failed save held back. A
+    /// failure is kept in `saveTrouble`, and the save tried again after a backoff. Every write
+    /// of the vault's records goes through here, the fleet's marks too.
     package func persist(changing names: some Collection<String>) throws(BrokerFailure) {
-        // A shared account's state is its row (`commitShared`), never the local vault: also one
-        // shared since its local save failed.
         unsaved.formUnion(names)
-        unsaved = unsaved.filter { fleet?.versions[$0] == nil }
         guard !unsaved.isEmpty else {
             saveTrouble = nil
             return
         }
         let saving = unsaved.sorted()
+        let copies = saving.map { (name: $0, record: vaultCopy(of: $0)) }
         do {
             try vault.save(
-                changed: saving.compactMap { accounts[$0]?.record }, removed: saving.filter { accounts[$0] == nil })
+                changed: copies.compactMap(\.record), removed: copies.filter { $0.record == nil }.map(\.name))
         } catch {
             let now = clock.now()
             let attempts = (saveTrouble?.attempts ?? 0) + 1
@@ -248,6 +248,13 @@ public actor Broker {
         for name in saving {
             if let effects = accounts[name]?.saved() { try? run(effects, for: name) }
         }
+    }
+
+    /// What the vault keeps for `name`: for a shared account only a mark of the fleet's
+    /// (`FleetAccountMachine.vaultCopy`), else a record held for the fleet or the account's own.
+    package func vaultCopy(of name: String) -> AccountRecord? {
+        if let shared = fleet?.shared[name] { return shared.vaultCopy }
+        return heldForFleet[name] ?? accounts[name]?.record
     }
 
     package func describe(_ machine: AccountMachine, now: Date) -> AccountSnapshot {
@@ -267,7 +274,7 @@ public actor Broker {
             lostScope: machine.record.lostScope, shared: sharedStatus(of: machine.record.name),
             dpop: machine.record.dpopStatus, restoration: restoration
         )
-        .degraded(fleet?.pending[machine.record.name] != nil || unsaved.contains(machine.record.name))
+        .degraded(fleet?.shared[machine.record.name]?.pending != nil || unsaved.contains(machine.record.name))
     }
 
     /// Why the account's last change is not in the vault, while it is not (`unsaved`).

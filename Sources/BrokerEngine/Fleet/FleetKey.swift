@@ -1,3 +1,7 @@
+import BrokerIdP
+import BrokerModel
+import BrokerSecrets
+import BrokerVault
 #if canImport(Glibc)
 import BrokerIdP
 import BrokerModel
