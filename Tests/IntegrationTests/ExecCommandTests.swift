@@ -40,7 +40,8 @@ import Glibc
         #expect(file[1].hasPrefix(bridge.broker.root.appendingPathComponent("run/tokenbroker-exec-").path))
         #expect(!file[1].hasPrefix(bridge.broker.root.appendingPathComponent("run/tokenbroker").path + "/"))
         #expect(file[2] == "600")
-        #expect(file[3] == bridge.idp.issuedAccessTokens.first)
+        // A token the IdP issued (on a loaded machine the job may start after a refresh or two).
+        #expect(bridge.idp.issuedAccessTokens.contains(file[3]))
         #expect(!FileManager.default.fileExists(atPath: file[1]), "the file is removed when the command ends")
         // Only standard input, output and error (and the directory ls reads) reach the command.
         #expect(
