@@ -4,7 +4,7 @@
 /// before the full decoder (`JSONLine`), so the two accept exactly one grammar: whitespace is
 /// space, tab, LF and CR; strings are valid UTF-8 without raw control characters; numbers have
 /// no leading zeros, no bare `.` and no sign but a leading `-`. The vault's reader of its own
-/// plaintext (BrokerCore) stands on it too.
+/// plaintext (BrokerVault) stands on it too.
 public struct JSONLexer {
     private let bytes: UnsafeRawBufferPointer
     private var index = 0
