@@ -3,6 +3,7 @@ import Logging
 import ServiceLifecycle
 import Synchronization
 import Testing
+import TestSupport
 
 @testable import BrokerSystemd
 
@@ -56,26 +57,14 @@ final class NotifySocket {
 
     /// The next datagram, waiting up to `limit` for it (polling, so no thread is blocked); one
     /// look past the deadline too, since a loaded machine may not have run this task for long.
-    func next(within limit: Duration = .seconds(10)) async throws -> String? {
+    func next(within limit: TimeInterval = 10) async throws -> String? {
         var datagram: String?
-        _ = try await lookUntil(limit) {
+        _ = await eventually(timeout: limit) {
             datagram = poll()
             return datagram != nil
         }
         return datagram ?? poll()
     }
-}
-
-/// Looks at `condition` every 5 ms, the task sleeping in between, until it holds (true) or
-/// `limit` passes (false): what the notifier sends and asks for comes on threads of its own.
-/// (This suite depends on BrokerSystemd alone, without TestSupport's `eventually`.)
-func lookUntil(_ limit: Duration, _ condition: () throws -> Bool) async throws -> Bool {
-    let deadline = ContinuousClock.now + limit
-    while ContinuousClock.now < deadline {
-        if try condition() { return true }
-        try await Task.sleep(for: .milliseconds(5))
-    }
-    return false
 }
 
 /// Sets (or unsets, with `nil`) environment variables for the duration of `body`.
@@ -168,9 +157,9 @@ func withEnvironment<T>(_ values: [String: String?], _ body: () async throws -> 
             setenv("NOTIFY_SOCKET", next.path, 1)
             // Reading the queue lets the send in flight finish; nothing follows it.
             var received = 0
-            while received < 11, try await manager.next(within: .seconds(1)) != nil { received += 1 }
+            while received < 11, try await manager.next(within: 1) != nil { received += 1 }
             #expect(received > 0)
-            #expect(try await next.next(within: .milliseconds(500)) == nil, "nothing sent after the notifier is gone")
+            #expect(try await next.next(within: 0.5) == nil, "nothing sent after the notifier is gone")
         }
     }
 
@@ -272,7 +261,7 @@ final class Summary: Sendable {
 
     /// Waits (up to 10 s) until the service has asked at least `count` times.
     func waitForReads(_ count: Int) async throws -> Bool {
-        try await lookUntil(.seconds(10)) { state.withLock { $0.reads } >= count }
+        await eventually(timeout: 10) { state.withLock { $0.reads } >= count }
     }
 }
 
